@@ -1,0 +1,53 @@
+"""codecage: run code written by AI agents with real OS isolation, get a structured result.
+
+The public API is `__all__`; everything else is internal.
+"""
+
+from __future__ import annotations
+
+from codecage.errors import (
+    AuditError,
+    BridgeError,
+    CodecageError,
+    ConfigError,
+    HostError,
+    SandboxError,
+    ToolNotAllowed,
+    UpstreamError,
+)
+from codecage.models import (
+    DoctorReport,
+    ErrorInfo,
+    Event,
+    ExecutionResult,
+    FileInfo,
+    HostInfo,
+    LayerStatus,
+    Limits,
+    Usage,
+)
+from codecage.sandbox import Sandbox
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AuditError",
+    "BridgeError",
+    "CodecageError",
+    "ConfigError",
+    "DoctorReport",
+    "ErrorInfo",
+    "Event",
+    "ExecutionResult",
+    "FileInfo",
+    "HostError",
+    "HostInfo",
+    "LayerStatus",
+    "Limits",
+    "Sandbox",
+    "SandboxError",
+    "ToolNotAllowed",
+    "UpstreamError",
+    "Usage",
+    "__version__",
+]

@@ -1,0 +1,1 @@
+"""Isolation backends: one module each, chosen by name (see `base.BACKENDS`)."""

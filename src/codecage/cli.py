@@ -1,0 +1,369 @@
+"""The `codecage` command line: parse, build the model, call the library, render.
+
+Exit codes: 0 the code ran and succeeded; 1 it ran and did not succeed, or a check failed,
+or the host could not run it; 2 a usage error or a refused request (ConfigError).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+
+from codecage.errors import CodecageError, ConfigError
+from codecage.models import DoctorReport, ExecutionResult, HostInfo, Limits
+from codecage.output import neutralise_text
+from codecage.sandbox import Sandbox
+
+app = typer.Typer(
+    help="Run code written by AI agents with real OS isolation, and get a structured result.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _default(name: str) -> str:
+    field = Limits.model_fields[name]
+    return f"{field.description} [default: {field.default}]"
+
+
+# One name in four spellings: field memory_mb, flag --memory-mb, env CODECAGE_MEMORY_MB.
+TimeoutOpt = Annotated[
+    float | None,
+    typer.Option("--timeout", help="Seconds. " + _default("timeout"), envvar="CODECAGE_TIMEOUT"),
+]
+CpuOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--cpu-seconds", help="Seconds. " + _default("cpu_seconds"), envvar="CODECAGE_CPU_SECONDS"
+    ),
+]
+MemoryOpt = Annotated[
+    int | None,
+    typer.Option("--memory-mb", help="MiB. " + _default("memory_mb"), envvar="CODECAGE_MEMORY_MB"),
+]
+ProcessesOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-processes", help=_default("max_processes"), envvar="CODECAGE_MAX_PROCESSES"
+    ),
+]
+OpenFilesOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-open-files", help=_default("max_open_files"), envvar="CODECAGE_MAX_OPEN_FILES"
+    ),
+]
+FileSizeOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-file-size-mb",
+        help="MiB. " + _default("max_file_size_mb"),
+        envvar="CODECAGE_MAX_FILE_SIZE_MB",
+    ),
+]
+WorkspaceMbOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--workspace-mb", help="MiB. " + _default("workspace_mb"), envvar="CODECAGE_WORKSPACE_MB"
+    ),
+]
+TmpMbOpt = Annotated[
+    int | None,
+    typer.Option("--tmp-mb", help="MiB. " + _default("tmp_mb"), envvar="CODECAGE_TMP_MB"),
+]
+OutputOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-output-bytes",
+        help="Bytes. " + _default("max_output_bytes"),
+        envvar="CODECAGE_MAX_OUTPUT_BYTES",
+    ),
+]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print exactly one JSON object on stdout, nothing else.")
+]
+DegradedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-degraded",
+        help="Run even if the self-test finds an isolation layer missing (the result says which).",
+        envvar="CODECAGE_ALLOW_DEGRADED",
+    ),
+]
+BackendOpt = Annotated[
+    str,
+    typer.Option("--backend", help="Isolation backend: auto or bwrap.", envvar="CODECAGE_BACKEND"),
+]
+VerboseOpt = Annotated[
+    bool, typer.Option("--verbose", "-v", help="Log what codecage does, with tracebacks.")
+]
+
+
+@app.command()
+def run(
+    source: Annotated[
+        str | None, typer.Argument(help="'-' to read the code from stdin.", show_default=False)
+    ] = None,
+    code: Annotated[str | None, typer.Option("--code", "-c", help="The code to run.")] = None,
+    file: Annotated[
+        Path | None, typer.Option("--file", "-f", help="A Python file to run.", dir_okay=False)
+    ] = None,
+    timeout: TimeoutOpt = None,
+    cpu_seconds: CpuOpt = None,
+    memory_mb: MemoryOpt = None,
+    max_processes: ProcessesOpt = None,
+    max_open_files: OpenFilesOpt = None,
+    max_file_size_mb: FileSizeOpt = None,
+    workspace_mb: WorkspaceMbOpt = None,
+    tmp_mb: TmpMbOpt = None,
+    max_output_bytes: OutputOpt = None,
+    workspace: Annotated[
+        Path | None,
+        typer.Option(
+            "--workspace",
+            help="Mount this host directory at /workspace instead of a fresh empty one; "
+            "its files stay after the run.",
+            file_okay=False,
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+    raw: Annotated[
+        bool, typer.Option("--raw", help="Print the program's output bytes unescaped.")
+    ] = False,
+    allow_degraded: DegradedOpt = False,
+    backend: BackendOpt = "auto",
+    verbose: VerboseOpt = False,
+) -> None:
+    """Run Python code in a fresh sandbox and report how it went.
+
+    Examples:
+
+        codecage run --code 'import math; math.factorial(20)'
+
+        codecage run --file analysis.py --timeout 5 --memory-mb 256 --json
+
+        echo 'print("hi")' | codecage run -
+    """
+    _configure_logging(verbose)
+    overrides: dict[str, Any] = {
+        "timeout": timeout,
+        "cpu_seconds": cpu_seconds,
+        "memory_mb": memory_mb,
+        "max_processes": max_processes,
+        "max_open_files": max_open_files,
+        "max_file_size_mb": max_file_size_mb,
+        "workspace_mb": workspace_mb,
+        "tmp_mb": tmp_mb,
+        "max_output_bytes": max_output_bytes,
+    }
+    try:
+        text, filename = _read_code(source, code, file)
+        sandbox = Sandbox(backend=backend, allow_degraded=allow_degraded)
+        with _progress("starting the sandbox", enabled=not as_json):
+            result = sandbox.run(text, limits=overrides, filename=filename, workspace=workspace)
+    except CodecageError as exc:
+        _fail(exc, as_json=as_json, verbose=verbose)
+    if as_json:
+        _print_json(result.model_dump(mode="json"))
+    else:
+        _render_human(result, raw=raw)
+    raise typer.Exit(0 if result.ok else 1)
+
+
+@app.command()
+def info(
+    as_json: JsonOpt = False, backend: BackendOpt = "auto", verbose: VerboseOpt = False
+) -> None:
+    """Show the backend, the isolation layers really in force here, and the default limits.
+
+    Example:
+
+        codecage info --json
+    """
+    _configure_logging(verbose)
+    try:
+        report = Sandbox(backend=backend).info()
+    except CodecageError as exc:
+        _fail(exc, as_json=as_json, verbose=verbose)
+    if as_json:
+        _print_json(report.model_dump(mode="json"))
+    else:
+        _render_info(report)
+
+
+@app.command()
+def doctor(
+    as_json: JsonOpt = False, backend: BackendOpt = "auto", verbose: VerboseOpt = False
+) -> None:
+    """Prove each isolation layer by running probes in a real sandbox.
+
+    A file is planted on the host, a TCP listener opened on 127.0.0.1, and a probe program
+    inside the sandbox tries to read the one and reach the other, calls denied syscalls and
+    sets off the memory and process limits. One line per layer; exit 1 if any fails.
+
+    Example:
+
+        codecage doctor
+    """
+    _configure_logging(verbose)
+    try:
+        with _progress("probing every layer in a real sandbox", enabled=not as_json):
+            report = Sandbox(backend=backend, selftest=False).doctor()
+    except CodecageError as exc:
+        _fail(exc, as_json=as_json, verbose=verbose)
+    if as_json:
+        _print_json(report.model_dump(mode="json"))
+    else:
+        _render_doctor(report)
+    raise typer.Exit(0 if report.passed else 1)
+
+
+# --- input ---------------------------------------------------------------------------------
+
+
+def _read_code(source: str | None, code: str | None, file: Path | None) -> tuple[str, str]:
+    given = [x for x in (source, code, file) if x is not None]
+    if len(given) != 1:
+        raise ConfigError(
+            "give the code exactly one way",
+            hint="use --code SRC, --file PATH, or - to read stdin",
+        )
+    if code is not None:
+        return code, "main.py"
+    if file is not None:
+        return _read_text(file.read_bytes() if file.is_file() else None, str(file)), file.name
+    if source != "-":
+        raise ConfigError(
+            f"unexpected argument {source!r}",
+            hint="to run a file use --file PATH; to read stdin use -",
+        )
+    return _read_text(sys.stdin.buffer.read(), "stdin"), "main.py"
+
+
+def _read_text(data: bytes | None, where: str) -> str:
+    if data is None:
+        raise ConfigError(f"cannot read {where}", hint="check the path")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{where} is not UTF-8 text (byte {exc.start})",
+            hint="pass Python source code, not a binary file",
+        ) from exc
+
+
+# --- output --------------------------------------------------------------------------------
+
+
+def _print_json(data: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(data, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def _render_human(result: ExecutionResult, *, raw: bool) -> None:
+    if raw:
+        sys.stdout.buffer.write(result.raw_stdout())
+        sys.stdout.buffer.flush()
+        sys.stderr.buffer.write(result.raw_stderr())
+        sys.stderr.buffer.flush()
+    else:
+        sys.stdout.write(result.stdout)
+        sys.stdout.flush()
+        sys.stderr.write(result.stderr)
+    if result.error is not None and result.error.traceback:
+        sys.stderr.write(result.error.traceback.rstrip("\n") + "\n")
+    elif result.error is not None:
+        sys.stderr.write(f"{result.error.type}: {result.error.message}\n")
+    if result.return_value is not None:
+        shown = json.dumps(result.return_value, ensure_ascii=False)
+        stderr.print(f"[bold]→[/bold] {neutralise_text(shown)[:2000]}", markup=True)
+    for event in result.events:
+        stderr.print(f"[yellow]! {event.kind}[/yellow]: {event.detail}", markup=True)
+    stderr.print(_summary(result), markup=True)
+
+
+def _summary(result: ExecutionResult) -> str:
+    colour = "green" if result.ok else "red"
+    parts = [f"[{colour}]{result.status}[/{colour}]", f"{result.usage.wall_ms} ms wall"]
+    if result.usage.cpu_ms is not None:
+        parts.append(f"{result.usage.cpu_ms} ms CPU")
+    if result.usage.peak_memory_mb is not None:
+        parts.append(f"{result.usage.peak_memory_mb:g} MiB peak")
+    if result.exit_code not in (None, 0):
+        parts.append(f"exit {result.exit_code}")
+    if result.signal:
+        parts.append(result.signal)
+    if result.files:
+        parts.append(f"{len(result.files)} file(s)")
+    return "codecage: " + " · ".join(parts)
+
+
+def _render_info(report: HostInfo) -> None:
+    out = Console(highlight=False, soft_wrap=True)
+    out.print(f"codecage {report.version} · backend [bold]{report.backend}[/bold]")
+    out.print(f"python in the sandbox: {report.python}")
+    for layer in report.layers:
+        mark = "[green]✓[/green]" if layer.active else "[red]✗[/red]"
+        out.print(f" {mark} {layer.name:<11} {layer.mechanism} — {layer.detail}")
+    out.print("default limits (override per run; see `codecage run --help`):")
+    for name, value in report.default_limits.model_dump().items():
+        out.print(f"   {name:<18} {value}")
+    out.print(
+        f"ceilings: memory_mb ≤ {report.ceilings.memory_mb}, timeout ≤ {report.ceilings.timeout:g}"
+    )
+
+
+def _render_doctor(report: DoctorReport) -> None:
+    out = Console(highlight=False, soft_wrap=True)
+    for probe in report.probes:
+        mark = "[green]PASS[/green]" if probe.passed else "[red]FAIL[/red]"
+        out.print(f"{mark} {probe.layer:<12} {probe.detail}")
+    verdict = "all layers hold" if report.passed else "some layers are missing"
+    out.print(f"backend {report.backend}: {verdict}")
+
+
+def _fail(exc: CodecageError, *, as_json: bool, verbose: bool) -> NoReturn:
+    code = 2 if isinstance(exc, ConfigError) else 1
+    if as_json:
+        _print_json({"error": {"type": type(exc).__name__, "message": str(exc), "hint": exc.hint}})
+    stderr.print(f"[red]Error:[/red] {exc}", markup=True)
+    stderr.print(f"Hint: {exc.hint}")
+    if verbose:
+        stderr.print_exception()
+    raise typer.Exit(code)
+
+
+class _NullContext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *args: object) -> None:
+        return None
+
+
+def _progress(message: str, *, enabled: bool) -> Any:
+    """A spinner on stderr for slow steps, only for a person watching a terminal."""
+    if not enabled or not sys.stderr.isatty() or os.environ.get("CI") == "true":
+        return _NullContext()
+    return stderr.status(message)
+
+
+def _configure_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING,
+        stream=sys.stderr,
+        format="%(levelname)s %(name)s %(message)s",
+    )
+
+
+def main() -> None:
+    app()

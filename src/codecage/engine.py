@@ -1,0 +1,514 @@
+"""One execution, end to end: prepare, launch, supervise, judge, collect, clean up.
+
+`execute()` reads top to bottom as the ordered list of steps; everything it creates is
+registered on an ExitStack, so every exit path (ok, timeout, exception, Ctrl-C) kills the
+sandbox, removes its cgroup, unmounts and deletes its workspace and temp dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from codecage import workspace as workspaces
+from codecage.backends.base import Backend, LaunchSpec
+from codecage.errors import ConfigError, SandboxError
+from codecage.isolation import limits as cgroups
+from codecage.isolation import rootfs, seccomp
+from codecage.isolation.limits import CgroupHandle
+from codecage.models import (
+    MAX_CODE_BYTES,
+    Ceilings,
+    ErrorInfo,
+    Event,
+    ExecutionResult,
+    GuestReady,
+    GuestRequest,
+    GuestResult,
+    Limits,
+    Status,
+    Usage,
+)
+from codecage.output import neutralise, neutralise_text
+from codecage.supervise import Observation, supervise
+
+log = logging.getLogger(__name__)
+
+RETURN_VALUE_MAX_BYTES = 1024 * 1024
+_CONTROL_CAP_BYTES = 2 * RETURN_VALUE_MAX_BYTES + 256 * 1024
+_SIGNAL_EXIT_BASE = 128  # bwrap reports a child killed by signal N as exit code 128 + N
+_SIGXCPU_EXIT = _SIGNAL_EXIT_BASE + signal.SIGXCPU
+
+
+@dataclass(frozen=True, slots=True)
+class RunRequest:
+    """One validated request to run code."""
+
+    code: str
+    filename: str
+    limits: Limits
+    workspace_dir: Path | None = None  # a host dir to mount instead of a fresh one
+    degraded: tuple[str, ...] = ()  # layers known missing (only with allow_degraded)
+
+
+def ceilings() -> Ceilings:
+    """The largest limits this host accepts."""
+    return Ceilings(
+        memory_mb=cgroups.memory_ceiling_mb(),
+        max_processes=32_768,
+        timeout=3600.0,
+    )
+
+
+def check_request(code: str, filename: str, limits: Limits) -> None:
+    """Refuse, before anything runs, what cannot be run.
+
+    Raises:
+        ConfigError: the code, the file name or a limit is not acceptable.
+    """
+    if len(code.encode("utf-8", "surrogatepass")) > MAX_CODE_BYTES:
+        raise ConfigError(
+            f"the code is larger than {MAX_CODE_BYTES // (1024 * 1024)} MiB",
+            hint="put large data in a file and pass it in the workspace instead",
+        )
+    if "\x00" in code:
+        raise ConfigError(
+            "the code contains a NUL byte, so it is not Python source",
+            hint="pass text, not a binary file",
+        )
+    if not filename or "/" in filename or filename.startswith(".") or len(filename) > 128:
+        raise ConfigError(
+            f"bad file name {filename!r} for the submission",
+            hint="use a plain name such as main.py",
+        )
+    top = ceilings()
+    if limits.memory_mb > top.memory_mb:
+        raise ConfigError(
+            f"memory_mb={limits.memory_mb} is above this host's ceiling of {top.memory_mb}",
+            hint=f"pass --memory-mb {top.memory_mb} or less; `codecage info` lists the ceilings",
+        )
+
+
+def execute(request: RunRequest, backend: Backend) -> ExecutionResult:
+    """Run `request` in a fresh sandbox of `backend` and destroy the sandbox afterwards.
+
+    Raises:
+        ConfigError: the request was refused before anything ran.
+        HostError: this host cannot provide the isolation.
+        SandboxError: the sandbox failed to start or broke down.
+    """
+    execution_id = uuid.uuid4().hex
+    limits = request.limits
+    check_request(request.code, request.filename, limits)
+    interpreter = rootfs.find_interpreter()
+    bpf = seccomp.compile_bpf(seccomp.plan(network=False))
+    started = time.monotonic()
+    with contextlib.ExitStack() as cleanup:
+        run_dir = _make_run_dir(cleanup)
+        ws = _prepare_workspace(request, run_dir, cleanup)
+        rootfs.write_etc(run_dir / "etc")
+        (run_dir / "empty").mkdir(mode=0o555)
+        cgroup = cgroups.create(execution_id, limits)
+        if cgroup is not None:
+            cleanup.callback(_destroy_cgroup, cgroup)
+        mounts = rootfs.plan(
+            interpreter,
+            workspace=ws.path,
+            etc_dir=run_dir / "etc",
+            empty_dir=run_dir / "empty",
+            tmp_bytes=limits.tmp_mb * cgroups.MiB,
+        )
+        channel = _Channels.open(cleanup, bpf)
+        env = _sandbox_env(interpreter)
+        guest_argv = _guest_argv(channel.guest_control_fd)
+        plan = backend.launch_plan(
+            LaunchSpec(
+                mounts=mounts,
+                env=env,
+                guest_argv=guest_argv,
+                seccomp_fd=channel.seccomp_fd,
+                info_fd=channel.info_write,
+                block_fd=channel.block_read,
+                control_fd=channel.guest_control_fd,
+            )
+        )
+        log.debug("engine.launch", extra={"execution_id": execution_id, "argv": plan.argv})
+        proc = _spawn(plan.argv, plan.pass_fds, env, run_dir)
+        cleanup.callback(_reap, proc)
+        channel.close_guest_ends()
+        _place_in_cgroup(proc, channel, cgroup)
+        guest_request = GuestRequest(
+            code=request.code,
+            filename=request.filename,
+            limits=cgroups.guest_limits(limits, by_cgroup=cgroup is not None),
+            return_value_max_bytes=RETURN_VALUE_MAX_BYTES,
+        )
+        seen = supervise(
+            proc,
+            channel.host_control,
+            (guest_request.model_dump_json() + "\n").encode("utf-8"),
+            started=started,
+            wall_timeout_s=limits.timeout,
+            cpu_limit_ms=limits.cpu_seconds * 1000,
+            output_cap_bytes=limits.max_output_bytes,
+            control_cap_bytes=_CONTROL_CAP_BYTES,
+            cgroup=cgroup,
+        )
+        ready, report, report_events = _parse_control(seen)
+        if not ready and not seen.timed_out and not seen.cpu_exceeded:
+            raise SandboxError(
+                "the sandbox failed to start: "
+                + (neutralise(seen.stderr.data).strip()[:2000] or f"exit {seen.returncode}"),
+                hint="run `codecage doctor` to check this host's isolation layers",
+            )
+        usage = _usage(seen, cgroup)
+        oom = cgroup is not None and cgroups.oom_killed(cgroup)
+        files, files_truncated = workspaces.list_files(ws.path)
+        result = _build_result(
+            execution_id=execution_id,
+            request=request,
+            backend=backend.name,
+            seen=seen,
+            report=report,
+            events=report_events,
+            usage=usage,
+            oom=oom,
+            files=files,
+            files_truncated=files_truncated,
+        )
+    log.info(
+        "engine.run",
+        extra={
+            "execution_id": execution_id,
+            "backend": backend.name,
+            "status": result.status,
+            "wall_ms": result.usage.wall_ms,
+        },
+    )
+    return result
+
+
+# --- preparation -----------------------------------------------------------------------
+
+
+def _make_run_dir(cleanup: contextlib.ExitStack) -> Path:
+    run_dir = Path(tempfile.mkdtemp(prefix="codecage-run-"))  # mode 0700
+    cleanup.callback(shutil.rmtree, run_dir, ignore_errors=True)
+    return run_dir
+
+
+def _prepare_workspace(
+    request: RunRequest, run_dir: Path, cleanup: contextlib.ExitStack
+) -> workspaces.Workspace:
+    if request.workspace_dir is not None:
+        ws = workspaces.use_existing(request.workspace_dir)
+    else:
+        ws = workspaces.create_ephemeral(run_dir, request.limits.workspace_mb)
+    cleanup.callback(workspaces.destroy, ws)
+    return ws
+
+
+@dataclass(slots=True)
+class _Channels:
+    """The fds shared with one sandbox; the host closes the guest's ends once it started."""
+
+    seccomp_fd: int
+    info_read: int
+    info_write: int
+    block_read: int
+    block_write: int
+    host_control: socket.socket
+    guest_control: socket.socket
+
+    @property
+    def guest_control_fd(self) -> int:
+        return self.guest_control.fileno()
+
+    @classmethod
+    def open(cls, cleanup: contextlib.ExitStack, bpf: bytes) -> _Channels:
+        seccomp_fd = os.memfd_create("codecage-seccomp", os.MFD_CLOEXEC)
+        cleanup.callback(_close_quietly, seccomp_fd)
+        os.write(seccomp_fd, bpf)
+        os.lseek(seccomp_fd, 0, os.SEEK_SET)
+        info_read, info_write = os.pipe()
+        block_read, block_write = os.pipe()
+        for fd in (info_read, info_write, block_read, block_write):
+            cleanup.callback(_close_quietly, fd)
+        host, guest = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        cleanup.enter_context(host)
+        cleanup.enter_context(guest)
+        return cls(seccomp_fd, info_read, info_write, block_read, block_write, host, guest)
+
+    def close_guest_ends(self) -> None:
+        for fd in (self.info_write, self.block_read, self.seccomp_fd):
+            _close_quietly(fd)
+        self.guest_control.close()
+
+
+def _close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def _sandbox_env(interpreter: rootfs.Interpreter) -> dict[str, str]:
+    """The sandbox's whole environment: a fixed allow-list, nothing from the host."""
+    env = {
+        "PATH": f"{rootfs.GUEST_PREFIX}/bin",
+        "HOME": rootfs.WORKSPACE,
+        "LANG": "C.UTF-8",
+        "TMPDIR": "/tmp",  # noqa: S108 - the sandbox's own private tmpfs
+    }
+    library_path = rootfs.library_path(interpreter)
+    if library_path is not None:
+        env["LD_LIBRARY_PATH"] = library_path
+    return env
+
+
+def _guest_argv(control_fd: int) -> tuple[str, ...]:
+    # -I: isolated (no env vars, no user site, no cwd on sys.path); -S: no site module, so
+    # no .pth files run; -B: no bytecode writes; utf8 mode: text I/O is UTF-8 whatever LANG.
+    return (
+        rootfs.GUEST_PYTHON,
+        "-I",
+        "-S",
+        "-B",
+        "-X",
+        "utf8",
+        rootfs.GUEST_BOOTSTRAP,
+        "--control-fd",
+        str(control_fd),
+    )
+
+
+def _spawn(
+    argv: list[str], pass_fds: tuple[int, ...], env: dict[str, str], cwd: Path
+) -> subprocess.Popen[bytes]:
+    try:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=pass_fds,
+            env=env,
+            cwd=cwd,
+            process_group=0,
+        )
+    except OSError as exc:
+        raise SandboxError(f"cannot start the sandbox: {exc}") from exc
+
+
+def _place_in_cgroup(
+    proc: subprocess.Popen[bytes], channel: _Channels, cgroup: CgroupHandle | None
+) -> None:
+    """Wait until bwrap made the namespaces, move its PID 1 into the run's cgroup, then let
+    it start the guest, which inherits the cgroup. Nothing of the user's runs before this."""
+    info = _read_info(channel.info_read)
+    if cgroup is not None and info is not None:
+        cgroups.attach(cgroup, info)
+    with contextlib.suppress(OSError):
+        os.write(channel.block_write, b"1")
+
+
+def _read_info(fd: int) -> int | None:
+    data = b""
+    while not data.endswith(b"}\n") and len(data) < 65536:
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    if not data:
+        return None  # bwrap failed before making the namespaces; its stderr says why
+    try:
+        pid = json.loads(data)["child-pid"]
+    except (ValueError, KeyError) as exc:
+        raise SandboxError(f"unexpected bwrap info: {data[:200]!r}") from exc
+    return int(pid)
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    proc.wait()
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def _destroy_cgroup(cgroup: CgroupHandle) -> None:
+    cgroups.kill_all(cgroup)
+    cgroups.remove(cgroup)
+
+
+# --- judging ---------------------------------------------------------------------------
+
+
+def _parse_control(seen: Observation) -> tuple[bool, GuestResult | None, list[Event]]:
+    """The guest's messages, validated. Anything malformed is noted, never trusted."""
+    ready = False
+    report: GuestResult | None = None
+    events: list[Event] = []
+    if seen.control.truncated:
+        events.append(Event(kind="guest_report_invalid", detail="guest report over size bound"))
+    for line in seen.control.data.split(b"\n"):
+        if not line:
+            continue
+        try:
+            message: dict[str, Any] = json.loads(line)
+            if message.get("kind") == "ready" and not ready:
+                GuestReady.model_validate(message)
+                ready = True
+            elif message.get("kind") == "result" and report is None:
+                report = GuestResult.model_validate(message)
+            else:
+                raise ValueError("unexpected message")
+        except (ValueError, ValidationError) as exc:
+            events.append(
+                Event(kind="guest_report_invalid", detail=f"ignored a guest message: {exc}"[:300])
+            )
+    return ready, report, events
+
+
+def _usage(seen: Observation, cgroup: CgroupHandle | None) -> Usage:
+    return Usage(
+        wall_ms=int(seen.wall_s * 1000),
+        cpu_ms=cgroups.cpu_usage_ms(cgroup) if cgroup is not None else None,
+        peak_memory_mb=cgroups.peak_memory_mb(cgroup) if cgroup is not None else None,
+    )
+
+
+def judge_status(
+    seen: Observation, report: GuestResult | None, *, oom: bool, limits: Limits, usage: Usage
+) -> tuple[Status, int | None, str | None]:
+    """Status, exit code and signal name, from what the host observed.
+
+    The guest's report only tells a voluntary exit (it reported, then exited) from a death
+    by signal with the same exit code; it can never turn a limit into "ok".
+    """
+    code = seen.returncode
+    signal_name: str | None = None
+    if code is not None and code > _SIGNAL_EXIT_BASE and report is None:
+        with contextlib.suppress(ValueError):
+            signal_name = signal.Signals(code - _SIGNAL_EXIT_BASE).name
+    exit_code = None if signal_name is not None or seen.killed_by_host else code
+    if seen.timed_out:
+        return "timeout", None, "SIGKILL"
+    cpu_used = usage.cpu_ms is not None and usage.cpu_ms >= limits.cpu_seconds * 1000
+    if seen.cpu_exceeded or code == _SIGXCPU_EXIT or (cpu_used and code != 0):
+        return "cpu_limit", None, signal_name or "SIGKILL"
+    crashed = code != 0 or signal_name is not None
+    if oom and crashed:
+        return "memory_limit", exit_code, signal_name
+    if signal_name is not None:
+        return "killed", None, signal_name
+    if code == 0:
+        return "ok", 0, None
+    return "error", exit_code, None
+
+
+def _build_result(
+    *,
+    execution_id: str,
+    request: RunRequest,
+    backend: str,
+    seen: Observation,
+    report: GuestResult | None,
+    events: list[Event],
+    usage: Usage,
+    oom: bool,
+    files: list[Any],
+    files_truncated: bool,
+) -> ExecutionResult:
+    limits = request.limits
+    status, exit_code, signal_name = judge_status(seen, report, oom=oom, limits=limits, usage=usage)
+    error = _error_of(report, status)
+    if status == "memory_limit" and error is None:
+        error = ErrorInfo(
+            type="MemoryError",
+            message=f"the sandbox was killed for using more than {limits.memory_mb} MiB",
+            traceback="",
+        )
+    all_events = [*events, *_guest_events(report)]
+    all_events += _limit_events(seen, files_truncated, limits)
+    all_events += [
+        Event(kind="degraded_isolation", detail=f"layer not in force: {layer}")
+        for layer in request.degraded
+    ]
+    if status == "error" and error is not None and error.type == "MemoryError":
+        status = "memory_limit"  # RLIMIT_AS fallback: Python raised MemoryError at the limit
+    return ExecutionResult(
+        execution_id=execution_id,
+        status=status,
+        exit_code=exit_code,
+        signal=signal_name,
+        stdout=neutralise(seen.stdout.data),
+        stderr=neutralise(seen.stderr.data),
+        stdout_truncated=seen.stdout.truncated,
+        stderr_truncated=seen.stderr.truncated,
+        return_value=_return_value_of(report, status),
+        error=error,
+        files=files,
+        usage=usage,
+        limits=limits,
+        events=all_events,
+        backend=backend,
+    ).with_raw_output(seen.stdout.data, seen.stderr.data)
+
+
+def _error_of(report: GuestResult | None, status: Status) -> ErrorInfo | None:
+    if report is None or report.error is None:
+        return None
+    e = report.error
+    return ErrorInfo(
+        type=neutralise_text(e.type)[:200],
+        message=neutralise_text(e.message)[:10_000],
+        traceback=neutralise_text(e.traceback)[:50_000],
+    )
+
+
+def _return_value_of(report: GuestResult | None, status: Status) -> Any:
+    if report is None or status != "ok":
+        return None
+    # Data, kept as the code returned it: JSON escapes control characters, and the CLI's
+    # human mode neutralises what it prints.
+    return report.return_value
+
+
+def _guest_events(report: GuestResult | None) -> list[Event]:
+    if report is None:
+        return []
+    return [Event(kind=e.kind, detail=neutralise_text(e.detail)) for e in report.events]
+
+
+def _limit_events(seen: Observation, files_truncated: bool, limits: Limits) -> list[Event]:
+    events: list[Event] = []
+    for name, buf in (("stdout", seen.stdout), ("stderr", seen.stderr)):
+        if buf.truncated:
+            events.append(
+                Event(
+                    kind="output_truncated",
+                    detail=f"{name}: kept {limits.max_output_bytes} of {buf.total_bytes} bytes",
+                )
+            )
+    if files_truncated:
+        events.append(
+            Event(kind="files_truncated", detail="too many or too large files to list them all")
+        )
+    return events

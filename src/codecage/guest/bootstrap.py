@@ -1,0 +1,263 @@
+"""Guest bootstrap: runs *inside* the sandbox, with the standard library only.
+
+Started by the host as `/opt/python/bin/python3 -I -S -B -X utf8 bootstrap.py --control-fd N`.
+It speaks versioned JSON lines over the control socket (fd N, moved to fd 3):
+
+    guest -> host  {"v":1,"kind":"ready","pid":...}         the interpreter is up
+    host -> guest  {"v":1,"kind":"run","code":...,"filename":...,"limits":{...},...}
+    guest -> host  {"v":1,"kind":"result","return_value":...,"error":...,"events":[...]}
+
+Then it exits with the program's exit code. Nothing it says is trusted by the host: the
+host judges the status itself and validates and bounds this report. This file is an
+island: it must not import anything from the host side of codecage (a test checks it).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import linecache
+import os
+import reprlib
+import resource
+import socket
+import sys
+import traceback
+import types
+from typing import Any
+
+WIRE_VERSION = 1
+CONTROL_FD = 3
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
+MAX_EVENTS = 50
+_RESULT_NAME = "__codecage_last_value__"
+
+_events: list[dict[str, str]] = []
+
+
+def main(argv: list[str]) -> int:
+    control = _take_control_fd(argv)
+    _close_other_fds(keep=CONTROL_FD)
+    _send(control, {"v": WIRE_VERSION, "kind": "ready", "pid": os.getpid()})
+    request = _receive(control)
+    _apply_limits(request["limits"])
+    sys.addaudithook(_audit)
+    exit_code, report = _run_user_code(request)
+    _send(control, report)
+    return exit_code
+
+
+# --- control channel ------------------------------------------------------------------
+
+
+def _take_control_fd(argv: list[str]) -> socket.socket:
+    fd = int(argv[argv.index("--control-fd") + 1])
+    if fd != CONTROL_FD:
+        os.dup2(fd, CONTROL_FD, inheritable=False)
+        os.close(fd)
+    os.set_inheritable(CONTROL_FD, False)  # user subprocesses never get it
+    return socket.socket(fileno=CONTROL_FD)
+
+
+def _close_other_fds(keep: int) -> None:
+    """Only stdin, stdout, stderr and the control socket stay open."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd != keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the fd of the listdir itself is already gone
+
+
+def _send(control: socket.socket, message: dict[str, Any]) -> None:
+    data = json.dumps(message, ensure_ascii=True, allow_nan=False) + "\n"
+    try:
+        control.sendall(data.encode("ascii"))
+    except OSError:
+        pass  # the host stopped listening (e.g. timeout); nothing to do
+
+
+def _receive(control: socket.socket) -> dict[str, Any]:
+    buf = bytearray()
+    while b"\n" not in buf:
+        chunk = control.recv(1 << 16)
+        if not chunk:
+            raise SystemExit(70)  # host went away before sending a request
+        buf += chunk
+        if len(buf) > MAX_REQUEST_BYTES:
+            raise SystemExit(70)
+    request: dict[str, Any] = json.loads(buf[: buf.index(b"\n")])
+    if request.get("v") != WIRE_VERSION or request.get("kind") != "run":
+        raise SystemExit(70)
+    return request
+
+
+# --- limits and policy ---------------------------------------------------------------------
+
+
+def _apply_limits(limits: dict[str, Any]) -> None:
+    """Lower the rlimits before any user code runs; without CAP_SYS_RESOURCE they stay down."""
+    cpu = int(limits["cpu_seconds"])
+    # Soft limit sends SIGXCPU (kills: Python does not handle it); hard limit SIGKILL after.
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    nofile = int(limits["max_open_files"])
+    resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+    fsize = int(limits["max_file_size_bytes"])
+    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if limits.get("max_processes") is not None:
+        nproc = int(limits["max_processes"])
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+    if limits.get("address_space_bytes") is not None:
+        address_space = int(limits["address_space_bytes"])
+        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    """Note attempts the kernel will refuse, so the result can explain a failure.
+
+    Informational only: the seccomp filter and the empty network namespace refuse these
+    whether or not this hook runs.
+    """
+    if event == "socket.__new__" and len(_events) < MAX_EVENTS:
+        family = args[1] if len(args) > 1 else None
+        if family not in (socket.AF_UNIX, -1):
+            name = getattr(family, "name", str(family))
+            _events.append(
+                {
+                    "kind": "network_denied",
+                    "detail": f"socket({name}) attempted: the sandbox has no network",
+                }
+            )
+
+
+# --- running the code ---------------------------------------------------------------------
+
+
+def _run_user_code(request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    filename = str(request["filename"])
+    source = str(request["code"])
+    max_value_bytes = int(request["return_value_max_bytes"])
+    report: dict[str, Any] = {"v": WIRE_VERSION, "kind": "result", "return_value": None}
+    main_module = _fresh_main_module(filename)
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exit_code = 0
+    try:
+        code = _compile(source, filename)
+        value = _execute(code, main_module.__dict__)
+        report["return_value"] = _encode_return_value(value, max_value_bytes)
+    except SystemExit as exc:
+        exit_code = _exit_code_of(exc)
+    except BaseException as exc:  # the user's exception, reported as data
+        report["error"] = _describe_exception(exc, filename)
+        exit_code = 1
+    finally:
+        _flush_std_streams()
+    report["events"] = _events[:MAX_EVENTS]
+    return exit_code, report
+
+
+def _fresh_main_module(filename: str) -> types.ModuleType:
+    module = types.ModuleType("__main__")
+    module.__file__ = f"/workspace/{filename}"
+    module.__builtins__ = __builtins__  # type: ignore[attr-defined]
+    sys.modules["__main__"] = module
+    sys.argv = [filename]
+    sys.path.insert(0, "/workspace")
+    return module
+
+
+def _compile(source: str, filename: str) -> types.CodeType:
+    """Compile with top-level await allowed; the last expression's value is kept."""
+    tree = ast.parse(source, filename, "exec")
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = tree.body[-1]
+        assign = ast.Assign(targets=[ast.Name(_RESULT_NAME, ast.Store())], value=last.value)
+        tree.body[-1] = ast.copy_location(assign, last)
+        ast.fix_missing_locations(tree)
+    flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+    code: types.CodeType = compile(tree, filename, "exec", flags=flags, dont_inherit=True)
+    return code
+
+
+def _execute(code: types.CodeType, namespace: dict[str, Any]) -> Any:
+    result = eval(code, namespace)  # noqa: S307 - running the agent's code is the job
+    if isinstance(result, types.CoroutineType):  # the code used top-level await
+        import asyncio
+
+        asyncio.run(result)
+    return namespace.pop(_RESULT_NAME, None)
+
+
+def _encode_return_value(value: Any, max_bytes: int) -> Any:
+    if value is None:
+        return None
+    try:
+        encoded = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        encoded = None
+    if encoded is not None and len(encoded) <= max_bytes:
+        return value
+    text = _bounded_repr(value, max_bytes)
+    if encoded is not None or len(text) >= max_bytes:
+        _events.append(
+            {
+                "kind": "return_value_truncated",
+                "detail": f"the return value was larger than {max_bytes} bytes; "
+                "write big results to a file in /workspace instead",
+            }
+        )
+    return text
+
+
+def _bounded_repr(value: Any, max_bytes: int) -> str:
+    limiter = reprlib.Repr()
+    limiter.maxlevel = 6
+    limiter.maxstring = limiter.maxother = max_bytes
+    limiter.maxlist = limiter.maxtuple = limiter.maxdict = limiter.maxset = 1000
+    try:
+        text = limiter.repr(value)
+    except Exception as exc:  # a hostile __repr__ must not lose the report
+        text = f"<unrepresentable {type(value).__name__}: {type(exc).__name__}>"
+    return text[:max_bytes]
+
+
+def _exit_code_of(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _describe_exception(exc: BaseException, filename: str) -> dict[str, str]:
+    frames = traceback.extract_tb(exc.__traceback__)
+    # Drop the bootstrap's own frames: the traceback starts at the user's code.
+    while frames and frames[0].filename != filename:
+        frames.pop(0)
+    lines = ["Traceback (most recent call last):\n"]
+    lines += traceback.format_list(frames)
+    lines += traceback.format_exception_only(type(exc), exc)
+    if frames == [] and isinstance(exc, SyntaxError):
+        lines = traceback.format_exception_only(type(exc), exc)
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<str() of the exception failed>"
+    return {"type": type(exc).__name__, "message": message, "traceback": "".join(lines)}
+
+
+def _flush_std_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+if __name__ == "__main__":
+    # A normal exit, so the user's unclosed files are flushed and atexit handlers run as in
+    # plain Python; a teardown that hangs is cut by the host's wall timer.
+    sys.exit(main(sys.argv))

@@ -1,0 +1,1 @@
+"""Kernel-level isolation mechanisms: one module per layer."""

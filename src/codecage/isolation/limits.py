@@ -1,0 +1,327 @@
+"""Resource limits: cgroups for the whole sandbox, rlimits for each process in it.
+
+Which mechanism enforces what, best first:
+
+| limit      | cgroup v1 / v2 (when writable)       | fallback                                  |
+|------------|--------------------------------------|-------------------------------------------|
+| memory     | memory.limit_in_bytes / memory.max   | RLIMIT_AS per process                     |
+| processes  | pids.max                             | RLIMIT_NPROC (per host user; see below)   |
+| CPU time   | host polls cpuacct.usage / cpu.stat  | RLIMIT_CPU per process                    |
+
+RLIMIT_CPU, RLIMIT_NOFILE, RLIMIT_FSIZE and RLIMIT_CORE are always set (by the guest
+bootstrap, before any user code runs). The cgroup is created and filled by the host,
+which is also the one that reads usage and OOM kills from it: the guest is never asked.
+
+RLIMIT_NPROC counts processes of the *host* user the sandbox maps to, and the kernel exempts
+root from it, so without a pids cgroup the process limit is weak; `probe()` says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from codecage.errors import HostError
+from codecage.models import GuestLimits, LayerStatus, Limits
+
+log = logging.getLogger(__name__)
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+_V1_CONTROLLERS = ("memory", "pids", "cpuacct")
+MiB = 1024 * 1024
+
+# bwrap's init (PID 1 of the sandbox) lives in the cgroup too and takes one pid.
+_INIT_PIDS = 1
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupSupport:
+    """Where this host lets us create per-run cgroups."""
+
+    version: Literal[1, 2]
+    parents: dict[str, Path]  # controller -> parent dir (v2: the single key "unified")
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupHandle:
+    """The cgroup(s) of one run."""
+
+    version: Literal[1, 2]
+    dirs: dict[str, Path]  # controller -> this run's dir (v2: "unified")
+
+
+def guest_limits(limits: Limits, *, by_cgroup: bool) -> GuestLimits:
+    """The rlimits the guest applies to itself before running user code (pure).
+
+    With a cgroup, memory and processes are limited for the sandbox as a whole, and the
+    per-process RLIMIT_AS / RLIMIT_NPROC would only get in the way (threads' stacks count
+    against RLIMIT_AS; RLIMIT_NPROC counts every process of the host user).
+    """
+    return GuestLimits(
+        cpu_seconds=limits.cpu_seconds,
+        max_open_files=limits.max_open_files,
+        max_file_size_bytes=limits.max_file_size_mb * MiB,
+        max_processes=None if by_cgroup else limits.max_processes,
+        address_space_bytes=None if by_cgroup else limits.memory_mb * MiB,
+    )
+
+
+# --- detection -------------------------------------------------------------------------
+
+
+@functools.cache
+def detect() -> CgroupSupport | None:
+    """Find a cgroup hierarchy where we may create per-run groups, or None."""
+    own = _own_cgroups()
+    v1 = _detect_v1(own)
+    if v1 is not None:
+        return v1
+    return _detect_v2(own)
+
+
+def _own_cgroups() -> dict[str, str]:
+    """controller -> this process's cgroup path, from /proc/self/cgroup ("" key for v2)."""
+    result: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text(encoding="utf-8").splitlines():
+            _, controllers, path = line.split(":", 2)
+            for controller in controllers.split(","):
+                result[controller] = path
+    return result
+
+
+def _detect_v1(own: dict[str, str]) -> CgroupSupport | None:
+    parents: dict[str, Path] = {}
+    for controller in _V1_CONTROLLERS:
+        mount = CGROUP_ROOT / controller
+        if controller not in own or not (mount / "cgroup.procs").exists():
+            return None
+        parent = mount / own[controller].lstrip("/") / "codecage"
+        if not _can_create_under(parent):
+            return None
+        parents[controller] = parent
+    return CgroupSupport(1, parents)
+
+
+def _detect_v2(own: dict[str, str]) -> CgroupSupport | None:
+    if "" not in own or not (CGROUP_ROOT / "cgroup.controllers").exists():
+        return None
+    base = CGROUP_ROOT / own[""].lstrip("/")
+    parent = base / "codecage"
+    try:
+        available = (base / "cgroup.controllers").read_text(encoding="utf-8").split()
+        if not {"memory", "pids", "cpu"} <= set(available):
+            return None
+        # Controllers must be enabled for our children. This fails with EBUSY when our own
+        # cgroup has processes and is not the root (the "no internal processes" rule): then
+        # the host has not delegated a subtree to us, and we fall back to rlimits.
+        (base / "cgroup.subtree_control").write_text("+memory +pids +cpu", encoding="utf-8")
+        parent.mkdir(exist_ok=True)
+        (parent / "cgroup.subtree_control").write_text("+memory +pids +cpu", encoding="utf-8")
+    except OSError as exc:
+        log.debug("cgroup.v2_unusable", extra={"path": str(base), "error": str(exc)})
+        return None
+    return CgroupSupport(2, {"unified": parent})
+
+
+def _can_create_under(parent: Path) -> bool:
+    try:
+        parent.mkdir(exist_ok=True)
+        probe_dir = parent / f"probe-{os.getpid()}"
+        probe_dir.mkdir()
+        probe_dir.rmdir()
+    except OSError:
+        return False
+    return True
+
+
+# --- one run's cgroup ------------------------------------------------------------------
+
+
+def create(run_id: str, limits: Limits) -> CgroupHandle | None:
+    """Create this run's cgroup(s) with the memory and pids limits, or None without support.
+
+    Raises:
+        HostError: the cgroup could not be created or configured although the host supports it.
+    """
+    support = detect()
+    if support is None:
+        return None
+    dirs = {name: parent / run_id for name, parent in support.parents.items()}
+    handle = CgroupHandle(support.version, dirs)
+    try:
+        for d in dirs.values():
+            d.mkdir()
+        _write_limits(handle, limits)
+    except OSError as exc:
+        remove(handle)
+        raise HostError(f"cannot set up the run's cgroup: {exc}") from exc
+    log.debug("cgroup.created", extra={"dirs": {k: str(v) for k, v in dirs.items()}})
+    return handle
+
+
+def _write_limits(handle: CgroupHandle, limits: Limits) -> None:
+    memory = str(limits.memory_mb * MiB)
+    pids = str(limits.max_processes + _INIT_PIDS)
+    if handle.version == 1:
+        mem_dir = handle.dirs["memory"]
+        (mem_dir / "memory.limit_in_bytes").write_text(memory, encoding="utf-8")
+        memsw = mem_dir / "memory.memsw.limit_in_bytes"
+        if memsw.exists():  # no escaping the limit into swap
+            memsw.write_text(memory, encoding="utf-8")
+        (handle.dirs["pids"] / "pids.max").write_text(pids, encoding="utf-8")
+    else:
+        d = handle.dirs["unified"]
+        (d / "memory.max").write_text(memory, encoding="utf-8")
+        (d / "memory.swap.max").write_text("0", encoding="utf-8")
+        (d / "pids.max").write_text(pids, encoding="utf-8")
+
+
+def attach(handle: CgroupHandle, pid: int) -> None:
+    """Move `pid` into the run's cgroup(s); its future children inherit them.
+
+    Raises:
+        HostError: the kernel refused the move.
+    """
+    try:
+        for d in handle.dirs.values():
+            (d / "cgroup.procs").write_text(str(pid), encoding="utf-8")
+    except OSError as exc:
+        raise HostError(f"cannot move the sandbox into its cgroup: {exc}") from exc
+
+
+def cpu_usage_ms(handle: CgroupHandle) -> int | None:
+    """CPU time used by every process of the run so far."""
+    try:
+        if handle.version == 1:
+            ns = int((handle.dirs["cpuacct"] / "cpuacct.usage").read_text(encoding="utf-8"))
+            return ns // 1_000_000
+        stat = (handle.dirs["unified"] / "cpu.stat").read_text(encoding="utf-8")
+        fields = dict(line.split() for line in stat.splitlines())
+        return int(fields["usage_usec"]) // 1000
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def peak_memory_mb(handle: CgroupHandle) -> float | None:
+    """Peak memory of the run (RAM, tmpfs and memfd included)."""
+    name = "memory.max_usage_in_bytes" if handle.version == 1 else "memory.peak"
+    key = "memory" if handle.version == 1 else "unified"
+    try:
+        return round(int((handle.dirs[key] / name).read_text(encoding="utf-8")) / MiB, 1)
+    except (OSError, ValueError):
+        return None
+
+
+def oom_killed(handle: CgroupHandle) -> bool:
+    """Whether the kernel's OOM killer killed something in this run's cgroup."""
+    if handle.version == 1:
+        path, key = handle.dirs["memory"] / "memory.oom_control", "oom_kill"
+    else:
+        path, key = handle.dirs["unified"] / "memory.events", "oom_kill"
+    try:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value) > 0
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def pids_in(handle: CgroupHandle) -> list[int]:
+    """Processes still in the run's cgroup."""
+    key = "pids" if handle.version == 1 else "unified"
+    try:
+        text = (handle.dirs[key] / "cgroup.procs").read_text(encoding="utf-8")
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def kill_all(handle: CgroupHandle, *, deadline_s: float = 5.0) -> None:
+    """SIGKILL every process left in the run's cgroup, until it is empty or time runs out."""
+    if handle.version == 2:
+        with contextlib.suppress(OSError):
+            (handle.dirs["unified"] / "cgroup.kill").write_text("1", encoding="utf-8")
+    end = time.monotonic() + deadline_s
+    while (pids := pids_in(handle)) and time.monotonic() < end:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.005)
+    if pids:
+        log.error("cgroup.kill_incomplete", extra={"pids": pids})
+
+
+def remove(handle: CgroupHandle) -> None:
+    """Remove the run's cgroup(s); processes must be gone (see kill_all)."""
+    for d in handle.dirs.values():
+        for _ in range(100):
+            try:
+                d.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError as exc:
+                # EBUSY: the last killed processes are still being torn down.
+                if exc.errno != errno.EBUSY:
+                    log.error("cgroup.remove_failed", extra={"dir": str(d), "error": str(exc)})
+                    break
+                time.sleep(0.01)
+
+
+# --- what is in force --------------------------------------------------------------------
+
+
+def probe() -> list[LayerStatus]:
+    """Which mechanism enforces memory, processes and CPU on this host."""
+    support = detect()
+    if support is None:
+        return [
+            LayerStatus(
+                name="memory",
+                active=True,
+                mechanism="RLIMIT_AS",
+                detail="no writable cgroup: per-process address-space limit; tmpfs is not counted",
+            ),
+            LayerStatus(
+                name="processes",
+                active=os.geteuid() != 0,
+                mechanism="RLIMIT_NPROC",
+                detail="no writable cgroup: counted per host user"
+                + ("; root is exempt, so not enforced" if os.geteuid() == 0 else ""),
+            ),
+            LayerStatus(name="cpu", active=True, mechanism="RLIMIT_CPU", detail="per process"),
+        ]
+    mechanism = f"cgroup v{support.version}"
+    where = ", ".join(str(p) for p in support.parents.values())
+    return [
+        LayerStatus(name="memory", active=True, mechanism=mechanism, detail=f"under {where}"),
+        LayerStatus(name="processes", active=True, mechanism=mechanism, detail="pids.max"),
+        LayerStatus(
+            name="cpu",
+            active=True,
+            mechanism=f"{mechanism} accounting + RLIMIT_CPU",
+            detail="the host kills the sandbox when its total CPU time passes the limit",
+        ),
+    ]
+
+
+def memory_ceiling_mb() -> int:
+    """The most memory a run may ask for: the host's physical memory."""
+    try:
+        for line in Path("/proc/meminfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) // 1024
+    except (OSError, ValueError):
+        pass
+    return 4096

@@ -1,0 +1,259 @@
+"""The sandbox's filesystem: a minimal read-only root built from what the interpreter needs.
+
+Nothing of the host's `/` is shared wholesale. The root is an empty tmpfs (made by bwrap,
+remounted read-only at the end) into which we bind, read-only and file by file:
+
+- the interpreter binary at /opt/python/bin/python3 and its stdlib at /opt/python/lib/python3.X
+  (relocated, so a pyenv interpreter under /root does not bring /root along);
+- the shared libraries it and its stdlib extension modules link against, found with `ldd`;
+- the guest bootstrap package at /opt/codecage/codecage (stdlib only);
+- /usr/share/zoneinfo (for `zoneinfo`), and a synthetic /etc (passwd, group, hosts).
+
+Then a private /proc and minimal /dev, a size-limited tmpfs /tmp, and /workspace read-write.
+There is no shell, no /home, no /root, no host /tmp, no /etc/shadow, no /var.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from codecage.errors import HostError
+
+log = logging.getLogger(__name__)
+
+GUEST_PREFIX = "/opt/python"
+GUEST_PYTHON = f"{GUEST_PREFIX}/bin/python3"
+GUEST_PACKAGE_ROOT = "/opt/codecage"
+GUEST_BOOTSTRAP = f"{GUEST_PACKAGE_ROOT}/codecage/bootstrap.py"
+WORKSPACE = "/workspace"
+SANDBOX_UID = 1000
+SANDBOX_GID = 1000
+
+# Extension modules whose libraries pull in a desktop stack (X11, Tk, terminals): useless
+# headless, and leaving their libraries out keeps the root small. They fail to import.
+_HEADLESS_SKIP = ("_tkinter", "readline", "_curses", "_curses_panel")
+
+MountKind = Literal["ro-bind", "bind", "tmpfs", "proc", "dev", "symlink", "dir"]
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """One entry of the sandbox's mount table, in the order bwrap applies them."""
+
+    kind: MountKind
+    dest: str
+    source: str | None = None
+    size_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Interpreter:
+    """The host interpreter that runs inside the sandbox, and what it needs."""
+
+    executable: Path  # real binary, symlinks resolved
+    stdlib: Path  # .../lib/python3.X
+    version: str  # "3.11"
+    libpython: Path | None  # when the interpreter links libpython dynamically
+    libraries: tuple[Path, ...]  # shared libraries to bind at their own paths
+
+
+def find_interpreter() -> Interpreter:
+    """The interpreter of this venv's base installation, with its shared libraries.
+
+    Raises:
+        HostError: the interpreter or its stdlib cannot be found.
+    """
+    return _find_interpreter(Path(getattr(sys, "_base_executable", sys.executable)))
+
+
+@functools.cache
+def _find_interpreter(base_executable: Path) -> Interpreter:
+    executable = base_executable.resolve()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stdlib = Path(sys.base_prefix) / "lib" / f"python{version}"
+    if not (stdlib / "os.py").is_file():
+        raise HostError(
+            f"cannot find the standard library of {executable} (looked in {stdlib})",
+            hint="codecage needs a CPython installed with its stdlib on disk",
+        )
+    dynload = stdlib / "lib-dynload"
+    extensions = sorted(p for p in dynload.glob("*.so") if not p.name.startswith(_HEADLESS_SKIP))
+    libs = resolve_shared_libraries([executable, *extensions])
+    libpython = next((lib for lib in libs if lib.name.startswith("libpython")), None)
+    others = tuple(lib for lib in libs if lib != libpython)
+    return Interpreter(executable, stdlib, version, libpython, others)
+
+
+def resolve_shared_libraries(binaries: list[Path]) -> tuple[Path, ...]:
+    """Every shared library `binaries` link against (transitively), as `ldd` resolves them.
+
+    The answer is cached on disk, keyed by the binaries' paths and mtimes: `ldd` over the
+    whole stdlib costs about half a second, which a CLI run should not pay every time.
+
+    Raises:
+        HostError: `ldd` is missing or fails.
+    """
+    key_material = json.dumps([[str(b), b.stat().st_mtime_ns] for b in binaries])
+    key = hashlib.sha256(key_material.encode()).hexdigest()[:24]
+    cache_file = cache_dir() / f"libs-{key}.json"
+    try:
+        cached = json.loads(cache_file.read_text(encoding="utf-8"))
+        return tuple(Path(p) for p in cached)
+    except (OSError, ValueError):
+        pass
+    libs = _run_ldd(binaries)
+    try:
+        cache_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = cache_file.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps([str(p) for p in libs]), encoding="utf-8")
+        tmp.replace(cache_file)
+    except OSError as exc:  # a cache we cannot write only costs time
+        log.debug("rootfs.cache_unwritable", extra={"path": str(cache_file), "error": str(exc)})
+    return libs
+
+
+def _run_ldd(binaries: list[Path]) -> tuple[Path, ...]:
+    try:
+        proc = subprocess.run(
+            ["ldd", *map(str, binaries)],
+            capture_output=True,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            check=False,
+            env={"PATH": os.defpath, "LC_ALL": "C"},
+            cwd="/",
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise HostError(
+            f"cannot list the interpreter's shared libraries: {exc}",
+            hint="install the Debian package libc-bin (it provides ldd)",
+        ) from exc
+    found: set[Path] = set()
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if "=>" in parts:
+            target = parts[parts.index("=>") + 1]
+            if target.startswith("/"):
+                found.add(Path(target))
+        elif parts and parts[0].startswith("/") and "(0x" in line:
+            found.add(Path(parts[0]))  # the dynamic loader itself
+    return tuple(sorted(found))
+
+
+def cache_dir() -> Path:
+    """Where codecage keeps host facts it can recompute (library lists, self-test)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "codecage"
+
+
+def guest_package_dir() -> Path:
+    """The host directory of the guest bootstrap package (stdlib-only code)."""
+    return Path(__file__).resolve().parent.parent / "guest"
+
+
+def write_etc(etc_dir: Path) -> None:
+    """Write the sandbox's synthetic /etc: one user, one group, localhost."""
+    etc_dir.mkdir(mode=0o755)
+    files = {
+        "passwd": (
+            f"sandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:codecage sandbox:{WORKSPACE}:/nonexistent\n"
+        ),
+        "group": f"sandbox:x:{SANDBOX_GID}:\n",
+        "hosts": "127.0.0.1 localhost\n::1 localhost\n",
+        "hostname": "sandbox\n",
+    }
+    for name, content in files.items():
+        (etc_dir / name).write_text(content, encoding="utf-8")
+        (etc_dir / name).chmod(0o644)
+
+
+def plan(
+    interpreter: Interpreter,
+    *,
+    workspace: Path,
+    etc_dir: Path,
+    empty_dir: Path,
+    tmp_bytes: int,
+) -> tuple[Mount, ...]:
+    """The ordered mount table of one sandbox (pure: touches nothing)."""
+    mounts: list[Mount] = []
+    seen: set[str] = set()
+    for lib in interpreter.libraries:
+        if str(lib) not in seen:
+            seen.add(str(lib))
+            mounts.append(Mount("ro-bind", str(lib), str(lib)))
+    mounts += [
+        Mount("ro-bind", GUEST_PYTHON, str(interpreter.executable)),
+        Mount(
+            "ro-bind", f"{GUEST_PREFIX}/lib/python{interpreter.version}", str(interpreter.stdlib)
+        ),
+        # The base interpreter's own site-packages is not ours to expose: hide it.
+        Mount(
+            "ro-bind",
+            f"{GUEST_PREFIX}/lib/python{interpreter.version}/site-packages",
+            str(empty_dir),
+        ),
+    ]
+    if interpreter.libpython is not None:
+        mounts.append(
+            Mount(
+                "ro-bind",
+                f"{GUEST_PREFIX}/lib/{interpreter.libpython.name}",
+                str(interpreter.libpython),
+            )
+        )
+    mounts.append(Mount("ro-bind", f"{GUEST_PACKAGE_ROOT}/codecage", str(guest_package_dir())))
+    if Path("/usr/share/zoneinfo").is_dir():
+        mounts.append(Mount("ro-bind", "/usr/share/zoneinfo", "/usr/share/zoneinfo"))
+    mounts += [
+        Mount("ro-bind", "/etc/passwd", str(etc_dir / "passwd")),
+        Mount("ro-bind", "/etc/group", str(etc_dir / "group")),
+        Mount("ro-bind", "/etc/hosts", str(etc_dir / "hosts")),
+        Mount("ro-bind", "/etc/hostname", str(etc_dir / "hostname")),
+        Mount("proc", "/proc"),
+        Mount("dev", "/dev"),
+        Mount("tmpfs", "/tmp", size_bytes=tmp_bytes),  # noqa: S108 - private, size-limited
+        Mount("bind", WORKSPACE, str(workspace)),
+    ]
+    return tuple(mounts)
+
+
+def bwrap_args(mounts: tuple[Mount, ...]) -> list[str]:
+    """Translate a mount table into bwrap arguments (the root is remounted read-only last)."""
+    args: list[str] = []
+    for m in mounts:
+        match m.kind:
+            case "ro-bind" | "bind":
+                args += [f"--{m.kind}", _source_of(m), m.dest]
+            case "tmpfs":
+                if m.size_bytes is not None:
+                    args += ["--size", str(m.size_bytes)]
+                args += ["--perms", "1777", "--tmpfs", m.dest]
+            case "proc" | "dev" | "dir":
+                args += [f"--{m.kind}", m.dest]
+            case "symlink":
+                args += ["--symlink", _source_of(m), m.dest]
+    args += ["--remount-ro", "/"]
+    return args
+
+
+def _source_of(mount: Mount) -> str:
+    if mount.source is None:
+        raise ValueError(f"{mount.kind} mount of {mount.dest} has no source")
+    return mount.source
+
+
+def library_path(interpreter: Interpreter) -> str | None:
+    """LD_LIBRARY_PATH the relocated interpreter needs to find libpython, if any."""
+    return f"{GUEST_PREFIX}/lib" if interpreter.libpython is not None else None

@@ -1,0 +1,294 @@
+"""The shapes that cross codecage's boundaries: limits, results, host reports, and the
+host<->guest wire format (written by the guest with the stdlib, validated here).
+
+Defaults live here and only here; the CLI, `info` and the docs read them from these models.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+Status = Literal["ok", "error", "timeout", "cpu_limit", "memory_limit", "killed", "blocked"]
+"""How a run ended, judged by the host from what it observed (never from the guest's word)."""
+
+EventKind = Literal[
+    "import_blocked",
+    "syscall_blocked",
+    "network_denied",
+    "output_truncated",
+    "files_truncated",
+    "workspace_full",
+    "return_value_truncated",
+    "guest_report_invalid",
+    "degraded_isolation",
+]
+"""Things worth knowing that happened during a run (see docs/security-model.md)."""
+
+STATUSES: tuple[Status, ...] = Status.__args__  # type: ignore[attr-defined]
+EVENT_KINDS: tuple[EventKind, ...] = EventKind.__args__  # type: ignore[attr-defined]
+
+WIRE_VERSION: Final = 1
+"""Version of the JSON-lines protocol between host and guest bootstrap."""
+
+MAX_CODE_BYTES = 10 * 1024 * 1024
+"""Largest submission accepted: agent code is small; this only stops absurd input early."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Limits(_Model):
+    """Resource limits of one run. Every field has a default; any can be overridden per call."""
+
+    timeout: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="Wall-clock limit in seconds; the whole sandbox is killed when it passes.",
+    )
+    cpu_seconds: int = Field(
+        30,
+        ge=1,
+        le=3600,
+        description="CPU time in seconds, summed over every process of the run.",
+    )
+    memory_mb: int = Field(
+        512,
+        ge=32,
+        le=1_048_576,
+        description="Memory in MiB for the whole sandbox, tmpfs and memfd included "
+        "(cgroup where available, else RLIMIT_AS per process).",
+    )
+    max_processes: int = Field(
+        64,
+        ge=1,
+        le=32_768,
+        description="Processes and threads the code may have at once.",
+    )
+    max_open_files: int = Field(
+        256,
+        ge=16,
+        le=65_536,
+        description="Open file descriptors per process.",
+    )
+    max_file_size_mb: int = Field(
+        64,
+        ge=1,
+        le=65_536,
+        description="Largest single file the code may write, in MiB.",
+    )
+    workspace_mb: int = Field(
+        256,
+        ge=1,
+        le=1_048_576,
+        description="Total size of /workspace in MiB (a size-limited tmpfs when codecage runs "
+        "as root; otherwise only the per-file limit applies).",
+    )
+    tmp_mb: int = Field(
+        64,
+        ge=1,
+        le=1_048_576,
+        description="Size of the private tmpfs at /tmp, in MiB.",
+    )
+    max_output_bytes: int = Field(
+        1_048_576,
+        ge=1024,
+        le=256 * 1024 * 1024,
+        description="Bytes kept of stdout and of stderr, each; the rest is discarded and flagged.",
+    )
+
+    def merged(self, overrides: dict[str, Any]) -> Limits:
+        """Return a copy with the non-None `overrides` applied, validated again.
+
+        Raises:
+            pydantic.ValidationError: an override is out of bounds.
+        """
+        data = self.model_dump()
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return Limits.model_validate(data)
+
+
+class ErrorInfo(_Model):
+    """An exception raised by the user's code."""
+
+    type: str = Field(description="Exception class name, e.g. 'ZeroDivisionError'.")
+    message: str = Field(description="str() of the exception.")
+    traceback: str = Field(description="Traceback limited to frames of the user's code.")
+
+
+class FileInfo(_Model):
+    """A regular file the code left in the workspace."""
+
+    path: str = Field(description="Path relative to /workspace.")
+    size: int = Field(ge=0, description="Size in bytes.")
+    sha256: str | None = Field(
+        description="SHA-256 of the content; None when the file was over the read bound."
+    )
+    mime: str = Field(description="MIME type guessed from the name and first bytes.")
+
+
+class Usage(_Model):
+    """What the run consumed, as measured by the host."""
+
+    wall_ms: int = Field(ge=0, description="Wall-clock time in milliseconds.")
+    cpu_ms: int | None = Field(description="CPU time in ms of every process; None if unknown.")
+    peak_memory_mb: float | None = Field(
+        description="Peak memory in MiB from the cgroup; None where no cgroup was used."
+    )
+
+
+class Event(_Model):
+    """Something worth knowing that happened during the run."""
+
+    kind: EventKind
+    detail: str = Field(max_length=2000)
+
+
+class ExecutionResult(_Model):
+    """The structured result of one run (the contract of `codecage run --json`)."""
+
+    execution_id: str
+    status: Status
+    exit_code: int | None = Field(description="Exit code of the program, None if it was signalled.")
+    signal: str | None = Field(description="Name of the signal that ended it, e.g. 'SIGKILL'.")
+    stdout: str
+    stderr: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+    return_value: Any = Field(
+        description="The last expression's value: JSON when JSON-able, else its repr; None if none."
+    )
+    error: ErrorInfo | None
+    files: list[FileInfo]
+    usage: Usage
+    limits: Limits
+    events: list[Event]
+    backend: str = Field(description="The isolation backend that ran the code.")
+
+    # The bytes as printed, before neutralising; not part of the JSON contract (`--raw`).
+    _raw_stdout: bytes = PrivateAttr(default=b"")
+    _raw_stderr: bytes = PrivateAttr(default=b"")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def raw_stdout(self) -> bytes:
+        """stdout exactly as the program wrote it (up to the cap): may hold escape codes."""
+        return self._raw_stdout
+
+    def raw_stderr(self) -> bytes:
+        """stderr exactly as the program wrote it (up to the cap): may hold escape codes."""
+        return self._raw_stderr
+
+    def with_raw_output(self, stdout: bytes, stderr: bytes) -> ExecutionResult:
+        self._raw_stdout, self._raw_stderr = stdout, stderr
+        return self
+
+
+# --- what the host reports about itself -------------------------------------------------
+
+
+class LayerStatus(_Model):
+    """One isolation layer and whether it is really in force on this host."""
+
+    name: str = Field(description="Layer, e.g. 'namespaces', 'seccomp', 'memory'.")
+    active: bool = Field(description="True when probed and in force.")
+    mechanism: str = Field(description="How it is provided, e.g. 'cgroup v1', 'RLIMIT_AS'.")
+    detail: str = Field("", description="What was probed, or why it is missing.")
+
+
+class Ceilings(_Model):
+    """The largest limits this host accepts per call."""
+
+    memory_mb: int
+    max_processes: int
+    timeout: float
+
+
+class HostInfo(_Model):
+    """What `codecage info` reports: backend, mechanisms in force, defaults and ceilings."""
+
+    version: str
+    backend: str
+    bwrap_version: str | None
+    python: str = Field(description="Interpreter that runs inside the sandbox.")
+    layers: list[LayerStatus]
+    default_limits: Limits
+    ceilings: Ceilings
+
+
+class ProbeResult(_Model):
+    """One check of `codecage doctor`, proven by running code in a real sandbox."""
+
+    layer: str
+    passed: bool
+    detail: str
+
+
+class DoctorReport(_Model):
+    """All checks of `codecage doctor`."""
+
+    backend: str
+    passed: bool
+    probes: list[ProbeResult]
+
+    def failed_layers(self) -> list[str]:
+        return [p.layer for p in self.probes if not p.passed]
+
+
+# --- host <-> guest wire format (JSON lines over the control socket) --------------------
+
+
+class GuestLimits(_Model):
+    """Per-run rlimits the guest bootstrap applies before the user's code starts."""
+
+    cpu_seconds: int
+    max_open_files: int
+    max_file_size_bytes: int
+    max_processes: int | None = Field(
+        description="RLIMIT_NPROC, only when no pids cgroup enforces the process limit."
+    )
+    address_space_bytes: int | None = Field(
+        description="RLIMIT_AS, only when no memory cgroup enforces the memory limit."
+    )
+
+
+class GuestRequest(_Model):
+    """host -> guest: the code to run."""
+
+    v: Literal[1] = WIRE_VERSION
+    kind: Literal["run"] = "run"
+    code: str
+    filename: str
+    limits: GuestLimits
+    return_value_max_bytes: int
+
+
+class GuestReady(_Model):
+    """guest -> host: the interpreter is up and waits for its request."""
+
+    v: Literal[1]
+    kind: Literal["ready"]
+    pid: int
+
+
+GuestEventKind = Literal["syscall_blocked", "network_denied", "return_value_truncated"]
+
+
+class GuestEvent(_Model):
+    kind: GuestEventKind
+    detail: Annotated[str, Field(max_length=500)]
+
+
+class GuestResult(_Model):
+    """guest -> host: how the code ended, as the guest saw it. Untrusted: bounded, validated."""
+
+    v: Literal[1]
+    kind: Literal["result"]
+    return_value: Any = None
+    error: ErrorInfo | None = None
+    events: Annotated[list[GuestEvent], Field(max_length=50)] = []

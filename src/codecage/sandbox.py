@@ -1,0 +1,209 @@
+"""The library API: `Sandbox(...).run(code) -> ExecutionResult`, and its async twin."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from codecage import engine, selftest
+from codecage.backends.base import Backend, load_backend
+from codecage.backends.bwrap import BwrapBackend, bwrap_version
+from codecage.errors import ConfigError, HostError
+from codecage.isolation import limits as cgroups
+from codecage.isolation import rootfs, seccomp
+from codecage.models import DoctorReport, ExecutionResult, HostInfo, LayerStatus, Limits
+
+log = logging.getLogger(__name__)
+
+_selftest_lock = threading.Lock()
+_selftest_memo: dict[str, DoctorReport] = {}
+
+
+class Sandbox:
+    """Runs code in a fresh, isolated sandbox per call.
+
+    >>> from codecage import Sandbox
+    >>> result = Sandbox().run("sum(range(10))")
+    >>> result.status, result.return_value
+    ('ok', 45)
+
+    Args:
+        limits: default limits of this Sandbox's runs (each run may override them).
+        backend: "auto" (the strongest available) or a backend name ("bwrap").
+        allow_degraded: run even when the self-test finds a promised layer missing; each
+            result then carries a `degraded_isolation` event naming the missing layer.
+        selftest: run the self-test before the first run (cached per boot); turning it off
+            is for codecage's own tests of the self-test, not for production.
+    """
+
+    def __init__(
+        self,
+        *,
+        limits: Limits | None = None,
+        backend: str = "auto",
+        allow_degraded: bool = False,
+        selftest: bool = True,
+    ) -> None:
+        self.limits = limits or Limits()
+        self.backend: Backend = load_backend(backend)
+        self.allow_degraded = allow_degraded
+        self._selftest = selftest
+
+    def run(
+        self,
+        code: str,
+        *,
+        limits: Limits | dict[str, Any] | None = None,
+        filename: str = "main.py",
+        workspace: str | Path | None = None,
+    ) -> ExecutionResult:
+        """Run `code` in a new sandbox and return how it went.
+
+        The code's own failure (exception, timeout, limit) is a result, not an exception.
+
+        Args:
+            code: Python source; top-level `await` is allowed; the last expression's value
+                becomes `return_value`.
+            limits: a full `Limits`, or a dict of fields overriding this Sandbox's defaults.
+            filename: the name the code runs under (shows in tracebacks).
+            workspace: a host directory to mount at /workspace instead of a fresh empty one;
+                its files stay after the run.
+
+        Raises:
+            ConfigError: the request was refused before anything ran.
+            HostError: the host cannot provide the isolation (see `doctor()`).
+            SandboxError: the sandbox itself failed.
+        """
+        request = engine.RunRequest(
+            code=code,
+            filename=filename,
+            limits=self._limits_for(limits),
+            workspace_dir=Path(workspace) if workspace is not None else None,
+            degraded=self._missing_layers(),
+        )
+        return engine.execute(request, self.backend)
+
+    async def arun(
+        self,
+        code: str,
+        *,
+        limits: Limits | dict[str, Any] | None = None,
+        filename: str = "main.py",
+        workspace: str | Path | None = None,
+    ) -> ExecutionResult:
+        """`run()` for asyncio callers: the run happens in a worker thread.
+
+        Raises:
+            ConfigError: the request was refused before anything ran.
+            HostError: the host cannot provide the isolation (see `doctor()`).
+            SandboxError: the sandbox itself failed.
+        """
+        return await asyncio.to_thread(
+            self.run, code, limits=limits, filename=filename, workspace=workspace
+        )
+
+    def info(self) -> HostInfo:
+        """What this host provides: backend, layers really in force, defaults, ceilings."""
+        layers: list[LayerStatus] = [*self.backend.probe(), seccomp.probe(), *cgroups.probe()]
+        interpreter = rootfs.find_interpreter()
+        return HostInfo(
+            version=_version(),
+            backend=self.backend.name,
+            bwrap_version=_bwrap_version(self.backend),
+            python=f"{interpreter.executable} ({interpreter.version})",
+            layers=layers,
+            default_limits=self.limits,
+            ceilings=engine.ceilings(),
+        )
+
+    def doctor(self) -> DoctorReport:
+        """Prove each layer by running probes in a real sandbox (never cached).
+
+        Raises:
+            HostError: the host cannot start a sandbox at all.
+            SandboxError: the sandbox itself failed.
+        """
+        return selftest.run_probes(self._run_unchecked, self.backend.name)
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _limits_for(self, limits: Limits | dict[str, Any] | None) -> Limits:
+        if isinstance(limits, Limits):
+            return limits
+        try:
+            return self.limits.merged(limits or {})
+        except ValidationError as exc:
+            raise ConfigError(_describe_validation(exc)) from exc
+
+    def _run_unchecked(self, code: str, limits: Limits) -> ExecutionResult:
+        request = engine.RunRequest(code=code, filename="doctor.py", limits=limits)
+        return engine.execute(request, self.backend)
+
+    def _missing_layers(self) -> tuple[str, ...]:
+        if not self._selftest:
+            return ()
+        report = self._cached_selftest()
+        missing = tuple(report.failed_layers())
+        if missing and not self.allow_degraded:
+            details = "; ".join(f"{p.layer}: {p.detail}" for p in report.probes if not p.passed)
+            raise HostError(f"isolation layers missing on this host: {details}")
+        if missing:
+            log.warning("sandbox.degraded", extra={"missing": list(missing)})
+        return missing
+
+    def _cached_selftest(self) -> DoctorReport:
+        key = selftest.cache_key(self.backend.name, _bwrap_version(self.backend))
+        with _selftest_lock:
+            if key in _selftest_memo:
+                return _selftest_memo[key]
+            report = _read_cached(key)
+            if report is None:
+                log.info("sandbox.selftest", extra={"backend": self.backend.name})
+                report = self.doctor()
+                if report.passed:  # a failure is checked again next time: hosts get fixed
+                    _write_cached(key, report)
+            _selftest_memo[key] = report
+            return report
+
+
+def _cache_file(key: str) -> Path:
+    return rootfs.cache_dir() / f"selftest-{key}.json"
+
+
+def _read_cached(key: str) -> DoctorReport | None:
+    try:
+        return DoctorReport.model_validate_json(_cache_file(key).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _write_cached(key: str, report: DoctorReport) -> None:
+    path = _cache_file(key)
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.write_text(json.dumps(report.model_dump(mode="json")), encoding="utf-8")
+
+
+def _bwrap_version(backend: Backend) -> str | None:
+    return bwrap_version(backend.executable) if isinstance(backend, BwrapBackend) else None
+
+
+def _version() -> str:
+    from codecage import __version__
+
+    return __version__
+
+
+def _describe_validation(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"])
+        parts.append(f"{field}={err.get('input')!r}: {err['msg']}")
+    return "invalid limits: " + "; ".join(parts)

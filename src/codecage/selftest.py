@@ -1,0 +1,263 @@
+"""`codecage doctor`: prove, by running code in a real sandbox, that each layer holds.
+
+The host plants a secret file under its own /tmp and opens a TCP listener on 127.0.0.1;
+a probe program inside the sandbox tries to read the one and reach the other, checks its
+identity and environment, calls denied syscalls, and sets off the memory and process
+limits in child processes. The engine runs this once at start-up (cached per boot, per
+codecage and bwrap version) and refuses to run code if a layer it promises is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import secrets
+import socket
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from codecage.models import DoctorReport, ExecutionResult, Limits, ProbeResult
+
+log = logging.getLogger(__name__)
+
+PROBE_LIMITS = Limits(timeout=30, memory_mb=64, max_processes=16, cpu_seconds=20)
+
+# Runs inside the sandbox; prints one JSON object. Kept to the stdlib and to facts the
+# host can check against what it planted.
+_PROBE_PROGRAM = r"""
+import ctypes, errno, json, os, socket, sys, time
+
+PLANTED, TOKEN, PORT, ALLOWED_ENV = {planted!r}, {token!r}, {port!r}, {allowed_env!r}
+out = {{}}
+libc = ctypes.CDLL(None, use_errno=True)
+
+def status_field(name):
+    for line in open("/proc/self/status"):
+        if line.startswith(name + ":"):
+            return line.split()[1]
+
+out["identity"] = {{
+    "uid": os.getuid(), "cap_eff": status_field("CapEff"),
+    "no_new_privs": status_field("NoNewPrivs"), "pid": os.getpid(),
+    "tty": os.path.exists("/dev/tty") and os.isatty(0),
+}}
+try:
+    leaked = TOKEN in open(PLANTED).read()
+except OSError:
+    leaked = False
+def _try_write(path):
+    try:
+        open(path, "w").close()
+        return True
+    except OSError:
+        return False
+
+out["filesystem"] = {{
+    "planted_readable": leaked,
+    "host_paths_visible": [p for p in ("/root", "/home", "/etc/shadow", "/var", "/run")
+                           if os.path.exists(p)],
+    "root_writable": _try_write("/probe") or _try_write("/etc/probe"),
+    "workspace_writable": _try_write("/workspace/probe"),
+}}
+out["environment"] = sorted(set(os.environ) - set(ALLOWED_ENV))
+
+def connect():
+    try:
+        socket.create_connection(("127.0.0.1", PORT), timeout=2).close()
+        return "connected"
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+out["network"] = connect()
+
+def denied(fn, *args):
+    ctypes.set_errno(0)
+    rc = fn(*args)
+    return rc == -1 and ctypes.get_errno() == errno.EPERM
+out["seccomp"] = {{
+    "ptrace": denied(libc.ptrace, 0, 0, 0, 0),
+    "unshare_user": denied(libc.unshare, 0x10000000),
+    "mount": denied(libc.mount, b"none", b"/tmp", b"tmpfs", 0, None),
+    "mode": status_field("Seccomp"),
+}}
+
+def child_outcome(body):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            body()
+            os._exit(0)
+        except MemoryError:
+            os._exit(3)
+        except BaseException:
+            os._exit(4)
+    _, st = os.waitpid(pid, 0)
+    return os.WTERMSIG(st) if os.WIFSIGNALED(st) else -os.WEXITSTATUS(st)
+
+def hog():
+    blocks = []
+    for _ in range(64):
+        blocks.append(bytearray(8 * 1024 * 1024))   # 512 MiB in all, limit is 64
+out["memory"] = child_outcome(hog)
+
+def forks():
+    kids, failed = [], False
+    for _ in range(64):
+        try:
+            pid = os.fork()
+        except OSError:
+            failed = True
+            break
+        if pid == 0:
+            time.sleep(5)
+            os._exit(0)
+        kids.append(pid)
+    for k in kids:
+        os.kill(k, 9)
+        os.waitpid(k, 0)
+    print(json.dumps({{"forked": len(kids), "refused": failed}}), file=sys.stderr)
+    os._exit(0 if failed else 5)
+out["processes"] = child_outcome(forks)
+print(json.dumps(out))
+"""
+
+# PWD is set by bwrap's --chdir; the rest by engine._sandbox_env.
+_ALLOWED_ENV = ("PATH", "HOME", "LANG", "TMPDIR", "LD_LIBRARY_PATH", "PWD")
+
+
+def run_probes(run: Callable[[str, Limits], ExecutionResult], backend: str) -> DoctorReport:
+    """Run the probe program through `run` and judge each layer from what came back."""
+    token = secrets.token_hex(16)
+    with _planted_file(token) as planted, _loopback_listener() as port:
+        program = _PROBE_PROGRAM.format(
+            planted=str(planted), token=token, port=port, allowed_env=_ALLOWED_ENV
+        )
+        result = run(program, PROBE_LIMITS)
+    probes = _judge(result, token)
+    return DoctorReport(backend=backend, passed=all(p.passed for p in probes), probes=probes)
+
+
+def _judge(result: ExecutionResult, token: str) -> list[ProbeResult]:
+    if result.status != "ok":
+        detail = f"the probe program ended with {result.status}: {result.stderr[-500:]}"
+        if result.error is not None:
+            detail += f" {result.error.type}: {result.error.message}"
+        return [ProbeResult(layer="sandbox", passed=False, detail=detail)]
+    try:
+        facts = json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return [ProbeResult(layer="sandbox", passed=False, detail="probe output unreadable")]
+    leaked = token in result.stdout or token in result.stderr
+    return [
+        _identity(facts["identity"]),
+        _filesystem(facts["filesystem"], leaked),
+        _check(
+            "environment",
+            facts["environment"] == [],
+            f"only {', '.join(_ALLOWED_ENV)} are set",
+            f"unexpected variables: {facts['environment']}",
+        ),
+        _check(
+            "network",
+            facts["network"] != "connected",
+            f"a listener on host 127.0.0.1 is unreachable ({facts['network']})",
+            "reached a TCP listener on the host's loopback",
+        ),
+        _seccomp(facts["seccomp"]),
+        _check(
+            "memory",
+            facts["memory"] in (9, -3),
+            f"a child allocating 512 MiB under a {PROBE_LIMITS.memory_mb} MiB limit was stopped",
+            f"a child allocated 512 MiB under a {PROBE_LIMITS.memory_mb} MiB limit",
+        ),
+        _check(
+            "processes",
+            facts["processes"] == 0,
+            f"fork was refused below {PROBE_LIMITS.max_processes + 1} processes",
+            f"64 forks succeeded under a limit of {PROBE_LIMITS.max_processes}",
+        ),
+    ]
+
+
+def _check(layer: str, passed: bool, ok_detail: str, fail_detail: str) -> ProbeResult:
+    return ProbeResult(layer=layer, passed=passed, detail=ok_detail if passed else fail_detail)
+
+
+def _identity(facts: dict[str, object]) -> ProbeResult:
+    good = (
+        facts["uid"] != 0
+        and facts["cap_eff"] == "0000000000000000"
+        and facts["no_new_privs"] == "1"
+        and facts["tty"] is False
+    )
+    return _check(
+        "namespaces",
+        good,
+        f"uid {facts['uid']}, no capabilities, no_new_privs, pid {facts['pid']} in its own "
+        "pid namespace, no terminal",
+        f"identity not contained: {facts}",
+    )
+
+
+def _filesystem(facts: dict[str, object], leaked: bool) -> ProbeResult:
+    good = (
+        not leaked
+        and facts["planted_readable"] is False
+        and facts["host_paths_visible"] == []
+        and facts["root_writable"] is False
+        and facts["workspace_writable"] is True
+    )
+    return _check(
+        "filesystem",
+        good,
+        "a file planted in the host's /tmp is invisible; / is read-only; /workspace writable",
+        f"filesystem not contained: {facts}",
+    )
+
+
+def _seccomp(facts: dict[str, object]) -> ProbeResult:
+    good = facts["mode"] == "2" and all(
+        facts[k] is True for k in ("ptrace", "unshare_user", "mount")
+    )
+    return _check(
+        "seccomp",
+        good,
+        "ptrace, unshare(CLONE_NEWUSER) and mount fail with EPERM",
+        f"seccomp not in force: {facts}",
+    )
+
+
+@contextlib.contextmanager
+def _planted_file(token: str) -> Iterator[Path]:
+    fd, name = tempfile.mkstemp(prefix="codecage-doctor-", dir="/tmp")
+    try:
+        os.write(fd, f"secret {token}\n".encode())
+        os.close(fd)
+        Path(name).chmod(0o644)  # readable by anyone on the host: only isolation hides it
+        yield Path(name)
+    finally:
+        Path(name).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _loopback_listener() -> Iterator[int]:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        yield server.getsockname()[1]
+
+
+def cache_key(backend: str, bwrap_version: str | None) -> str:
+    """Results hold until reboot or until codecage, bwrap or the kernel changes."""
+    from codecage import __version__
+
+    try:
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text(encoding="utf-8").strip()
+    except OSError:
+        boot_id = "unknown"
+    probe = hashlib.sha256((_PROBE_PROGRAM + repr(_ALLOWED_ENV)).encode()).hexdigest()
+    parts = [boot_id, __version__, backend, bwrap_version or "", os.uname().release, probe]
+    parts.append(str(os.geteuid()))
+    digest = hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
+    return digest

@@ -1,0 +1,184 @@
+"""Watching one running sandbox from the host: output caps, the control channel, and the
+wall-clock and CPU limits. Everything here is what the host *observes*; nothing the guest
+says decides how the run ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from codecage.isolation import limits as cgroups
+from codecage.isolation.limits import CgroupHandle
+from codecage.output import CappedBuffer
+
+log = logging.getLogger(__name__)
+
+_READ_CHUNK = 1 << 16
+_CPU_POLL_S = 0.05
+_DRAIN_AFTER_EXIT_S = 2.0
+
+
+@dataclass(slots=True)
+class Observation:
+    """What the host saw of one run."""
+
+    stdout: CappedBuffer
+    stderr: CappedBuffer
+    control: CappedBuffer
+    returncode: int | None = None
+    timed_out: bool = False
+    cpu_exceeded: bool = False
+    wall_s: float = 0.0
+    killed_by_host: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def supervise(
+    proc: subprocess.Popen[bytes],
+    control: socket.socket,
+    request: bytes,
+    *,
+    started: float,
+    wall_timeout_s: float,
+    cpu_limit_ms: int,
+    output_cap_bytes: int,
+    control_cap_bytes: int,
+    cgroup: CgroupHandle | None,
+) -> Observation:
+    """Send `request`, then read until the sandbox is gone or a limit ends it."""
+    if proc.stdout is None or proc.stderr is None:
+        raise ValueError("supervise() needs a process started with stdout and stderr pipes")
+    seen = Observation(
+        stdout=CappedBuffer(output_cap_bytes),
+        stderr=CappedBuffer(output_cap_bytes),
+        control=CappedBuffer(control_cap_bytes),
+    )
+    deadline = started + wall_timeout_s
+    pending = memoryview(request)
+    control.setblocking(False)
+    streams = {proc.stdout.fileno(): seen.stdout, proc.stderr.fileno(): seen.stderr}
+    for fd in streams:
+        os.set_blocking(fd, False)
+    pidfd = os.pidfd_open(proc.pid)
+    with selectors.DefaultSelector() as sel, contextlib.closing(_Fd(pidfd)):
+        for fd in streams:
+            sel.register(fd, selectors.EVENT_READ)
+        sel.register(control, selectors.EVENT_READ | selectors.EVENT_WRITE)
+        sel.register(pidfd, selectors.EVENT_READ)
+        exited_at: float | None = None
+        next_cpu_check = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if exited_at is None and now >= deadline and not seen.killed_by_host:
+                seen.timed_out = True
+                _kill(proc, cgroup, seen)
+            if (
+                exited_at is None
+                and cgroup is not None
+                and now >= next_cpu_check
+                and not seen.killed_by_host
+            ):
+                next_cpu_check = now + _CPU_POLL_S
+                used = cgroups.cpu_usage_ms(cgroup)
+                if used is not None and used >= cpu_limit_ms:
+                    seen.cpu_exceeded = True
+                    _kill(proc, cgroup, seen)
+            open_streams = len(sel.get_map()) - (1 if exited_at is None else 0)
+            if exited_at is not None and (
+                open_streams == 0 or now - exited_at > _DRAIN_AFTER_EXIT_S
+            ):
+                break
+            timeout = _next_wakeup(now, deadline, next_cpu_check, cgroup, exited_at)
+            if seen.killed_by_host and exited_at is None:
+                timeout = 0.05  # killed: only waiting for the exit to be reported
+            for key, mask in sel.select(timeout):
+                fd = key.fd
+                if fd == pidfd:
+                    sel.unregister(pidfd)
+                    exited_at = time.monotonic()
+                    seen.returncode = proc.wait()
+                elif key.fileobj is control:
+                    if mask & selectors.EVENT_WRITE and pending:
+                        pending = _send_some(control, pending)
+                    if not pending:
+                        sel.modify(control, selectors.EVENT_READ)
+                    if mask & selectors.EVENT_READ and not _read_into(
+                        control.fileno(), seen.control
+                    ):
+                        sel.unregister(control)
+                elif not _read_into(fd, streams[fd]):
+                    sel.unregister(fd)
+    seen.wall_s = time.monotonic() - started
+    if seen.returncode is None:  # drained past the grace period: make sure it is gone
+        _kill(proc, cgroup, seen)
+        seen.returncode = proc.wait()
+    return seen
+
+
+class _Fd:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+def _next_wakeup(
+    now: float,
+    deadline: float,
+    next_cpu_check: float,
+    cgroup: CgroupHandle | None,
+    exited_at: float | None,
+) -> float:
+    if exited_at is not None:
+        return max(0.0, exited_at + _DRAIN_AFTER_EXIT_S - now)
+    wake = deadline
+    if cgroup is not None:
+        wake = min(wake, next_cpu_check)
+    return max(0.0, wake - now)
+
+
+def _send_some(control: socket.socket, pending: memoryview) -> memoryview:
+    try:
+        sent = control.send(pending)
+    except BlockingIOError:
+        return pending
+    except OSError:
+        return pending[len(pending) :]  # the guest is gone; the exit tells the rest
+    return pending[sent:]
+
+
+def _read_into(fd: int, sink: CappedBuffer) -> bool:
+    """Read what is there into `sink` (which discards past its cap). False at EOF."""
+    while True:
+        try:
+            chunk = os.read(fd, _READ_CHUNK)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        if not chunk:
+            return False
+        sink.append(chunk)
+
+
+def _kill(proc: subprocess.Popen[bytes], cgroup: CgroupHandle | None, seen: Observation) -> None:
+    """Kill the whole sandbox: bwrap's process group, and with it PID 1 of the namespace
+    (--die-with-parent), whose death makes the kernel kill every process in it; then sweep
+    the cgroup for anything that is still alive."""
+    seen.killed_by_host = True
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    if cgroup is not None:
+        cgroups.kill_all(cgroup)
