@@ -32,23 +32,22 @@ stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 def _default(name: str) -> str:
     field = Limits.model_fields[name]
-    return f"{field.description} [default: {field.default}]"
+    # Parentheses, not brackets: rich would read "[default: …]" as markup and drop it.
+    return f"{field.description} (default: {field.default})"
 
 
 # One name in four spellings: field memory_mb, flag --memory-mb, env CODECAGE_MEMORY_MB.
 TimeoutOpt = Annotated[
     float | None,
-    typer.Option("--timeout", help="Seconds. " + _default("timeout"), envvar="CODECAGE_TIMEOUT"),
+    typer.Option("--timeout", help=_default("timeout"), envvar="CODECAGE_TIMEOUT"),
 ]
 CpuOpt = Annotated[
     int | None,
-    typer.Option(
-        "--cpu-seconds", help="Seconds. " + _default("cpu_seconds"), envvar="CODECAGE_CPU_SECONDS"
-    ),
+    typer.Option("--cpu-seconds", help=_default("cpu_seconds"), envvar="CODECAGE_CPU_SECONDS"),
 ]
 MemoryOpt = Annotated[
     int | None,
-    typer.Option("--memory-mb", help="MiB. " + _default("memory_mb"), envvar="CODECAGE_MEMORY_MB"),
+    typer.Option("--memory-mb", help=_default("memory_mb"), envvar="CODECAGE_MEMORY_MB"),
 ]
 ProcessesOpt = Annotated[
     int | None,
@@ -66,25 +65,23 @@ FileSizeOpt = Annotated[
     int | None,
     typer.Option(
         "--max-file-size-mb",
-        help="MiB. " + _default("max_file_size_mb"),
+        help=_default("max_file_size_mb"),
         envvar="CODECAGE_MAX_FILE_SIZE_MB",
     ),
 ]
 WorkspaceMbOpt = Annotated[
     int | None,
-    typer.Option(
-        "--workspace-mb", help="MiB. " + _default("workspace_mb"), envvar="CODECAGE_WORKSPACE_MB"
-    ),
+    typer.Option("--workspace-mb", help=_default("workspace_mb"), envvar="CODECAGE_WORKSPACE_MB"),
 ]
 TmpMbOpt = Annotated[
     int | None,
-    typer.Option("--tmp-mb", help="MiB. " + _default("tmp_mb"), envvar="CODECAGE_TMP_MB"),
+    typer.Option("--tmp-mb", help=_default("tmp_mb"), envvar="CODECAGE_TMP_MB"),
 ]
 OutputOpt = Annotated[
     int | None,
     typer.Option(
         "--max-output-bytes",
-        help="Bytes. " + _default("max_output_bytes"),
+        help=_default("max_output_bytes"),
         envvar="CODECAGE_MAX_OUTPUT_BYTES",
     ),
 ]
@@ -357,13 +354,32 @@ def _progress(message: str, *, enabled: bool) -> Any:
     return stderr.status(message)
 
 
+_RECORD_FIELDS = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message"}
+
+
+class _FieldsFormatter(logging.Formatter):
+    """`LEVEL logger event key=value ...`: the `extra=` fields are the log's content."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = {k: v for k, v in vars(record).items() if k not in _RECORD_FIELDS}
+        line = f"{record.levelname} {record.name} {record.getMessage()}"
+        if fields:
+            line += " " + " ".join(f"{k}={json.dumps(v, default=str)}" for k, v in fields.items())
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
 def _configure_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.WARNING,
-        stream=sys.stderr,
-        format="%(levelname)s %(name)s %(message)s",
-    )
+    """Logs go to stderr only: stdout belongs to the program's output and to --json."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_FieldsFormatter())
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, handlers=[handler])
 
 
 def main() -> None:
-    app()
+    app(prog_name="codecage")
+
+
+if __name__ == "__main__":
+    main()

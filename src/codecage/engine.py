@@ -178,6 +178,7 @@ def execute(request: RunRequest, backend: Backend) -> ExecutionResult:
         usage = _usage(seen, cgroup)
         oom = cgroup is not None and cgroups.oom_killed(cgroup)
         files, files_truncated = workspaces.list_files(ws.path)
+        full = _workspace_full(ws)
         result = _build_result(
             execution_id=execution_id,
             request=request,
@@ -189,7 +190,10 @@ def execute(request: RunRequest, backend: Backend) -> ExecutionResult:
             oom=oom,
             files=files,
             files_truncated=files_truncated,
+            by_cgroup=cgroup is not None,
         )
+        if full is not None:
+            result = result.model_copy(update={"events": [*result.events, full]})
     log.info(
         "engine.run",
         extra={
@@ -224,7 +228,11 @@ def _prepare_workspace(
 
 @dataclass(slots=True)
 class _Channels:
-    """The fds shared with one sandbox; the host closes the guest's ends once it started."""
+    """The fds shared with one sandbox; the host closes the guest's ends once it started.
+
+    Each fd is closed exactly once: a second close of a number that another thread has
+    reused in the meantime would close *its* fd (runs happen concurrently).
+    """
 
     seccomp_fd: int
     info_read: int
@@ -233,6 +241,7 @@ class _Channels:
     block_write: int
     host_control: socket.socket
     guest_control: socket.socket
+    _open: set[int]
 
     @property
     def guest_control_fd(self) -> int:
@@ -241,22 +250,41 @@ class _Channels:
     @classmethod
     def open(cls, cleanup: contextlib.ExitStack, bpf: bytes) -> _Channels:
         seccomp_fd = os.memfd_create("codecage-seccomp", os.MFD_CLOEXEC)
-        cleanup.callback(_close_quietly, seccomp_fd)
-        os.write(seccomp_fd, bpf)
-        os.lseek(seccomp_fd, 0, os.SEEK_SET)
-        info_read, info_write = os.pipe()
-        block_read, block_write = os.pipe()
-        for fd in (info_read, info_write, block_read, block_write):
-            cleanup.callback(_close_quietly, fd)
-        host, guest = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        cleanup.enter_context(host)
-        cleanup.enter_context(guest)
-        return cls(seccomp_fd, info_read, info_write, block_read, block_write, host, guest)
+        fds = {seccomp_fd}
+        channel: _Channels | None = None
+        try:
+            os.write(seccomp_fd, bpf)
+            os.lseek(seccomp_fd, 0, os.SEEK_SET)
+            info_read, info_write = os.pipe()
+            fds |= {info_read, info_write}
+            block_read, block_write = os.pipe()
+            fds |= {block_read, block_write}
+            host, guest = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            channel = cls(
+                seccomp_fd, info_read, info_write, block_read, block_write, host, guest, fds
+            )
+        finally:
+            if channel is None:
+                for fd in fds:
+                    _close_quietly(fd)
+        cleanup.callback(channel.close_all)
+        return channel
+
+    def close(self, fd: int) -> None:
+        if fd in self._open:
+            self._open.discard(fd)
+            _close_quietly(fd)
 
     def close_guest_ends(self) -> None:
         for fd in (self.info_write, self.block_read, self.seccomp_fd):
-            _close_quietly(fd)
+            self.close(fd)
         self.guest_control.close()
+
+    def close_all(self) -> None:
+        for fd in list(self._open):
+            self.close(fd)
+        self.guest_control.close()
+        self.host_control.close()
 
 
 def _close_quietly(fd: int) -> None:
@@ -435,6 +463,7 @@ def _build_result(
     oom: bool,
     files: list[Any],
     files_truncated: bool,
+    by_cgroup: bool,
 ) -> ExecutionResult:
     limits = request.limits
     status, exit_code, signal_name = judge_status(seen, report, oom=oom, limits=limits, usage=usage)
@@ -451,8 +480,10 @@ def _build_result(
         Event(kind="degraded_isolation", detail=f"layer not in force: {layer}")
         for layer in request.degraded
     ]
-    if status == "error" and error is not None and error.type == "MemoryError":
-        status = "memory_limit"  # RLIMIT_AS fallback: Python raised MemoryError at the limit
+    if not by_cgroup and status == "error" and error is not None and error.type == "MemoryError":
+        # Without a memory cgroup the limit is RLIMIT_AS, which the host cannot observe:
+        # hitting it surfaces as MemoryError. (With a cgroup, only an OOM kill counts.)
+        status = "memory_limit"
     return ExecutionResult(
         execution_id=execution_id,
         status=status,
@@ -495,6 +526,23 @@ def _guest_events(report: GuestResult | None) -> list[Event]:
     if report is None:
         return []
     return [Event(kind=e.kind, detail=neutralise_text(e.detail)) for e in report.events]
+
+
+def _workspace_full(ws: workspaces.Workspace) -> Event | None:
+    """The size-limited workspace tmpfs ran out of space or inodes during the run."""
+    if not ws.tmpfs:
+        return None
+    try:
+        st = os.statvfs(ws.path)
+    except OSError:
+        return None
+    if st.f_bavail > 0 and st.f_favail > 0:
+        return None
+    what = "space" if st.f_bavail == 0 else "inodes"
+    return Event(
+        kind="workspace_full",
+        detail=f"/workspace ran out of {what}; raise --workspace-mb or write less",
+    )
 
 
 def _limit_events(seen: Observation, files_truncated: bool, limits: Limits) -> list[Event]:

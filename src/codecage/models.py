@@ -53,7 +53,8 @@ class Limits(_Model):
         30,
         ge=1,
         le=3600,
-        description="CPU time in seconds, summed over every process of the run.",
+        description="CPU time in seconds: summed over every process of the run where a "
+        "cgroup is available, else per process (RLIMIT_CPU).",
     )
     memory_mb: int = Field(
         512,

@@ -137,7 +137,10 @@ def _libc() -> ctypes.CDLL:
 
 
 def _mount_tmpfs(path: Path, size_mb: int) -> None:
-    options = f"size={size_mb}m,mode=0700".encode("ascii")
+    # Inodes are not counted in size=: bound them too, or a run could make millions of empty
+    # files in host memory. 256 per MiB is far more files than agent code writes.
+    nr_inodes = max(4096, size_mb * 256)
+    options = f"size={size_mb}m,nr_inodes={nr_inodes},mode=0700".encode("ascii")
     rc: int = _libc().mount(b"tmpfs", os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV, options)
     if rc != 0:
         err = ctypes.get_errno()

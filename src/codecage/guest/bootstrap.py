@@ -123,7 +123,10 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
     if event == "socket.__new__" and len(_events) < MAX_EVENTS:
         family = args[1] if len(args) > 1 else None
         if family not in (socket.AF_UNIX, -1):
-            name = getattr(family, "name", str(family))
+            try:
+                name = socket.AddressFamily(int(family)).name  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                name = str(family)
             _events.append(
                 {
                     "kind": "network_denied",

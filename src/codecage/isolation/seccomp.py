@@ -153,8 +153,9 @@ _IOCTL_REQUEST_MASK = 0xFFFFFFFF
 
 # personality(): the execution domain (PER_LINUX, PER_LINUX32) and UNAME26 stay allowed;
 # every flag from ADDR_NO_RANDOMIZE (0x0040000) up is refused: ADDR_NO_RANDOMIZE,
-# MMAP_PAGE_ZERO, READ_IMPLIES_EXEC, ADDR_COMPAT_LAYOUT and the ADDR_LIMIT_* layouts only
-# weaken memory-safety defences, the way kernel exploits have used them. One comparison
+# MMAP_PAGE_ZERO, READ_IMPLIES_EXEC, ADDR_COMPAT_LAYOUT and the ADDR_LIMIT_* layouts do
+# nothing but switch off defences (ASLR, non-executable data, the guard below address
+# mmap_min_addr) that exploits have had to get around. One comparison
 # per argument is all libseccomp allows in a rule, so the query value 0xffffffff is refused
 # with them (Docker allows it); only tools like setarch and gdb query, to set those flags.
 _PERSONALITY_FLAGS_FLOOR = 0x0040000
@@ -530,7 +531,7 @@ def probe() -> LayerStatus:
             name="seccomp",
             active=False,
             mechanism=mechanism,
-            detail="the kernel has no seccomp support (CONFIG_SECCOMP_FILTER)",
+            detail="the kernel has no seccomp support (CONFIG_SECCOMP)",
         )
     detail = (
         f"EPERM for {', '.join(default.denied_syscalls)}; "
@@ -540,7 +541,8 @@ def probe() -> LayerStatus:
         "socket/socketpair other than AF_UNIX (with network: other than AF_UNIX, AF_INET, "
         "AF_INET6, NETLINK_ROUTE); "
         f"ENOSYS for {', '.join(default.enosys_syscalls)}; "
-        f"syscalls of ABIs other than {compiled.arch} (i386, x32): {compiled.bad_arch_action}; "
+        f"a syscall through an ABI other than {compiled.arch} (on x86_64: i386, x32): "
+        f"{compiled.bad_arch_action}; "
         f"BPF program of {len(compiled.program) // 8} instructions"
     )
     if compiled.skipped:

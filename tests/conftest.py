@@ -1,0 +1,231 @@
+"""Shared fixtures: a real Sandbox, canaries, a null runner, and a leak guard.
+
+Containment tests take the `runner` fixture, which runs each test twice: once in a real
+sandbox, and once on the null runner (plain `python3` in a subprocess, no isolation),
+where the test is *expected to fail* (strict xfail). A containment test that passes
+without the sandbox proves nothing, and the suite reports it as XPASS(strict) = failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from codecage import Sandbox
+from codecage.isolation import limits as cgroups
+
+
+@pytest.fixture(scope="session")
+def sandbox() -> Sandbox:
+    """A real bwrap Sandbox; the self-test must pass on the test machine."""
+    return Sandbox()
+
+
+# --- the runner: sandbox vs no isolation -----------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """What a containment test looks at, the same for both runners."""
+
+    status: str
+    stdout: str
+    stderr: str
+    return_value: Any = None
+    error_type: str | None = None
+    events: list[str] = field(default_factory=list)
+
+
+Runner = Callable[..., Outcome]
+
+
+def _run_sandboxed(sandbox: Sandbox) -> Runner:
+    def run(code: str, **limits: Any) -> Outcome:
+        r = sandbox.run(code, limits=limits)
+        return Outcome(
+            status=r.status,
+            stdout=r.stdout,
+            stderr=r.stderr,
+            return_value=r.return_value,
+            error_type=r.error.type if r.error else None,
+            events=[e.kind for e in r.events],
+        )
+
+    return run
+
+
+def _run_unsandboxed(code: str, **limits: Any) -> Outcome:
+    """Plain python3 in a subprocess, with only the wall timeout: no isolation at all."""
+    timeout = float(limits.get("timeout", 30))
+    with tempfile.TemporaryDirectory() as cwd:
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-c", code],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                cwd=cwd,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return Outcome(status="timeout", stdout="", stderr="")
+    status = "ok" if proc.returncode == 0 else "error"
+    return Outcome(status=status, stdout=proc.stdout, stderr=proc.stderr)
+
+
+@pytest.fixture(
+    params=[
+        "sandbox",
+        pytest.param(
+            "null",
+            marks=pytest.mark.xfail(
+                strict=True, reason="null runner has no isolation: the test must fail there"
+            ),
+        ),
+    ]
+)
+def runner(request: pytest.FixtureRequest, sandbox: Sandbox) -> Runner:
+    if request.param == "sandbox":
+        return _run_sandboxed(sandbox)
+    return _run_unsandboxed
+
+
+# --- canaries --------------------------------------------------------------------------
+
+
+@dataclass
+class HostCanary:
+    token: str
+    paths: list[Path]
+
+
+@pytest.fixture
+def host_canary() -> Iterator[HostCanary]:
+    """A random token in world-readable files under the host's /tmp and $HOME."""
+    token = "canary-" + secrets.token_hex(12)
+    paths = [Path(tempfile.gettempdir()) / f"codecage-canary-{token}.txt"]
+    home = Path.home() / f".codecage-canary-{token}"
+    paths.append(home)
+    for p in paths:
+        p.write_text(token, encoding="utf-8")
+        p.chmod(0o644)
+    yield HostCanary(token, paths)
+    for p in paths:
+        p.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def env_canary(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A random token in a host environment variable (named like a credential)."""
+    token = "canary-" + secrets.token_hex(12)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", token)
+    monkeypatch.setenv("CODECAGE_TEST_CANARY", token)
+    return token
+
+
+@dataclass
+class NetCanary:
+    port: int
+    token: str
+    connections: list[str]
+
+
+@pytest.fixture
+def net_canary() -> Iterator[NetCanary]:
+    """A TCP listener on 127.0.0.1 that answers a token and counts who connected."""
+    token = "canary-" + secrets.token_hex(12)
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    canary = NetCanary(server.getsockname()[1], token, [])
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, addr = server.accept()
+            except OSError:
+                continue
+            canary.connections.append(str(addr))
+            with conn:
+                conn.sendall(token.encode())
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield canary
+    stop.set()
+    thread.join(timeout=2)
+    server.close()
+
+
+# --- leak guard ------------------------------------------------------------------------
+
+
+def _children() -> set[int]:
+    kids: set[int] = set()
+    task_dir = Path(f"/proc/{os.getpid()}/task")
+    for task in task_dir.iterdir():
+        try:
+            kids.update(int(p) for p in (task / "children").read_text().split())
+        except OSError:
+            continue
+    return kids
+
+
+def _run_dirs() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).glob("codecage-run-*")}
+
+
+def _cgroups() -> set[str]:
+    support = cgroups.detect()
+    if support is None:
+        return set()
+    found: set[str] = set()
+    for parent in support.parents.values():
+        if parent.is_dir():
+            found.update(f"{parent}/{d.name}" for d in parent.iterdir() if d.is_dir())
+    return found
+
+
+def _mounts() -> set[str]:
+    text = Path("/proc/self/mountinfo").read_text()
+    return {line.split()[4] for line in text.splitlines() if "codecage-run-" in line}
+
+
+def _fds() -> set[int]:
+    return {int(fd) for fd in os.listdir("/proc/self/fd")}
+
+
+def leak_snapshot() -> dict[str, Any]:
+    return {
+        "children": _children(),
+        "run_dirs": _run_dirs(),
+        "cgroups": _cgroups(),
+        "mounts": _mounts(),
+        "fds": _fds(),
+    }
+
+
+@pytest.fixture(autouse=True, scope="module")
+def leak_guard() -> Iterator[None]:
+    """Nothing a module's runs created may outlive them: processes, fds, dirs, cgroups."""
+    before = leak_snapshot()
+    yield
+    after = leak_snapshot()
+    leaks = {
+        key: sorted(map(str, after[key] - before[key]))
+        for key in before
+        if after[key] - before[key]
+    }
+    assert not leaks, f"left behind: {json.dumps(leaks)}"

@@ -1,0 +1,132 @@
+"""The command line as a user runs it: a real process, real sandboxes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CODECAGE = [sys.executable, "-m", "codecage.cli"]
+
+
+def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CODECAGE_")}
+    return subprocess.run(
+        [*CODECAGE, *args],
+        input=stdin if stdin is not None else "",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_run_json_prints_exactly_one_result_object_and_exits_0() -> None:
+    p = cli("run", "--code", "print('hi')\n40 + 2", "--json")
+    assert p.returncode == 0, p.stderr
+    result = json.loads(p.stdout)  # exactly one object: json.loads refuses trailing data
+    assert result["status"] == "ok"
+    assert result["stdout"] == "hi\n"
+    assert result["return_value"] == 42
+    for key in ("execution_id", "exit_code", "signal", "stdout_truncated", "stderr_truncated",
+                "error", "files", "usage", "limits", "events"):  # fmt: skip
+        assert key in result
+
+
+def test_run_json_exits_1_when_the_code_fails() -> None:
+    p = cli("run", "--code", "raise ValueError('nope')", "--json")
+    assert p.returncode == 1
+    result = json.loads(p.stdout)
+    assert result["status"] == "error"
+    assert result["error"]["type"] == "ValueError"
+
+
+def test_human_mode_prints_program_output_then_a_summary_on_stderr() -> None:
+    p = cli("run", "--code", "print('out'); import sys; print('err', file=sys.stderr)")
+    assert p.returncode == 0
+    assert p.stdout == "out\n"
+    assert "err" in p.stderr
+    assert "codecage: ok" in p.stderr and "ms wall" in p.stderr
+
+
+def test_code_can_come_from_stdin_and_from_a_file(tmp_path: Path) -> None:
+    assert cli("run", "-", "--json", stdin="print(7)").stdout.count('"7\\n"') == 1
+    script = tmp_path / "job.py"
+    script.write_text("raise KeyError('k')\n")
+    p = cli("run", "--file", str(script), "--json")
+    assert json.loads(p.stdout)["error"]["traceback"].count('File "job.py", line 1') == 1
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "--code", "1", "--timeout", "-5"],
+        ["run", "--code", "1", "--memory-mb", "5"],
+        ["run", "--code", "1", "--memory-mb", "many"],
+        ["run"],
+        ["run", "--code", "1", "--file", "x.py"],
+        ["run", "--no-such-flag"],
+    ],
+)
+def test_usage_errors_exit_2_with_a_hint(args: list[str]) -> None:
+    p = cli(*args)
+    assert p.returncode == 2, p.stderr
+    assert p.stdout == ""
+
+
+def test_refusals_in_json_mode_are_one_json_error_object() -> None:
+    p = cli("run", "--code", "1", "--memory-mb", "5", "--json")
+    assert p.returncode == 2
+    error = json.loads(p.stdout)["error"]
+    assert error["type"] == "ConfigError" and "memory_mb" in error["message"] and error["hint"]
+    assert "Hint:" in p.stderr
+
+
+def test_a_binary_file_is_refused_clearly(tmp_path: Path) -> None:
+    blob = tmp_path / "blob.py"
+    blob.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")
+    p = cli("run", "--file", str(blob))
+    assert p.returncode == 2
+    assert "not UTF-8" in p.stderr
+
+
+def test_terminal_escapes_are_neutralised_unless_raw() -> None:
+    code = "print('\\x1b[2J\\x1b]0;pwned\\x07 \\u202e')"
+    p = cli("run", "--code", code)
+    assert "\x1b" not in p.stdout and "\u202e" not in p.stdout
+    assert "\\x1b[2J" in p.stdout and "\\u202e" in p.stdout
+    raw = cli("run", "--code", code, "--raw")
+    assert "\x1b[2J" in raw.stdout
+
+
+def test_info_json_reports_layers_and_defaults() -> None:
+    p = cli("info", "--json")
+    assert p.returncode == 0, p.stderr
+    report = json.loads(p.stdout)
+    assert report["backend"] == "bwrap"
+    layers = {layer["name"]: layer for layer in report["layers"]}
+    assert {"namespaces", "network", "seccomp", "memory", "processes", "cpu"} <= set(layers)
+    assert report["default_limits"]["memory_mb"] == 512
+    assert report["default_limits"]["timeout"] == 30
+
+
+def test_doctor_passes_every_layer_on_this_host() -> None:
+    p = cli("doctor", "--json")
+    report = json.loads(p.stdout)
+    assert p.returncode == 0, report
+    assert report["passed"] is True
+    assert {probe["layer"] for probe in report["probes"]} == {
+        "namespaces", "filesystem", "environment", "network", "seccomp", "memory", "processes",
+    }  # fmt: skip
+
+
+def test_every_command_has_help_with_an_example() -> None:
+    for command in ("run", "info", "doctor"):
+        p = cli(command, "--help")
+        assert p.returncode == 0
+        assert "codecage " + command in p.stdout  # the example

@@ -1,0 +1,76 @@
+"""The docs are tested: every setting, status and event kind is documented, the README's
+Python snippets run, the CLI reference matches --help, and the example programs run."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from codecage import Sandbox
+from codecage.models import EVENT_KINDS, STATUSES, Limits
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGURATION = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+SECURITY = (ROOT / "docs" / "security-model.md").read_text(encoding="utf-8")
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("name", sorted(Limits.model_fields))
+def test_every_limit_is_documented_with_flag_and_env_var(name: str) -> None:
+    assert f"`{name}`" in CONFIGURATION
+    assert "--" + name.replace("_", "-") in CONFIGURATION or name == "timeout"
+    assert f"CODECAGE_{name.upper()}" in CONFIGURATION
+
+
+def test_every_default_in_the_docs_is_the_models_default() -> None:
+    for name, field in Limits.model_fields.items():
+        row = next(
+            line for line in CONFIGURATION.splitlines() if line.startswith(f"| `{name}` |")
+        )
+        assert f" {field.default} |" in row or f" {field.default:,} |" in row, (name, row)
+
+
+@pytest.mark.parametrize("status", STATUSES)
+def test_every_status_is_documented(status: str) -> None:
+    assert f"`{status}`" in CONFIGURATION
+
+
+@pytest.mark.parametrize("kind", EVENT_KINDS)
+def test_every_event_kind_is_documented(kind: str) -> None:
+    assert f"`{kind}`" in CONFIGURATION
+
+
+def test_the_security_model_names_what_is_not_isolated() -> None:
+    assert re.search(r"what is \*?\*?not\*?\*? isolated", SECURITY, re.IGNORECASE)
+    for test_file in sorted((ROOT / "tests" / "containment").glob("test_*.py")):
+        assert test_file.name in SECURITY, f"{test_file.name} is not cited"
+
+
+def _python_blocks(markdown: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", markdown, re.DOTALL)
+
+
+@pytest.mark.parametrize("index", range(len(_python_blocks(README))))
+def test_readme_python_snippets_run(index: int) -> None:
+    code = _python_blocks(README)[index]
+    exec(compile(code, f"README.md snippet {index}", "exec"), {"__name__": "__readme__"})  # noqa: S102
+
+
+@pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.py")), ids=str)
+def test_example_programs_run_in_the_sandbox(sandbox: Sandbox, example: Path) -> None:
+    r = sandbox.run(example.read_text(encoding="utf-8"), filename=example.name)
+    assert r.status == "ok", (r.error, r.stderr)
+
+
+def test_the_cli_reference_is_generated_from_the_real_help() -> None:
+    check = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen-cli-docs"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert check.returncode == 0, check.stderr

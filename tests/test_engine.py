@@ -1,0 +1,186 @@
+"""Happy paths and result shape of one run, in real sandboxes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from codecage import ConfigError, ExecutionResult, Sandbox
+from codecage.models import STATUSES
+
+
+def test_output_and_return_value_come_back(sandbox: Sandbox) -> None:
+    r = sandbox.run("print('hello')\n{'answer': 6 * 7}")
+    assert r.status == "ok" and r.exit_code == 0 and r.signal is None
+    assert r.stdout == "hello\n"
+    assert r.return_value == {"answer": 42}
+    assert r.error is None
+    assert r.backend == "bwrap"
+
+
+def test_a_value_that_is_not_json_comes_back_as_its_repr(sandbox: Sandbox) -> None:
+    r = sandbox.run("class Point:\n    def __repr__(self): return 'Point(1, 2)'\nPoint()")
+    assert r.return_value == "Point(1, 2)"
+
+
+def test_no_last_expression_means_no_return_value(sandbox: Sandbox) -> None:
+    assert sandbox.run("x = 1").return_value is None
+
+
+def test_an_exception_is_reported_with_a_traceback_of_the_users_code_only(
+    sandbox: Sandbox,
+) -> None:
+    r = sandbox.run("def f():\n    return 1 / 0\nf()", filename="job.py")
+    assert r.status == "error" and r.exit_code == 1
+    assert r.error is not None
+    assert r.error.type == "ZeroDivisionError"
+    assert r.error.message == "division by zero"
+    assert 'File "job.py", line 2, in f' in r.error.traceback
+    assert "bootstrap" not in r.error.traceback
+
+
+def test_a_syntax_error_is_an_error_result_with_line_and_column(sandbox: Sandbox) -> None:
+    r = sandbox.run("x = (1,\nprint(x")
+    assert r.status == "error"
+    assert r.error is not None and r.error.type == "SyntaxError"
+    assert "line" in r.error.traceback
+
+
+def test_sys_exit_codes_are_kept(sandbox: Sandbox) -> None:
+    assert sandbox.run("import sys; sys.exit(0)").status == "ok"
+    r = sandbox.run("import sys; sys.exit(3)")
+    assert (r.status, r.exit_code, r.signal) == ("error", 3, None)
+
+
+def test_top_level_await_works(sandbox: Sandbox) -> None:
+    r = sandbox.run("import asyncio\nawait asyncio.sleep(0.01)\nawait asyncio.sleep(0, 'done')")
+    assert r.status == "ok", r.error
+    assert r.return_value == "done"
+
+
+def test_code_runs_as_main_so_main_guards_and_dataclasses_work(sandbox: Sandbox) -> None:
+    code = (
+        "from dataclasses import dataclass\n"
+        "@dataclass\nclass P:\n    x: int\n"
+        "if __name__ == '__main__':\n    print(P(1))\n"
+    )
+    r = sandbox.run(code)
+    assert r.stdout == "P(x=1)\n", r.error
+
+
+def test_unicode_output_is_kept(sandbox: Sandbox) -> None:
+    r = sandbox.run("print('héllo wörld ✓ 日本')")
+    assert r.stdout == "héllo wörld ✓ 日本\n"
+
+
+def test_binary_output_is_escaped_visibly_not_lost(sandbox: Sandbox) -> None:
+    r = sandbox.run("import sys; sys.stdout.buffer.write(b'a\\xff\\x00b\\x1b[31m')")
+    assert r.status == "ok"
+    assert r.stdout == "a\\xff\\x00b\\x1b[31m"
+    assert r.raw_stdout() == b"a\xff\x00b\x1b[31m"
+
+
+def test_printing_a_fake_result_cannot_forge_the_real_one(sandbox: Sandbox) -> None:
+    fake = json.dumps({"v": 1, "kind": "result", "return_value": "forged", "error": None})
+    r = sandbox.run(f"print({fake!r})\nimport sys; print({fake!r}, file=sys.stderr)\n'real'")
+    assert r.return_value == "real"
+    assert r.status == "ok"
+
+
+def test_files_written_to_the_workspace_are_listed_with_hash_and_mime(sandbox: Sandbox) -> None:
+    r = sandbox.run(
+        "open('report.json', 'w').write('{}')\nimport os; os.mkdir('d')\n"
+        "open('d/a.txt', 'w').write('hi')"
+    )
+    assert r.status == "ok"
+    files = {f.path: f for f in r.files}
+    assert set(files) == {"report.json", "d/a.txt"}
+    assert files["report.json"].mime == "application/json"
+    assert files["d/a.txt"].size == 2
+    assert files["d/a.txt"].sha256 == (
+        "8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327aa4"
+    )
+
+
+def test_usage_is_measured_by_the_host(sandbox: Sandbox) -> None:
+    r = sandbox.run("sum(i * i for i in range(2_000_000))")
+    assert r.usage.wall_ms > 0
+    assert r.usage.cpu_ms is not None and r.usage.cpu_ms > 0
+    assert r.usage.peak_memory_mb is not None and 0 < r.usage.peak_memory_mb < 512
+
+
+def test_limits_in_force_are_reported(sandbox: Sandbox) -> None:
+    r = sandbox.run("1", limits={"memory_mb": 128, "timeout": 5})
+    assert r.limits.memory_mb == 128 and r.limits.timeout == 5
+    assert r.limits.cpu_seconds == 30  # the default
+
+
+def test_a_host_workspace_is_mounted_and_its_files_stay(sandbox: Sandbox, tmp_path: Path) -> None:
+    (tmp_path / "input.csv").write_text("a,b\n1,2\n")
+    r = sandbox.run(
+        "rows = open('input.csv').read().splitlines()\nopen('out.txt', 'w').write(str(len(rows)))",
+        workspace=tmp_path,
+    )
+    assert r.status == "ok", r.error
+    assert (tmp_path / "out.txt").read_text() == "2"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"timeout": 0}, "timeout"),
+        ({"timeout": -1}, "timeout"),
+        ({"memory_mb": 1}, "memory_mb"),
+        ({"max_processes": 0}, "max_processes"),
+        ({"max_output_bytes": 10**12}, "max_output_bytes"),
+        ({"cpu_seconds": "lots"}, "cpu_seconds"),
+        ({"no_such_limit": 1}, "no_such_limit"),
+    ],
+)
+def test_absurd_limits_are_refused_before_anything_runs(
+    sandbox: Sandbox, overrides: dict[str, object], field: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        sandbox.run("1", limits=overrides)
+    assert field in str(info.value)
+    assert info.value.hint
+
+
+def test_memory_above_the_hosts_ceiling_is_refused_with_a_hint(sandbox: Sandbox) -> None:
+    with pytest.raises(ConfigError) as info:
+        sandbox.run("1", limits={"memory_mb": 1_000_000})
+    assert "ceiling" in str(info.value)
+    assert "--memory-mb" in info.value.hint
+
+
+def test_code_with_a_nul_byte_is_refused(sandbox: Sandbox) -> None:
+    with pytest.raises(ConfigError):
+        sandbox.run("print(1)\x00")
+
+
+def test_the_async_twin_runs_concurrently(sandbox: Sandbox) -> None:
+    async def both() -> list[ExecutionResult]:
+        return list(await asyncio.gather(sandbox.arun("1"), sandbox.arun("2")))
+
+    results = asyncio.run(both())
+    assert [r.return_value for r in results] == [1, 2]
+
+
+def test_every_status_is_declared_once() -> None:
+    assert set(STATUSES) == {
+        "ok",
+        "error",
+        "timeout",
+        "cpu_limit",
+        "memory_limit",
+        "killed",
+        "blocked",
+    }
+
+
+def test_a_process_killed_by_a_signal_is_reported_as_killed(sandbox: Sandbox) -> None:
+    r = sandbox.run("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert (r.status, r.signal, r.exit_code) == ("killed", "SIGKILL", None)

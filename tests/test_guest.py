@@ -1,0 +1,41 @@
+"""The guest side is an island: it runs inside the sandbox with the stdlib only."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import codecage.guest
+
+GUEST_DIR = Path(codecage.guest.__file__).parent
+
+
+def _imported_modules(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_guest_modules_import_only_the_standard_library() -> None:
+    files = sorted(GUEST_DIR.glob("*.py"))
+    assert files
+    for path in files:
+        outside = {
+            name
+            for name in _imported_modules(path)
+            if name not in sys.stdlib_module_names and name != "__future__"
+        }
+        assert not outside, f"{path.name} imports {outside}"
+
+
+def test_the_guest_runs_the_code_as_main_of_the_named_file(sandbox: object) -> None:
+    from codecage import Sandbox
+
+    assert isinstance(sandbox, Sandbox)
+    r = sandbox.run("import sys\n(__name__, __file__, sys.argv)", filename="job.py")
+    assert r.return_value == ["__main__", "/workspace/job.py", ["job.py"]]
