@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import logging
 import os
 import shutil
 import socket
@@ -31,10 +32,12 @@ from codecage.workspace import (
     destroy,
     list_files,
     read_file,
+    strip_privilege_bits,
     use_existing,
 )
 
 IS_ROOT = os.geteuid() == 0
+SETID = stat.S_ISUID | stat.S_ISGID
 root_only = pytest.mark.skipif(not IS_ROOT, reason="needs root")
 
 
@@ -245,6 +248,133 @@ def test_listing_a_workspace_that_is_a_symlink_is_refused(tmp_path: Path, ws: Pa
     link.symlink_to(ws)
     with pytest.raises(SandboxError):
         list_files(link)
+
+
+# --- taking S_ISUID and S_ISGID away ----------------------------------------------------
+
+
+def mode_of(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+def test_setuid_files_and_setgid_directories_are_stripped_at_every_level(ws: Path) -> None:
+    (ws / "tool").write_text("#!/bin/sh\n")
+    (ws / "tool").chmod(0o4755)
+    (ws / "shared").mkdir()
+    (ws / "shared").chmod(0o2775)
+    nested = ws / "shared" / "a" / "b"
+    nested.mkdir(parents=True)  # "a" inherits S_ISGID from "shared", as the kernel does
+    nested.chmod(0o2755)
+    (nested / "both").write_text("x")
+    (nested / "both").chmod(0o6711)
+    (nested / "plain.txt").write_text("x")
+    (nested / "plain.txt").chmod(0o640)
+    (ws / "sticky").mkdir()
+    (ws / "sticky").chmod(0o3777)
+
+    changed = strip_privilege_bits(ws)
+
+    assert changed == 6
+    assert mode_of(ws / "tool") == 0o755
+    assert mode_of(ws / "shared") == 0o775
+    assert not mode_of(ws / "shared" / "a") & SETID
+    assert mode_of(nested) == 0o755
+    assert mode_of(nested / "both") == 0o711
+    assert mode_of(nested / "plain.txt") == 0o640
+    assert mode_of(ws / "sticky") == 0o1777  # S_ISVTX is harmless and stays
+    assert strip_privilege_bits(ws) == 0
+
+
+def test_the_workspace_directory_itself_is_stripped(ws: Path) -> None:
+    ws.chmod(0o2700)
+    assert strip_privilege_bits(ws) == 1
+    assert mode_of(ws) == 0o700
+
+
+def test_a_symlink_to_a_setuid_host_file_is_not_followed(ws: Path, outside: Path) -> None:
+    host_tool = outside / "host-tool"
+    host_tool.write_text("#!/bin/sh\n")
+    host_tool.chmod(0o4755)
+    (outside / "host-dir").mkdir()
+    (outside / "host-dir").chmod(0o2755)
+    (ws / "tool").symlink_to(host_tool)
+    (ws / "dir").symlink_to(outside / "host-dir")
+    (ws / "outside").symlink_to(outside)
+
+    assert strip_privilege_bits(ws) == 0
+
+    assert mode_of(host_tool) == 0o4755
+    assert mode_of(outside / "host-dir") == 0o2755
+
+
+@pytest.mark.timeout(10)
+def test_stripping_does_not_open_a_fifo(ws: Path) -> None:
+    os.mkfifo(ws / "pipe")
+    (ws / "pipe").chmod(0o4644)
+    assert strip_privilege_bits(ws) == 0
+    assert mode_of(ws / "pipe") == 0o4644  # a FIFO cannot be run; it is left as it is
+
+
+def test_stripping_reaches_as_deep_as_the_listing_and_warns_past_it(
+    ws: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    deepest = ws.joinpath(*["d"] * MAX_DEPTH)
+    deepest.mkdir(parents=True)
+    (deepest / "at-the-bound").write_text("x")
+    (deepest / "at-the-bound").chmod(0o4755)
+    (deepest / "past").mkdir()
+    (deepest / "past").chmod(0o2755)
+    (deepest / "past" / "beyond").write_text("x")
+    (deepest / "past" / "beyond").chmod(0o4755)
+
+    with caplog.at_level(logging.WARNING, logger="codecage.workspace"):
+        changed = strip_privilege_bits(ws)
+
+    assert changed == 2
+    assert mode_of(deepest / "at-the-bound") == 0o755
+    assert mode_of(deepest / "past") == 0o755  # the directory at the bound itself
+    assert mode_of(deepest / "past" / "beyond") == 0o4755  # not walked: said so
+    messages = [record.getMessage() for record in caplog.records]
+    assert "workspace_privilege_bits_not_all_checked" in messages
+    assert "workspace_privilege_bits_stripped" in messages
+
+
+def test_stripping_leaves_no_fd_open(ws: Path, outside: Path) -> None:
+    (ws / "sub").mkdir()
+    (ws / "sub" / "f").write_text("f")
+    (ws / "sub" / "f").chmod(0o4755)
+    (ws / "escape").symlink_to(outside)
+    before = sorted(os.listdir("/proc/self/fd"))
+
+    strip_privilege_bits(ws)
+
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def test_stripping_a_workspace_that_is_a_symlink_is_refused(tmp_path: Path, ws: Path) -> None:
+    (tmp_path / "link").symlink_to(ws)
+    with pytest.raises(SandboxError) as refused:
+        strip_privilege_bits(tmp_path / "link")
+    assert refused.value.hint
+
+
+def test_unreadable_setuid_files_are_stripped_without_privileges(tmp_path: Path) -> None:
+    run_unprivileged(
+        """
+        import stat
+        from pathlib import Path
+        from codecage.workspace import strip_privilege_bits
+        Path("ws/sub").mkdir(parents=True)
+        Path("ws/sub/tool").write_text("x")
+        Path("ws/sub/tool").chmod(0o4111)  # no read for anyone, still runnable
+        Path("ws/locked").mkdir()
+        Path("ws/locked").chmod(0o2311)  # cannot be listed, so not walked; itself stripped
+        assert strip_privilege_bits(Path("ws")) == 2
+        assert stat.S_IMODE(Path("ws/sub/tool").lstat().st_mode) == 0o111
+        assert stat.S_IMODE(Path("ws/locked").lstat().st_mode) == 0o311
+        """,
+        cwd=tmp_path,
+    )
 
 
 # --- reading ------------------------------------------------------------------------------

@@ -122,6 +122,7 @@ def execute(request: RunRequest, backend: Backend) -> ExecutionResult:
         ws = _prepare_workspace(request, run_dir, cleanup)
         rootfs.write_etc(run_dir / "etc")
         (run_dir / "empty").mkdir(mode=0o555)
+        rootfs.write_empty_file(run_dir)
         cgroup = cgroups.create(execution_id, limits)
         if cgroup is not None:
             cleanup.callback(_destroy_cgroup, cgroup)
@@ -223,6 +224,11 @@ def _prepare_workspace(
     else:
         ws = workspaces.create_ephemeral(run_dir, request.limits.workspace_mb)
     cleanup.callback(workspaces.destroy, ws)
+    if not ws.owned:
+        # A user's directory outlives the run: no setuid/setgid file may be planted in it
+        # (seccomp refuses setting the bits; this is the second layer). ExitStack is LIFO,
+        # so this runs after the sandbox is reaped, on every exit path.
+        cleanup.callback(workspaces.strip_privilege_bits, ws.path)
     return ws
 
 

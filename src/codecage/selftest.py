@@ -49,9 +49,9 @@ try:
     leaked = TOKEN in open(PLANTED).read()
 except OSError:
     leaked = False
-def _try_write(path):
+def _try_write(path, mode="w"):
     try:
-        open(path, "w").close()
+        open(path, mode).close()
         return True
     except OSError:
         return False
@@ -62,6 +62,7 @@ out["filesystem"] = {{
                            if os.path.exists(p)],
     "root_writable": _try_write("/probe") or _try_write("/etc/probe"),
     "workspace_writable": _try_write("/workspace/probe"),
+    "proc_sys_writable": _try_write("/proc/sys/kernel/core_uses_pid", "a"),
 }}
 out["environment"] = sorted(set(os.environ) - set(ALLOWED_ENV))
 
@@ -209,11 +210,13 @@ def _filesystem(facts: dict[str, object], leaked: bool) -> ProbeResult:
         and facts["host_paths_visible"] == []
         and facts["root_writable"] is False
         and facts["workspace_writable"] is True
+        and facts["proc_sys_writable"] is False
     )
     return _check(
         "filesystem",
         good,
-        "a file planted in the host's /tmp is invisible; / is read-only; /workspace writable",
+        "a file planted in the host's /tmp is invisible; / and /proc/sys are read-only; "
+        "/workspace is writable",
         f"filesystem not contained: {facts}",
     )
 

@@ -1,7 +1,8 @@
 """Network isolation: by default the sandbox has its own empty network namespace.
 
-No interface but a loopback that is down, no route, no DNS, and the seccomp filter refuses
-every socket family but AF_UNIX. Abstract UNIX sockets are scoped to the network namespace,
+No interface but the namespace's own loopback (bwrap brings it up; nothing listens there),
+no route, no DNS, and the seccomp filter refuses every socket family but AF_UNIX, so not
+even that loopback can be used. Abstract UNIX sockets are scoped to the network namespace,
 so the host's are out of reach too. A later policy layer may add declared egress.
 """
 
@@ -31,5 +32,5 @@ def probe(namespaces_ok: bool) -> LayerStatus:
         name="network",
         active=namespaces_ok,
         mechanism="empty network namespace + seccomp socket filter",
-        detail="no interfaces but a down loopback; only AF_UNIX sockets may be created",
+        detail="no interfaces but the sandbox's own loopback; only AF_UNIX sockets may be created",
     )

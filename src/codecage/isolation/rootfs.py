@@ -42,7 +42,22 @@ SANDBOX_GID = 1000
 # headless, and leaving their libraries out keeps the root small. They fail to import.
 _HEADLESS_SKIP = ("_tkinter", "readline", "_curses", "_curses_panel")
 
-MountKind = Literal["ro-bind", "bind", "tmpfs", "proc", "dev", "symlink", "dir"]
+MountKind = Literal["ro-bind", "bind", "tmpfs", "proc", "dev", "symlink", "dir", "remount-ro"]
+
+# /proc files that tell about the host or other users (Docker masks the same): hidden behind
+# an empty file or directory. Only those that exist on this kernel are masked.
+_PROC_MASKED = (
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/key-users",
+    "/proc/latency_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +237,11 @@ def plan(
         Mount("ro-bind", "/etc/hosts", str(etc_dir / "hosts")),
         Mount("ro-bind", "/etc/hostname", str(etc_dir / "hostname")),
         Mount("proc", "/proc"),
+        # Read-only /proc: the sandbox user maps to the uid that runs codecage (root, when
+        # it runs as root), and root-owned sysctls in /proc/sys are writable by uid 0 without
+        # any capability; bwrap's own read-only cover of /proc/sys is not reliable here.
+        Mount("remount-ro", "/proc"),
+        *_proc_masks(empty_dir),
         Mount("dev", "/dev"),
         Mount("tmpfs", "/tmp", size_bytes=tmp_bytes),  # noqa: S108 - private, size-limited
         Mount("bind", WORKSPACE, str(workspace)),
@@ -240,12 +260,30 @@ def bwrap_args(mounts: tuple[Mount, ...]) -> list[str]:
                 if m.size_bytes is not None:
                     args += ["--size", str(m.size_bytes)]
                 args += ["--perms", "1777", "--tmpfs", m.dest]
-            case "proc" | "dev" | "dir":
+            case "proc" | "dev" | "dir" | "remount-ro":
                 args += [f"--{m.kind}", m.dest]
             case "symlink":
                 args += ["--symlink", _source_of(m), m.dest]
     args += ["--remount-ro", "/"]
     return args
+
+
+def _proc_masks(empty_dir: Path) -> list[Mount]:
+    empty_file = empty_dir.parent / "empty-file"
+    masks: list[Mount] = []
+    for path in _PROC_MASKED:
+        host = Path(path)
+        if host.is_dir():
+            masks.append(Mount("ro-bind", path, str(empty_dir)))
+        elif host.exists():
+            masks.append(Mount("ro-bind", path, str(empty_file)))
+    return masks
+
+
+def write_empty_file(run_dir: Path) -> None:
+    """The empty regular file that masks /proc files (a device node would not open: nodev)."""
+    path = run_dir / "empty-file"
+    path.touch(mode=0o444)
 
 
 def _source_of(mount: Mount) -> str:

@@ -8,8 +8,14 @@ so that a kernel bug behind one of them is out of reach too.
 What the filter does (see `_rules` for the exact list, logged at DEBUG when compiled):
 
 - the syscalls of `SeccompPlan.denied_syscalls` fail with EPERM;
-- `clone3` fails with ENOSYS: its flags sit in a struct that BPF cannot read, and glibc
-  falls back to `clone`, whose flags the filter can inspect;
+- `clone3` and `openat2` fail with ENOSYS: their flags and mode sit in a struct that BPF
+  cannot read, and callers fall back, as on a kernel without them, to `clone` and `openat`,
+  whose arguments the filter can inspect (glibc's and CPython's open() use openat anyway);
+- setting S_ISUID or S_ISGID fails with EPERM: chmod-like calls whose mode has either bit,
+  and calls that create a file or directory with either bit in their mode argument
+  (`SeccompPlan.setid_mode_args`). The guest's uid is the host uid of whoever runs
+  codecage, root included, and a `--workspace DIR` outlives the run: a setuid file left
+  there would be a privilege-escalation plant on the host;
 - `clone` with any CLONE_NEW* flag, `ioctl` TIOCSTI/TIOCLINUX, `personality` with flags
   from ADDR_NO_RANDOMIZE up, and `socket`/`socketpair` of a refused family fail with EPERM;
 - a syscall made through another ABI of the CPU (i386 `int 0x80`, x32) kills the process.
@@ -24,6 +30,7 @@ import errno
 import logging
 import os
 import socket
+import stat
 import termios
 from dataclasses import dataclass
 from types import ModuleType
@@ -125,7 +132,33 @@ _DENIED_SYSCALLS: tuple[str, ...] = (
     "move_pages",
 )
 
-_ENOSYS_SYSCALLS: tuple[str, ...] = ("clone3",)
+# clone3 -> clone; openat2 -> openat (openat2's mode is in a struct open_how, out of reach
+# of the S_ISUID/S_ISGID rules below; glibc does not use openat2 for open()).
+_ENOSYS_SYSCALLS: tuple[str, ...] = ("clone3", "openat2")
+
+# Setting S_ISUID or S_ISGID. Inside the sandbox they do nothing (no_new_privs, nosuid
+# mounts), but the guest's uid maps to the uid that started bwrap: when that is root, a
+# setuid file in a user's --workspace DIR stays behind as a setuid-root binary on the host.
+# Each syscall that sets a mode is named with the index of its mode argument. open and
+# openat read the mode only with O_CREAT or O_TMPFILE; glibc passes 0 otherwise, so
+# looking at the mode alone refuses nothing a real program does. mkdir ignores S_ISUID and
+# S_ISGID today; the rule refuses asking for them all the same.
+_SETID_MODE_ARGS: tuple[tuple[str, int], ...] = (
+    ("chmod", 1),
+    ("fchmod", 1),
+    ("fchmodat", 2),
+    ("fchmodat2", 2),
+    ("open", 2),
+    ("openat", 3),
+    ("creat", 1),
+    ("mkdir", 1),
+    ("mkdirat", 2),
+    ("mknod", 1),
+    ("mknodat", 2),
+)
+# <sys/stat.h>. One MASKED_EQ rule per bit: libseccomp ORs the rules of a syscall, and
+# the kernel reads the mode as a umode_t, so only these low bits matter, whatever the rest.
+_SETID_BITS: dict[str, int] = {"S_ISUID": stat.S_ISUID, "S_ISGID": stat.S_ISGID}
 
 # <linux/sched.h>. CLONE_NEWTIME (0x80) lies in the exit-signal byte of clone(), so the
 # kernel honours it only through clone3 or unshare, both refused outright; the rule costs
@@ -191,6 +224,7 @@ _UNIFIED_SYSCALL_NUMBERS: dict[str, int] = {
     "mount_setattr": 442,
     "quotactl_fd": 443,
     "set_mempolicy_home_node": 450,
+    "fchmodat2": 452,
     "open_tree_attr": 467,
 }
 _UNIFIED_NUMBERING_ARCHES: frozenset[str] = frozenset(
@@ -210,10 +244,15 @@ class SeccompPlan:
     Attributes:
         denied_syscalls: answered with EPERM whatever their arguments.
         enosys_syscalls: answered with ENOSYS, so that libc falls back to an older call
-            (clone3 -> clone, whose flags the filter can inspect).
+            (clone3 -> clone, openat2 -> openat, whose arguments the filter can inspect).
         allow_inet_sockets: False: socket()/socketpair() of any family but AF_UNIX get
             EPERM. True: AF_INET, AF_INET6 and AF_NETLINK (NETLINK_ROUTE only) are allowed
             too; every other family still gets EPERM.
+        setid_mode_args: (syscall, index of its mode argument) pairs: the syscall is
+            answered with EPERM when that argument has S_ISUID or S_ISGID set, so that no
+            file or directory gets either bit (chmod, fchmod, fchmodat, fchmodat2, and the
+            calls that create with a mode: open, openat, creat, mkdir, mkdirat, mknod,
+            mknodat). Empty: no such rule.
 
     Besides these, every filter refuses `clone` with a CLONE_NEW* flag, the TIOCSTI and
     TIOCLINUX ioctls and `personality` flags from ADDR_NO_RANDOMIZE up (EPERM), and kills
@@ -223,11 +262,20 @@ class SeccompPlan:
     denied_syscalls: tuple[str, ...]
     enosys_syscalls: tuple[str, ...]
     allow_inet_sockets: bool
+    setid_mode_args: tuple[tuple[str, int], ...]
 
     def __post_init__(self) -> None:
         both = set(self.denied_syscalls) & set(self.enosys_syscalls)
         if both:
             raise ValueError(f"syscalls both denied and ENOSYS: {sorted(both)}")
+        # A mode rule for a syscall that is refused outright would never be reached.
+        refused = set(self.denied_syscalls) | set(self.enosys_syscalls)
+        shadowed = {name for name, _ in self.setid_mode_args} & refused
+        if shadowed:
+            raise ValueError(f"mode rules for syscalls already refused: {sorted(shadowed)}")
+        bad_args = [(name, arg) for name, arg in self.setid_mode_args if not 0 <= arg <= 5]
+        if bad_args:
+            raise ValueError(f"syscall arguments are numbered 0 to 5: {bad_args}")
 
 
 def plan(*, network: bool = False) -> SeccompPlan:
@@ -240,6 +288,7 @@ def plan(*, network: bool = False) -> SeccompPlan:
         denied_syscalls=_DENIED_SYSCALLS,
         enosys_syscalls=_ENOSYS_SYSCALLS,
         allow_inet_sockets=network,
+        setid_mode_args=_SETID_MODE_ARGS,
     )
 
 
@@ -309,6 +358,11 @@ def _rules(seccomp_plan: SeccompPlan, *, clone_flags_arg: int) -> tuple[_Rule, .
         for cmd in _TERMINAL_INJECTION_IOCTLS.values()
     ]
     rules.append(_Rule("personality", errno.EPERM, (_Cond(0, "GE", _PERSONALITY_FLAGS_FLOOR),)))
+    rules += [
+        _Rule(name, errno.EPERM, (_Cond(arg, "MASKED_EQ", bit, mask=bit),))
+        for name, arg in seccomp_plan.setid_mode_args
+        for bit in _SETID_BITS.values()
+    ]
     for call in _SOCKET_SYSCALLS:
         if not seccomp_plan.allow_inet_sockets:
             rules.append(_Rule(call, errno.EPERM, (_Cond(0, "NE", socket.AF_UNIX),)))
@@ -538,6 +592,8 @@ def probe() -> LayerStatus:
         f"EPERM for clone with {'/'.join(_CLONE_NAMESPACE_FLAGS)}, "
         f"ioctl {'/'.join(_TERMINAL_INJECTION_IOCTLS)}, "
         "personality flags from ADDR_NO_RANDOMIZE up, "
+        f"{', '.join(name for name, _ in default.setid_mode_args)} "
+        f"with {'/'.join(_SETID_BITS)} in the mode, "
         "socket/socketpair other than AF_UNIX (with network: other than AF_UNIX, AF_INET, "
         "AF_INET6, NETLINK_ROUTE); "
         f"ENOSYS for {', '.join(default.enosys_syscalls)}; "

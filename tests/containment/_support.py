@@ -1,0 +1,94 @@
+"""Helpers shared by the containment tests: build a guest program, read the report it
+printed, and find host processes by a marker in their argv.
+
+Tests that take the `runner` fixture cannot use `return_value` (the null runner has none),
+so their guest programs print one JSON line as their last line of stdout: the report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from string import Template
+from typing import Any, Protocol
+
+
+class Seen(Protocol):
+    """What both runners return (conftest's Outcome)."""
+
+    status: str
+    stdout: str
+    stderr: str
+    return_value: Any
+    error_type: str | None
+
+
+Runner = Callable[..., Seen]
+"""conftest's `runner` fixture: run(code, **limits) -> Outcome."""
+
+
+class HostCanary(Protocol):
+    """conftest's `host_canary`: a token in files under the host's /tmp and $HOME."""
+
+    token: str
+    paths: list[Path]
+
+
+class NetCanary(Protocol):
+    """conftest's `net_canary`: a loopback listener that answers a token."""
+
+    port: int
+    token: str
+    connections: list[str]
+
+
+def guest(template: str, **values: Any) -> str:
+    """The guest program: `template`, dedented, with each `$name` replaced by the repr of
+    `values[name]` (so host paths, tokens and ports go in as Python literals)."""
+    return Template(textwrap.dedent(template)).substitute(
+        {name: repr(value) for name, value in values.items()}
+    )
+
+
+def report(seen: Seen) -> Any:
+    """The JSON report the guest printed as its last line of stdout."""
+    lines = seen.stdout.strip().splitlines()
+    assert lines, (
+        f"the guest printed no report: status={seen.status} error={seen.error_type} "
+        f"stderr={seen.stderr[-2000:]!r}"
+    )
+    return json.loads(lines[-1])
+
+
+def assert_absent(token: str, seen: Seen) -> None:
+    """`token` is nowhere in what came back of the run."""
+    assert token not in seen.stdout
+    assert token not in seen.stderr
+    assert token not in json.dumps(seen.return_value)
+
+
+def host_pids_with(marker: str) -> list[int]:
+    """Host processes (other than this one) whose argv holds `marker`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def kill_marked(marker: str) -> None:
+    """SIGKILL the host processes a failed test left behind (only ours: they carry `marker`)."""
+    for pid in host_pids_with(marker):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
