@@ -28,9 +28,7 @@ def test_every_limit_is_documented_with_flag_and_env_var(name: str) -> None:
 
 def test_every_default_in_the_docs_is_the_models_default() -> None:
     for name, field in Limits.model_fields.items():
-        row = next(
-            line for line in CONFIGURATION.splitlines() if line.startswith(f"| `{name}` |")
-        )
+        row = next(line for line in CONFIGURATION.splitlines() if line.startswith(f"| `{name}` |"))
         assert f" {field.default} |" in row or f" {field.default:,} |" in row, (name, row)
 
 
