@@ -49,6 +49,7 @@ from codecage.supervise import Observation, supervise
 log = logging.getLogger(__name__)
 
 RETURN_VALUE_MAX_BYTES = 1024 * 1024
+RUN_DIR_PREFIX = "codecage-run-"
 _CONTROL_CAP_BYTES = 2 * RETURN_VALUE_MAX_BYTES + 256 * 1024
 _SIGNAL_EXIT_BASE = 128  # bwrap reports a child killed by signal N as exit code 128 + N
 _SIGXCPU_EXIT = _SIGNAL_EXIT_BASE + signal.SIGXCPU
@@ -123,7 +124,7 @@ def execute(request: RunRequest, backend: Backend) -> ExecutionResult:
         rootfs.write_etc(run_dir / "etc")
         (run_dir / "empty").mkdir(mode=0o555)
         rootfs.write_empty_file(run_dir)
-        cgroup = cgroups.create(execution_id, limits)
+        cgroup = cgroups.create(f"{os.getpid()}-{execution_id}", limits)
         if cgroup is not None:
             cleanup.callback(_destroy_cgroup, cgroup)
         mounts = rootfs.plan(
@@ -210,8 +211,50 @@ def execute(request: RunRequest, backend: Backend) -> ExecutionResult:
 # --- preparation -----------------------------------------------------------------------
 
 
+def sweep_stale_runs() -> int:
+    """Remove what runs of dead codecage processes left behind (a host process killed with
+    SIGKILL cannot clean up): their temp dirs, workspace mounts and cgroups. Returns how
+    many were removed. Runs of live processes are never touched."""
+    removed = 0
+    for run_dir in Path(tempfile.gettempdir()).glob(f"{RUN_DIR_PREFIX}*-*"):
+        if not _owned_by_dead_process(run_dir.name.removeprefix(RUN_DIR_PREFIX)):
+            continue
+        if run_dir.is_symlink():
+            continue
+        ws = run_dir / "workspace"
+        try:
+            workspaces.destroy(workspaces.Workspace(ws, tmpfs=os.path.ismount(ws), owned=True))
+            workspaces.destroy(workspaces.Workspace(run_dir, tmpfs=False, owned=True))
+            removed += 1
+        except SandboxError as exc:
+            log.warning(
+                "engine.stale_run_not_removed", extra={"dir": str(run_dir), "error": str(exc)}
+            )
+    removed += cgroups.sweep_stale(_owned_by_dead_process)
+    if removed:
+        log.warning("engine.stale_runs_removed", extra={"count": removed})
+    return removed
+
+
+def _owned_by_dead_process(name: str) -> bool:
+    """Run dirs and cgroups are named "<host pid>-...": is that process gone?"""
+    head, _, _ = name.partition("-")
+    return head.isdigit() and not _alive(int(head))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _make_run_dir(cleanup: contextlib.ExitStack) -> Path:
-    run_dir = Path(tempfile.mkdtemp(prefix="codecage-run-"))  # mode 0700
+    # The host pid in the name lets a later process clean up after one that was killed.
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-"))  # mode 0700
     cleanup.callback(shutil.rmtree, run_dir, ignore_errors=True)
     return run_dir
 

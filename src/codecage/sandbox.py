@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 _selftest_lock = threading.Lock()
 _selftest_memo: dict[str, DoctorReport] = {}
+_swept = threading.Event()
 
 
 class Sandbox:
@@ -55,6 +56,9 @@ class Sandbox:
         self.backend: Backend = load_backend(backend)
         self.allow_degraded = allow_degraded
         self._selftest = selftest
+        if not _swept.is_set():  # once per process: leftovers of killed codecage processes
+            _swept.set()
+            engine.sweep_stale_runs()
 
     def run(
         self,

@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -277,6 +278,22 @@ def remove(handle: CgroupHandle) -> None:
                     log.error("cgroup.remove_failed", extra={"dir": str(d), "error": str(exc)})
                     break
                 time.sleep(0.01)
+
+
+def sweep_stale(is_stale: Callable[[str], bool]) -> int:
+    """Kill and remove per-run cgroups whose name `is_stale` (their owner died)."""
+    support = detect()
+    if support is None:
+        return 0
+    names: set[str] = set()
+    for parent in support.parents.values():
+        with contextlib.suppress(OSError):
+            names.update(d.name for d in parent.iterdir() if d.is_dir() and is_stale(d.name))
+    for name in names:
+        handle = CgroupHandle(support.version, {k: p / name for k, p in support.parents.items()})
+        kill_all(handle)
+        remove(handle)
+    return len(names)
 
 
 # --- what is in force --------------------------------------------------------------------
