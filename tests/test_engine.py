@@ -184,3 +184,10 @@ def test_every_status_is_declared_once() -> None:
 def test_a_process_killed_by_a_signal_is_reported_as_killed(sandbox: Sandbox) -> None:
     r = sandbox.run("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
     assert (r.status, r.signal, r.exit_code) == ("killed", "SIGKILL", None)
+
+
+def test_filling_the_workspace_quota_is_reported(sandbox: Sandbox) -> None:
+    r = sandbox.run("open('big', 'wb').write(b'x' * (3 << 20))", limits={"workspace_mb": 2})
+    assert r.status == "error"
+    assert r.error is not None and "No space left" in r.error.message
+    assert "workspace_full" in [e.kind for e in r.events]
