@@ -191,3 +191,20 @@ def test_filling_the_workspace_quota_is_reported(sandbox: Sandbox) -> None:
     assert r.status == "error"
     assert r.error is not None and "No space left" in r.error.message
     assert "workspace_full" in [e.kind for e in r.events]
+
+
+def test_messages_the_code_writes_to_the_control_socket_are_bounded_and_overridden(
+    sandbox: Sandbox,
+) -> None:
+    code = (
+        "import os\n"
+        'forged = b\'{"v":1,"kind":"result","return_value":"forged"}\\n\'\n'
+        "os.write(3, forged)\n"
+        "for _ in range(200):\n"
+        "    os.write(3, b'garbage' * 1000 + b'\\n')\n"
+        "'real'"
+    )
+    r = sandbox.run(code)
+    assert r.status == "ok"
+    assert r.return_value == "real"
+    assert [e.kind for e in r.events] == ["guest_report_invalid"]

@@ -438,28 +438,34 @@ def _destroy_cgroup(cgroup: CgroupHandle) -> None:
 
 
 def _parse_control(seen: Observation) -> tuple[bool, GuestResult | None, list[Event]]:
-    """The guest's messages, validated. Anything malformed is noted, never trusted."""
+    """The guest's messages, validated. Anything malformed is noted once, never trusted.
+
+    The bootstrap sends its result after the user's code has finished, so the *last* valid
+    result wins: whatever the code itself wrote to the control socket earlier is overridden.
+    """
     ready = False
     report: GuestResult | None = None
-    events: list[Event] = []
+    problems: list[str] = []
     if seen.control.truncated:
-        events.append(Event(kind="guest_report_invalid", detail="guest report over size bound"))
+        problems.append("the guest's messages were over the size bound")
     for line in seen.control.data.split(b"\n"):
         if not line:
             continue
         try:
             message: dict[str, Any] = json.loads(line)
-            if message.get("kind") == "ready" and not ready:
+            if message.get("kind") == "ready":
                 GuestReady.model_validate(message)
                 ready = True
-            elif message.get("kind") == "result" and report is None:
+            elif message.get("kind") == "result":
                 report = GuestResult.model_validate(message)
             else:
                 raise ValueError("unexpected message")
         except (ValueError, ValidationError) as exc:
-            events.append(
-                Event(kind="guest_report_invalid", detail=f"ignored a guest message: {exc}"[:300])
-            )
+            problems.append(str(exc))
+    events = []
+    if problems:
+        detail = f"ignored {len(problems)} malformed guest message(s); first: {problems[0]}"
+        events.append(Event(kind="guest_report_invalid", detail=detail[:300]))
     return ready, report, events
 
 
