@@ -198,7 +198,7 @@ def test_messages_the_code_writes_to_the_control_socket_are_bounded_and_overridd
 ) -> None:
     code = (
         "import os\n"
-        'forged = b\'{"v":1,"kind":"result","return_value":"forged"}\\n\'\n'
+        'forged = b\'{"v":1,"kind":"result","pid":2,"return_value":"forged"}\\n\'\n'
         "os.write(3, forged)\n"
         "for _ in range(200):\n"
         "    os.write(3, b'garbage' * 1000 + b'\\n')\n"
@@ -208,3 +208,11 @@ def test_messages_the_code_writes_to_the_control_socket_are_bounded_and_overridd
     assert r.status == "ok"
     assert r.return_value == "real"
     assert [e.kind for e in r.events] == ["guest_report_invalid"]
+
+
+def test_a_forked_childs_report_does_not_replace_the_main_processs(sandbox: Sandbox) -> None:
+    # The child falls off the end of the code too, and reports through the same socket.
+    r = sandbox.run(
+        "import os\npid = os.fork()\nif pid: os.waitpid(pid, 0)\n'parent' if pid else 'child'"
+    )
+    assert (r.status, r.return_value) == ("ok", "parent")

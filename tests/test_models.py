@@ -81,4 +81,4 @@ def test_the_host_accepts_the_result_the_guest_writes() -> None:
 def test_a_guest_report_with_too_many_events_is_refused() -> None:
     events = [{"kind": "network_denied", "detail": "x"}] * 51
     with pytest.raises(ValidationError):
-        GuestResult.model_validate({"v": 1, "kind": "result", "events": events})
+        GuestResult.model_validate({"v": 1, "kind": "result", "pid": 2, "events": events})

@@ -313,7 +313,8 @@ def _render_info(report: HostInfo) -> None:
         out.print(f" {mark} {layer.name:<11} {layer.mechanism} — {layer.detail}")
     out.print("default limits (override per run; see `codecage run --help`):")
     for name, value in report.default_limits.model_dump().items():
-        out.print(f"   {name:<18} {value}")
+        source = report.limit_sources.get(name, "default")
+        out.print(f"   {name:<18} {value!s:<10} ({source})")
     out.print(
         f"ceilings: memory_mb ≤ {report.ceilings.memory_mb}, timeout ≤ {report.ceilings.timeout:g}"
     )

@@ -441,9 +441,12 @@ def _parse_control(seen: Observation) -> tuple[bool, GuestResult | None, list[Ev
     """The guest's messages, validated. Anything malformed is noted once, never trusted.
 
     The bootstrap sends its result after the user's code has finished, so the *last* valid
-    result wins: whatever the code itself wrote to the control socket earlier is overridden.
+    result of the main process (the pid it announced as ready, before any user code ran)
+    wins: what the code wrote to the control socket earlier, and the reports of processes
+    it forked (they return through the bootstrap too), are overridden or ignored.
     """
     ready = False
+    main_pid: int | None = None
     report: GuestResult | None = None
     problems: list[str] = []
     if seen.control.truncated:
@@ -453,11 +456,13 @@ def _parse_control(seen: Observation) -> tuple[bool, GuestResult | None, list[Ev
             continue
         try:
             message: dict[str, Any] = json.loads(line)
-            if message.get("kind") == "ready":
-                GuestReady.model_validate(message)
+            if message.get("kind") == "ready" and not ready:
+                main_pid = GuestReady.model_validate(message).pid
                 ready = True
             elif message.get("kind") == "result":
-                report = GuestResult.model_validate(message)
+                candidate = GuestResult.model_validate(message)
+                if candidate.pid == main_pid:
+                    report = candidate
             else:
                 raise ValueError("unexpected message")
         except (ValueError, ValidationError) as exc:

@@ -219,6 +219,9 @@ class HostInfo(_Model):
     python: str = Field(description="Interpreter that runs inside the sandbox.")
     layers: list[LayerStatus]
     default_limits: Limits
+    limit_sources: dict[str, str] = Field(
+        description="Where each default came from: 'default', 'env CODECAGE_…', or the caller."
+    )
     ceilings: Ceilings
 
 
@@ -290,6 +293,7 @@ class GuestResult(_Model):
 
     v: Literal[1]
     kind: Literal["result"]
+    pid: int = Field(description="pid (inside the sandbox) of the process that reported.")
     return_value: Any = None
     error: ErrorInfo | None = None
     events: Annotated[list[GuestEvent], Field(max_length=50)] = []

@@ -6,13 +6,16 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from codecage import engine, selftest
+from codecage import workspace as workspaces
 from codecage.backends.base import Backend, load_backend
 from codecage.backends.bwrap import BwrapBackend, bwrap_version
 from codecage.errors import ConfigError, HostError
@@ -52,7 +55,10 @@ class Sandbox:
         allow_degraded: bool = False,
         selftest: bool = True,
     ) -> None:
-        self.limits = limits or Limits()
+        env_limits, self.limit_sources = limits_from_env(os.environ)
+        self.limits = limits or env_limits
+        if limits is not None:
+            self.limit_sources = dict.fromkeys(Limits.model_fields, "Sandbox(limits=...)")
         self.backend: Backend = load_backend(backend)
         self.allow_degraded = allow_degraded
         self._selftest = selftest
@@ -115,7 +121,12 @@ class Sandbox:
 
     def info(self) -> HostInfo:
         """What this host provides: backend, layers really in force, defaults, ceilings."""
-        layers: list[LayerStatus] = [*self.backend.probe(), seccomp.probe(), *cgroups.probe()]
+        layers: list[LayerStatus] = [
+            *self.backend.probe(),
+            seccomp.probe(),
+            *cgroups.probe(),
+            workspaces.probe(),
+        ]
         interpreter = rootfs.find_interpreter()
         return HostInfo(
             version=_version(),
@@ -124,6 +135,7 @@ class Sandbox:
             python=f"{interpreter.executable} ({interpreter.version})",
             layers=layers,
             default_limits=self.limits,
+            limit_sources=self.limit_sources,
             ceilings=engine.ceilings(),
         )
 
@@ -175,6 +187,30 @@ class Sandbox:
                     _write_cached(key, report)
             _selftest_memo[key] = report
             return report
+
+
+def limits_from_env(environ: Mapping[str, str]) -> tuple[Limits, dict[str, str]]:
+    """Default limits with `CODECAGE_<FIELD>` variables applied, and where each value came from.
+
+    Raises:
+        ConfigError: a variable holds a value the limit does not accept.
+    """
+    overrides: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for name in Limits.model_fields:
+        key = f"CODECAGE_{name.upper()}"
+        if key in environ:
+            overrides[name] = environ[key]
+            sources[name] = f"env {key}"
+        else:
+            sources[name] = "default"
+    try:
+        return Limits().merged(overrides), sources
+    except ValidationError as exc:
+        raise ConfigError(
+            _describe_validation(exc),
+            hint="fix or unset the CODECAGE_* variable; `codecage info` lists the bounds",
+        ) from exc
 
 
 def _cache_file(key: str) -> Path:

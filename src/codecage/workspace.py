@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from codecage.errors import ConfigError, HostError, SandboxError
-from codecage.models import FileInfo
+from codecage.models import FileInfo, LayerStatus
 from codecage.output import neutralise_text
 
 __all__ = [
@@ -175,6 +175,23 @@ def _has_cap_sys_admin() -> bool:
 
 
 @functools.cache
+def probe() -> LayerStatus:
+    """Whether the workspace size limit (workspace_mb) is enforced on this host."""
+    if can_mount_tmpfs():
+        return LayerStatus(
+            name="workspace",
+            active=True,
+            mechanism="size- and inode-limited tmpfs per run",
+            detail="workspace_mb bounds the fresh workspace; a --workspace DIR has no quota",
+        )
+    return LayerStatus(
+        name="workspace",
+        active=False,
+        mechanism="plain directory",
+        detail="cannot mount a tmpfs here (not root): only max_file_size_mb bounds each file",
+    )
+
+
 def can_mount_tmpfs() -> bool:
     """True when this process can mount a tmpfs (root, or CAP_SYS_ADMIN over its mount
     namespace). Proven once by mounting and unmounting a 1 MiB tmpfs in a fresh temp dir,

@@ -158,6 +158,9 @@ def _run_user_code(request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     finally:
         _flush_std_streams()
     report["events"] = _events[:MAX_EVENTS]
+    # A process the code forked also ends up here; the pid tells the host which report is
+    # the main process's (the one whose exit it observes).
+    report["pid"] = os.getpid()
     return exit_code, report
 
 
