@@ -47,7 +47,8 @@ def test_run_json_exits_1_when_the_code_fails() -> None:
 
 
 def test_human_mode_prints_program_output_then_a_summary_on_stderr() -> None:
-    p = cli("run", "--code", "print('out'); import sys; print('err', file=sys.stderr)")
+    code = "print('out'); import sys; print('err', file=sys.stderr)"
+    p = cli("run", "--code", code, "--allow-import", "sys")
     assert p.returncode == 0
     assert p.stdout == "out\n"
     assert "err" in p.stderr
@@ -130,3 +131,15 @@ def test_every_command_has_help_with_an_example() -> None:
         p = cli(command, "--help")
         assert p.returncode == 0
         assert "codecage " + command in p.stdout  # the example
+
+
+def test_profile_flags_gate_imports_with_exit_1_and_an_event() -> None:
+    refused = cli("run", "--code", "import os", "--json")
+    assert refused.returncode == 1
+    result = json.loads(refused.stdout)
+    assert result["error"]["type"] == "ImportError"
+    assert [e["kind"] for e in result["events"]] == ["import_blocked"]
+    assert cli("run", "--code", "import os", "--allow-import", "os,sys").returncode == 0
+    assert cli("run", "--code", "import pathlib", "--profile", "filesystem").returncode == 0
+    assert cli("run", "--code", "import os", "--no-import-policy").returncode == 0
+    assert cli("run", "--code", "1", "--profile", "nope").returncode == 2

@@ -100,6 +100,22 @@ BackendOpt = Annotated[
     str,
     typer.Option("--backend", help="Isolation backend: auto or bwrap.", envvar="CODECAGE_BACKEND"),
 ]
+ProfileOpt = Annotated[
+    str,
+    typer.Option(
+        "--profile",
+        help="Capability profile(s) for imports, comma-separated: basic, data_science, "
+        "filesystem, network.",
+        envvar="CODECAGE_PROFILE",
+    ),
+]
+AllowImportOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--allow-import",
+        help="Also allow importing this module (repeat, or separate with commas).",
+    ),
+]
 VerboseOpt = Annotated[
     bool, typer.Option("--verbose", "-v", help="Log what codecage does, with tracebacks.")
 ]
@@ -136,6 +152,21 @@ def run(
     raw: Annotated[
         bool, typer.Option("--raw", help="Print the program's output bytes unescaped.")
     ] = False,
+    profile: ProfileOpt = "basic",
+    allow_import: AllowImportOpt = None,
+    replace_imports: Annotated[
+        bool,
+        typer.Option(
+            "--replace-imports", help="--allow-import replaces the profile's modules instead."
+        ),
+    ] = False,
+    no_import_policy: Annotated[
+        bool,
+        typer.Option(
+            "--no-import-policy",
+            help="Turn the import policy off; the OS sandbox still holds (it is the boundary).",
+        ),
+    ] = False,
     allow_degraded: DegradedOpt = False,
     backend: BackendOpt = "auto",
     verbose: VerboseOpt = False,
@@ -164,7 +195,14 @@ def run(
     }
     try:
         text, filename = _read_code(source, code, file)
-        sandbox = Sandbox(backend=backend, allow_degraded=allow_degraded)
+        sandbox = Sandbox(
+            backend=backend,
+            allow_degraded=allow_degraded,
+            profile=profile,
+            allowed_imports=[m for item in allow_import or [] for m in item.split(",") if m],
+            replace_imports=replace_imports,
+            import_policy=not no_import_policy,
+        )
         with _progress("starting the sandbox", enabled=not as_json):
             result = sandbox.run(text, limits=overrides, filename=filename, workspace=workspace)
     except CodecageError as exc:

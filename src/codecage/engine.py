@@ -44,6 +44,7 @@ from codecage.models import (
     Usage,
 )
 from codecage.output import neutralise, neutralise_text
+from codecage.profiles import ImportPolicy
 from codecage.supervise import Observation, supervise
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ class RunRequest:
     limits: Limits
     workspace_dir: Path | None = None  # a host dir to mount instead of a fresh one
     degraded: tuple[str, ...] = ()  # layers known missing (only with allow_degraded)
+    policy: ImportPolicy | None = None  # None: no import policy (the OS layers still hold)
 
 
 def ceilings() -> Ceilings:
@@ -158,6 +160,8 @@ def execute(request: RunRequest, backend: Backend) -> ExecutionResult:
             filename=request.filename,
             limits=cgroups.guest_limits(limits, by_cgroup=cgroup is not None),
             return_value_max_bytes=RETURN_VALUE_MAX_BYTES,
+            profile=request.policy.profile if request.policy else "",
+            allowed_modules=sorted(request.policy.modules) if request.policy else None,
         )
         seen = supervise(
             proc,

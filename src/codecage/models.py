@@ -270,6 +270,10 @@ class GuestRequest(_Model):
     filename: str
     limits: GuestLimits
     return_value_max_bytes: int
+    profile: str = Field("", description="Profile name(s), for messages.")
+    allowed_modules: list[str] | None = Field(
+        None, description="Modules the user's code may import; None = no import policy."
+    )
 
 
 class GuestReady(_Model):
@@ -280,7 +284,9 @@ class GuestReady(_Model):
     pid: int
 
 
-GuestEventKind = Literal["syscall_blocked", "network_denied", "return_value_truncated"]
+GuestEventKind = Literal[
+    "syscall_blocked", "network_denied", "return_value_truncated", "import_blocked"
+]
 
 
 class GuestEvent(_Model):

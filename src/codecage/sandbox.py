@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from codecage import engine, selftest
+from codecage import engine, profiles, selftest
 from codecage import workspace as workspaces
 from codecage.backends.base import Backend, load_backend
 from codecage.backends.bwrap import BwrapBackend, bwrap_version
@@ -22,6 +22,7 @@ from codecage.errors import ConfigError, HostError
 from codecage.isolation import limits as cgroups
 from codecage.isolation import rootfs, seccomp
 from codecage.models import DoctorReport, ExecutionResult, HostInfo, LayerStatus, Limits
+from codecage.profiles import ImportPolicy
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,10 @@ class Sandbox:
         backend: "auto" (the strongest available) or a backend name ("bwrap").
         allow_degraded: run even when the self-test finds a promised layer missing; each
             result then carries a `degraded_isolation` event naming the missing layer.
+        profile: capability profile(s) for imports, e.g. "basic" or "data_science,filesystem".
+        allowed_imports: modules added to the profile's set (or replacing it, see below).
+        replace_imports: `allowed_imports` replaces the profile's set instead of extending it.
+        import_policy: False turns the import policy off (the OS layers still hold).
         selftest: run the self-test before the first run (cached per boot); turning it off
             is for codecage's own tests of the self-test, not for production.
     """
@@ -54,6 +59,10 @@ class Sandbox:
         backend: str = "auto",
         allow_degraded: bool = False,
         selftest: bool = True,
+        profile: str = "basic",
+        allowed_imports: tuple[str, ...] | list[str] = (),
+        replace_imports: bool = False,
+        import_policy: bool = True,
     ) -> None:
         env_limits, self.limit_sources = limits_from_env(os.environ)
         self.limits = limits or env_limits
@@ -62,6 +71,13 @@ class Sandbox:
         self.backend: Backend = load_backend(backend)
         self.allow_degraded = allow_degraded
         self._selftest = selftest
+        self.policy: ImportPolicy | None = (
+            profiles.resolve(
+                profile.split(","), allowed_imports=allowed_imports, replace=replace_imports
+            )
+            if import_policy
+            else None
+        )
         if not _swept.is_set():  # once per process: leftovers of killed codecage processes
             _swept.set()
             engine.sweep_stale_runs()
@@ -97,6 +113,7 @@ class Sandbox:
             limits=self._limits_for(limits),
             workspace_dir=Path(workspace) if workspace is not None else None,
             degraded=self._missing_layers(),
+            policy=self.policy,
         )
         return engine.execute(request, self.backend)
 

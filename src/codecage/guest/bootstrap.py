@@ -42,6 +42,8 @@ def main(argv: list[str]) -> int:
     request = _receive(control)
     _apply_limits(request["limits"])
     sys.addaudithook(_audit)
+    if request.get("allowed_modules") is not None:
+        _install_import_policy(request["allowed_modules"], str(request.get("profile", "")))
     exit_code, report = _run_user_code(request)
     _send(control, report)
     return exit_code
@@ -133,6 +135,63 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
                     "detail": f"socket({name}) attempted: the sandbox has no network",
                 }
             )
+
+
+_TRUSTED_PREFIXES = ("/opt/python/", "/opt/codecage/", "<frozen ")
+
+
+def _install_import_policy(allowed: list[str], profile: str) -> None:
+    """Refuse imports *made by the user's code* of modules outside the profile.
+
+    Imports made by library code (the stdlib, allowed packages) go through untouched, so
+    an allowed module keeps its own internal imports. Policy, not a boundary: see the docs.
+    """
+    import builtins
+
+    modules = frozenset(allowed)
+    original_import = builtins.__import__
+
+    def guarded_import(
+        name: str,
+        globals: Any = None,
+        locals: Any = None,
+        fromlist: Any = (),
+        level: int = 0,
+    ) -> Any:
+        if level == 0 and _imported_by_user_code():
+            wanted = [name]
+            if fromlist and not _allowed(name, modules):
+                wanted = [f"{name}.{item}" for item in fromlist if item != "*"] or [name]
+            for dotted in wanted:
+                if not _allowed(dotted, modules):
+                    _refuse(dotted, profile)
+        return original_import(name, globals, locals, fromlist, level)
+
+    builtins.__import__ = guarded_import
+
+
+def _imported_by_user_code() -> bool:
+    filename = sys._getframe(2).f_code.co_filename
+    return not filename.startswith(_TRUSTED_PREFIXES)
+
+
+def _allowed(dotted: str, modules: frozenset[str]) -> bool:
+    for entry in modules:
+        if dotted == entry or dotted.startswith(entry + ".") or entry.startswith(dotted + "."):
+            return True
+    return False
+
+
+def _refuse(dotted: str, profile: str) -> None:
+    if len(_events) < MAX_EVENTS:
+        _events.append({"kind": "import_blocked", "detail": f"{dotted} (profile {profile})"})
+    top = dotted.split(".")[0]
+    raise ImportError(
+        f"import of {dotted!r} is not allowed by the profile {profile!r}; to allow it, pass "
+        f"--allow-import {top} (library: allowed_imports=[{top!r}]) or choose a profile "
+        "that has it (`codecage info` lists them)",
+        name=dotted,
+    )
 
 
 # --- running the code ---------------------------------------------------------------------

@@ -1,0 +1,92 @@
+"""Capability profiles and the import policy (a policy layer, not the boundary)."""
+
+from __future__ import annotations
+
+import pytest
+
+from codecage import ConfigError, Sandbox
+from codecage.profiles import BUILTIN_PROFILES, module_allowed, resolve
+
+
+@pytest.fixture(scope="module")
+def basic() -> Sandbox:
+    return Sandbox(profile="basic")
+
+
+def test_the_basic_profile_allows_the_curated_stdlib(basic: Sandbox) -> None:
+    code = (
+        "import math, statistics, json, csv, re, datetime, zoneinfo, hashlib, base64, uuid\n"
+        "import collections, itertools, functools, decimal, fractions, asyncio\n"
+        "import xml.etree.ElementTree as ET, urllib.parse, html.parser\n"
+        "round(statistics.mean([1, 2, 4]), 3)"
+    )
+    r = basic.run(code)
+    assert (r.status, r.return_value) == ("ok", 2.333), r.error
+
+
+@pytest.mark.parametrize("module", ["os", "socket", "subprocess", "ctypes", "sys", "importlib"])
+def test_an_import_outside_the_profile_is_refused_with_an_actionable_message(
+    basic: Sandbox, module: str
+) -> None:
+    r = basic.run(f"import {module}")
+    assert r.status == "error"
+    assert r.error is not None and r.error.type == "ImportError"
+    assert repr(module) in r.error.message and "'basic'" in r.error.message
+    assert f"--allow-import {module}" in r.error.message
+    assert [e.kind for e in r.events] == ["import_blocked"]
+
+
+def test_imports_hidden_in_exec_or_functions_are_refused_too(basic: Sandbox) -> None:
+    assert basic.run("exec('import os')").status == "error"
+    assert basic.run("def f():\n    from os import path\nf()").status == "error"
+    assert basic.run("__import__('socket')").status == "error"
+
+
+def test_allowed_modules_keep_their_own_internal_imports(basic: Sandbox) -> None:
+    # asyncio, json, zoneinfo and uuid import os, socket, sys, ... internally.
+    code = (
+        "import asyncio, zoneinfo, uuid\n"
+        "async def main():\n    await asyncio.sleep(0)\n    return str(zoneinfo.ZoneInfo('UTC'))\n"
+        "await main()"
+    )
+    r = basic.run(code)
+    assert (r.status, r.return_value) == ("ok", "UTC"), r.error
+
+
+def test_allowed_imports_extend_and_can_replace_the_profile() -> None:
+    r = Sandbox(allowed_imports=["os"]).run("import os, json\nos.getcwd()")
+    assert (r.status, r.return_value) == ("ok", "/workspace")
+    only = Sandbox(allowed_imports=["json"], replace_imports=True)
+    assert only.run("import json").status == "ok"
+    assert only.run("import math").status == "error"
+
+
+def test_profiles_combine() -> None:
+    r = Sandbox(profile="filesystem,basic").run("import pathlib, shutil, statistics\n1")
+    assert r.status == "ok", r.error
+
+
+def test_unknown_profiles_and_bad_module_names_are_refused_before_anything_runs() -> None:
+    with pytest.raises(ConfigError) as info:
+        Sandbox(profile="everything")
+    assert "basic" in info.value.hint
+    with pytest.raises(ConfigError):
+        Sandbox(allowed_imports=["os; rm -rf /"])
+
+
+def test_the_policy_is_not_the_boundary_the_os_still_holds() -> None:
+    """With the policy defeated (off), the OS layers still refuse: see tests/containment."""
+    r = Sandbox(import_policy=False).run(
+        "import socket\ntry:\n    socket.socket()\n    outcome = 'created'\n"
+        "except PermissionError:\n    outcome = 'refused'\noutcome"
+    )
+    assert r.return_value == "refused"
+
+
+@pytest.mark.parametrize(
+    ("dotted", "allowed"),
+    [("xml.etree.ElementTree", True), ("xml", True), ("xml.dom", False), ("os.path", False)],
+)
+def test_dotted_prefixes_allow_submodules_and_parents_only(dotted: str, allowed: bool) -> None:
+    assert module_allowed(dotted, BUILTIN_PROFILES["basic"]) is allowed
+    assert resolve(["basic"]).allows(dotted) is allowed
