@@ -90,3 +90,13 @@ def test_the_policy_is_not_the_boundary_the_os_still_holds() -> None:
 def test_dotted_prefixes_allow_submodules_and_parents_only(dotted: str, allowed: bool) -> None:
     assert module_allowed(dotted, BUILTIN_PROFILES["basic"]) is allowed
     assert resolve(["basic"]).allows(dotted) is allowed
+
+
+def test_info_lists_the_profiles_and_says_what_is_not_importable() -> None:
+    report = Sandbox().info()
+    assert report.import_policy == "basic"
+    by_name = {p.name: p for p in report.profiles}
+    assert set(by_name) == {"basic", "data_science", "filesystem", "network"}
+    assert by_name["basic"].default and "json" in by_name["basic"].modules
+    assert by_name["data_science"].packages_importable["numpy"] is False  # not in the sandbox yet
+    assert Sandbox(import_policy=False).info().import_policy is None

@@ -356,6 +356,12 @@ def _render_info(report: HostInfo) -> None:
     out.print(
         f"ceilings: memory_mb ≤ {report.ceilings.memory_mb}, timeout ≤ {report.ceilings.timeout:g}"
     )
+    out.print(f"import policy: {report.import_policy or 'off'} (profiles, choose with --profile):")
+    for profile in report.profiles:
+        missing = [name for name, ok in profile.packages_importable.items() if not ok]
+        note = f" (not importable yet: {', '.join(missing)})" if missing else ""
+        mark = "*" if profile.default else " "
+        out.print(f" {mark} {profile.name:<13} {profile.description}{note}")
 
 
 def _render_doctor(report: DoctorReport) -> None:

@@ -210,6 +210,18 @@ class Ceilings(_Model):
     timeout: float
 
 
+class ProfileInfo(_Model):
+    """One capability profile as `info` reports it."""
+
+    name: str
+    description: str
+    modules: list[str] = Field(description="Dotted module prefixes the code may import.")
+    packages_importable: dict[str, bool] = Field(
+        description="Third-party packages of the profile and whether the sandbox can import them."
+    )
+    default: bool = Field(description="Whether runs use this profile when none is given.")
+
+
 class HostInfo(_Model):
     """What `codecage info` reports: backend, mechanisms in force, defaults and ceilings."""
 
@@ -221,6 +233,10 @@ class HostInfo(_Model):
     default_limits: Limits
     limit_sources: dict[str, str] = Field(
         description="Where each default came from: 'default', 'env CODECAGE_…', or the caller."
+    )
+    profiles: list[ProfileInfo] = Field(description="Capability profiles (import policy).")
+    import_policy: str | None = Field(
+        description="The profile(s) this Sandbox applies; None when the import policy is off."
     )
     ceilings: Ceilings
 

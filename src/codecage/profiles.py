@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from codecage.errors import ConfigError
+from codecage.models import ProfileInfo
 
 RUNTIME_MODULES = frozenset({"codecage", "codecage.runtime"})
 """The guest's own helpers, importable under every profile."""
@@ -64,7 +65,7 @@ BUILTIN_PROFILES: dict[str, frozenset[str]] = {
 
 PROFILE_DESCRIPTIONS: dict[str, str] = {
     "basic": "a curated safe stdlib set: maths, text, data formats, dates, hashing, asyncio",
-    "data_science": "basic + numpy, pandas, scipy, matplotlib and friends (where installed)",
+    "data_science": "basic + numpy, pandas, scipy, matplotlib and friends",
     "filesystem": "basic + pathlib, os.path, shutil, glob, archives (still confined to "
     "/workspace and /tmp by the OS)",
     "network": "basic + urllib.request, http.client, socket, httpx/requests; only useful "
@@ -138,3 +139,17 @@ def importable(modules: Iterable[str]) -> dict[str, bool]:
     """
     tops = {m.split(".")[0] for m in modules} & {m.split(".")[0] for m in _DATA_SCIENCE}
     return dict.fromkeys(sorted(tops), False)
+
+
+def describe(default: str = "basic") -> list[ProfileInfo]:
+    """Every built-in profile, for `info`."""
+    return [
+        ProfileInfo(
+            name=name,
+            description=PROFILE_DESCRIPTIONS[name],
+            modules=sorted(modules),
+            packages_importable=importable(modules),
+            default=name == default,
+        )
+        for name, modules in BUILTIN_PROFILES.items()
+    ]

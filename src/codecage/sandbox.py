@@ -153,6 +153,8 @@ class Sandbox:
             layers=layers,
             default_limits=self.limits,
             limit_sources=self.limit_sources,
+            profiles=profiles.describe(),
+            import_policy=self.policy.profile if self.policy else None,
             ceilings=engine.ceilings(),
         )
 
