@@ -127,7 +127,7 @@ def test_doctor_passes_every_layer_on_this_host() -> None:
 
 
 def test_every_command_has_help_with_an_example() -> None:
-    for command in ("run", "info", "doctor"):
+    for command in ("run", "validate", "info", "doctor"):
         p = cli(command, "--help")
         assert p.returncode == 0
         assert "codecage " + command in p.stdout  # the example
@@ -143,3 +143,19 @@ def test_profile_flags_gate_imports_with_exit_1_and_an_event() -> None:
     assert cli("run", "--code", "import pathlib", "--profile", "filesystem").returncode == 0
     assert cli("run", "--code", "import os", "--no-import-policy").returncode == 0
     assert cli("run", "--code", "1", "--profile", "nope").returncode == 2
+
+
+def test_validate_reports_findings_without_running_and_exits_by_verdict(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    code = f"import base64\nexec(base64.b64decode('eA=='))\nopen({str(marker)!r}, 'w')"
+    p = cli("validate", "--code", code, "--json")
+    assert p.returncode == 0, p.stderr  # valid: security findings alone do not refuse
+    report = json.loads(p.stdout)
+    assert "CC107" in {f["rule_id"] for f in report["findings"]}
+    assert not marker.exists()  # never executed
+    assert cli("validate", "--code", code, "--strict").returncode == 1
+    assert cli("validate", "--code", "import os").returncode == 1
+    assert cli("validate", "--code", "import os", "--allow-import", "os").returncode == 0
+    syntax = json.loads(cli("validate", "--code", "x = (", "--json").stdout)
+    assert syntax["valid"] is False and syntax["findings"][0]["line"] == 1
+    assert "ERROR" not in cli("validate", "--code", "1").stderr

@@ -16,6 +16,8 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 
+from codecage import profiles
+from codecage import validate as validation
 from codecage.errors import CodecageError, ConfigError
 from codecage.models import DoctorReport, ExecutionResult, HostInfo, Limits
 from codecage.output import neutralise_text
@@ -215,6 +217,50 @@ def run(
 
 
 @app.command()
+def validate(
+    source: Annotated[
+        str | None, typer.Argument(help="'-' to read the code from stdin.", show_default=False)
+    ] = None,
+    code: Annotated[str | None, typer.Option("--code", "-c", help="The code to check.")] = None,
+    file: Annotated[
+        Path | None, typer.Option("--file", "-f", help="A Python file to check.", dir_okay=False)
+    ] = None,
+    profile: ProfileOpt = "basic",
+    allow_import: AllowImportOpt = None,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="A high-severity security finding makes it invalid.")
+    ] = False,
+    as_json: JsonOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Check code without running it: syntax, imports outside the profile, security findings.
+
+    Exit 0 when the code would run under the profile, 1 when it would be refused.
+
+    Examples:
+
+        codecage validate --code 'import os; os.system("ls")'
+
+        codecage validate --file job.py --profile filesystem --json
+    """
+    _configure_logging(verbose)
+    try:
+        text, _ = _read_code(source, code, file)
+        extra = [m for item in allow_import or [] for m in item.split(",") if m]
+        policy = profiles.resolve(profile.split(","), allowed_imports=extra)
+    except CodecageError as exc:
+        _fail(exc, as_json=as_json, verbose=verbose)
+    report = validation.validate(
+        text, allowed_modules=policy.modules, profile_name=policy.profile, strict=strict
+    )
+    if as_json:
+        _print_json(report.model_dump(mode="json"))
+    else:
+        _render_validation(report)
+    raise typer.Exit(0 if report.valid else 1)
+
+
+@app.command()
 def info(
     as_json: JsonOpt = False, backend: BackendOpt = "auto", verbose: VerboseOpt = False
 ) -> None:
@@ -342,6 +388,26 @@ def _summary(result: ExecutionResult) -> str:
     return "codecage: " + " · ".join(parts)
 
 
+def _render_validation(report: validation.ValidationReport) -> None:
+    out = Console(highlight=False, soft_wrap=True)
+    for finding in report.findings:
+        where = f"{finding.line}:{finding.col}" if finding.line else "-"
+        out.print(
+            f"{where:>7} {finding.severity:<6} {finding.rule_id:<6} {finding.message}",
+            markup=False,
+        )
+    a = report.analysis
+    out.print(
+        f"{a.lines} lines · {a.functions} functions · {a.loops} loops · "
+        f"nesting {a.max_nesting_depth} · complexity {a.complexity}",
+        markup=False,
+    )
+    for tip in a.recommendations:
+        out.print(f"tip: {tip}", markup=False)
+    verdict = "[green]valid[/green]" if report.valid else "[red]invalid[/red]"
+    out.print(f"{verdict}: {report.message}")
+
+
 def _render_info(report: HostInfo) -> None:
     out = Console(highlight=False, soft_wrap=True)
     out.print(f"codecage {report.version} · backend [bold]{report.backend}[/bold]")
@@ -420,6 +486,8 @@ def _configure_logging(verbose: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_FieldsFormatter())
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, handlers=[handler])
+    # bandit's plugin loader logs an ERROR for every optional formatter it cannot load.
+    logging.getLogger("stevedore").setLevel(logging.CRITICAL)
 
 
 def main() -> None:
