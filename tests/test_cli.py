@@ -159,3 +159,9 @@ def test_validate_reports_findings_without_running_and_exits_by_verdict(tmp_path
     syntax = json.loads(cli("validate", "--code", "x = (", "--json").stdout)
     assert syntax["valid"] is False and syntax["findings"][0]["line"] == 1
     assert "ERROR" not in cli("validate", "--code", "1").stderr
+
+
+def test_run_strict_exits_1_with_a_blocked_result() -> None:
+    p = cli("run", "--strict", "--json", "--code", "exec(''.join(map(chr, [112, 40, 41])))")
+    assert p.returncode == 1
+    assert json.loads(p.stdout)["status"] == "blocked"

@@ -100,3 +100,14 @@ def test_info_lists_the_profiles_and_says_what_is_not_importable() -> None:
     assert by_name["basic"].default and "json" in by_name["basic"].modules
     assert by_name["data_science"].packages_importable["numpy"] is False  # not in the sandbox yet
     assert Sandbox(import_policy=False).info().import_policy is None
+
+
+def test_strict_runs_refuse_before_running_with_status_blocked() -> None:
+    sandbox = Sandbox()
+    r = sandbox.run("import base64\nexec(base64.b64decode('cHJpbnQoMSk='))", strict=True)
+    assert r.status == "blocked" and r.stdout == ""
+    assert r.error is not None and "CC107" in r.error.traceback
+    assert {e.kind for e in r.events} == {"validation_finding"}
+    assert sandbox.run("import os", strict=True).status == "blocked"
+    clean = sandbox.run("import statistics\nstatistics.median([3, 1, 2])", strict=True)
+    assert (clean.status, clean.return_value) == ("ok", 2)

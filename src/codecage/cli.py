@@ -169,6 +169,14 @@ def run(
             help="Turn the import policy off; the OS sandbox still holds (it is the boundary).",
         ),
     ] = False,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict",
+            help="Validate first; refuse (status blocked) on a syntax error, a disallowed "
+            "import or a high-severity finding.",
+        ),
+    ] = False,
     allow_degraded: DegradedOpt = False,
     backend: BackendOpt = "auto",
     verbose: VerboseOpt = False,
@@ -206,7 +214,9 @@ def run(
             import_policy=not no_import_policy,
         )
         with _progress("starting the sandbox", enabled=not as_json):
-            result = sandbox.run(text, limits=overrides, filename=filename, workspace=workspace)
+            result = sandbox.run(
+                text, limits=overrides, filename=filename, workspace=workspace, strict=strict
+            )
     except CodecageError as exc:
         _fail(exc, as_json=as_json, verbose=verbose)
     if as_json:

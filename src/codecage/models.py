@@ -23,6 +23,7 @@ EventKind = Literal[
     "return_value_truncated",
     "guest_report_invalid",
     "degraded_isolation",
+    "validation_finding",
 ]
 """Things worth knowing that happened during a run (see docs/security-model.md)."""
 

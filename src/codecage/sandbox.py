@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import threading
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,13 +16,23 @@ from typing import Any
 from pydantic import ValidationError
 
 from codecage import engine, profiles, selftest
+from codecage import validate as validation
 from codecage import workspace as workspaces
 from codecage.backends.base import Backend, load_backend
 from codecage.backends.bwrap import BwrapBackend, bwrap_version
 from codecage.errors import ConfigError, HostError
 from codecage.isolation import limits as cgroups
 from codecage.isolation import rootfs, seccomp
-from codecage.models import DoctorReport, ExecutionResult, HostInfo, LayerStatus, Limits
+from codecage.models import (
+    DoctorReport,
+    ErrorInfo,
+    Event,
+    ExecutionResult,
+    HostInfo,
+    LayerStatus,
+    Limits,
+    Usage,
+)
 from codecage.profiles import ImportPolicy
 
 log = logging.getLogger(__name__)
@@ -89,6 +100,7 @@ class Sandbox:
         limits: Limits | dict[str, Any] | None = None,
         filename: str = "main.py",
         workspace: str | Path | None = None,
+        strict: bool = False,
     ) -> ExecutionResult:
         """Run `code` in a new sandbox and return how it went.
 
@@ -107,10 +119,15 @@ class Sandbox:
             HostError: the host cannot provide the isolation (see `doctor()`).
             SandboxError: the sandbox itself failed.
         """
+        run_limits = self._limits_for(limits)
+        if strict:
+            blocked = self._blocked_by_validation(code, run_limits)
+            if blocked is not None:
+                return blocked
         request = engine.RunRequest(
             code=code,
             filename=filename,
-            limits=self._limits_for(limits),
+            limits=run_limits,
             workspace_dir=Path(workspace) if workspace is not None else None,
             degraded=self._missing_layers(),
             policy=self.policy,
@@ -124,6 +141,7 @@ class Sandbox:
         limits: Limits | dict[str, Any] | None = None,
         filename: str = "main.py",
         workspace: str | Path | None = None,
+        strict: bool = False,
     ) -> ExecutionResult:
         """`run()` for asyncio callers: the run happens in a worker thread.
 
@@ -133,7 +151,7 @@ class Sandbox:
             SandboxError: the sandbox itself failed.
         """
         return await asyncio.to_thread(
-            self.run, code, limits=limits, filename=filename, workspace=workspace
+            self.run, code, limits=limits, filename=filename, workspace=workspace, strict=strict
         )
 
     def info(self) -> HostInfo:
@@ -176,6 +194,41 @@ class Sandbox:
             return self.limits.merged(limits or {})
         except ValidationError as exc:
             raise ConfigError(_describe_validation(exc)) from exc
+
+    def _blocked_by_validation(self, code: str, limits: Limits) -> ExecutionResult | None:
+        report = validation.validate(
+            code,
+            allowed_modules=self.policy.modules if self.policy else None,
+            profile_name=self.policy.profile if self.policy else "none",
+            strict=True,
+        )
+        if report.valid:
+            return None
+        refusing = [f for f in report.findings if f.severity == "high"] or report.findings
+        listing = "\n".join(f"line {f.line}:{f.col} {f.rule_id} {f.message}" for f in refusing[:50])
+        return ExecutionResult(
+            execution_id=uuid.uuid4().hex,
+            status="blocked",
+            exit_code=None,
+            signal=None,
+            stdout="",
+            stderr="",
+            stdout_truncated=False,
+            stderr_truncated=False,
+            return_value=None,
+            error=ErrorInfo(type="ValidationError", message=report.message, traceback=listing),
+            files=[],
+            usage=Usage(wall_ms=0, cpu_ms=None, peak_memory_mb=None),
+            limits=limits,
+            events=[
+                Event(
+                    kind="validation_finding",
+                    detail=f"{f.rule_id} {f.severity} line {f.line}: {f.message}"[:2000],
+                )
+                for f in refusing[:50]
+            ],
+            backend=self.backend.name,
+        )
 
     def _run_unchecked(self, code: str, limits: Limits) -> ExecutionResult:
         request = engine.RunRequest(code=code, filename="doctor.py", limits=limits)
