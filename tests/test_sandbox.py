@@ -5,20 +5,20 @@ from __future__ import annotations
 import pytest
 
 from codecage import ConfigError, Limits, Sandbox
-from codecage.sandbox import limits_from_env
+from codecage.config import load
 
 
 def test_limit_variables_set_the_defaults_and_say_so() -> None:
-    limits, sources = limits_from_env({"CODECAGE_MEMORY_MB": "256", "UNRELATED": "x"})
-    assert limits.memory_mb == 256 and limits.timeout == 30
-    assert sources["memory_mb"] == "env CODECAGE_MEMORY_MB"
-    assert sources["timeout"] == "default"
+    settings = load(environ={"CODECAGE_MEMORY_MB": "256", "UNRELATED": "x"})
+    assert settings.limits.memory_mb == 256 and settings.limits.timeout == 30
+    assert settings.sources["memory_mb"] == "env CODECAGE_MEMORY_MB"
+    assert settings.sources["timeout"] == "default"
 
 
 def test_a_bad_limit_variable_is_refused_with_a_hint() -> None:
     with pytest.raises(ConfigError) as info:
-        limits_from_env({"CODECAGE_TIMEOUT": "forever"})
-    assert "timeout" in str(info.value) and "CODECAGE_" in info.value.hint
+        load(environ={"CODECAGE_TIMEOUT": "forever"})
+    assert "timeout" in str(info.value) and "CODECAGE_TIMEOUT" in str(info.value)
 
 
 def test_info_reports_where_each_default_came_from(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -33,4 +33,4 @@ def test_explicit_limits_win_over_the_environment(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("CODECAGE_MEMORY_MB", "64")
     sandbox = Sandbox(limits=Limits(memory_mb=128))
     assert sandbox.limits.memory_mb == 128
-    assert sandbox.limit_sources["memory_mb"] == "Sandbox(limits=...)"
+    assert sandbox.limit_sources["memory_mb"] == "argument"

@@ -16,7 +16,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 
-from codecage import profiles
+from codecage import config, profiles
 from codecage import validate as validation
 from codecage.errors import CodecageError, ConfigError
 from codecage.models import DoctorReport, ExecutionResult, HostInfo, Limits
@@ -103,12 +103,23 @@ BackendOpt = Annotated[
     typer.Option("--backend", help="Isolation backend: auto or bwrap.", envvar="CODECAGE_BACKEND"),
 ]
 ProfileOpt = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--profile",
         help="Capability profile(s) for imports, comma-separated: basic, data_science, "
-        "filesystem, network.",
-        envvar="CODECAGE_PROFILE",
+        "filesystem, network, or one from the config file. (default: basic, or "
+        "CODECAGE_PROFILE, or the config file's policy.profile)",
+        show_default=False,
+    ),
+]
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        help="TOML config file (default: $CODECAGE_CONFIG, ./codecage.toml, "
+        "~/.config/codecage/config.toml, /etc/codecage/config.toml).",
+        dir_okay=False,
+        show_default=False,
     ),
 ]
 AllowImportOpt = Annotated[
@@ -154,8 +165,9 @@ def run(
     raw: Annotated[
         bool, typer.Option("--raw", help="Print the program's output bytes unescaped.")
     ] = False,
-    profile: ProfileOpt = "basic",
+    profile: ProfileOpt = None,
     allow_import: AllowImportOpt = None,
+    config_file: ConfigOpt = None,
     replace_imports: Annotated[
         bool,
         typer.Option(
@@ -212,6 +224,7 @@ def run(
             allowed_imports=[m for item in allow_import or [] for m in item.split(",") if m],
             replace_imports=replace_imports,
             import_policy=not no_import_policy,
+            config=config_file,
         )
         with _progress("starting the sandbox", enabled=not as_json):
             result = sandbox.run(
@@ -235,8 +248,9 @@ def validate(
     file: Annotated[
         Path | None, typer.Option("--file", "-f", help="A Python file to check.", dir_okay=False)
     ] = None,
-    profile: ProfileOpt = "basic",
+    profile: ProfileOpt = None,
     allow_import: AllowImportOpt = None,
+    config_file: ConfigOpt = None,
     strict: Annotated[
         bool, typer.Option("--strict", help="A high-severity security finding makes it invalid.")
     ] = False,
@@ -257,7 +271,12 @@ def validate(
     try:
         text, _ = _read_code(source, code, file)
         extra = [m for item in allow_import or [] for m in item.split(",") if m]
-        policy = profiles.resolve(profile.split(","), allowed_imports=extra)
+        settings = config.load(config_file)
+        policy = profiles.resolve(
+            (profile or settings.profile).split(","),
+            allowed_imports=[*settings.allowed_imports, *extra],
+            custom=settings.custom_profiles,
+        )
     except CodecageError as exc:
         _fail(exc, as_json=as_json, verbose=verbose)
     report = validation.validate(
@@ -272,7 +291,10 @@ def validate(
 
 @app.command()
 def info(
-    as_json: JsonOpt = False, backend: BackendOpt = "auto", verbose: VerboseOpt = False
+    as_json: JsonOpt = False,
+    backend: BackendOpt = "auto",
+    config_file: ConfigOpt = None,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Show the backend, the isolation layers really in force here, and the default limits.
 
@@ -282,7 +304,7 @@ def info(
     """
     _configure_logging(verbose)
     try:
-        report = Sandbox(backend=backend).info()
+        report = Sandbox(backend=backend, config=config_file).info()
     except CodecageError as exc:
         _fail(exc, as_json=as_json, verbose=verbose)
     if as_json:
@@ -421,11 +443,12 @@ def _render_validation(report: validation.ValidationReport) -> None:
 def _render_info(report: HostInfo) -> None:
     out = Console(highlight=False, soft_wrap=True)
     out.print(f"codecage {report.version} · backend [bold]{report.backend}[/bold]")
+    out.print(f"config file: {report.config_file or 'none found'}", markup=False)
     out.print(f"python in the sandbox: {report.python}")
     for layer in report.layers:
         mark = "[green]✓[/green]" if layer.active else "[red]✗[/red]"
         out.print(f" {mark} {layer.name:<11} {layer.mechanism} — {layer.detail}")
-    out.print("default limits (override per run; see `codecage run --help`):")
+    out.print("default limits (override per run; see `codecage run --help`), and their source:")
     for name, value in report.default_limits.model_dump().items():
         source = report.limit_sources.get(name, "default")
         out.print(f"   {name:<18} {value!s:<10} ({source})")

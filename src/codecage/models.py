@@ -233,9 +233,11 @@ class HostInfo(_Model):
     layers: list[LayerStatus]
     default_limits: Limits
     limit_sources: dict[str, str] = Field(
-        description="Where each default came from: 'default', 'env CODECAGE_…', or the caller."
+        description="Where each setting came from: 'default', 'file PATH', 'env CODECAGE_…' "
+        "or 'argument'."
     )
     profiles: list[ProfileInfo] = Field(description="Capability profiles (import policy).")
+    config_file: str | None = Field(description="The config file in force; None = none found.")
     import_policy: str | None = Field(
         description="The profile(s) this Sandbox applies; None when the import policy is off."
     )

@@ -141,15 +141,23 @@ def importable(modules: Iterable[str]) -> dict[str, bool]:
     return dict.fromkeys(sorted(tops), False)
 
 
-def describe(default: str = "basic") -> list[ProfileInfo]:
-    """Every built-in profile, for `info`."""
+def describe(
+    default: str = "basic",
+    custom: dict[str, frozenset[str]] | None = None,
+    enabled: Iterable[str] | None = None,
+) -> list[ProfileInfo]:
+    """Every profile callers may choose (built-in and operator-defined), for `info`."""
+    every = {**BUILTIN_PROFILES, **(custom or {})}
+    allowed = set(enabled) if enabled is not None else set(every)
+    defaults = {p.strip() for p in default.split(",")}
     return [
         ProfileInfo(
             name=name,
-            description=PROFILE_DESCRIPTIONS[name],
+            description=PROFILE_DESCRIPTIONS.get(name, "defined in the config file"),
             modules=sorted(modules),
             packages_importable=importable(modules),
-            default=name == default,
+            default=name in defaults,
         )
-        for name, modules in BUILTIN_PROFILES.items()
+        for name, modules in every.items()
+        if name in allowed
     ]

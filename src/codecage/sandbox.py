@@ -6,20 +6,20 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from codecage import engine, profiles, selftest
+from codecage import config, engine, profiles, selftest
 from codecage import validate as validation
 from codecage import workspace as workspaces
 from codecage.backends.base import Backend, load_backend
 from codecage.backends.bwrap import BwrapBackend, bwrap_version
+from codecage.config import Settings
 from codecage.errors import ConfigError, HostError
 from codecage.isolation import limits as cgroups
 from codecage.isolation import rootfs, seccomp
@@ -59,6 +59,8 @@ class Sandbox:
         allowed_imports: modules added to the profile's set (or replacing it, see below).
         replace_imports: `allowed_imports` replaces the profile's set instead of extending it.
         import_policy: False turns the import policy off (the OS layers still hold).
+        config: a TOML config file; by default the first found (see `codecage.config`).
+            Precedence: these arguments > CODECAGE_* variables > the file > built-ins.
         selftest: run the self-test before the first run (cached per boot); turning it off
             is for codecage's own tests of the self-test, not for production.
     """
@@ -70,28 +72,46 @@ class Sandbox:
         backend: str = "auto",
         allow_degraded: bool = False,
         selftest: bool = True,
-        profile: str = "basic",
+        profile: str | None = None,
         allowed_imports: tuple[str, ...] | list[str] = (),
         replace_imports: bool = False,
         import_policy: bool = True,
+        config: str | Path | None = None,
     ) -> None:
-        env_limits, self.limit_sources = limits_from_env(os.environ)
-        self.limits = limits or env_limits
+        self.settings = load_settings(Path(config) if config is not None else None)
+        self.limits = limits or self.settings.limits
+        self.limit_sources = dict(self.settings.sources)
         if limits is not None:
-            self.limit_sources = dict.fromkeys(Limits.model_fields, "Sandbox(limits=...)")
+            self.limit_sources.update(dict.fromkeys(Limits.model_fields, "argument"))
+        if profile is not None:
+            self.limit_sources["profile"] = "argument"
         self.backend: Backend = load_backend(backend)
         self.allow_degraded = allow_degraded
         self._selftest = selftest
         self.policy: ImportPolicy | None = (
-            profiles.resolve(
-                profile.split(","), allowed_imports=allowed_imports, replace=replace_imports
-            )
-            if import_policy
-            else None
+            self._policy(profile, allowed_imports, replace_imports) if import_policy else None
         )
         if not _swept.is_set():  # once per process: leftovers of killed codecage processes
             _swept.set()
             engine.sweep_stale_runs()
+
+    def _policy(
+        self, profile: str | None, allowed_imports: Iterable[str], replace: bool
+    ) -> ImportPolicy:
+        names = [p.strip() for p in (profile or self.settings.profile).split(",") if p.strip()]
+        enabled = self.settings.enabled_profiles
+        refused = [n for n in names if enabled is not None and n not in enabled]
+        if refused:
+            raise ConfigError(
+                f"profile {', '.join(map(repr, refused))} is not enabled on this host",
+                hint=f"enabled profiles: {', '.join(enabled or ())} (the operator's config)",
+            )
+        return profiles.resolve(
+            names,
+            allowed_imports=[*self.settings.allowed_imports, *allowed_imports],
+            replace=replace,
+            custom=self.settings.custom_profiles,
+        )
 
     def run(
         self,
@@ -171,7 +191,12 @@ class Sandbox:
             layers=layers,
             default_limits=self.limits,
             limit_sources=self.limit_sources,
-            profiles=profiles.describe(),
+            profiles=profiles.describe(
+                default=self.settings.profile,
+                custom=self.settings.custom_profiles,
+                enabled=self.settings.enabled_profiles,
+            ),
+            config_file=str(self.settings.config_file) if self.settings.config_file else None,
             import_policy=self.policy.profile if self.policy else None,
             ceilings=engine.ceilings(),
         )
@@ -261,28 +286,13 @@ class Sandbox:
             return report
 
 
-def limits_from_env(environ: Mapping[str, str]) -> tuple[Limits, dict[str, str]]:
-    """Default limits with `CODECAGE_<FIELD>` variables applied, and where each value came from.
+def load_settings(path: Path | None) -> Settings:
+    """The effective defaults (config file, then environment) for a new Sandbox.
 
     Raises:
-        ConfigError: a variable holds a value the limit does not accept.
+        ConfigError: the config file or an environment variable is invalid.
     """
-    overrides: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    for name in Limits.model_fields:
-        key = f"CODECAGE_{name.upper()}"
-        if key in environ:
-            overrides[name] = environ[key]
-            sources[name] = f"env {key}"
-        else:
-            sources[name] = "default"
-    try:
-        return Limits().merged(overrides), sources
-    except ValidationError as exc:
-        raise ConfigError(
-            _describe_validation(exc),
-            hint="fix or unset the CODECAGE_* variable; `codecage info` lists the bounds",
-        ) from exc
+    return config.load(path)
 
 
 def _cache_file(key: str) -> Path:

@@ -1,0 +1,220 @@
+"""Configuration: one place for defaults, with a known source for every value.
+
+Precedence, highest first: the call's own argument (CLI flag, library argument) > a
+`CODECAGE_*` environment variable > the TOML config file > the built-in default.
+
+The config file is the first of: the path given (`--config`, `Sandbox(config=...)`),
+`$CODECAGE_CONFIG`, `./codecage.toml`, `$XDG_CONFIG_HOME/codecage/config.toml` (default
+`~/.config/codecage/config.toml`), `/etc/codecage/config.toml`. None is needed.
+
+```toml
+[limits]                 # any field of Limits
+timeout = 10
+memory_mb = 256
+
+[policy]
+profile = "basic"                     # default profile(s), comma-separated
+allowed_imports = ["os.path"]         # added to every run's profile
+enabled_profiles = ["basic", "filesystem", "analyst"]   # the only ones a caller may pick
+
+[profiles.analyst]                    # an operator-defined profile
+extends = ["basic"]
+modules = ["statistics", "decimal"]
+```
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from codecage.errors import ConfigError
+from codecage.models import Limits
+from codecage.profiles import BUILTIN_PROFILES
+
+ENV_CONFIG = "CODECAGE_CONFIG"
+
+
+class _FileModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PolicyFile(_FileModel):
+    profile: str | None = Field(None, description="Default profile(s), comma-separated.")
+    allowed_imports: list[str] = Field([], description="Modules added to every profile.")
+    enabled_profiles: list[str] | None = Field(
+        None, description="Profiles callers may choose; None = all."
+    )
+
+
+class ProfileFile(_FileModel):
+    modules: list[str] = Field([], description="Dotted module prefixes the profile allows.")
+    extends: list[str] = Field([], description="Built-in profiles whose modules it includes.")
+
+
+class ConfigFile(_FileModel):
+    """The TOML file's shape; unknown keys are refused with their name."""
+
+    limits: dict[str, Any] = Field({}, description="Overrides of the default Limits.")
+    policy: PolicyFile = PolicyFile()
+    profiles: dict[str, ProfileFile] = Field({}, description="Operator-defined profiles.")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The effective defaults, and where each came from."""
+
+    limits: Limits
+    profile: str
+    allowed_imports: tuple[str, ...]
+    enabled_profiles: tuple[str, ...] | None
+    custom_profiles: dict[str, frozenset[str]]
+    config_file: Path | None
+    sources: dict[str, str] = field(default_factory=dict)
+
+
+def candidate_paths(environ: Mapping[str, str]) -> list[Path]:
+    """Where a config file is looked for, in order (see the module docstring)."""
+    paths: list[Path] = []
+    if environ.get(ENV_CONFIG):
+        paths.append(Path(environ[ENV_CONFIG]))
+    paths.append(Path.cwd() / "codecage.toml")
+    xdg = environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    paths += [Path(xdg) / "codecage" / "config.toml", Path("/etc/codecage/config.toml")]
+    return paths
+
+
+def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    """Built-in defaults, then the config file, then the environment.
+
+    Raises:
+        ConfigError: the file cannot be read or has a bad key or value (the message names
+            the file, the key and the reason), or an environment variable is invalid.
+    """
+    env = os.environ if environ is None else environ
+    chosen = path if path is not None else _first_existing(candidate_paths(env))
+    if path is not None and not path.is_file():
+        raise ConfigError(f"config file {path} does not exist", hint="check the --config path")
+    parsed = _read(chosen) if chosen is not None else ConfigFile()
+    where = f"file {chosen}"
+    sources: dict[str, str] = {}
+    limits_data: dict[str, Any] = {}
+    for name in Limits.model_fields:
+        sources[name] = "default"
+        if name in parsed.limits:
+            limits_data[name], sources[name] = parsed.limits[name], where
+        key = f"CODECAGE_{name.upper()}"
+        if key in env:
+            limits_data[name], sources[name] = env[key], f"env {key}"
+    unknown = set(parsed.limits) - set(Limits.model_fields)
+    if unknown:
+        raise ConfigError(
+            f"{chosen}: unknown key limits.{sorted(unknown)[0]}",
+            hint=f"limits keys are: {', '.join(Limits.model_fields)}",
+        )
+    limits = _validated_limits(limits_data, sources)
+    profile, sources["profile"] = _pick(parsed.policy.profile, "basic", where, env, "PROFILE")
+    imports, sources["allowed_imports"] = _pick_list(
+        parsed.policy.allowed_imports, where, env, "ALLOWED_IMPORTS"
+    )
+    enabled, sources["enabled_profiles"] = _pick_enabled(parsed.policy.enabled_profiles, where, env)
+    custom = _custom_profiles(parsed.profiles, chosen)
+    return Settings(
+        limits=limits,
+        profile=profile,
+        allowed_imports=tuple(imports),
+        enabled_profiles=tuple(enabled) if enabled is not None else None,
+        custom_profiles=custom,
+        config_file=chosen,
+        sources=sources,
+    )
+
+
+def _first_existing(paths: list[Path]) -> Path | None:
+    return next((p for p in paths if p.is_file()), None)
+
+
+def _read(path: Path) -> ConfigFile:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    try:
+        return ConfigFile.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(
+            f"{path}: bad key {key}: {err['msg']}",
+            hint="see docs/configuration.md for the file's keys",
+        ) from exc
+
+
+def _validated_limits(data: dict[str, Any], sources: dict[str, str]) -> Limits:
+    try:
+        return Limits.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        name = str(err["loc"][0])
+        raise ConfigError(
+            f"{name}={err.get('input')!r} from {sources.get(name, 'default')}: {err['msg']}",
+            hint="fix that value; `codecage info` lists the defaults and bounds",
+        ) from exc
+
+
+def _pick(
+    file_value: str | None, default: str, where: str, env: Mapping[str, str], suffix: str
+) -> tuple[str, str]:
+    key = f"CODECAGE_{suffix}"
+    if env.get(key):
+        return env[key], f"env {key}"
+    if file_value is not None:
+        return file_value, where
+    return default, "default"
+
+
+def _pick_list(
+    file_value: list[str], where: str, env: Mapping[str, str], suffix: str
+) -> tuple[list[str], str]:
+    key = f"CODECAGE_{suffix}"
+    if key in env:
+        return [m.strip() for m in env[key].split(",") if m.strip()], f"env {key}"
+    if file_value:
+        return list(file_value), where
+    return [], "default"
+
+
+def _pick_enabled(
+    file_value: list[str] | None, where: str, env: Mapping[str, str]
+) -> tuple[list[str] | None, str]:
+    key = "CODECAGE_ENABLED_PROFILES"
+    if key in env:
+        return [p.strip() for p in env[key].split(",") if p.strip()], f"env {key}"
+    if file_value is not None:
+        return list(file_value), where
+    return None, "default"
+
+
+def _custom_profiles(
+    profiles: dict[str, ProfileFile], path: Path | None
+) -> dict[str, frozenset[str]]:
+    custom: dict[str, frozenset[str]] = {}
+    for name, spec in profiles.items():
+        modules = frozenset(spec.modules)
+        for base in spec.extends:
+            if base not in BUILTIN_PROFILES:
+                raise ConfigError(
+                    f"{path}: profiles.{name}.extends names unknown profile {base!r}",
+                    hint=f"extend one of: {', '.join(BUILTIN_PROFILES)}",
+                )
+            modules |= BUILTIN_PROFILES[base]
+        custom[name] = modules
+    return custom

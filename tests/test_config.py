@@ -1,0 +1,104 @@
+"""The TOML config file, its search order, and precedence: argument > env > file > default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from codecage import ConfigError, Sandbox
+from codecage.config import load
+
+CONFIG = """
+[limits]
+timeout = 10
+memory_mb = 256
+
+[policy]
+profile = "analyst"
+allowed_imports = ["os.path"]
+enabled_profiles = ["basic", "analyst"]
+
+[profiles.analyst]
+extends = ["basic"]
+modules = ["fnmatch"]
+"""
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "codecage.toml"
+    path.write_text(CONFIG)
+    return path
+
+
+def test_the_file_sets_defaults_and_every_value_says_where_it_came_from(
+    config_file: Path,
+) -> None:
+    settings = load(config_file, environ={})
+    assert settings.limits.timeout == 10 and settings.limits.memory_mb == 256
+    assert settings.sources["timeout"] == f"file {config_file}"
+    assert settings.sources["cpu_seconds"] == "default"
+    assert settings.profile == "analyst" and settings.sources["profile"] == f"file {config_file}"
+    assert "fnmatch" in settings.custom_profiles["analyst"]
+    assert "json" in settings.custom_profiles["analyst"]  # extends basic
+
+
+def test_env_beats_the_file_and_arguments_beat_env(
+    config_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = load(config_file, environ={"CODECAGE_TIMEOUT": "5", "CODECAGE_PROFILE": "basic"})
+    assert settings.limits.timeout == 5 and settings.sources["timeout"] == "env CODECAGE_TIMEOUT"
+    assert settings.profile == "basic"
+    monkeypatch.setenv("CODECAGE_TIMEOUT", "5")
+    sandbox = Sandbox(config=config_file)
+    assert sandbox.limits.timeout == 5
+    assert sandbox.run("1", limits={"timeout": 3}).limits.timeout == 3  # the call wins
+
+
+def test_the_file_is_found_through_codecage_config_and_the_working_directory(
+    config_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert load(environ={"CODECAGE_CONFIG": str(config_file)}).config_file == config_file
+    monkeypatch.chdir(tmp_path)
+    found = load(environ={"XDG_CONFIG_HOME": str(tmp_path / "none")}).config_file
+    assert found is not None and found.resolve() == config_file.resolve()
+
+
+def test_operator_profiles_and_enabled_profiles_govern_runs(config_file: Path) -> None:
+    sandbox = Sandbox(config=config_file)
+    r = sandbox.run("import fnmatch\nfrom os import path\npath.join('a', 'b')")
+    assert (r.status, r.return_value) == ("ok", "a/b"), r.error
+    assert sandbox.run("import shutil").status == "error"
+    with pytest.raises(ConfigError) as info:
+        Sandbox(config=config_file, profile="filesystem")
+    assert "not enabled" in str(info.value) and "analyst" in info.value.hint
+    report = sandbox.info()
+    assert report.config_file == str(config_file)
+    assert [p.name for p in report.profiles] == ["basic", "analyst"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[limits]\nmemroy_mb = 300\n", "limits.memroy_mb"),
+        ("[limits]\nmemory_mb = 3\n", "memory_mb=3 from file"),
+        ("[limits\n", "not valid TOML"),
+        ("[polcy]\nprofile = 'basic'\n", "polcy"),
+        ("[profiles.x]\nextends = ['nope']\n", "profiles.x.extends"),
+    ],
+)
+def test_an_invalid_config_names_the_file_the_key_and_the_reason(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load(path, environ={})
+    assert expected in str(info.value)
+    assert str(path) in str(info.value)
+
+
+def test_a_missing_explicit_config_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        load(tmp_path / "absent.toml", environ={})
