@@ -98,7 +98,7 @@ def test_info_lists_the_profiles_and_says_what_is_not_importable() -> None:
     by_name = {p.name: p for p in report.profiles}
     assert set(by_name) == {"basic", "data_science", "filesystem", "network"}
     assert by_name["basic"].default and "json" in by_name["basic"].modules
-    assert by_name["data_science"].packages_importable["numpy"] is False  # not in the sandbox yet
+    assert by_name["data_science"].packages_importable["numpy"] is True  # the data extra
     assert Sandbox(import_policy=False).info().import_policy is None
 
 
@@ -111,3 +111,26 @@ def test_strict_runs_refuse_before_running_with_status_blocked() -> None:
     assert sandbox.run("import os", strict=True).status == "blocked"
     clean = sandbox.run("import statistics\nstatistics.median([3, 1, 2])", strict=True)
     assert (clean.status, clean.return_value) == ("ok", 2)
+
+
+@pytest.mark.slow
+def test_data_science_runs_pandas_numpy_scipy_and_matplotlib_with_internal_imports() -> None:
+    code = (
+        "import numpy as np, pandas as pd, scipy.stats\n"
+        "import matplotlib.pyplot as plt\n"
+        "df = pd.DataFrame({'x': np.arange(10), 'y': np.arange(10) ** 2})\n"
+        "fig, ax = plt.subplots(); ax.plot(df.x, df.y); fig.savefig('plot.png')\n"
+        "float(df.y.mean())"
+    )
+    sandbox = Sandbox(profile="data_science")
+    r = sandbox.run(code, limits={"timeout": 60})
+    assert (r.status, r.return_value) == ("ok", 28.5), (r.error, r.stderr[-2000:])
+    assert [(f.path, f.mime) for f in r.files] == [("plot.png", "image/png")]
+    blocked = sandbox.run("import numpy\nimport os")  # pandas may import os; the code may not
+    assert blocked.status == "error" and [e.kind for e in blocked.events] == ["import_blocked"]
+
+
+def test_third_party_packages_are_mounted_only_for_profiles_that_allow_them() -> None:
+    probe = "import os\nos.path.exists('/opt/site-packages')"
+    assert Sandbox(allowed_imports=["os"]).run(probe).return_value is False
+    assert Sandbox(profile="data_science", allowed_imports=["os"]).run(probe).return_value

@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -135,7 +136,7 @@ def execute(request: RunRequest, backend: Backend) -> ExecutionResult:
             etc_dir=run_dir / "etc",
             empty_dir=run_dir / "empty",
             tmp_bytes=limits.tmp_mb * cgroups.MiB,
-        )
+        ) + _package_mounts(request.policy, interpreter)
         channel = _Channels.open(cleanup, bpf)
         env = _sandbox_env(interpreter)
         guest_argv = _guest_argv(channel.guest_control_fd)
@@ -256,6 +257,20 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _package_mounts(
+    policy: ImportPolicy | None, interpreter: rootfs.Interpreter
+) -> tuple[rootfs.Mount, ...]:
+    """Third-party packages the policy allows (data_science), bound read-only."""
+    if policy is None:
+        return ()
+    tops = frozenset(m.split(".")[0] for m in policy.modules) - sys.stdlib_module_names
+    packages = rootfs.packages_for(tops - {"codecage"})
+    known = {str(lib) for lib in interpreter.libraries}
+    return tuple(
+        m for m in rootfs.package_mounts(packages) if m.kind != "ro-bind" or m.dest not in known
+    )
+
+
 def _make_run_dir(cleanup: contextlib.ExitStack) -> Path:
     # The host pid in the name lets a later process clean up after one that was killed.
     run_dir = Path(tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-"))  # mode 0700
@@ -352,6 +367,9 @@ def _sandbox_env(interpreter: rootfs.Interpreter) -> dict[str, str]:
         "HOME": rootfs.WORKSPACE,
         "LANG": "C.UTF-8",
         "TMPDIR": "/tmp",  # noqa: S108 - the sandbox's own private tmpfs
+        # matplotlib: draw to files (no display), and keep its cache in the private /tmp.
+        "MPLBACKEND": "Agg",
+        "MPLCONFIGDIR": "/tmp/matplotlib",  # noqa: S108
     }
     library_path = rootfs.library_path(interpreter)
     if library_path is not None:

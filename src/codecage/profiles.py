@@ -12,6 +12,7 @@ parent package `xml` as a stepping stone, not `xml.dom`. Profiles combine by uni
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -65,7 +66,8 @@ BUILTIN_PROFILES: dict[str, frozenset[str]] = {
 
 PROFILE_DESCRIPTIONS: dict[str, str] = {
     "basic": "a curated safe stdlib set: maths, text, data formats, dates, hashing, asyncio",
-    "data_science": "basic + numpy, pandas, scipy, matplotlib and friends",
+    "data_science": "basic + numpy, pandas, scipy, matplotlib (Agg backend) and friends, "
+    "where installed (the `data` extra)",
     "filesystem": "basic + pathlib, os.path, shutil, glob, archives (still confined to "
     "/workspace and /tmp by the OS)",
     "network": "basic + urllib.request, http.client, socket, httpx/requests; only useful "
@@ -132,13 +134,10 @@ def _checked_module(name: str) -> str:
 
 
 def importable(modules: Iterable[str]) -> dict[str, bool]:
-    """Which third-party packages of a profile the sandbox can really import.
-
-    Only the interpreter and its stdlib are mounted in the sandbox today; installing the
-    `data` extra into the sandbox's root is not built yet, so these all report False.
-    """
+    """Which third-party packages of a profile are installed, and so bound into the sandbox
+    when a run's profile allows them (`pip install codecage[data]` for data_science)."""
     tops = {m.split(".")[0] for m in modules} & {m.split(".")[0] for m in _DATA_SCIENCE}
-    return dict.fromkeys(sorted(tops), False)
+    return {top: importlib.util.find_spec(top) is not None for top in sorted(tops)}
 
 
 def describe(

@@ -126,7 +126,9 @@ print(json.dumps(out))
 """
 
 # PWD is set by bwrap's --chdir; the rest by engine._sandbox_env.
-_ALLOWED_ENV = ("PATH", "HOME", "LANG", "TMPDIR", "LD_LIBRARY_PATH", "PWD")
+_ALLOWED_ENV = (
+    "PATH", "HOME", "LANG", "TMPDIR", "LD_LIBRARY_PATH", "PWD", "MPLBACKEND", "MPLCONFIGDIR"
+)  # fmt: skip
 
 
 def run_probes(run: Callable[[str, Limits], ExecutionResult], backend: str) -> DoctorReport:

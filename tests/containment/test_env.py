@@ -14,7 +14,9 @@ from ._support import Runner, assert_absent, report
 pytestmark = pytest.mark.timeout(60)
 
 # What engine._sandbox_env sets, and PWD, which bwrap sets for --chdir.
-ALLOWED_ENV = {"PATH", "HOME", "LANG", "TMPDIR", "LD_LIBRARY_PATH", "PWD"}
+ALLOWED_ENV = {
+    "PATH", "HOME", "LANG", "TMPDIR", "LD_LIBRARY_PATH", "PWD", "MPLBACKEND", "MPLCONFIGDIR"
+}  # fmt: skip
 
 
 def test_the_env_canary_is_absent_from_the_environment_and_every_output(

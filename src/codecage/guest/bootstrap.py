@@ -137,7 +137,8 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
             )
 
 
-_TRUSTED_PREFIXES = ("/opt/python/", "/opt/codecage/", "<frozen ")
+_TRUSTED_PREFIXES = ("/opt/python/", "/opt/codecage/", "/opt/site-packages/", "<frozen ")
+SITE_PACKAGES = "/opt/site-packages"
 
 
 def _install_import_policy(allowed: list[str], profile: str) -> None:
@@ -230,6 +231,8 @@ def _fresh_main_module(filename: str) -> types.ModuleType:
     sys.modules["__main__"] = module
     sys.argv = [filename]
     sys.path.insert(0, "/workspace")
+    if os.path.isdir(SITE_PACKAGES):  # the profile's third-party packages, read-only
+        sys.path.append(SITE_PACKAGES)
     return module
 
 

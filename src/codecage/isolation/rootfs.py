@@ -295,3 +295,92 @@ def _source_of(mount: Mount) -> str:
 def library_path(interpreter: Interpreter) -> str | None:
     """LD_LIBRARY_PATH the relocated interpreter needs to find libpython, if any."""
     return f"{GUEST_PREFIX}/lib" if interpreter.libpython is not None else None
+
+
+# --- third-party packages (the data_science profile) -------------------------------------
+
+GUEST_SITE_PACKAGES = "/opt/site-packages"
+
+
+@dataclass(frozen=True, slots=True)
+class PackageSet:
+    """Installed distributions a run may import, as host paths to bind read-only."""
+
+    entries: tuple[Path, ...]  # top-level files and dirs in site-packages (modules, *.libs)
+    libraries: tuple[Path, ...]  # shared libraries their extension modules need
+
+
+def packages_for(top_level_names: frozenset[str]) -> PackageSet:
+    """The distributions providing `top_level_names` and everything they require.
+
+    Names that are not installed are skipped (`profiles.importable` reports them).
+
+    Raises:
+        HostError: `ldd` fails on the packages' extension modules.
+    """
+    return _packages_for(tuple(sorted(top_level_names)))
+
+
+@functools.cache
+def _packages_for(names: tuple[str, ...]) -> PackageSet:
+    from importlib import metadata
+
+    providers = metadata.packages_distributions()
+    wanted = {dist for name in names for dist in providers.get(name, [])}
+    closure = _requirement_closure(wanted)
+    entries: set[Path] = set()
+    for dist_name in sorted(closure):
+        dist = metadata.distribution(dist_name)
+        base = Path(str(dist.locate_file("")))
+        for file in dist.files or []:
+            top = file.parts[0]
+            if top.endswith((".dist-info", ".data")) or top in ("..", "__pycache__"):
+                continue
+            if top.endswith(".pth"):
+                continue  # -S: .pth files never run in the sandbox
+            entries.add(base / top)
+    extension_modules = sorted(
+        so for entry in entries if entry.is_dir() for so in entry.rglob("*.so*") if so.is_file()
+    )
+    libraries = resolve_shared_libraries(extension_modules) if extension_modules else ()
+    inside = tuple(sorted(e for e in entries if e.exists()))
+    system_libs = tuple(lib for lib in libraries if not any(_under(lib, e) for e in inside))
+    return PackageSet(entries=inside, libraries=system_libs)
+
+
+def _requirement_closure(roots: set[str]) -> set[str]:
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        key = name.lower().replace("_", "-")
+        if key in seen:
+            continue
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        seen.add(key)
+        for spec in dist.requires or []:
+            req = Requirement(spec)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return seen
+
+
+def _under(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def package_mounts(packages: PackageSet) -> tuple[Mount, ...]:
+    """Read-only binds of the packages at /opt/site-packages, and of their system libraries."""
+    mounts = [
+        Mount("ro-bind", f"{GUEST_SITE_PACKAGES}/{entry.name}", str(entry))
+        for entry in packages.entries
+    ]
+    mounts += [Mount("ro-bind", str(lib), str(lib)) for lib in packages.libraries]
+    return tuple(mounts)
