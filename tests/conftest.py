@@ -185,8 +185,13 @@ def _children() -> set[int]:
     return kids
 
 
+# Run dirs and cgroups carry the host pid in their name: looking only at this process's
+# keeps the guard exact when another codecage process (another test run) shares the host.
+_OWN = f"{os.getpid()}-"
+
+
 def _run_dirs() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob("codecage-run-*")}
+    return {p.name for p in Path(tempfile.gettempdir()).glob(f"codecage-run-{_OWN}*")}
 
 
 def _cgroups() -> set[str]:
@@ -196,13 +201,17 @@ def _cgroups() -> set[str]:
     found: set[str] = set()
     for parent in support.parents.values():
         if parent.is_dir():
-            found.update(f"{parent}/{d.name}" for d in parent.iterdir() if d.is_dir())
+            found.update(
+                f"{parent}/{d.name}"
+                for d in parent.iterdir()
+                if d.is_dir() and d.name.startswith(_OWN)
+            )
     return found
 
 
 def _mounts() -> set[str]:
     text = Path("/proc/self/mountinfo").read_text()
-    return {line.split()[4] for line in text.splitlines() if "codecage-run-" in line}
+    return {line.split()[4] for line in text.splitlines() if f"codecage-run-{_OWN}" in line}
 
 
 def _fds() -> set[int]:

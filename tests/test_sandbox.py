@@ -27,6 +27,7 @@ def test_info_reports_where_each_default_came_from(monkeypatch: pytest.MonkeyPat
     assert report.default_limits.max_processes == 32
     assert report.limit_sources["max_processes"] == "env CODECAGE_MAX_PROCESSES"
     assert {layer.name for layer in report.layers} >= {"workspace", "seccomp", "namespaces"}
+    assert report.backends == {"bwrap": True}
 
 
 def test_explicit_limits_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,7 +19,7 @@ from rich.console import Console
 from codecage import config, profiles
 from codecage import validate as validation
 from codecage.errors import CodecageError, ConfigError
-from codecage.models import DoctorReport, ExecutionResult, HostInfo, Limits
+from codecage.models import DoctorReport, ExecutionResult, HostInfo, Limits, ValidationReport
 from codecage.output import neutralise_text
 from codecage.sandbox import Sandbox
 
@@ -420,7 +420,7 @@ def _summary(result: ExecutionResult) -> str:
     return "codecage: " + " · ".join(parts)
 
 
-def _render_validation(report: validation.ValidationReport) -> None:
+def _render_validation(report: ValidationReport) -> None:
     out = Console(highlight=False, soft_wrap=True)
     for finding in report.findings:
         where = f"{finding.line}:{finding.col}" if finding.line else "-"

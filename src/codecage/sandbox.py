@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from codecage import config, engine, profiles, selftest
 from codecage import validate as validation
 from codecage import workspace as workspaces
-from codecage.backends.base import Backend, load_backend
+from codecage.backends.base import Backend, available_backends, load_backend
 from codecage.backends.bwrap import BwrapBackend, bwrap_version
 from codecage.config import Settings
 from codecage.errors import ConfigError, HostError
@@ -186,6 +186,7 @@ class Sandbox:
         return HostInfo(
             version=_version(),
             backend=self.backend.name,
+            backends=available_backends(),
             bwrap_version=_bwrap_version(self.backend),
             python=f"{interpreter.executable} ({interpreter.version})",
             layers=layers,

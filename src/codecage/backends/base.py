@@ -77,3 +77,16 @@ def load_backend(name: str) -> Backend:
     module_name, class_name = BACKENDS[name].split(":")
     backend: Backend = getattr(importlib.import_module(module_name), class_name)()
     return backend
+
+
+def available_backends() -> dict[str, bool]:
+    """Each known backend, and whether it can be loaded on this host."""
+    found: dict[str, bool] = {}
+    for name in BACKENDS:
+        try:
+            load_backend(name)
+        except HostError:
+            found[name] = False
+        else:
+            found[name] = True
+    return found
