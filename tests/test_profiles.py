@@ -134,3 +134,15 @@ def test_third_party_packages_are_mounted_only_for_profiles_that_allow_them() ->
     probe = "import os\nos.path.exists('/opt/site-packages')"
     assert Sandbox(allowed_imports=["os"]).run(probe).return_value is False
     assert Sandbox(profile="data_science", allowed_imports=["os"]).run(probe).return_value
+
+
+def test_the_network_profile_says_clearly_that_there_is_no_network() -> None:
+    r = Sandbox(profile="network").run("import socket\n1")
+    assert r.status == "ok"
+    assert any(e.kind == "network_denied" and "no network" in e.detail for e in r.events)
+
+
+def test_a_sandbox_validates_against_its_own_profile() -> None:
+    assert Sandbox(profile="filesystem").validate("import pathlib").valid
+    report = Sandbox().validate("import pathlib")
+    assert not report.valid and report.findings[0].rule_id == "CC002"

@@ -556,7 +556,7 @@ def _build_result(
             message=f"the sandbox was killed for using more than {limits.memory_mb} MiB",
             traceback="",
         )
-    all_events = [*events, *_guest_events(report)]
+    all_events = [*events, *_policy_events(request.policy), *_guest_events(report)]
     all_events += _limit_events(seen, files_truncated, limits)
     all_events += [
         Event(kind="degraded_isolation", detail=f"layer not in force: {layer}")
@@ -602,6 +602,18 @@ def _return_value_of(report: GuestResult | None, status: Status) -> Any:
     # Data, kept as the code returned it: JSON escapes control characters, and the CLI's
     # human mode neutralises what it prints.
     return report.return_value
+
+
+def _policy_events(policy: ImportPolicy | None) -> list[Event]:
+    if policy is None or "network" not in policy.profile.split(","):
+        return []
+    return [
+        Event(
+            kind="network_denied",
+            detail="the network profile allows network modules, but this sandbox has no "
+            "network (no egress policy exists yet): connections will be refused",
+        )
+    ]
 
 
 def _guest_events(report: GuestResult | None) -> list[Event]:

@@ -32,6 +32,7 @@ from codecage.models import (
     LayerStatus,
     Limits,
     Usage,
+    ValidationReport,
 )
 from codecage.profiles import ImportPolicy
 
@@ -174,6 +175,18 @@ class Sandbox:
             self.run, code, limits=limits, filename=filename, workspace=workspace, strict=strict
         )
 
+    def validate(self, code: str, *, strict: bool = False) -> ValidationReport:
+        """Check `code` against this Sandbox's profile without running it.
+
+        Never raises for bad code: syntax errors and refusals are findings in the report.
+        """
+        return validation.validate(
+            code,
+            allowed_modules=self.policy.modules if self.policy else None,
+            profile_name=self.policy.profile if self.policy else "none",
+            strict=strict,
+        )
+
     def info(self) -> HostInfo:
         """What this host provides: backend, layers really in force, defaults, ceilings."""
         layers: list[LayerStatus] = [
@@ -222,12 +235,7 @@ class Sandbox:
             raise ConfigError(_describe_validation(exc)) from exc
 
     def _blocked_by_validation(self, code: str, limits: Limits) -> ExecutionResult | None:
-        report = validation.validate(
-            code,
-            allowed_modules=self.policy.modules if self.policy else None,
-            profile_name=self.policy.profile if self.policy else "none",
-            strict=True,
-        )
+        report = self.validate(code, strict=True)
         if report.valid:
             return None
         refusing = [f for f in report.findings if f.severity == "high"] or report.findings
