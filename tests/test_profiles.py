@@ -146,3 +146,10 @@ def test_a_sandbox_validates_against_its_own_profile() -> None:
     assert Sandbox(profile="filesystem").validate("import pathlib").valid
     report = Sandbox().validate("import pathlib")
     assert not report.valid and report.findings[0].rule_id == "CC002"
+
+
+def test_a_refused_import_shows_only_the_users_frame_in_the_traceback(basic: Sandbox) -> None:
+    r = basic.run("x = 1\nimport socket", filename="job.py")
+    assert r.error is not None
+    assert 'File "job.py", line 2' in r.error.traceback
+    assert "bootstrap" not in r.error.traceback

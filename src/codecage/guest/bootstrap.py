@@ -302,9 +302,13 @@ def _exit_code_of(exc: SystemExit) -> int:
 
 def _describe_exception(exc: BaseException, filename: str) -> dict[str, str]:
     frames = traceback.extract_tb(exc.__traceback__)
-    # Drop the bootstrap's own frames: the traceback starts at the user's code.
+    # Drop the bootstrap's own frames: the traceback starts at the user's code, and the
+    # import policy's frames (between the user's import and the ImportError) are ours too.
     while frames and frames[0].filename != filename:
         frames.pop(0)
+    frames = traceback.StackSummary.from_list(
+        [frame for frame in frames if frame.filename != __file__]
+    )
     lines = ["Traceback (most recent call last):\n"]
     lines += traceback.format_list(frames)
     lines += traceback.format_exception_only(type(exc), exc)
