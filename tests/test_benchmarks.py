@@ -1,0 +1,23 @@
+"""The benchmarks run (tiny sizes). No timing is asserted here: numbers live in
+benchmarks/results/, measured by `benchmarks/bench_*.py`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_cold_start_benchmark_runs_and_prints_every_variant() -> None:
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_cold_start.py"), "-n", "1", "--no-write"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert p.returncode == 0, p.stderr
+    for variant in ("python_pass", "raw_bwrap", "codecage_lib", "codecage_cli"):
+        assert variant in p.stdout
