@@ -185,7 +185,6 @@ def execute(request: RunRequest, backend: Backend) -> ExecutionResult:
         usage = _usage(seen, cgroup)
         oom = cgroup is not None and cgroups.oom_killed(cgroup)
         files, files_truncated = workspaces.list_files(ws.path)
-        full = _workspace_full(ws)
         result = _build_result(
             execution_id=execution_id,
             request=request,
@@ -198,9 +197,8 @@ def execute(request: RunRequest, backend: Backend) -> ExecutionResult:
             files=files,
             files_truncated=files_truncated,
             by_cgroup=cgroup is not None,
+            workspace_full=_workspace_full(ws),
         )
-        if full is not None:
-            result = result.model_copy(update={"events": [*result.events, full]})
     log.info(
         "engine.run",
         extra={
@@ -546,10 +544,11 @@ def _build_result(
     files: list[Any],
     files_truncated: bool,
     by_cgroup: bool,
+    workspace_full: Event | None,
 ) -> ExecutionResult:
     limits = request.limits
     status, exit_code, signal_name = judge_status(seen, report, oom=oom, limits=limits, usage=usage)
-    error = _error_of(report, status)
+    error = _error_of(report)
     if status == "memory_limit" and error is None:
         error = ErrorInfo(
             type="MemoryError",
@@ -558,6 +557,8 @@ def _build_result(
         )
     all_events = [*events, *_policy_events(request.policy), *_guest_events(report)]
     all_events += _limit_events(seen, files_truncated, limits)
+    if workspace_full is not None:
+        all_events.append(workspace_full)
     all_events += [
         Event(kind="degraded_isolation", detail=f"layer not in force: {layer}")
         for layer in request.degraded
@@ -585,7 +586,7 @@ def _build_result(
     ).with_raw_output(seen.stdout.data, seen.stderr.data)
 
 
-def _error_of(report: GuestResult | None, status: Status) -> ErrorInfo | None:
+def _error_of(report: GuestResult | None) -> ErrorInfo | None:
     if report is None or report.error is None:
         return None
     e = report.error

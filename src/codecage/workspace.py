@@ -487,13 +487,7 @@ def list_files(
     state = _Listing(
         max_files=max_files, max_total_bytes=max_total_bytes, max_hash_bytes=max_hash_bytes
     )
-    try:
-        root_fd = os.open(ws_path, _DIR_FLAGS)
-    except OSError as exc:
-        raise SandboxError(
-            f"cannot list the workspace {ws_path}: {exc.strerror}",
-            hint="the workspace must be a directory (not a symlink) that still exists",
-        ) from exc
+    root_fd = _open_workspace_root(ws_path, "list")
     try:
         _list_dir(root_fd, "", 0, state)
     finally:
@@ -676,6 +670,21 @@ class _Stripping:
             self.incomplete.append(why)
 
 
+def _open_workspace_root(ws_path: Path, action: str) -> int:
+    """The workspace's own directory fd, never through a symlink.
+
+    Raises:
+        SandboxError: `ws_path` is missing, a symlink or not a directory.
+    """
+    try:
+        return os.open(ws_path, _DIR_FLAGS)
+    except OSError as exc:
+        raise SandboxError(
+            f"cannot {action} the workspace {ws_path}: {exc.strerror}",
+            hint="the workspace must be a directory (not a symlink) that still exists",
+        ) from exc
+
+
 def strip_privilege_bits(ws_path: Path) -> int:
     """Take S_ISUID and S_ISGID off every regular file and directory under `ws_path`,
     `ws_path` itself included; return how many were changed.
@@ -699,13 +708,7 @@ def strip_privilege_bits(ws_path: Path) -> int:
         SandboxError: `ws_path` itself is missing, a symlink or not a directory.
     """
     state = _Stripping()
-    try:
-        root_fd = os.open(ws_path, _DIR_FLAGS)
-    except OSError as exc:
-        raise SandboxError(
-            f"cannot check the workspace {ws_path} for setuid files: {exc.strerror}",
-            hint="the workspace must be a directory (not a symlink) that still exists",
-        ) from exc
+    root_fd = _open_workspace_root(ws_path, "check for setuid files")
     try:
         _strip_fd(root_fd, ".", state)
         _strip_dir(root_fd, 0, state)
