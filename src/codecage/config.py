@@ -20,7 +20,16 @@ enabled_profiles = ["basic", "filesystem", "analyst"]   # the only ones a caller
 [profiles.analyst]                    # an operator-defined profile
 extends = ["basic"]
 modules = ["statistics", "decimal"]
+
+[pool]                                # warm single-use sandboxes (see codecage.pool)
+enabled = true
+sizes = { min_idle = 2, max_idle = 8 }
+profiles.data_science = { min_idle = 1, max_idle = 2 }
 ```
+
+Environment variables: `CODECAGE_<LIMIT>` for each limit, `CODECAGE_PROFILE`,
+`CODECAGE_ALLOWED_IMPORTS`, `CODECAGE_ENABLED_PROFILES`, `CODECAGE_POOL` (1/0),
+`CODECAGE_POOL_MIN_IDLE`, `CODECAGE_POOL_MAX_IDLE`.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from codecage.errors import ConfigError
-from codecage.models import Limits
+from codecage.models import Limits, PoolConfig
 from codecage.profiles import BUILTIN_PROFILES
 
 ENV_CONFIG = "CODECAGE_CONFIG"
@@ -64,6 +73,7 @@ class ConfigFile(_FileModel):
     limits: dict[str, Any] = Field({}, description="Overrides of the default Limits.")
     policy: PolicyFile = PolicyFile()
     profiles: dict[str, ProfileFile] = Field({}, description="Operator-defined profiles.")
+    pool: PoolConfig = Field(PoolConfig(), description="The warm pool.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +87,7 @@ class Settings:
     custom_profiles: dict[str, frozenset[str]]
     config_file: Path | None
     sources: dict[str, str] = field(default_factory=dict)
+    pool: PoolConfig = field(default_factory=PoolConfig)
 
 
 def candidate_paths(environ: Mapping[str, str]) -> list[Path]:
@@ -125,6 +136,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
     )
     enabled, sources["enabled_profiles"] = _pick_enabled(parsed.policy.enabled_profiles, where, env)
     custom = _custom_profiles(parsed.profiles, chosen)
+    pool, sources["pool"] = _pool_settings(parsed.pool, where, env)
     return Settings(
         limits=limits,
         profile=profile,
@@ -133,6 +145,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
         custom_profiles=custom,
         config_file=chosen,
         sources=sources,
+        pool=pool,
     )
 
 
@@ -218,3 +231,36 @@ def _custom_profiles(
             modules |= BUILTIN_PROFILES[base]
         custom[name] = modules
     return custom
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _pool_settings(
+    from_file: PoolConfig, where: str, env: Mapping[str, str]
+) -> tuple[PoolConfig, str]:
+    """The file's [pool] table, overridden by CODECAGE_POOL, _POOL_MIN_IDLE, _POOL_MAX_IDLE."""
+    data = from_file.model_dump()
+    source = where if from_file != PoolConfig() else "default"
+    if "CODECAGE_POOL" in env:
+        value = env["CODECAGE_POOL"].strip().lower()
+        if value not in _TRUE | _FALSE:
+            raise ConfigError(
+                f"CODECAGE_POOL={env['CODECAGE_POOL']!r} is not a yes/no value",
+                hint="set CODECAGE_POOL=1 to enable the warm pool, 0 to disable it",
+            )
+        data["enabled"], source = value in _TRUE, "env CODECAGE_POOL"
+    for name in ("min_idle", "max_idle"):
+        key = f"CODECAGE_POOL_{name.upper()}"
+        if key in env:
+            data["sizes"][name], source = env[key], f"env {key}"
+    try:
+        return PoolConfig.model_validate(data), source
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field_name = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(
+            f"pool.{field_name}={err.get('input')!r} from {source}: {err['msg']}",
+            hint="fix that value; `codecage info` shows the pool settings",
+        ) from exc

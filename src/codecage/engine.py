@@ -8,9 +8,11 @@ sandbox, removes its cgroup, unmounts and deletes its workspace and temp dir.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
+import selectors
 import shutil
 import signal
 import socket
@@ -107,23 +109,95 @@ def check_request(code: str, filename: str, limits: Limits) -> None:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class SandboxSpec:
+    """What a sandbox is made with and cannot change once it started: the warm pool keys
+    its sandboxes by this. Per-run limits are not part of it (see `run_in`)."""
+
+    policy: ImportPolicy | None = None
+    workspace_mb: int = Limits.model_fields["workspace_mb"].default
+    tmp_mb: int = Limits.model_fields["tmp_mb"].default
+    preload: tuple[str, ...] = ()  # modules the guest imports before it says it is ready
+
+    @classmethod
+    def for_request(cls, request: RunRequest) -> SandboxSpec:
+        return cls(
+            policy=request.policy,
+            workspace_mb=request.limits.workspace_mb,
+            tmp_mb=request.limits.tmp_mb,
+        )
+
+
+@dataclass(slots=True)
+class StartedSandbox:
+    """One sandbox, started: namespaces made, moved into its cgroup, the guest coming up
+    (or, once `ready_pid` is set, waiting for its one request). Used once, then destroyed."""
+
+    execution_id: str
+    spec: SandboxSpec
+    proc: subprocess.Popen[bytes]
+    channel: _Channels
+    cgroup: CgroupHandle | None
+    workspace: workspaces.Workspace
+    cgroup_limits: Limits  # what its cgroup is set to now
+    started_at: float
+    cleanup: contextlib.ExitStack
+    ready_pid: int | None = None
+    baseline: _Baseline | None = None  # what it used before its request (see wait_ready)
+    used: bool = False
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def destroy(self) -> None:
+        """Kill it and remove everything it had; idempotent."""
+        self.cleanup.close()
+
+
 def execute(request: RunRequest, backend: Backend) -> ExecutionResult:
-    """Run `request` in a fresh sandbox of `backend` and destroy the sandbox afterwards.
+    """Run `request` in a fresh sandbox of `backend` and destroy the sandbox afterwards
+    (a cold start; `codecage.pool` runs requests in sandboxes started ahead of time).
 
     Raises:
         ConfigError: the request was refused before anything ran.
         HostError: this host cannot provide the isolation.
         SandboxError: the sandbox failed to start or broke down.
     """
+    check_request(request.code, request.filename, request.limits)
+    sandbox = start(
+        SandboxSpec.for_request(request),
+        request.limits,
+        backend,
+        workspace_dir=request.workspace_dir,
+    )
+    try:
+        return run_in(sandbox, request, backend_name=backend.name)
+    finally:
+        sandbox.destroy()
+
+
+def start(
+    spec: SandboxSpec,
+    limits: Limits,
+    backend: Backend,
+    *,
+    workspace_dir: Path | None = None,
+) -> StartedSandbox:
+    """Start one sandbox made as `spec` says, its cgroup set to `limits`; do not wait for
+    the guest. Everything it creates is undone by `StartedSandbox.destroy()`.
+
+    Raises:
+        HostError: this host cannot provide the isolation.
+        SandboxError: the sandbox failed to start.
+    """
     execution_id = uuid.uuid4().hex
-    limits = request.limits
-    check_request(request.code, request.filename, limits)
     interpreter = rootfs.find_interpreter()
     bpf = seccomp.compile_bpf(seccomp.plan(network=False))
-    started = time.monotonic()
-    with contextlib.ExitStack() as cleanup:
+    started_at = time.monotonic()
+    cleanup = contextlib.ExitStack()
+    try:
         run_dir = _make_run_dir(cleanup)
-        ws = _prepare_workspace(request, run_dir, cleanup)
+        ws = _prepare_workspace(workspace_dir, spec.workspace_mb, run_dir, cleanup)
         rootfs.write_etc(run_dir / "etc")
         (run_dir / "empty").mkdir(mode=0o555)
         rootfs.write_empty_file(run_dir)
@@ -135,16 +209,15 @@ def execute(request: RunRequest, backend: Backend) -> ExecutionResult:
             workspace=ws.path,
             etc_dir=run_dir / "etc",
             empty_dir=run_dir / "empty",
-            tmp_bytes=limits.tmp_mb * cgroups.MiB,
-        ) + _package_mounts(request.policy, interpreter)
+            tmp_bytes=spec.tmp_mb * cgroups.MiB,
+        ) + _package_mounts(spec.policy, interpreter)
         channel = _Channels.open(cleanup, bpf)
         env = _sandbox_env(interpreter)
-        guest_argv = _guest_argv(channel.guest_control_fd)
         plan = backend.launch_plan(
             LaunchSpec(
                 mounts=mounts,
                 env=env,
-                guest_argv=guest_argv,
+                guest_argv=_guest_argv(channel.guest_control_fd, spec.preload),
                 seccomp_fd=channel.seccomp_fd,
                 info_fd=channel.info_write,
                 block_fd=channel.block_read,
@@ -156,59 +229,175 @@ def execute(request: RunRequest, backend: Backend) -> ExecutionResult:
         cleanup.callback(_reap, proc)
         channel.close_guest_ends()
         _place_in_cgroup(proc, channel, cgroup)
-        guest_request = GuestRequest(
-            code=request.code,
-            filename=request.filename,
-            limits=cgroups.guest_limits(limits, by_cgroup=cgroup is not None),
-            return_value_max_bytes=RETURN_VALUE_MAX_BYTES,
-            profile=request.policy.profile if request.policy else "",
-            allowed_modules=sorted(request.policy.modules) if request.policy else None,
+    except BaseException:
+        cleanup.close()
+        raise
+    return StartedSandbox(
+        execution_id=execution_id,
+        spec=spec,
+        proc=proc,
+        channel=channel,
+        cgroup=cgroup,
+        workspace=ws,
+        cgroup_limits=limits,
+        started_at=started_at,
+        cleanup=cleanup,
+    )
+
+
+def wait_ready(sandbox: StartedSandbox, timeout_s: float) -> None:
+    """Wait for the guest's "ready" message (it has started and preloaded its modules).
+
+    Raises:
+        SandboxError: the guest died, said something else, or did not get ready in time.
+    """
+    sock = sandbox.channel.host_control
+    deadline = time.monotonic() + timeout_s
+    data = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(sock, selectors.EVENT_READ)
+        while not data.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0 or not sel.select(left):
+                raise SandboxError(f"the sandbox did not get ready within {timeout_s:g} s")
+            chunk = sock.recv(4096)
+            if not chunk or len(data) > 4096:
+                raise SandboxError("the sandbox failed to start: " + _startup_failure(sandbox))
+            data += chunk
+    try:
+        sandbox.ready_pid = GuestReady.model_validate_json(data).pid
+    except ValidationError as exc:
+        raise SandboxError(f"unexpected first message from the guest: {data[:200]!r}") from exc
+    if sandbox.cgroup is not None:
+        # The run's peak counts from here, not from the start-up's (v1; see the function);
+        # its CPU time too (an idle guest waiting in recv() uses none).
+        cgroups.reset_peak_memory(sandbox.cgroup)
+        sandbox.baseline = _Baseline(
+            cpu_ms=cgroups.cpu_usage_ms(sandbox.cgroup) or 0,
+            oom_kills=cgroups.oom_kills(sandbox.cgroup),
         )
-        seen = supervise(
-            proc,
-            channel.host_control,
-            (guest_request.model_dump_json() + "\n").encode("utf-8"),
-            started=started,
-            wall_timeout_s=limits.timeout,
-            cpu_limit_ms=limits.cpu_seconds * 1000,
-            output_cap_bytes=limits.max_output_bytes,
-            control_cap_bytes=_CONTROL_CAP_BYTES,
-            cgroup=cgroup,
+
+
+def _startup_failure(sandbox: StartedSandbox) -> str:
+    """What the sandbox's stderr said before it died (it is small: nothing ran yet)."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        sandbox.proc.wait(timeout=2)
+    stderr = sandbox.proc.stderr
+    text = b""
+    if stderr is not None and sandbox.proc.poll() is not None:
+        text = stderr.read(4096)
+    return neutralise(text).strip()[:2000] or f"exit {sandbox.proc.returncode}"
+
+
+class LimitsNotApplicable(SandboxError):
+    """A started sandbox cannot take the request's limits (e.g. its preloaded modules
+    already use more memory than asked for): run the request in a fresh one instead."""
+
+
+def run_in(sandbox: StartedSandbox, request: RunRequest, *, backend_name: str) -> ExecutionResult:
+    """Run `request` in `sandbox` (started by `start`), which is used up by it; the caller
+    destroys it.
+
+    Raises:
+        LimitsNotApplicable: the sandbox cannot take this request's limits; it is unused.
+        SandboxError: the sandbox failed to start or broke down.
+    """
+    if sandbox.used:
+        raise SandboxError("a sandbox runs one request only")
+    limits = request.limits
+    baseline = _apply_late_limits(sandbox, limits)
+    sandbox.used = True
+    cgroup = sandbox.cgroup
+    warm = sandbox.ready_pid is not None
+    guest_request = GuestRequest(
+        code=request.code,
+        filename=request.filename,
+        limits=cgroups.guest_limits(limits, by_cgroup=cgroup is not None),
+        return_value_max_bytes=RETURN_VALUE_MAX_BYTES,
+        profile=request.policy.profile if request.policy else "",
+        allowed_modules=sorted(request.policy.modules) if request.policy else None,
+    )
+    seen = supervise(
+        sandbox.proc,
+        sandbox.channel.host_control,
+        (guest_request.model_dump_json() + "\n").encode("utf-8"),
+        # A cold run's clock starts before the sandbox does; a warm one's at the request.
+        started=time.monotonic() if warm else sandbox.started_at,
+        wall_timeout_s=limits.timeout,
+        cpu_limit_ms=limits.cpu_seconds * 1000,
+        cpu_baseline_ms=baseline.cpu_ms,
+        output_cap_bytes=limits.max_output_bytes,
+        control_cap_bytes=_CONTROL_CAP_BYTES,
+        cgroup=cgroup,
+        reported=functools.partial(_has_final_report, ready_pid=sandbox.ready_pid),
+    )
+    ready, report, report_events = _parse_control(seen, ready_pid=sandbox.ready_pid)
+    if seen.reported and report is not None:
+        seen.returncode = report.exit_code  # it exits with that now; see supervise()
+    if not ready and not seen.timed_out and not seen.cpu_exceeded:
+        raise SandboxError(
+            "the sandbox failed to start: "
+            + (neutralise(seen.stderr.data).strip()[:2000] or f"exit {seen.returncode}"),
+            hint="run `codecage doctor` to check this host's isolation layers",
         )
-        ready, report, report_events = _parse_control(seen)
-        if not ready and not seen.timed_out and not seen.cpu_exceeded:
-            raise SandboxError(
-                "the sandbox failed to start: "
-                + (neutralise(seen.stderr.data).strip()[:2000] or f"exit {seen.returncode}"),
-                hint="run `codecage doctor` to check this host's isolation layers",
-            )
-        usage = _usage(seen, cgroup)
-        oom = cgroup is not None and cgroups.oom_killed(cgroup)
-        files, files_truncated = workspaces.list_files(ws.path)
-        result = _build_result(
-            execution_id=execution_id,
-            request=request,
-            backend=backend.name,
-            seen=seen,
-            report=report,
-            events=report_events,
-            usage=usage,
-            oom=oom,
-            files=files,
-            files_truncated=files_truncated,
-            by_cgroup=cgroup is not None,
-            workspace_full=_workspace_full(ws),
-        )
+    usage = _usage(seen, cgroup, baseline)
+    oom = cgroup is not None and cgroups.oom_kills(cgroup) > baseline.oom_kills
+    files, files_truncated = workspaces.list_files(sandbox.workspace.path)
+    result = _build_result(
+        execution_id=sandbox.execution_id,
+        request=request,
+        backend=backend_name,
+        seen=seen,
+        report=report,
+        events=report_events,
+        usage=usage,
+        oom=oom,
+        files=files,
+        files_truncated=files_truncated,
+        by_cgroup=cgroup is not None,
+        workspace_full=_workspace_full(sandbox.workspace),
+    )
     log.info(
         "engine.run",
         extra={
-            "execution_id": execution_id,
-            "backend": backend.name,
+            "execution_id": sandbox.execution_id,
+            "backend": backend_name,
+            "warm": warm,
             "status": result.status,
             "wall_ms": result.usage.wall_ms,
         },
     )
     return result
+
+
+def _has_final_report(data: bytes, *, ready_pid: int | None) -> bool:
+    """Whether the control data holds the main process's final report (see supervise)."""
+    if not data.endswith(b"\n") or b'"result"' not in data:
+        return False
+    ready, report, _ = _parse_control_lines(data, ready_pid=ready_pid)
+    return ready and report is not None
+
+
+@dataclass(frozen=True, slots=True)
+class _Baseline:
+    """What a warm sandbox had used before its request (interpreter start, preloading):
+    subtracted, so that the request's limits and usage count the user's code only."""
+
+    cpu_ms: int = 0
+    oom_kills: int = 0
+
+
+def _apply_late_limits(sandbox: StartedSandbox, limits: Limits) -> _Baseline:
+    cgroup = sandbox.cgroup
+    if cgroup is None or sandbox.baseline is None:  # cold: made for this request
+        return _Baseline()
+    if limits != sandbox.cgroup_limits:
+        try:
+            cgroups.set_limits(cgroup, limits, previous=sandbox.cgroup_limits)
+        except OSError as exc:
+            raise LimitsNotApplicable(f"cannot set the warm sandbox's limits: {exc}") from exc
+        sandbox.cgroup_limits = limits
+    return sandbox.baseline
 
 
 # --- preparation -----------------------------------------------------------------------
@@ -277,12 +466,12 @@ def _make_run_dir(cleanup: contextlib.ExitStack) -> Path:
 
 
 def _prepare_workspace(
-    request: RunRequest, run_dir: Path, cleanup: contextlib.ExitStack
+    workspace_dir: Path | None, size_mb: int, run_dir: Path, cleanup: contextlib.ExitStack
 ) -> workspaces.Workspace:
-    if request.workspace_dir is not None:
-        ws = workspaces.use_existing(request.workspace_dir)
+    if workspace_dir is not None:
+        ws = workspaces.use_existing(workspace_dir)
     else:
-        ws = workspaces.create_ephemeral(run_dir, request.limits.workspace_mb)
+        ws = workspaces.create_ephemeral(run_dir, size_mb)
     cleanup.callback(workspaces.destroy, ws)
     if not ws.owned:
         # A user's directory outlives the run: no setuid/setgid file may be planted in it
@@ -375,10 +564,10 @@ def _sandbox_env(interpreter: rootfs.Interpreter) -> dict[str, str]:
     return env
 
 
-def _guest_argv(control_fd: int) -> tuple[str, ...]:
+def _guest_argv(control_fd: int, preload: tuple[str, ...]) -> tuple[str, ...]:
     # -I: isolated (no env vars, no user site, no cwd on sys.path); -S: no site module, so
     # no .pth files run; -B: no bytecode writes; utf8 mode: text I/O is UTF-8 whatever LANG.
-    return (
+    argv = (
         rootfs.GUEST_PYTHON,
         "-I",
         "-S",
@@ -389,6 +578,7 @@ def _guest_argv(control_fd: int) -> tuple[str, ...]:
         "--control-fd",
         str(control_fd),
     )
+    return (*argv, "--preload", ",".join(preload)) if preload else argv
 
 
 def _spawn(
@@ -457,21 +647,36 @@ def _destroy_cgroup(cgroup: CgroupHandle) -> None:
 # --- judging ---------------------------------------------------------------------------
 
 
-def _parse_control(seen: Observation) -> tuple[bool, GuestResult | None, list[Event]]:
-    """The guest's messages, validated. Anything malformed is noted once, never trusted.
+def _parse_control(
+    seen: Observation, *, ready_pid: int | None
+) -> tuple[bool, GuestResult | None, list[Event]]:
+    """The guest's messages, validated. Anything malformed is noted once, never trusted."""
+    ready, report, problems = _parse_control_lines(seen.control.data, ready_pid=ready_pid)
+    if seen.control.truncated:
+        problems.insert(0, "the guest's messages were over the size bound")
+    events = []
+    if problems:
+        detail = f"ignored {len(problems)} malformed guest message(s); first: {problems[0]}"
+        events.append(Event(kind="guest_report_invalid", detail=detail[:300]))
+    return ready, report, events
+
+
+def _parse_control_lines(
+    data: bytes, *, ready_pid: int | None
+) -> tuple[bool, GuestResult | None, list[str]]:
+    """Whether the guest got ready, its final report, and what was malformed.
 
     The bootstrap sends its result after the user's code has finished, so the *last* valid
     result of the main process (the pid it announced as ready, before any user code ran)
     wins: what the code wrote to the control socket earlier, and the reports of processes
-    it forked (they return through the bootstrap too), are overridden or ignored.
+    it forked (they return through the bootstrap too), are overridden or ignored. A warm
+    sandbox said it was ready (`ready_pid`) before the request was sent.
     """
-    ready = False
-    main_pid: int | None = None
+    ready = ready_pid is not None
+    main_pid = ready_pid
     report: GuestResult | None = None
     problems: list[str] = []
-    if seen.control.truncated:
-        problems.append("the guest's messages were over the size bound")
-    for line in seen.control.data.split(b"\n"):
+    for line in data.split(b"\n"):
         if not line:
             continue
         try:
@@ -487,17 +692,14 @@ def _parse_control(seen: Observation) -> tuple[bool, GuestResult | None, list[Ev
                 raise ValueError("unexpected message")
         except (ValueError, ValidationError) as exc:
             problems.append(str(exc))
-    events = []
-    if problems:
-        detail = f"ignored {len(problems)} malformed guest message(s); first: {problems[0]}"
-        events.append(Event(kind="guest_report_invalid", detail=detail[:300]))
-    return ready, report, events
+    return ready, report, problems
 
 
-def _usage(seen: Observation, cgroup: CgroupHandle | None) -> Usage:
+def _usage(seen: Observation, cgroup: CgroupHandle | None, baseline: _Baseline) -> Usage:
+    cpu_ms = cgroups.cpu_usage_ms(cgroup) if cgroup is not None else None
     return Usage(
         wall_ms=int(seen.wall_s * 1000),
-        cpu_ms=cgroups.cpu_usage_ms(cgroup) if cgroup is not None else None,
+        cpu_ms=None if cpu_ms is None else max(0, cpu_ms - baseline.cpu_ms),
         peak_memory_mb=cgroups.peak_memory_mb(cgroup) if cgroup is not None else None,
     )
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 Status = Literal["ok", "error", "timeout", "cpu_limit", "memory_limit", "killed", "blocked"]
 """How a run ended, judged by the host from what it observed (never from the guest's word)."""
@@ -223,6 +223,81 @@ class ProfileInfo(_Model):
     default: bool = Field(description="Whether runs use this profile when none is given.")
 
 
+class PoolSizes(_Model):
+    """How many warm sandboxes one pool key keeps ready."""
+
+    min_idle: int = Field(1, ge=0, le=64, description="Kept ready at all times.")
+    max_idle: int = Field(
+        4, ge=0, le=64, description="Grown to under load (a run that found none ready)."
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PoolSizes:
+        if self.max_idle < self.min_idle:
+            raise ValueError(f"max_idle={self.max_idle} is below min_idle={self.min_idle}")
+        return self
+
+
+class PoolConfig(_Model):
+    """The warm pool's settings (`[pool]` in the config file)."""
+
+    enabled: bool = Field(False, description="Run requests in pre-started sandboxes.")
+    sizes: PoolSizes = Field(PoolSizes(), description="Sizes of every key by default.")
+    profiles: dict[str, PoolSizes] = Field(
+        {}, description="Sizes by profile name, e.g. fewer of the heavy data_science."
+    )
+    max_starting: int = Field(4, ge=1, le=64, description="Sandboxes starting at once.")
+    ready_timeout: float = Field(
+        60.0, gt=0, le=600, description="Seconds a sandbox may take to start and preload."
+    )
+    wait: float = Field(
+        2.0,
+        ge=0,
+        le=60,
+        description="Seconds a run waits for a sandbox that is already starting before it "
+        "starts a cold one itself.",
+    )
+
+    def sizes_for(self, profile: str) -> PoolSizes:
+        return self.profiles.get(profile, self.sizes)
+
+
+class PoolKeyState(_Model):
+    """One pool key: the sandboxes kept warm for one profile (and sizes)."""
+
+    profile: str = Field(description="Import profile(s) of these sandboxes; 'none' = no policy.")
+    preload: list[str] = Field(description="Modules imported before the request comes.")
+    workspace_mb: int
+    tmp_mb: int
+    idle: int = Field(description="Ready now, each waiting for its one request.")
+    starting: int
+    target: int = Field(description="How many it keeps ready now (min_idle..max_idle).")
+    min_idle: int
+    max_idle: int
+    hits: int = Field(description="Runs that got a warm sandbox.")
+    misses: int = Field(description="Runs that found none and started cold.")
+    started: int
+    crashed: int = Field(description="Idle sandboxes that died and were replaced.")
+    failed_starts: int
+    last_error: str | None
+    idle_rss_mb: float | None = Field(
+        description="Resident memory of one idle sandbox, all its processes together "
+        "(shared pages counted in each); None when none is idle."
+    )
+    idle_pss_mb: float | None = Field(
+        description="The same as proportional set size (shared pages divided among sharers)."
+    )
+
+
+class PoolState(_Model):
+    """What `info` says of the warm pool."""
+
+    enabled: bool
+    config: PoolConfig
+    keys: list[PoolKeyState] = Field(description="Live keys; empty when no pool runs here.")
+    host_rss_mb: float | None = Field(description="Resident memory of this (host) process.")
+
+
 class HostInfo(_Model):
     """What `codecage info` reports: backend, mechanisms in force, defaults and ceilings."""
 
@@ -243,6 +318,7 @@ class HostInfo(_Model):
         description="The profile(s) this Sandbox applies; None when the import policy is off."
     )
     ceilings: Ceilings
+    pool: PoolState | None = Field(None, description="The warm pool's settings and state.")
 
 
 class ProbeResult(_Model):
@@ -320,6 +396,7 @@ class GuestResult(_Model):
     v: Literal[1]
     kind: Literal["result"]
     pid: int = Field(description="pid (inside the sandbox) of the process that reported.")
+    exit_code: int = Field(0, ge=0, le=255, description="The code the guest then exits with.")
     return_value: Any = None
     error: ErrorInfo | None = None
     events: Annotated[list[GuestEvent], Field(max_length=50)] = []

@@ -31,9 +31,11 @@ from codecage.models import (
     HostInfo,
     LayerStatus,
     Limits,
+    PoolState,
     Usage,
     ValidationReport,
 )
+from codecage.pool import Pool
 from codecage.profiles import ImportPolicy
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,15 @@ class Sandbox:
             Precedence: these arguments > CODECAGE_* variables > the file > built-ins.
         selftest: run the self-test before the first run (cached per boot); turning it off
             is for codecage's own tests of the self-test, not for production.
+        pool: run requests in warm, single-use sandboxes started ahead of time (same
+            isolation, ~1 ms instead of ~50 ms to start). True: a pool of this Sandbox's
+            own, sized by the config's [pool] table; a `Pool`: share that one; False: cold
+            starts only; None (default): as the config says (`[pool] enabled`, or
+            CODECAGE_POOL). Close the Sandbox (or use it in a `with`) to stop its pool.
+
+    >>> with Sandbox(pool=True) as sandbox:
+    ...     sandbox.warm()                      # optional: wait until the pool is ready
+    ...     results = [sandbox.run(f"{i} * 2") for i in range(100)]
     """
 
     def __init__(
@@ -78,6 +89,7 @@ class Sandbox:
         replace_imports: bool = False,
         import_policy: bool = True,
         config: str | Path | None = None,
+        pool: bool | Pool | None = None,
     ) -> None:
         self.settings = load_settings(Path(config) if config is not None else None)
         self.limits = limits or self.settings.limits
@@ -95,6 +107,33 @@ class Sandbox:
         if not _swept.is_set():  # once per process: leftovers of killed codecage processes
             _swept.set()
             engine.sweep_stale_runs()
+        self._preload: tuple[str, ...] | None = None
+        self._selftest_report: DoctorReport | None = None
+        self.pool, self._owns_pool = self._pool(pool)
+        if self.pool is not None:
+            self.pool.register(self._warm_spec(self.limits), self._profile_name())
+
+    def _pool(self, pool: bool | Pool | None) -> tuple[Pool | None, bool]:
+        if isinstance(pool, Pool):
+            return pool, False
+        if pool is False or (pool is None and not self.settings.pool.enabled):
+            return None, False
+        config = self.settings.pool.model_copy(update={"enabled": True})
+        return Pool(self.backend, config, self.limits), True
+
+    def _warm_spec(self, limits: Limits) -> engine.SandboxSpec:
+        """What a warm sandbox for a run with `limits` must have been started with."""
+        if self._preload is None:
+            self._preload = profiles.preload_for(self.policy)
+        return engine.SandboxSpec(
+            policy=self.policy,
+            workspace_mb=limits.workspace_mb,
+            tmp_mb=limits.tmp_mb,
+            preload=self._preload,
+        )
+
+    def _profile_name(self) -> str:
+        return self.policy.profile if self.policy else "none"
 
     def _policy(
         self, profile: str | None, allowed_imports: Iterable[str], replace: bool
@@ -153,7 +192,41 @@ class Sandbox:
             degraded=self._missing_layers(),
             policy=self.policy,
         )
+        if self.pool is not None and request.workspace_dir is None:
+            result = self._run_warm(self.pool, request)
+            if result is not None:
+                return result
         return engine.execute(request, self.backend)
+
+    def _run_warm(self, pool: Pool, request: engine.RunRequest) -> ExecutionResult | None:
+        """Run in a warm sandbox; None when there is none for this request (its sizes differ
+        from the pool's, none is ready, or it cannot take the limits): then run cold."""
+        engine.check_request(request.code, request.filename, request.limits)
+        sandbox = pool.take(self._warm_spec(request.limits))
+        if sandbox is None:
+            return None
+        try:
+            return engine.run_in(sandbox, request, backend_name=self.backend.name)
+        except engine.LimitsNotApplicable as exc:
+            log.info("sandbox.warm_refused_limits", extra={"error": str(exc)})
+            return None
+        finally:
+            pool.release(sandbox)
+
+    def warm(self, timeout: float = 60.0) -> bool:
+        """Wait until the pool has its warm sandboxes ready; False on timeout or no pool."""
+        return self.pool.wait_ready(timeout) if self.pool is not None else False
+
+    def close(self) -> None:
+        """Stop this Sandbox's own pool, killing its idle sandboxes (a shared one stays)."""
+        if self.pool is not None and self._owns_pool:
+            self.pool.close()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     async def arun(
         self,
@@ -213,6 +286,9 @@ class Sandbox:
             config_file=str(self.settings.config_file) if self.settings.config_file else None,
             import_policy=self.policy.profile if self.policy else None,
             ceilings=engine.ceilings(),
+            pool=self.pool.state()
+            if self.pool is not None
+            else PoolState(enabled=False, config=self.settings.pool, keys=[], host_rss_mb=None),
         )
 
     def doctor(self) -> DoctorReport:
@@ -281,6 +357,11 @@ class Sandbox:
         return missing
 
     def _cached_selftest(self) -> DoctorReport:
+        if self._selftest_report is None:
+            self._selftest_report = self._load_selftest()
+        return self._selftest_report
+
+    def _load_selftest(self) -> DoctorReport:
         key = selftest.cache_key(self.backend.name, _bwrap_version(self.backend))
         with _selftest_lock:
             if key in _selftest_memo:

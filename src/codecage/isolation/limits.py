@@ -169,15 +169,19 @@ def create(run_id: str, limits: Limits) -> CgroupHandle | None:
     return handle
 
 
-def _write_limits(handle: CgroupHandle, limits: Limits) -> None:
+def _write_limits(handle: CgroupHandle, limits: Limits, *, raising: bool = False) -> None:
+    """Write the memory and pids limits. v1 insists that memsw >= memory at every moment,
+    so when `raising` a limit, memsw goes first; when lowering, memory goes first."""
     memory = str(limits.memory_mb * MiB)
     pids = str(limits.max_processes + _INIT_PIDS)
     if handle.version == 1:
         mem_dir = handle.dirs["memory"]
-        (mem_dir / "memory.limit_in_bytes").write_text(memory, encoding="utf-8")
         memsw = mem_dir / "memory.memsw.limit_in_bytes"
-        if memsw.exists():  # no escaping the limit into swap
-            memsw.write_text(memory, encoding="utf-8")
+        # No escaping the limit into swap.
+        order = [memsw, mem_dir / "memory.limit_in_bytes"]
+        for path in order if raising else reversed(order):
+            if path.exists():
+                path.write_text(memory, encoding="utf-8")
         (handle.dirs["pids"] / "pids.max").write_text(pids, encoding="utf-8")
     else:
         d = handle.dirs["unified"]
@@ -199,13 +203,21 @@ def attach(handle: CgroupHandle, pid: int) -> None:
         raise HostError(f"cannot move the sandbox into its cgroup: {exc}") from exc
 
 
+def _read_small(path: Path) -> str:
+    """One small cgroup file (no text-file wrapper: these are read on every run's path)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 65536).decode("ascii")
+    finally:
+        os.close(fd)
+
+
 def cpu_usage_ms(handle: CgroupHandle) -> int | None:
     """CPU time used by every process of the run so far."""
     try:
         if handle.version == 1:
-            ns = int((handle.dirs["cpuacct"] / "cpuacct.usage").read_text(encoding="utf-8"))
-            return ns // 1_000_000
-        stat = (handle.dirs["unified"] / "cpu.stat").read_text(encoding="utf-8")
+            return int(_read_small(handle.dirs["cpuacct"] / "cpuacct.usage")) // 1_000_000
+        stat = _read_small(handle.dirs["unified"] / "cpu.stat")
         fields = dict(line.split() for line in stat.splitlines())
         return int(fields["usage_usec"]) // 1000
     except (OSError, ValueError, KeyError):
@@ -217,25 +229,50 @@ def peak_memory_mb(handle: CgroupHandle) -> float | None:
     name = "memory.max_usage_in_bytes" if handle.version == 1 else "memory.peak"
     key = "memory" if handle.version == 1 else "unified"
     try:
-        return round(int((handle.dirs[key] / name).read_text(encoding="utf-8")) / MiB, 1)
+        return round(int(_read_small(handle.dirs[key] / name)) / MiB, 1)
     except (OSError, ValueError):
         return None
 
 
-def oom_killed(handle: CgroupHandle) -> bool:
-    """Whether the kernel's OOM killer killed something in this run's cgroup."""
+def oom_kills(handle: CgroupHandle) -> int:
+    """How many times the kernel's OOM killer killed something in this run's cgroup."""
     if handle.version == 1:
         path, key = handle.dirs["memory"] / "memory.oom_control", "oom_kill"
     else:
         path, key = handle.dirs["unified"] / "memory.events", "oom_kill"
     try:
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for line in _read_small(path).splitlines():
             name, _, value = line.partition(" ")
             if name == key:
-                return int(value) > 0
+                return int(value)
     except (OSError, ValueError):
         pass
-    return False
+    return 0
+
+
+def oom_killed(handle: CgroupHandle) -> bool:
+    """Whether the kernel's OOM killer killed something in this run's cgroup."""
+    return oom_kills(handle) > 0
+
+
+def set_limits(handle: CgroupHandle, limits: Limits, *, previous: Limits) -> None:
+    """Change a live cgroup's memory and pids limits (a warm sandbox taking its request).
+
+    Raises:
+        OSError: the kernel refused, e.g. the group already uses more memory than asked.
+    """
+    if handle.version == 2 or limits.memory_mb >= previous.memory_mb:
+        _write_limits(handle, limits, raising=True)
+    else:
+        _write_limits(handle, limits, raising=False)
+
+
+def reset_peak_memory(handle: CgroupHandle) -> None:
+    """Start the peak memory count afresh (v1 only: v2's memory.peak cannot be reset for
+    readers of other file descriptors, so a warm run's peak includes its preloading)."""
+    if handle.version == 1:
+        with contextlib.suppress(OSError):
+            (handle.dirs["memory"] / "memory.max_usage_in_bytes").write_text("0", encoding="utf-8")
 
 
 def pids_in(handle: CgroupHandle) -> list[int]:
@@ -333,6 +370,7 @@ def probe() -> list[LayerStatus]:
     ]
 
 
+@functools.cache
 def memory_ceiling_mb() -> int:
     """The most memory a run may ask for: the host's physical memory."""
     try:

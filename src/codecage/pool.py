@@ -1,0 +1,421 @@
+"""Warm, single-use sandboxes: started ahead of time, each runs exactly one request.
+
+Per key (what cannot change once a sandbox started: its `SandboxSpec`, i.e. the import
+policy, the sizes of /workspace and /tmp, the modules to preload; and the pool's backend),
+the pool keeps a few sandboxes whose guest has started the interpreter, imported the
+profile's heavy modules and now waits for its request. A warm sandbox is isolated exactly
+like a cold one: it was made by the same `engine.start`, with its own namespaces, seccomp
+filter, cgroup, workspace tmpfs and /tmp. What a request may change late is applied when it
+is taken (`engine.run_in`): cgroup limits by the host, rlimits by the guest before the
+user's code, the wall timer from the moment the request is sent.
+
+After its one run a sandbox is destroyed (in a background thread, off the caller's path);
+the pool refills in the background. Nothing is reused: no process, no writable path.
+
+Threads: one manager thread starts every sandbox (bwrap's --die-with-parent is tied to the
+thread that started it, so that thread lives as long as the pool) and watches the starting
+and idle ones; one reaper thread destroys used ones. Callers of `take` only pop from a
+deque under a lock.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import logging
+import os
+import queue
+import selectors
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+
+from codecage import engine
+from codecage.backends.base import Backend
+from codecage.engine import SandboxSpec, StartedSandbox
+from codecage.errors import CodecageError
+from codecage.models import Limits, PoolConfig, PoolKeyState, PoolSizes, PoolState
+
+log = logging.getLogger(__name__)
+
+_TICK_S = 0.5
+_SHRINK_AFTER_S = 30.0  # a key grown under load shrinks back by one after this long calm
+_MAX_BACKOFF_S = 30.0
+
+
+@dataclass(slots=True)
+class _Key:
+    """The sandboxes of one key, and its counters. Guarded by the pool's lock."""
+
+    spec: SandboxSpec
+    sizes: PoolSizes
+    target: int
+    idle: collections.deque[StartedSandbox] = field(default_factory=collections.deque)
+    starting: int = 0
+    hits: int = 0
+    misses: int = 0
+    started: int = 0
+    crashed: int = 0
+    failed_starts: int = 0
+    failures_in_a_row: int = 0
+    paused_until: float = 0.0
+    last_error: str | None = None
+    last_miss: float = 0.0
+
+
+class Pool:
+    """Warm single-use sandboxes of one backend, kept per `SandboxSpec`.
+
+    >>> pool = Pool(backend, PoolConfig(enabled=True), Limits())
+    >>> pool.register(spec)                 # keep sandboxes of this spec warm
+    >>> sandbox = pool.take(spec)           # a ready one, or None: start a cold one
+    >>> ...engine.run_in(sandbox, request)...; pool.release(sandbox)
+    >>> pool.close()                        # kills every pooled sandbox
+    """
+
+    def __init__(self, backend: Backend, config: PoolConfig, limits: Limits) -> None:
+        self.backend = backend
+        self.config = config
+        self._limits = limits  # idle sandboxes' cgroups; each request sets its own
+        self._cond = threading.Condition()
+        self._keys: dict[SandboxSpec, _Key] = {}
+        self._closed = False
+        self._wake_read, self._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._graveyard: queue.SimpleQueue[StartedSandbox | None] = queue.SimpleQueue()
+        self._reaper = threading.Thread(target=self._reap_loop, name="codecage-reaper", daemon=True)
+        self._manager = threading.Thread(target=self._manage, name="codecage-pool", daemon=True)
+        self._reaper.start()
+        self._manager.start()
+        _live_pools.add(self)
+
+    # --- the callers' side ---------------------------------------------------------------
+
+    def register(self, spec: SandboxSpec, profile: str | None = None) -> None:
+        """Keep sandboxes of `spec` warm (sizes of `profile`, else the default sizes)."""
+        with self._cond:
+            if self._closed or spec in self._keys:
+                return
+            name = profile or (spec.policy.profile if spec.policy else "none")
+            sizes = self.config.sizes_for(name)
+            self._keys[spec] = _Key(spec=spec, sizes=sizes, target=sizes.min_idle)
+        self._wake()
+
+    def take(self, spec: SandboxSpec) -> StartedSandbox | None:
+        """A ready sandbox of `spec`, now the caller's (run it, then `release` it); or None
+        when none is ready within the configured wait, or `spec` is not registered: the
+        caller starts a cold one."""
+        deadline = time.monotonic() + self.config.wait
+        with self._cond:
+            key = self._keys.get(spec)
+            while key is not None and not self._closed:
+                while key.idle:
+                    sandbox = key.idle.popleft()
+                    if sandbox.alive():
+                        key.hits += 1
+                        self._wake()
+                        return sandbox
+                    key.crashed += 1
+                    self._graveyard.put(sandbox)
+                left = deadline - time.monotonic()
+                if key.starting == 0 or left <= 0:
+                    break
+                self._cond.wait(left)  # one is starting: sooner ready than a cold start
+            if key is not None:
+                key.misses += 1
+                key.last_miss = time.monotonic()
+                key.target = min(key.sizes.max_idle, max(key.target, key.sizes.min_idle) + 1)
+        self._wake()
+        return None
+
+    def release(self, sandbox: StartedSandbox) -> None:
+        """Hand back a sandbox taken from the pool, used or not: it is destroyed."""
+        self._graveyard.put(sandbox)
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait until every key has its `min_idle` sandboxes ready; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not all(len(k.idle) >= k.sizes.min_idle for k in self._keys.values()):
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closed:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def state(self) -> PoolState:
+        """Sizes, counters and the idle sandboxes' memory, per key."""
+        with self._cond:
+            keys = [(k, list(k.idle)) for k in self._keys.values()]
+            rows = [_key_state(k, idle) for k, idle in keys]
+        return PoolState(
+            enabled=True, config=self.config, keys=rows, host_rss_mb=_rss_mb(os.getpid())
+        )
+
+    def close(self) -> None:
+        """Stop refilling and kill every pooled sandbox; wait until they are gone."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        self._wake()
+        if threading.current_thread() is not self._manager:
+            self._manager.join()
+        self._graveyard.put(None)
+        if threading.current_thread() is not self._reaper:
+            self._reaper.join()
+        for fd in (self._wake_read, self._wake_write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        _live_pools.discard(self)
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- the manager thread ----------------------------------------------------------------
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # full pipe: a wake-up is pending anyway
+            os.write(self._wake_write, b"x")
+
+    def _manage(self) -> None:
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._wake_read, selectors.EVENT_READ, None)
+            watched: dict[int, tuple[_Key, StartedSandbox, str]] = {}
+            try:
+                while not self._closed:
+                    self._start_missing(sel, watched)
+                    for sel_key, _ in sel.select(_TICK_S):
+                        if sel_key.data is None:
+                            with contextlib.suppress(OSError):
+                                os.read(self._wake_read, 4096)
+                            continue
+                        self._on_event(sel, watched, sel_key.fd)
+                    self._expire_slow_starts(sel, watched)
+                    self._shrink_calm_keys()
+            except Exception:
+                log.exception("pool.manager_failed")
+                with self._cond:
+                    self._closed = True
+                    self._cond.notify_all()
+            finally:
+                self._drain(sel, watched)
+
+    def _start_missing(
+        self, sel: selectors.BaseSelector, watched: dict[int, tuple[_Key, StartedSandbox, str]]
+    ) -> None:
+        while not self._closed:
+            key = self._next_to_start()
+            if key is None:
+                return
+            try:
+                sandbox = engine.start(key.spec, self._limits, self.backend)
+            except CodecageError as exc:
+                self._failed(key, str(exc))
+                continue
+            with self._cond:
+                key.started += 1
+            sel.register(sandbox.channel.host_control, selectors.EVENT_READ, "starting")
+            watched[sandbox.channel.host_control.fileno()] = (key, sandbox, "starting")
+
+    def _next_to_start(self) -> _Key | None:
+        with self._cond:
+            starting = sum(k.starting for k in self._keys.values())
+            if starting >= self.config.max_starting:
+                return None
+            now = time.monotonic()
+            needy = [
+                k
+                for k in self._keys.values()
+                if len(k.idle) + k.starting < k.target and k.paused_until <= now
+            ]
+            if not needy:
+                return None
+            key = min(needy, key=lambda k: len(k.idle) + k.starting - k.target)
+            key.starting += 1
+            return key
+
+    def _on_event(
+        self,
+        sel: selectors.BaseSelector,
+        watched: dict[int, tuple[_Key, StartedSandbox, str]],
+        fd: int,
+    ) -> None:
+        key, sandbox, phase = watched.pop(fd)
+        sel.unregister(fd)
+        if phase == "starting":
+            self._on_started(sel, watched, key, sandbox)
+            return
+        # An idle sandbox's process ended: it crashed (or was taken, used and is gone).
+        os.close(fd)
+        with self._cond:
+            if sandbox in key.idle:
+                key.idle.remove(sandbox)
+                key.crashed += 1
+                log.warning("pool.idle_sandbox_died", extra={"profile": _profile(key)})
+                self._graveyard.put(sandbox)
+
+    def _on_started(
+        self,
+        sel: selectors.BaseSelector,
+        watched: dict[int, tuple[_Key, StartedSandbox, str]],
+        key: _Key,
+        sandbox: StartedSandbox,
+    ) -> None:
+        try:
+            engine.wait_ready(sandbox, timeout_s=1.0)
+            pidfd = os.pidfd_open(sandbox.proc.pid)
+        except (CodecageError, OSError) as exc:
+            with self._cond:
+                key.starting -= 1
+            self._graveyard.put(sandbox)
+            self._failed(key, str(exc))
+            return
+        sel.register(pidfd, selectors.EVENT_READ, "idle")
+        watched[pidfd] = (key, sandbox, "idle")
+        with self._cond:
+            key.starting -= 1
+            key.failures_in_a_row = 0
+            if self._closed:
+                return
+            key.idle.append(sandbox)
+            self._cond.notify_all()
+
+    def _failed(self, key: _Key, error: str) -> None:
+        """A sandbox did not start: note it, and back off when it keeps happening."""
+        log.warning("pool.start_failed", extra={"profile": _profile(key), "error": error})
+        with self._cond:
+            key.failed_starts += 1
+            key.failures_in_a_row += 1
+            key.last_error = error[:500]
+            backoff = min(_MAX_BACKOFF_S, 0.1 * 2**key.failures_in_a_row)
+            key.paused_until = time.monotonic() + backoff
+            self._cond.notify_all()
+
+    def _expire_slow_starts(
+        self, sel: selectors.BaseSelector, watched: dict[int, tuple[_Key, StartedSandbox, str]]
+    ) -> None:
+        limit = self.config.ready_timeout
+        now = time.monotonic()
+        for fd, (key, sandbox, phase) in list(watched.items()):
+            if phase == "starting" and now - sandbox.started_at > limit:
+                watched.pop(fd)
+                sel.unregister(fd)
+                with self._cond:
+                    key.starting -= 1
+                self._graveyard.put(sandbox)
+                self._failed(key, f"not ready within {limit:g} s")
+
+    def _shrink_calm_keys(self) -> None:
+        now = time.monotonic()
+        with self._cond:
+            for key in self._keys.values():
+                if key.target > key.sizes.min_idle and now - key.last_miss > _SHRINK_AFTER_S:
+                    key.target -= 1
+                    key.last_miss = now
+
+    def _drain(
+        self, sel: selectors.BaseSelector, watched: dict[int, tuple[_Key, StartedSandbox, str]]
+    ) -> None:
+        """On close: every sandbox not handed out is destroyed."""
+        for fd, (_, sandbox, phase) in watched.items():
+            with contextlib.suppress(KeyError, ValueError):
+                sel.unregister(fd)
+            if phase == "idle":
+                os.close(fd)
+            else:
+                self._graveyard.put(sandbox)
+        with self._cond:
+            for key in self._keys.values():
+                while key.idle:
+                    self._graveyard.put(key.idle.popleft())
+                key.starting = 0
+            self._cond.notify_all()
+
+    # --- the reaper thread -------------------------------------------------------------------
+
+    def _reap_loop(self) -> None:
+        while (sandbox := self._graveyard.get()) is not None:
+            try:
+                sandbox.destroy()
+            except Exception:
+                log.exception("pool.destroy_failed")
+
+
+# Every live pool is closed at interpreter exit, so no pooled sandbox outlives the host
+# (bwrap's --die-with-parent would kill them too, but leave their temp dirs).
+_live_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_pools() -> None:
+    for pool in list(_live_pools):
+        pool.close()
+
+
+def _profile(key: _Key) -> str:
+    return key.spec.policy.profile if key.spec.policy else "none"
+
+
+def _key_state(key: _Key, idle: list[StartedSandbox]) -> PoolKeyState:
+    memory = [_sandbox_memory(s) for s in idle[:1]]
+    rss, pss = memory[0] if memory else (None, None)
+    return PoolKeyState(
+        profile=_profile(key),
+        preload=list(key.spec.preload),
+        workspace_mb=key.spec.workspace_mb,
+        tmp_mb=key.spec.tmp_mb,
+        idle=len(idle),
+        starting=key.starting,
+        target=key.target,
+        min_idle=key.sizes.min_idle,
+        max_idle=key.sizes.max_idle,
+        hits=key.hits,
+        misses=key.misses,
+        started=key.started,
+        crashed=key.crashed,
+        failed_starts=key.failed_starts,
+        last_error=key.last_error,
+        idle_rss_mb=rss,
+        idle_pss_mb=pss,
+    )
+
+
+def _sandbox_memory(sandbox: StartedSandbox) -> tuple[float | None, float | None]:
+    """RSS and PSS of every process of one sandbox: bwrap outside, its init and the guest
+    inside (found in the sandbox's cgroup)."""
+    from codecage.isolation import limits as cgroups
+
+    pids = {sandbox.proc.pid}
+    if sandbox.cgroup is not None:
+        pids.update(cgroups.pids_in(sandbox.cgroup))
+    rss = [_rss_mb(pid) for pid in pids]
+    pss = [_pss_mb(pid) for pid in pids]
+    if any(v is None for v in rss):
+        return None, None
+    total_pss = None if any(v is None for v in pss) else round(sum(filter(None, pss)), 1)
+    return round(sum(filter(None, rss)), 1), total_pss
+
+
+def _rss_mb(pid: int) -> float | None:
+    return _status_kb(f"/proc/{pid}/status", "VmRSS:")
+
+
+def _pss_mb(pid: int) -> float | None:
+    return _status_kb(f"/proc/{pid}/smaps_rollup", "Pss:")
+
+
+def _status_kb(path: str, field_name: str) -> float | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field_name):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
