@@ -19,7 +19,14 @@ from rich.console import Console
 from codecage import config, profiles
 from codecage import validate as validation
 from codecage.errors import CodecageError, ConfigError
-from codecage.models import DoctorReport, ExecutionResult, HostInfo, Limits, ValidationReport
+from codecage.models import (
+    DoctorReport,
+    ExecutionResult,
+    HostInfo,
+    Limits,
+    PoolState,
+    ValidationReport,
+)
 from codecage.output import neutralise_text
 from codecage.sandbox import Sandbox
 
@@ -226,7 +233,7 @@ def run(
             import_policy=not no_import_policy,
             config=config_file,
         )
-        with _progress("starting the sandbox", enabled=not as_json):
+        with sandbox, _progress("starting the sandbox", enabled=not as_json):
             result = sandbox.run(
                 text, limits=overrides, filename=filename, workspace=workspace, strict=strict
             )
@@ -294,17 +301,32 @@ def info(
     as_json: JsonOpt = False,
     backend: BackendOpt = "auto",
     config_file: ConfigOpt = None,
+    pool: Annotated[
+        bool,
+        typer.Option(
+            "--pool",
+            help="Start the warm pool (sized as the config says), wait until it is ready, "
+            "and report its state: idle sandboxes and the memory each costs.",
+        ),
+    ] = False,
     verbose: VerboseOpt = False,
 ) -> None:
-    """Show the backend, the isolation layers really in force here, and the default limits.
+    """Show the backend, the isolation layers really in force here, the default limits,
+    the profiles and the warm pool's settings.
 
-    Example:
+    Examples:
 
         codecage info --json
+
+        codecage info --pool        # measure what an idle warm sandbox costs here
     """
     _configure_logging(verbose)
     try:
-        report = Sandbox(backend=backend, config=config_file).info()
+        with Sandbox(backend=backend, config=config_file, pool=pool) as sb:
+            if pool:
+                with _progress("warming the pool", enabled=not as_json):
+                    sb.warm(timeout=sb.settings.pool.ready_timeout)
+            report = sb.info()
     except CodecageError as exc:
         _fail(exc, as_json=as_json, verbose=verbose)
     if as_json:
@@ -461,6 +483,35 @@ def _render_info(report: HostInfo) -> None:
         note = f" (not importable yet: {', '.join(missing)})" if missing else ""
         mark = "*" if profile.default else " "
         out.print(f" {mark} {profile.name:<13} {profile.description}{note}")
+    if report.pool is not None:
+        _render_pool(out, report.pool)
+
+
+def _render_pool(out: Console, pool: PoolState) -> None:
+    config = pool.config
+    state = "on" if config.enabled else "off (enable: [pool] enabled = true, or CODECAGE_POOL=1)"
+    sizes = config.sizes
+    out.print(
+        f"warm pool: {state}; keeps {sizes.min_idle}..{sizes.max_idle} ready per profile, "
+        f"{config.max_starting} starting at once",
+        markup=False,
+    )
+    for key in pool.keys:
+        memory = (
+            f"{key.idle_rss_mb} MB RSS / {key.idle_pss_mb} MB PSS each"
+            if key.idle_rss_mb is not None
+            else "none idle to measure"
+        )
+        preload = f", preloads {', '.join(key.preload)}" if key.preload else ""
+        out.print(
+            f"   {key.profile:<13} idle {key.idle}, starting {key.starting}, "
+            f"hits {key.hits}, misses {key.misses}, crashed {key.crashed}; {memory}{preload}",
+            markup=False,
+        )
+        if key.last_error:
+            out.print(f"   last start failure: {key.last_error}", markup=False)
+    if pool.host_rss_mb is not None:
+        out.print(f"   this process: {pool.host_rss_mb} MB RSS", markup=False)
 
 
 def _render_doctor(report: DoctorReport) -> None:

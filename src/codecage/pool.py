@@ -214,7 +214,7 @@ class Pool:
             if key is None:
                 return
             try:
-                sandbox = engine.start(key.spec, self._limits, self.backend)
+                sandbox = engine.start(key.spec, self._limits, self.backend, pooled=True)
             except CodecageError as exc:
                 self._failed(key, str(exc))
                 continue

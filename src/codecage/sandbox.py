@@ -288,7 +288,12 @@ class Sandbox:
             ceilings=engine.ceilings(),
             pool=self.pool.state()
             if self.pool is not None
-            else PoolState(enabled=False, config=self.settings.pool, keys=[], host_rss_mb=None),
+            else PoolState(
+                enabled=self.settings.pool.enabled,
+                config=self.settings.pool,
+                keys=[],
+                host_rss_mb=None,
+            ),
         )
 
     def doctor(self) -> DoctorReport:

@@ -14,17 +14,14 @@ island: it must not import anything from the host side of codecage (a test check
 
 from __future__ import annotations
 
-import ast
+import _ast
+import _socket
 import atexit
 import gc
 import json
-import linecache
 import os
-import reprlib
 import resource
-import socket
 import sys
-import traceback
 import types
 from typing import Any
 
@@ -35,13 +32,16 @@ MAX_EVENTS = 50
 _RESULT_NAME = "__codecage_last_value__"
 
 _events: list[dict[str, str]] = []
+# The host runs this file as bytecode compiled to name its source path (see
+# rootfs.bootstrap_bytecode), so __file__ is the .pyc's path; frames name the source.
+_OWN_FILE = (lambda: None).__code__.co_filename
 
 
 def main(argv: list[str]) -> int:
     control = _take_control_fd(argv)
     _close_other_fds(keep=CONTROL_FD)
     _preload(_preload_list(argv))
-    _warm_up()
+    _warm_up(pooled="--pooled" in argv)
     main_pid = os.getpid()
     _send(control, {"v": WIRE_VERSION, "kind": "ready", "pid": main_pid})
     request = _receive(control)
@@ -60,7 +60,7 @@ def main(argv: list[str]) -> int:
         # than for every process of the sandbox to exit. (A process the code forked also
         # reports, but leaves the socket open for the main one.)
         try:
-            control.shutdown(socket.SHUT_WR)
+            control.shutdown(_socket.SHUT_WR)
         except OSError:
             pass  # the host is gone (e.g. it timed the run out meanwhile)
     return exit_code
@@ -69,13 +69,15 @@ def main(argv: list[str]) -> int:
 # --- control channel ------------------------------------------------------------------
 
 
-def _take_control_fd(argv: list[str]) -> socket.socket:
+def _take_control_fd(argv: list[str]) -> _socket.socket:
     fd = int(argv[argv.index("--control-fd") + 1])
     if fd != CONTROL_FD:
         os.dup2(fd, CONTROL_FD, inheritable=False)
         os.close(fd)
     os.set_inheritable(CONTROL_FD, False)  # user subprocesses never get it
-    return socket.socket(fileno=CONTROL_FD)
+    # _socket, not socket: the wrapper module (enums, selectors) costs ~1 MB in every idle
+    # warm sandbox, and the control channel needs none of it.
+    return _socket.socket(fileno=CONTROL_FD)
 
 
 def _preload_list(argv: list[str]) -> list[str]:
@@ -113,11 +115,18 @@ def _preload(modules: list[str]) -> None:
             os.close(fd)
 
 
-def _warm_up() -> None:
+def _warm_up(*, pooled: bool) -> None:
     """Take the first-call costs of the run's path (the compiler, json) before the request
-    comes, so that a warm sandbox pays them ahead of time. Pure: nothing of it remains."""
+    comes. A pooled sandbox also imports what errors and odd return values need, which a
+    cold one imports only when it needs them. Pure: nothing of it remains."""
     _compile("_ = [1]\n_\n", "<warm-up>")
     json.loads(json.dumps({"v": WIRE_VERSION, "kind": "warm-up", "data": [1.5, None, "x"]}))
+    if pooled:
+        import reprlib
+        import traceback
+
+        traceback.format_exception_only(ValueError, ValueError("warm-up"))
+        reprlib.repr(object())
 
 
 def _close_other_fds(keep: int) -> None:
@@ -131,7 +140,7 @@ def _close_other_fds(keep: int) -> None:
                 pass  # the fd of the listdir itself is already gone
 
 
-def _send(control: socket.socket, message: dict[str, Any]) -> None:
+def _send(control: _socket.socket, message: dict[str, Any]) -> None:
     data = json.dumps(message, ensure_ascii=True, allow_nan=False) + "\n"
     try:
         control.sendall(data.encode("ascii"))
@@ -139,7 +148,7 @@ def _send(control: socket.socket, message: dict[str, Any]) -> None:
         pass  # the host stopped listening (e.g. timeout); nothing to do
 
 
-def _receive(control: socket.socket) -> dict[str, Any]:
+def _receive(control: _socket.socket) -> dict[str, Any]:
     buf = bytearray()
     while b"\n" not in buf:
         chunk = control.recv(1 << 16)
@@ -185,17 +194,22 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
     """
     if event == "socket.__new__" and len(_events) < MAX_EVENTS:
         family = args[1] if len(args) > 1 else None
-        if family not in (socket.AF_UNIX, -1):
-            try:
-                name = socket.AddressFamily(int(family)).name  # type: ignore[arg-type]
-            except (TypeError, ValueError):
-                name = str(family)
+        if family not in (_socket.AF_UNIX, -1):
+            name = _family_name(family)
             _events.append(
                 {
                     "kind": "network_denied",
                     "detail": f"socket({name}) attempted: the sandbox has no network",
                 }
             )
+
+
+def _family_name(family: Any) -> str:
+    socket_module = sys.modules.get("socket")  # the code that makes a socket imported it
+    try:
+        return str(socket_module.AddressFamily(int(family)).name)  # type: ignore[union-attr]
+    except (AttributeError, TypeError, ValueError):
+        return str(family)
 
 
 _TRUSTED_PREFIXES = ("/opt/python/", "/opt/codecage/", "/opt/site-packages/", "<frozen ")
@@ -265,7 +279,8 @@ def _run_user_code(request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     max_value_bytes = int(request["return_value_max_bytes"])
     report: dict[str, Any] = {"v": WIRE_VERSION, "kind": "result", "return_value": None}
     main_module = _fresh_main_module(filename)
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    # The source has no file in the sandbox: linecache (tracebacks, inspect) asks this.
+    setattr(main_module, "__loader__", _SourceLoader(source))  # noqa: B010 - not its type
     exit_code = 0
     try:
         code = _compile(source, filename)
@@ -274,7 +289,7 @@ def _run_user_code(request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     except SystemExit as exc:
         exit_code = _exit_code_of(exc)
     except BaseException as exc:  # the user's exception, reported as data
-        report["error"] = _describe_exception(exc, filename)
+        report["error"] = _describe_exception(exc, filename, source)
         exit_code = 1
     finally:
         _flush_std_streams()
@@ -298,17 +313,27 @@ def _fresh_main_module(filename: str) -> types.ModuleType:
 
 
 def _compile(source: str, filename: str) -> types.CodeType:
-    """Compile with top-level await allowed; the last expression's value is kept."""
-    tree = ast.parse(source, filename, "exec")
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
+    """Compile with top-level await allowed; the last expression's value is kept.
+
+    Uses the C `_ast` types, not the `ast` module: importing `ast` (with contextlib and
+    enum) costs ~10 ms of every cold start.
+    """
+    tree: Any = compile(source, filename, "exec", _ast.PyCF_ONLY_AST, dont_inherit=True)
+    if tree.body and isinstance(tree.body[-1], _ast.Expr):
         last = tree.body[-1]
-        target = ast.copy_location(ast.Name(_RESULT_NAME, ast.Store()), last)
-        # Locations set on the two new nodes only: fix_missing_locations would walk the
-        # whole tree (~0.2 ms, most of a warm run's time in the guest).
-        tree.body[-1] = ast.copy_location(ast.Assign(targets=[target], value=last.value), last)
-    flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+        target = _located(_ast.Name(_RESULT_NAME, _ast.Store()), last)
+        tree.body[-1] = _located(_ast.Assign(targets=[target], value=last.value), last)
+    flags = _ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
     code: types.CodeType = compile(tree, filename, "exec", flags=flags, dont_inherit=True)
     return code
+
+
+def _located(node: Any, like: Any) -> Any:
+    """`ast.copy_location`, for the two new nodes only (fix_missing_locations would walk the
+    whole tree, ~0.2 ms)."""
+    for name in ("lineno", "col_offset", "end_lineno", "end_col_offset"):
+        setattr(node, name, getattr(like, name))
+    return node
 
 
 def _execute(code: types.CodeType, namespace: dict[str, Any]) -> Any:
@@ -342,6 +367,8 @@ def _encode_return_value(value: Any, max_bytes: int) -> Any:
 
 
 def _bounded_repr(value: Any, max_bytes: int) -> str:
+    import reprlib  # not on the common path: a cold start does not pay for it
+
     limiter = reprlib.Repr()
     limiter.maxlevel = 6
     limiter.maxstring = limiter.maxother = max_bytes
@@ -362,25 +389,49 @@ def _exit_code_of(exc: SystemExit) -> int:
     return 1
 
 
-def _describe_exception(exc: BaseException, filename: str) -> dict[str, str]:
+def _describe_exception(exc: BaseException, filename: str, source: str) -> dict[str, str]:
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<str() of the exception failed>"
+    try:
+        text = _format_traceback(exc, filename, source)
+    except Exception:  # e.g. the code broke the import system: still report the error
+        text = f"{type(exc).__name__}: {message}\n"
+    return {"type": type(exc).__name__, "message": message, "traceback": text}
+
+
+class _SourceLoader:
+    """Gives linecache the code's source, for the tracebacks and `inspect` of the code."""
+
+    def __init__(self, source: str) -> None:
+        self._source = source
+
+    def get_source(self, name: str) -> str:
+        return self._source
+
+
+def _format_traceback(exc: BaseException, filename: str, source: str) -> str:
+    # Not on the common path: a cold start does not pay for importing these (~8 ms).
+    import linecache
+    import traceback
+
+    source_lines = source.splitlines(True)
+    linecache.cache[filename] = (len(source), None, source_lines, filename)
     frames = traceback.extract_tb(exc.__traceback__)
     # Drop the bootstrap's own frames: the traceback starts at the user's code, and the
     # import policy's frames (between the user's import and the ImportError) are ours too.
     while frames and frames[0].filename != filename:
         frames.pop(0)
     frames = traceback.StackSummary.from_list(
-        [frame for frame in frames if frame.filename != __file__]
+        [frame for frame in frames if frame.filename != _OWN_FILE]
     )
     lines = ["Traceback (most recent call last):\n"]
     lines += traceback.format_list(frames)
     lines += traceback.format_exception_only(type(exc), exc)
     if frames == [] and isinstance(exc, SyntaxError):
         lines = traceback.format_exception_only(type(exc), exc)
-    try:
-        message = str(exc)
-    except Exception:
-        message = "<str() of the exception failed>"
-    return {"type": type(exc).__name__, "message": message, "traceback": "".join(lines)}
+    return "".join(lines)
 
 
 def _finish_like_python() -> None:

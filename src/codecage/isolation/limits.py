@@ -207,7 +207,10 @@ def _read_small(path: Path) -> str:
     """One small cgroup file (no text-file wrapper: these are read on every run's path)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        return os.read(fd, 65536).decode("ascii")
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks).decode("ascii")
     finally:
         os.close(fd)
 
@@ -279,7 +282,7 @@ def pids_in(handle: CgroupHandle) -> list[int]:
     """Processes still in the run's cgroup."""
     key = "pids" if handle.version == 1 else "unified"
     try:
-        text = (handle.dirs[key] / "cgroup.procs").read_text(encoding="utf-8")
+        text = _read_small(handle.dirs[key] / "cgroup.procs")
     except OSError:
         return []
     return [int(p) for p in text.split()]
@@ -291,11 +294,13 @@ def kill_all(handle: CgroupHandle, *, deadline_s: float = 5.0) -> None:
         with contextlib.suppress(OSError):
             (handle.dirs["unified"] / "cgroup.kill").write_text("1", encoding="utf-8")
     end = time.monotonic() + deadline_s
+    pause = 0.0002  # killed processes leave within a millisecond or so: poll fast, then back off
     while (pids := pids_in(handle)) and time.monotonic() < end:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        time.sleep(0.005)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.01)
     if pids:
         log.error("cgroup.kill_incomplete", extra={"pids": pids})
 
