@@ -21,3 +21,25 @@ def test_the_cold_start_benchmark_runs_and_prints_every_variant() -> None:
     assert p.returncode == 0, p.stderr
     for variant in ("python_pass", "raw_bwrap", "codecage_lib", "codecage_cli"):
         assert variant in p.stdout
+
+
+def test_the_benchmark_suite_runs_quick_and_prints_every_section() -> None:
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_suite.py"), "--quick", "--no-write"],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert p.returncode == 0, p.stderr
+    for section in (
+        "floors",
+        "raw_bwrap",
+        "cold",
+        "warm",
+        "throughput",
+        "data_science",
+        "memory",
+        "targets",
+    ):
+        assert f"== {section} ==" in p.stdout, section

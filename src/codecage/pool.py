@@ -12,10 +12,10 @@ user's code, the wall timer from the moment the request is sent.
 After its one run a sandbox is destroyed (in a background thread, off the caller's path);
 the pool refills in the background. Nothing is reused: no process, no writable path.
 
-Threads: one manager thread starts every sandbox (bwrap's --die-with-parent is tied to the
-thread that started it, so that thread lives as long as the pool) and watches the starting
-and idle ones; one reaper thread destroys used ones. Callers of `take` only pop from a
-deque under a lock.
+Threads: two starter threads start sandboxes (bwrap's --die-with-parent is tied to the
+thread that started it, so they live as long as the pool); one manager thread watches the
+starting ones until they are ready and the idle ones for a crash; one reaper thread
+destroys used ones. Callers of `take` only pop from a deque under a lock.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 _TICK_S = 0.5
 _SHRINK_AFTER_S = 30.0  # a key grown under load shrinks back by one after this long calm
 _MAX_BACKOFF_S = 30.0
+_STARTER_THREADS = 2
 
 
 @dataclass(slots=True)
@@ -86,8 +87,15 @@ class Pool:
         self._graveyard: queue.SimpleQueue[StartedSandbox | None] = queue.SimpleQueue()
         self._reaper = threading.Thread(target=self._reap_loop, name="codecage-reaper", daemon=True)
         self._manager = threading.Thread(target=self._manage, name="codecage-pool", daemon=True)
+        self._just_started: list[tuple[_Key, StartedSandbox]] = []
+        self._starters = [
+            threading.Thread(target=self._start_loop, name=f"codecage-starter-{i}", daemon=True)
+            for i in range(min(config.max_starting, _STARTER_THREADS))
+        ]
         self._reaper.start()
         self._manager.start()
+        for starter in self._starters:
+            starter.start()
         _live_pools.add(self)
 
     # --- the callers' side ---------------------------------------------------------------
@@ -100,7 +108,7 @@ class Pool:
             name = profile or (spec.policy.profile if spec.policy else "none")
             sizes = self.config.sizes_for(name)
             self._keys[spec] = _Key(spec=spec, sizes=sizes, target=sizes.min_idle)
-        self._wake()
+            self._cond.notify_all()  # the starters have work
 
     def take(self, spec: SandboxSpec) -> StartedSandbox | None:
         """A ready sandbox of `spec`, now the caller's (run it, then `release` it); or None
@@ -109,12 +117,15 @@ class Pool:
         deadline = time.monotonic() + self.config.wait
         with self._cond:
             key = self._keys.get(spec)
+            waited = False
             while key is not None and not self._closed:
                 while key.idle:
                     sandbox = key.idle.popleft()
                     if sandbox.alive():
                         key.hits += 1
-                        self._wake()
+                        if waited:  # demand outran the pool: keep more ready
+                            self._grow(key)
+                        self._cond.notify_all()  # a starter replaces it
                         return sandbox
                     key.crashed += 1
                     self._graveyard.put(sandbox)
@@ -122,12 +133,17 @@ class Pool:
                 if key.starting == 0 or left <= 0:
                     break
                 self._cond.wait(left)  # one is starting: sooner ready than a cold start
+                waited = True
             if key is not None:
                 key.misses += 1
-                key.last_miss = time.monotonic()
-                key.target = min(key.sizes.max_idle, max(key.target, key.sizes.min_idle) + 1)
-        self._wake()
+                self._grow(key)
+                self._cond.notify_all()
         return None
+
+    def _grow(self, key: _Key) -> None:
+        """One more kept ready (up to max_idle); it shrinks back after a calm spell."""
+        key.last_miss = time.monotonic()
+        key.target = min(key.sizes.max_idle, max(key.target, key.sizes.min_idle) + 1)
 
     def release(self, sandbox: StartedSandbox) -> None:
         """Hand back a sandbox taken from the pool, used or not: it is destroyed."""
@@ -161,8 +177,13 @@ class Pool:
             self._closed = True
             self._cond.notify_all()
         self._wake()
-        if threading.current_thread() is not self._manager:
-            self._manager.join()
+        for thread in (self._manager, *self._starters):
+            if thread is not threading.current_thread():
+                thread.join()
+        with self._cond:  # started after the manager drained: nobody else will take them
+            for _, sandbox in self._just_started:
+                self._graveyard.put(sandbox)
+            self._just_started = []
         self._graveyard.put(None)
         if threading.current_thread() is not self._reaper:
             self._reaper.join()
@@ -189,7 +210,7 @@ class Pool:
             watched: dict[int, tuple[_Key, StartedSandbox, str]] = {}
             try:
                 while not self._closed:
-                    self._start_missing(sel, watched)
+                    self._watch_started(sel, watched)
                     for sel_key, _ in sel.select(_TICK_S):
                         if sel_key.data is None:
                             with contextlib.suppress(OSError):
@@ -206,39 +227,64 @@ class Pool:
             finally:
                 self._drain(sel, watched)
 
-    def _start_missing(
-        self, sel: selectors.BaseSelector, watched: dict[int, tuple[_Key, StartedSandbox, str]]
-    ) -> None:
-        while not self._closed:
-            key = self._next_to_start()
-            if key is None:
-                return
+    def _start_loop(self) -> None:
+        """A starter thread: start sandboxes for the keys that need them, one at a time.
+
+        Several run at once (a start spends most of its ~15 ms waiting on the kernel: the
+        namespaces, the cgroup move), and each lives as long as the pool, because bwrap's
+        --die-with-parent is tied to the thread that started it.
+        """
+        while True:
+            with self._cond:
+                key = self._next_to_start()
+                while key is None and not self._closed:
+                    self._cond.wait(_TICK_S)
+                    key = self._next_to_start()
+                if key is None or self._closed:
+                    return
             try:
                 sandbox = engine.start(key.spec, self._limits, self.backend, pooled=True)
-            except CodecageError as exc:
-                self._failed(key, str(exc))
+            except Exception as exc:  # a starter must survive anything, or the key starves
+                if not isinstance(exc, CodecageError):
+                    log.exception("pool.start_crashed")
+                with self._cond:
+                    key.starting -= 1
+                self._failed(key, str(exc) or type(exc).__name__)
                 continue
             with self._cond:
                 key.started += 1
+                if self._closed:
+                    key.starting -= 1
+                    self._graveyard.put(sandbox)
+                    return
+                self._just_started.append((key, sandbox))
+            self._wake()
+
+    def _watch_started(
+        self, sel: selectors.BaseSelector, watched: dict[int, tuple[_Key, StartedSandbox, str]]
+    ) -> None:
+        with self._cond:
+            started, self._just_started = self._just_started, []
+        for key, sandbox in started:
             sel.register(sandbox.channel.host_control, selectors.EVENT_READ, "starting")
             watched[sandbox.channel.host_control.fileno()] = (key, sandbox, "starting")
 
     def _next_to_start(self) -> _Key | None:
-        with self._cond:
-            starting = sum(k.starting for k in self._keys.values())
-            if starting >= self.config.max_starting:
-                return None
-            now = time.monotonic()
-            needy = [
-                k
-                for k in self._keys.values()
-                if len(k.idle) + k.starting < k.target and k.paused_until <= now
-            ]
-            if not needy:
-                return None
-            key = min(needy, key=lambda k: len(k.idle) + k.starting - k.target)
-            key.starting += 1
-            return key
+        """The key most short of its target, marked as starting one more; the lock is held."""
+        starting = sum(k.starting for k in self._keys.values())
+        if starting >= self.config.max_starting:
+            return None
+        now = time.monotonic()
+        needy = [
+            k
+            for k in self._keys.values()
+            if len(k.idle) + k.starting < k.target and k.paused_until <= now
+        ]
+        if not needy:
+            return None
+        key = min(needy, key=lambda k: len(k.idle) + k.starting - k.target)
+        key.starting += 1
+        return key
 
     def _on_event(
         self,
@@ -254,11 +300,13 @@ class Pool:
         # An idle sandbox's process ended: it crashed (or was taken, used and is gone).
         os.close(fd)
         with self._cond:
-            if sandbox in key.idle:
+            # On close, the starter threads' exit kills what they started: not a crash.
+            if sandbox in key.idle and not self._closed:
                 key.idle.remove(sandbox)
                 key.crashed += 1
                 log.warning("pool.idle_sandbox_died", extra={"profile": _profile(key)})
                 self._graveyard.put(sandbox)
+                self._cond.notify_all()
 
     def _on_started(
         self,
@@ -276,13 +324,15 @@ class Pool:
             self._graveyard.put(sandbox)
             self._failed(key, str(exc))
             return
-        sel.register(pidfd, selectors.EVENT_READ, "idle")
-        watched[pidfd] = (key, sandbox, "idle")
         with self._cond:
             key.starting -= 1
             key.failures_in_a_row = 0
-            if self._closed:
+            if self._closed:  # ready too late: nobody will take it
+                os.close(pidfd)
+                self._graveyard.put(sandbox)
                 return
+            sel.register(pidfd, selectors.EVENT_READ, "idle")
+            watched[pidfd] = (key, sandbox, "idle")
             key.idle.append(sandbox)
             self._cond.notify_all()
 

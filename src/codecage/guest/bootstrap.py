@@ -127,6 +127,7 @@ def _warm_up(*, pooled: bool) -> None:
 
         traceback.format_exception_only(ValueError, ValueError("warm-up"))
         reprlib.repr(object())
+        gc.collect()  # what the imports left over, before the sandbox idles
 
 
 def _close_other_fds(keep: int) -> None:
