@@ -8,6 +8,7 @@ import pytest
 
 from codecage import ConfigError, Sandbox
 from codecage.config import load
+from codecage.models import PoolSizes
 
 CONFIG = """
 [limits]
@@ -102,3 +103,104 @@ def test_an_invalid_config_names_the_file_the_key_and_the_reason(
 def test_a_missing_explicit_config_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
         load(tmp_path / "absent.toml", environ={})
+
+
+# --- the warm pool ([pool], CODECAGE_POOL*) ------------------------------------------------
+
+POOL_CONFIG = """
+[pool]
+enabled = true
+sizes = { min_idle = 2, max_idle = 8 }
+profiles.data_science = { min_idle = 1, max_idle = 2 }
+"""
+
+
+def test_the_pool_table_sets_sizes_per_profile_and_says_where_it_came_from(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "codecage.toml"
+    path.write_text(POOL_CONFIG)
+    settings = load(path, environ={})
+    assert settings.pool.enabled
+    assert settings.pool.sizes == PoolSizes(min_idle=2, max_idle=8)
+    assert settings.pool.sizes_for("data_science") == PoolSizes(min_idle=1, max_idle=2)
+    assert settings.pool.sizes_for("basic") == PoolSizes(min_idle=2, max_idle=8)
+    assert settings.sources["pool"] == f"file {path}"
+
+
+@pytest.fixture
+def no_pool_config(tmp_path: Path) -> Path:
+    path = tmp_path / "plain.toml"
+    path.write_text("[limits]\ntimeout = 10\n")
+    return path
+
+
+def test_the_pool_is_off_unless_configured(no_pool_config: Path) -> None:
+    settings = load(no_pool_config, environ={})
+    assert not settings.pool.enabled and settings.sources["pool"] == "default"
+    assert settings.pool.sizes == PoolSizes(min_idle=1, max_idle=4)
+
+
+def test_pool_environment_variables_beat_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "codecage.toml"
+    path.write_text(POOL_CONFIG)
+    env = {"CODECAGE_POOL": "off", "CODECAGE_POOL_MIN_IDLE": "3", "CODECAGE_POOL_MAX_IDLE": "5"}
+    settings = load(path, environ=env)
+    assert not settings.pool.enabled
+    assert settings.pool.sizes == PoolSizes(min_idle=3, max_idle=5)
+    assert settings.pool.sizes_for("data_science") == PoolSizes(min_idle=1, max_idle=2)
+    assert settings.sources["pool"].startswith("env CODECAGE_POOL")
+    assert load(environ={"CODECAGE_POOL": "1"}).pool.enabled
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "expected"),
+    [
+        ("[pool]\nsizes = { min_idle = 5, max_idle = 2 }\n", {}, "max_idle=2 is below min_idle=5"),
+        ("[pool]\nmin_idle = 2\n", {}, "pool.min_idle"),
+        ("[pool]\nenabled = 'maybe'\n", {}, "pool.enabled"),
+        ("[pool]\nprofiles.basic = { min_idle = -1 }\n", {}, "pool.profiles.basic.min_idle"),
+        ("", {"CODECAGE_POOL": "maybe"}, "CODECAGE_POOL='maybe' is not a yes/no value"),
+        ("", {"CODECAGE_POOL_MIN_IDLE": "9"}, "env CODECAGE_POOL_MIN_IDLE"),
+        ("", {"CODECAGE_POOL_MAX_IDLE": "lots"}, "CODECAGE_POOL_MAX_IDLE"),
+    ],
+    ids=[
+        "min-above-max",
+        "size-outside-sizes",
+        "enabled-not-bool",
+        "negative-profile-size",
+        "pool-env-not-yes-no",
+        "min-idle-env-above-max",
+        "max-idle-env-not-int",
+    ],
+)
+def test_an_invalid_pool_setting_is_refused_naming_the_setting_and_the_reason(
+    tmp_path: Path, text: str, env: dict[str, str], expected: str
+) -> None:
+    path = tmp_path / "codecage.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load(path, environ=env)
+    assert expected in str(info.value)
+    if text:
+        assert str(path) in str(info.value)
+    else:
+        assert info.value.hint
+
+
+def test_codecage_pool_turns_the_warm_pool_on_for_a_sandbox_that_does_not_choose(
+    no_pool_config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = no_pool_config
+    assert Sandbox(config=path).pool is None
+    info = Sandbox(config=path).info()
+    assert info.pool is not None and not info.pool.enabled and info.pool.keys == []
+    monkeypatch.setenv("CODECAGE_POOL", "1")
+    monkeypatch.setenv("CODECAGE_POOL_MIN_IDLE", "0")  # nothing needs to start here
+    assert Sandbox(config=path, pool=False).pool is None  # the argument wins
+    with Sandbox(config=path, profile="basic") as sandbox:
+        assert sandbox.pool is not None
+        info = sandbox.info()
+        assert info.pool is not None and info.pool.enabled
+        (key,) = info.pool.keys
+        assert (key.profile, key.min_idle, key.max_idle) == ("basic", 0, 4)

@@ -728,6 +728,9 @@ def judge_status(
     if code is not None and code > _SIGNAL_EXIT_BASE and report is None:
         with contextlib.suppress(ValueError):
             signal_name = signal.Signals(code - _SIGNAL_EXIT_BASE).name
+    elif code is not None and code < 0:  # bwrap itself was killed (e.g. its parent died)
+        with contextlib.suppress(ValueError):
+            signal_name = signal.Signals(-code).name
     exit_code = None if signal_name is not None or seen.killed_by_host else code
     if seen.timed_out:
         return "timeout", None, "SIGKILL"

@@ -88,6 +88,8 @@ class Pool:
         self._reaper = threading.Thread(target=self._reap_loop, name="codecage-reaper", daemon=True)
         self._manager = threading.Thread(target=self._manage, name="codecage-pool", daemon=True)
         self._just_started: list[tuple[_Key, StartedSandbox]] = []
+        self._in_use = 0  # taken and not yet released
+        self._reaper_stopped = False
         self._starters = [
             threading.Thread(target=self._start_loop, name=f"codecage-starter-{i}", daemon=True)
             for i in range(min(config.max_starting, _STARTER_THREADS))
@@ -123,12 +125,13 @@ class Pool:
                     sandbox = key.idle.popleft()
                     if sandbox.alive():
                         key.hits += 1
+                        self._in_use += 1
                         if waited:  # demand outran the pool: keep more ready
                             self._grow(key)
                         self._cond.notify_all()  # a starter replaces it
                         return sandbox
                     key.crashed += 1
-                    self._graveyard.put(sandbox)
+                    self._bury(sandbox)
                 left = deadline - time.monotonic()
                 if key.starting == 0 or left <= 0:
                     break
@@ -145,9 +148,27 @@ class Pool:
         key.last_miss = time.monotonic()
         key.target = min(key.sizes.max_idle, max(key.target, key.sizes.min_idle) + 1)
 
-    def release(self, sandbox: StartedSandbox) -> None:
-        """Hand back a sandbox taken from the pool, used or not: it is destroyed."""
-        self._graveyard.put(sandbox)
+    def release(self, sandbox: StartedSandbox, *, ran: bool = True) -> None:
+        """Hand back a sandbox `take` gave: it is destroyed. `ran=False`: it could not take
+        the request (`LimitsNotApplicable`), so the run went cold and counts as a miss."""
+        with self._cond:
+            self._in_use -= 1
+            key = self._keys.get(sandbox.spec)
+            if not ran and key is not None:
+                key.hits -= 1
+                key.misses += 1
+                self._grow(key)
+            self._cond.notify_all()  # a closing pool's starters wait for the last one
+        self._bury(sandbox)
+
+    def _bury(self, sandbox: StartedSandbox) -> None:
+        """Have `sandbox` destroyed: by the reaper, or here once the reaper has stopped."""
+        with self._cond:
+            reaper_gone = self._reaper_stopped
+            if not reaper_gone:
+                self._graveyard.put(sandbox)
+        if reaper_gone:
+            sandbox.destroy()
 
     def wait_ready(self, timeout: float) -> bool:
         """Wait until every key has its `min_idle` sandboxes ready; False on timeout."""
@@ -177,13 +198,20 @@ class Pool:
             self._closed = True
             self._cond.notify_all()
         self._wake()
-        for thread in (self._manager, *self._starters):
-            if thread is not threading.current_thread():
-                thread.join()
-        with self._cond:  # started after the manager drained: nobody else will take them
-            for _, sandbox in self._just_started:
-                self._graveyard.put(sandbox)
+        if threading.current_thread() is not self._manager:
+            self._manager.join()
+        with self._cond:
+            # Runs still going keep their sandboxes: the starters that started them stay
+            # (their exit would kill them) until the last one is released, then go.
+            starters_done = self._in_use == 0
+            for _, sandbox in self._just_started:  # started after the manager drained
+                self._bury(sandbox)
             self._just_started = []
+            self._reaper_stopped = True
+        if starters_done:
+            for starter in self._starters:
+                if starter is not threading.current_thread():
+                    starter.join()
         self._graveyard.put(None)
         if threading.current_thread() is not self._reaper:
             self._reaper.join()
@@ -241,6 +269,10 @@ class Pool:
                     self._cond.wait(_TICK_S)
                     key = self._next_to_start()
                 if key is None or self._closed:
+                    # bwrap's --die-with-parent follows this thread: a sandbox in use must
+                    # not die because the pool closed under it.
+                    while self._in_use > 0:
+                        self._cond.wait(_TICK_S)
                     return
             try:
                 sandbox = engine.start(key.spec, self._limits, self.backend, pooled=True)
@@ -253,11 +285,13 @@ class Pool:
                 continue
             with self._cond:
                 key.started += 1
-                if self._closed:
+                closed = self._closed
+                if closed:
                     key.starting -= 1
-                    self._graveyard.put(sandbox)
-                    return
-                self._just_started.append((key, sandbox))
+                else:
+                    self._just_started.append((key, sandbox))
+            if closed:
+                self._bury(sandbox)  # the pool closed meanwhile
             self._wake()
 
     def _watch_started(
@@ -305,7 +339,7 @@ class Pool:
                 key.idle.remove(sandbox)
                 key.crashed += 1
                 log.warning("pool.idle_sandbox_died", extra={"profile": _profile(key)})
-                self._graveyard.put(sandbox)
+                self._bury(sandbox)
                 self._cond.notify_all()
 
     def _on_started(
@@ -321,7 +355,7 @@ class Pool:
         except (CodecageError, OSError) as exc:
             with self._cond:
                 key.starting -= 1
-            self._graveyard.put(sandbox)
+            self._bury(sandbox)
             self._failed(key, str(exc))
             return
         with self._cond:
@@ -329,7 +363,7 @@ class Pool:
             key.failures_in_a_row = 0
             if self._closed:  # ready too late: nobody will take it
                 os.close(pidfd)
-                self._graveyard.put(sandbox)
+                self._bury(sandbox)
                 return
             sel.register(pidfd, selectors.EVENT_READ, "idle")
             watched[pidfd] = (key, sandbox, "idle")
@@ -358,7 +392,7 @@ class Pool:
                 sel.unregister(fd)
                 with self._cond:
                     key.starting -= 1
-                self._graveyard.put(sandbox)
+                self._bury(sandbox)
                 self._failed(key, f"not ready within {limit:g} s")
 
     def _shrink_calm_keys(self) -> None:
@@ -379,11 +413,11 @@ class Pool:
             if phase == "idle":
                 os.close(fd)
             else:
-                self._graveyard.put(sandbox)
+                self._bury(sandbox)
         with self._cond:
             for key in self._keys.values():
                 while key.idle:
-                    self._graveyard.put(key.idle.popleft())
+                    self._bury(key.idle.popleft())
                 key.starting = 0
             self._cond.notify_all()
 

@@ -205,13 +205,15 @@ class Sandbox:
         sandbox = pool.take(self._warm_spec(request.limits))
         if sandbox is None:
             return None
+        ran = True
         try:
             return engine.run_in(sandbox, request, backend_name=self.backend.name)
         except engine.LimitsNotApplicable as exc:
             log.info("sandbox.warm_refused_limits", extra={"error": str(exc)})
+            ran = False
             return None
         finally:
-            pool.release(sandbox)
+            pool.release(sandbox, ran=ran)
 
     def warm(self, timeout: float = 60.0) -> bool:
         """Wait until the pool has its warm sandboxes ready; False on timeout or no pool."""
