@@ -184,10 +184,11 @@ class Pool:
     def state(self) -> PoolState:
         """Sizes, counters and the idle sandboxes' memory, per key."""
         with self._cond:
-            keys = [(k, list(k.idle)) for k in self._keys.values()]
-            rows = [_key_state(k, idle) for k, idle in keys]
+            rows = [(_key_state(k), k.idle[0] if k.idle else None) for k in self._keys.values()]
+        # /proc is read outside the lock: runs must not wait for a report.
+        keys = [_with_memory(row, sandbox) for row, sandbox in rows]
         return PoolState(
-            enabled=True, config=self.config, keys=rows, host_rss_mb=_rss_mb(os.getpid())
+            enabled=True, config=self.config, keys=keys, host_rss_mb=_rss_mb(os.getpid())
         )
 
     def close(self) -> None:
@@ -446,15 +447,14 @@ def _profile(key: _Key) -> str:
     return key.spec.policy.profile if key.spec.policy else "none"
 
 
-def _key_state(key: _Key, idle: list[StartedSandbox]) -> PoolKeyState:
-    memory = [_sandbox_memory(s) for s in idle[:1]]
-    rss, pss = memory[0] if memory else (None, None)
+def _key_state(key: _Key) -> PoolKeyState:
+    """The key's counters; the lock is held. Memory is filled in by `_with_memory`."""
     return PoolKeyState(
         profile=_profile(key),
         preload=list(key.spec.preload),
         workspace_mb=key.spec.workspace_mb,
         tmp_mb=key.spec.tmp_mb,
-        idle=len(idle),
+        idle=len(key.idle),
         starting=key.starting,
         target=key.target,
         min_idle=key.sizes.min_idle,
@@ -465,9 +465,16 @@ def _key_state(key: _Key, idle: list[StartedSandbox]) -> PoolKeyState:
         crashed=key.crashed,
         failed_starts=key.failed_starts,
         last_error=key.last_error,
-        idle_rss_mb=rss,
-        idle_pss_mb=pss,
+        idle_rss_mb=None,
+        idle_pss_mb=None,
     )
+
+
+def _with_memory(row: PoolKeyState, sandbox: StartedSandbox | None) -> PoolKeyState:
+    if sandbox is None:
+        return row
+    rss, pss = _sandbox_memory(sandbox)
+    return row.model_copy(update={"idle_rss_mb": rss, "idle_pss_mb": pss})
 
 
 def _sandbox_memory(sandbox: StartedSandbox) -> tuple[float | None, float | None]:
