@@ -462,6 +462,70 @@ def _render_validation(report: ValidationReport) -> None:
     out.print(f"{verdict}: {report.message}")
 
 
+@app.command()
+def serve(
+    http: Annotated[
+        bool, typer.Option("--http", help="Serve streamable HTTP at /mcp instead of stdio.")
+    ] = False,
+    host: Annotated[
+        str, typer.Option("--host", help="HTTP: address to bind; not loopback needs --token.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="HTTP: port to listen on.")] = 8000,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            help="HTTP: require 'Authorization: Bearer TOKEN' on every request.",
+            envvar="CODECAGE_TOKEN",
+            show_default=False,
+        ),
+    ] = None,
+    max_timeout: Annotated[
+        float, typer.Option("--max-timeout", help="Largest timeout a call may ask for (s).")
+    ] = 120.0,
+    max_memory_mb: Annotated[
+        int, typer.Option("--max-memory-mb", help="Largest memory_limit_mb a call may ask for.")
+    ] = 2048,
+    max_concurrent: Annotated[
+        int, typer.Option("--max-concurrent", help="Executions running at once.", min=1)
+    ] = 4,
+    no_pool: Annotated[
+        bool, typer.Option("--no-pool", help="Cold-start every sandbox (no warm pool).")
+    ] = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Serve codecage as an MCP server: tools execute_code, validate_code, get_sandbox_info.
+
+    Logs go to stderr; in stdio mode stdout carries only the protocol.
+
+    Examples:
+
+        codecage serve                                   # stdio, for Claude Desktop / Code
+
+        codecage serve --http --port 8765                # http://127.0.0.1:8765/mcp
+
+        codecage serve --http --host 0.0.0.0 --token "$(openssl rand -hex 16)"
+    """
+    from codecage import server as mcp_server  # the MCP SDK loads only for this command
+
+    _configure_logging(verbose)
+    limits = mcp_server.ServerLimits(
+        max_timeout=max_timeout, max_memory_mb=max_memory_mb, max_concurrent=max_concurrent
+    )
+    try:
+        app_server = mcp_server.build_server(limits=limits, pool=not no_pool)
+        if not http:
+            app_server.run("stdio")
+            return
+        asgi = mcp_server.http_app(app_server, host=host, token=token)
+    except CodecageError as exc:
+        _fail(exc, as_json=False, verbose=verbose)
+    import uvicorn
+
+    stderr.print(f"codecage MCP server on http://{host}:{port}/mcp", markup=False)
+    uvicorn.run(asgi, host=host, port=port, log_level="debug" if verbose else "warning")
+
+
 def _render_info(report: HostInfo) -> None:
     out = Console(highlight=False, soft_wrap=True)
     out.print(f"codecage {report.version} · backend [bold]{report.backend}[/bold]")

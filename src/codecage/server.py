@@ -1,0 +1,438 @@
+"""codecage as an MCP server: `execute_code`, `validate_code`, `get_sandbox_info`.
+
+Built on the official SDK's `MCPServer`. Every failure that is the *caller's* (bad
+arguments, limits above the server's maximums, a full queue) is a `ToolError`, whose message
+reaches the model; the *code's* failures (exceptions, timeouts, refused imports) are normal
+results with a status, because the model must read them to fix its code.
+
+Executions run in worker threads, at most `max_concurrent` at once; up to `max_queued` more
+wait, and past that a call is refused with a clear "busy" error. Runs without uploaded
+files use the shared warm pool; runs with files get a fresh host workspace (cold start).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import hmac
+import logging
+import shutil
+import tempfile
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import anyio
+import anyio.to_thread
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
+from pydantic import Field
+
+from codecage import __version__
+from codecage import workspace as workspaces
+from codecage.errors import CodecageError, ConfigError
+from codecage.models import ExecutionResult, Limits, ValidationReport
+from codecage.output import neutralise_text
+from codecage.pool import Pool
+from codecage.sandbox import Sandbox
+
+log = logging.getLogger(__name__)
+
+MAX_UPLOAD_FILES = 100
+MAX_UPLOAD_BYTES = 20 * 1024 * 1024
+MAX_IMAGES = 5
+MAX_IMAGE_BYTES = 2 * 1024 * 1024
+MAX_INLINE_FILE_BYTES = 256 * 1024
+_IMAGE_TYPES = {"image/png", "image/jpeg", "image/svg+xml"}
+_SUMMARY_OUTPUT_CHARS = 20_000
+
+INSTRUCTIONS = """\
+codecage runs Python in a throwaway, isolated Linux sandbox: no network, no host files, \
+bounded time, memory and processes. Use execute_code to compute, analyse data and transform \
+files; print what you need to see, or end the code with an expression to get its value. \
+The working directory /workspace starts empty: upload inputs with `files`, and files the code \
+writes there are listed in the result (images come back as images). Use validate_code to \
+check code without running it, and get_sandbox_info for the profiles and limits."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    """What a call may ask for at most (the server's configured maximums)."""
+
+    max_timeout: float = 120.0
+    max_memory_mb: int = 2048
+    max_concurrent: int = 4
+    max_queued: int = 32
+
+
+@dataclass(slots=True)
+class _Runner:
+    """The sandboxes of the server (one per profile, sharing one warm pool) and the queue."""
+
+    base: Sandbox
+    limits: ServerLimits
+    pool: Pool | None
+    slots: anyio.Semaphore
+    waiting: int = 0
+    by_profile: dict[str, Sandbox] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def sandbox_for(self, profile: str | None, allowed_imports: list[str] | None) -> Sandbox:
+        """The Sandbox of a profile; one with extra imports is made per call and runs cold
+        (callers must not be able to make the pool keep a key per import list)."""
+        name = profile or self.base.settings.profile
+        if allowed_imports:
+            return Sandbox(profile=name, allowed_imports=allowed_imports, pool=False)
+        with self.lock:
+            if name not in self.by_profile:
+                self.by_profile[name] = Sandbox(profile=name, pool=self.pool or False)
+            return self.by_profile[name]
+
+
+def build_server(*, limits: ServerLimits | None = None, pool: bool = True) -> MCPServer:
+    """The MCP server, ready for `run()` (stdio) or `streamable_http_app()`.
+
+    Raises:
+        ConfigError: the config file or environment is invalid.
+        HostError: this host cannot run sandboxes.
+    """
+    server_limits = limits or ServerLimits()
+    base = Sandbox(pool=pool)
+    runner = _Runner(
+        base=base,
+        limits=server_limits,
+        pool=base.pool,
+        slots=anyio.Semaphore(server_limits.max_concurrent),
+    )
+    if base.policy is not None:
+        runner.by_profile[base.policy.profile] = base
+    server = MCPServer(
+        name="codecage",
+        version=__version__,
+        instructions=INSTRUCTIONS,
+    )
+    _add_tools(server, runner)
+    return server
+
+
+def _add_tools(server: MCPServer, runner: _Runner) -> None:
+    limits = runner.limits
+    default = runner.base.limits
+
+    @server.tool(
+        description=(
+            "Run Python 3.11 code in a fresh isolated sandbox and return what happened: "
+            "status (ok, error, timeout, memory_limit, cpu_limit, killed), stdout, stderr, "
+            "the value of the last expression, the error with a traceback of your code, "
+            "the files written to /workspace, and resource usage. No network; only the "
+            "profile's modules may be imported (basic: stdlib for data and text; "
+            "data_science: + numpy, pandas, scipy, matplotlib). Top-level await works. "
+            f"Defaults: timeout {default.timeout:g} s (at most {limits.max_timeout:g}), "
+            f"memory {default.memory_mb} MiB (at most {limits.max_memory_mb}). "
+            "Images the code saves in /workspace (png, jpeg, svg) are returned as images."
+        )
+    )
+    async def execute_code(
+        code: Annotated[str, Field(description="Python source to run.")],
+        timeout: Annotated[
+            float | None, Field(description="Wall-clock limit in seconds.", gt=0)
+        ] = None,
+        profile: Annotated[
+            str | None,
+            Field(description="Import profile(s), e.g. basic, data_science, filesystem."),
+        ] = None,
+        allowed_imports: Annotated[
+            list[str] | None, Field(description="Modules to allow on top of the profile.")
+        ] = None,
+        memory_limit_mb: Annotated[
+            int | None, Field(description="Memory limit in MiB.", ge=32)
+        ] = None,
+        files: Annotated[
+            dict[str, str] | None,
+            Field(
+                description="Input files to put in /workspace: name -> text, or "
+                "'base64:' + base64 data for binary files."
+            ),
+        ] = None,
+        return_files: Annotated[
+            list[str] | None,
+            Field(description="Text files (paths in /workspace) to return inline."),
+        ] = None,
+    ) -> Annotated[CallToolResult, ExecutionResult]:
+        run_limits = _call_limits(runner, timeout, memory_limit_mb)
+        uploads = _decode_uploads(files or {})
+        sandbox = _sandbox(runner, profile, allowed_imports)
+        result, extra = await _queued(
+            runner, lambda: _execute(sandbox, code, run_limits, uploads, return_files or [])
+        )
+        return CallToolResult(
+            content=[TextContent(type="text", text=_summary(result)), *extra],
+            structured_content=result.model_dump(mode="json"),
+            is_error=False,
+        )
+
+    @server.tool(
+        description=(
+            "Check Python code without running it: syntax, imports outside the profile, "
+            "and risky constructs. Returns valid, the findings (line, rule, severity, "
+            "message) and a one-line verdict."
+        )
+    )
+    def validate_code(
+        code: Annotated[str, Field(description="Python source to check.")],
+        profile: Annotated[str | None, Field(description="Import profile(s).")] = None,
+    ) -> ValidationReport:
+        sandbox = _sandbox(runner, profile, None)
+        return sandbox.validate(code)
+
+    @server.tool(
+        description=(
+            "What this sandbox offers: the profiles and their modules, the default limits "
+            "and the maximums a call may ask for, the isolation layers in force, and the "
+            "warm pool's state."
+        )
+    )
+    def get_sandbox_info() -> dict[str, Any]:
+        info = runner.base.info().model_dump(mode="json")
+        info["call_maximums"] = {
+            "timeout": limits.max_timeout,
+            "memory_limit_mb": limits.max_memory_mb,
+            "concurrent_executions": limits.max_concurrent,
+            "queued_executions": limits.max_queued,
+        }
+        return info
+
+
+# --- argument checks ----------------------------------------------------------------------
+
+
+def _call_limits(runner: _Runner, timeout: float | None, memory_mb: int | None) -> Limits:
+    limits = runner.limits
+    if timeout is not None and timeout > limits.max_timeout:
+        raise ToolError(
+            f"timeout={timeout:g} is above this server's maximum of {limits.max_timeout:g} s; "
+            "ask for less, or split the work"
+        )
+    if memory_mb is not None and memory_mb > limits.max_memory_mb:
+        raise ToolError(
+            f"memory_limit_mb={memory_mb} is above this server's maximum of "
+            f"{limits.max_memory_mb} MiB"
+        )
+    overrides: dict[str, Any] = {}
+    if timeout is not None:
+        overrides["timeout"] = timeout
+    if memory_mb is not None:
+        overrides["memory_mb"] = memory_mb
+    try:
+        return runner.base.limits.merged(overrides)
+    except ValueError as exc:
+        raise ToolError(f"invalid limits: {exc}") from exc
+
+
+def _sandbox(runner: _Runner, profile: str | None, allowed_imports: list[str] | None) -> Sandbox:
+    try:
+        return runner.sandbox_for(profile, allowed_imports)
+    except ConfigError as exc:
+        raise ToolError(f"{exc} ({exc.hint})" if exc.hint else str(exc)) from exc
+
+
+def _decode_uploads(files: Mapping[str, str]) -> dict[str, bytes]:
+    if len(files) > MAX_UPLOAD_FILES:
+        raise ToolError(f"too many files: {len(files)} (at most {MAX_UPLOAD_FILES})")
+    decoded: dict[str, bytes] = {}
+    for name, value in files.items():
+        _check_upload_name(name)
+        if value.startswith("base64:"):
+            try:
+                decoded[name] = base64.b64decode(value[len("base64:") :], validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise ToolError(f"file {name!r}: not valid base64 after 'base64:'") from exc
+        else:
+            decoded[name] = value.encode("utf-8", "surrogatepass")
+    total = sum(len(data) for data in decoded.values())
+    if total > MAX_UPLOAD_BYTES:
+        raise ToolError(
+            f"the files are {total} bytes together; at most {MAX_UPLOAD_BYTES} are accepted"
+        )
+    return decoded
+
+
+def _check_upload_name(name: str) -> None:
+    parts = name.split("/")
+    if (
+        not name
+        or name.startswith("/")
+        or any(p in ("", ".", "..") for p in parts)
+        or "\x00" in name
+        or len(name) > 255
+    ):
+        raise ToolError(
+            f"bad file name {neutralise_text(name)!r}: use a relative path inside /workspace, "
+            "such as data.csv or input/data.csv"
+        )
+
+
+# --- running ------------------------------------------------------------------------------
+
+
+async def _queued(runner: _Runner, job: Any) -> Any:
+    """Run `job` in a worker thread once a slot is free; refuse when too many wait.
+    (The counter is only touched on the event loop's thread.)"""
+    if runner.waiting >= runner.limits.max_queued:
+        raise ToolError(
+            f"the server is busy: {runner.waiting} executions are waiting already; "
+            "try again shortly"
+        )
+    runner.waiting += 1
+    try:
+        await runner.slots.acquire()
+    finally:
+        runner.waiting -= 1
+    try:
+        return await anyio.to_thread.run_sync(job)
+    finally:
+        runner.slots.release()
+
+
+def _execute(
+    sandbox: Sandbox,
+    code: str,
+    limits: Limits,
+    uploads: dict[str, bytes],
+    return_files: list[str],
+) -> tuple[ExecutionResult, list[ContentBlock]]:
+    """One run; with uploads (or files to return), in a fresh host workspace whose files are
+    read back before it is removed. Raises ToolError for what the caller must fix."""
+    try:
+        if not uploads and not return_files and not _may_draw(sandbox):
+            return sandbox.run(code, limits=limits), []
+        workdir = Path(tempfile.mkdtemp(prefix="codecage-mcp-"))
+        try:
+            _write_uploads(workdir, uploads)
+            result = sandbox.run(code, limits=limits, workspace=workdir)
+            return result, _files_back(workdir, result, return_files)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    except CodecageError as exc:
+        raise ToolError(f"{exc} ({exc.hint})" if exc.hint else str(exc)) from exc
+
+
+def _may_draw(sandbox: Sandbox) -> bool:
+    """Profiles with matplotlib write images worth returning: keep the workspace."""
+    return sandbox.policy is not None and sandbox.policy.allows("matplotlib")
+
+
+def _write_uploads(workdir: Path, uploads: dict[str, bytes]) -> None:
+    for name, data in uploads.items():
+        target = workdir / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+
+
+def _files_back(
+    workdir: Path, result: ExecutionResult, return_files: list[str]
+) -> list[ContentBlock]:
+    blocks: list[ContentBlock] = []
+    images = [f for f in result.files if f.mime in _IMAGE_TYPES and f.size <= MAX_IMAGE_BYTES]
+    for info in images[:MAX_IMAGES]:
+        with contextlib.suppress(CodecageError):
+            data = workspaces.read_file(workdir, info.path, max_bytes=MAX_IMAGE_BYTES)
+            blocks.append(
+                ImageContent(
+                    type="image", data=base64.b64encode(data).decode("ascii"), mime_type=info.mime
+                )
+            )
+    for relpath in return_files:
+        try:
+            data = workspaces.read_file(workdir, relpath, max_bytes=MAX_INLINE_FILE_BYTES)
+        except CodecageError as exc:
+            blocks.append(TextContent(type="text", text=f"{relpath}: {exc}"))
+            continue
+        text = neutralise_text(data.decode("utf-8", "replace"))
+        blocks.append(TextContent(type="text", text=f"--- {relpath} ---\n{text}"))
+    return blocks
+
+
+def _summary(result: ExecutionResult) -> str:
+    """What a model reads first: the output, then how the run ended."""
+    parts: list[str] = []
+    if result.stdout:
+        parts.append(_clip(result.stdout))
+    if result.stderr:
+        parts.append("stderr:\n" + _clip(result.stderr))
+    if result.return_value is not None:
+        parts.append(f"→ {_clip(repr(result.return_value))}")
+    if result.error is not None:
+        parts.append(result.error.traceback or f"{result.error.type}: {result.error.message}")
+    line = f"status: {result.status} · {result.usage.wall_ms} ms"
+    if result.exit_code not in (None, 0):
+        line += f" · exit code {result.exit_code}"
+    if result.files:
+        line += f" · files: {', '.join(f.path for f in result.files[:20])}"
+    parts.append(line)
+    parts += [f"note: {e.kind}: {e.detail}" for e in result.events[:10]]
+    return "\n".join(parts)
+
+
+def _clip(text: str) -> str:
+    if len(text) <= _SUMMARY_OUTPUT_CHARS:
+        return text
+    return text[:_SUMMARY_OUTPUT_CHARS] + f"\n… ({len(text) - _SUMMARY_OUTPUT_CHARS} more chars)"
+
+
+# --- HTTP -----------------------------------------------------------------------------------
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
+class BearerTokenGate:
+    """ASGI middleware: every HTTP request must carry `Authorization: Bearer <token>`."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self._expected):
+                await _refuse(send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def _refuse(send: Any) -> None:
+    body = b'{"error": "unauthorized: send Authorization: Bearer <token>"}'
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 401,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"www-authenticate", b"Bearer"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def http_app(server: MCPServer, *, host: str, token: str | None) -> Any:
+    """The streamable HTTP app at /mcp (DNS-rebinding protection from the SDK), behind a
+    bearer token when one is given.
+
+    Raises:
+        ConfigError: `host` is not loopback and no token was given.
+    """
+    if host not in LOOPBACK_HOSTS and not token:
+        raise ConfigError(
+            f"refusing to serve on {host} without a token: anyone who reaches it could run "
+            "code here",
+            hint="pass --token (or set CODECAGE_TOKEN), or bind 127.0.0.1",
+        )
+    app = server.streamable_http_app(host=host)
+    return BearerTokenGate(app, token) if token else app
