@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -69,6 +70,7 @@ class RunRequest:
     workspace_dir: Path | None = None  # a host dir to mount instead of a fresh one
     degraded: tuple[str, ...] = ()  # layers known missing (only with allow_degraded)
     policy: ImportPolicy | None = None  # None: no import policy (the OS layers still hold)
+    cancel: threading.Event | None = None  # set it to kill the run (status killed, cancelled)
 
 
 def ceilings() -> Ceilings:
@@ -339,11 +341,12 @@ def run_in(sandbox: StartedSandbox, request: RunRequest, *, backend_name: str) -
         control_cap_bytes=_CONTROL_CAP_BYTES,
         cgroup=cgroup,
         reported=functools.partial(_has_final_report, ready_pid=sandbox.ready_pid),
+        cancel=request.cancel,
     )
     ready, report, report_events = _parse_control(seen, ready_pid=sandbox.ready_pid)
     if seen.reported and report is not None:
         seen.returncode = report.exit_code  # it exits with that now; see supervise()
-    if not ready and not seen.timed_out and not seen.cpu_exceeded:
+    if not ready and not (seen.timed_out or seen.cpu_exceeded or seen.cancelled):
         raise SandboxError(
             "the sandbox failed to start: "
             + (neutralise(seen.stderr.data).strip()[:2000] or f"exit {seen.returncode}"),
@@ -734,6 +737,8 @@ def judge_status(
     exit_code = None if signal_name is not None or seen.killed_by_host else code
     if seen.timed_out:
         return "timeout", None, "SIGKILL"
+    if seen.cancelled:
+        return "killed", None, "SIGKILL"
     cpu_used = usage.cpu_ms is not None and usage.cpu_ms >= limits.cpu_seconds * 1000
     if seen.cpu_exceeded or code == _SIGXCPU_EXIT or (cpu_used and code != 0):
         return "cpu_limit", None, signal_name or "SIGKILL"
@@ -773,6 +778,8 @@ def _build_result(
         )
     all_events = [*events, *_policy_events(request.policy), *_guest_events(report)]
     all_events += _limit_events(seen, files_truncated, limits)
+    if seen.cancelled:
+        all_events.append(Event(kind="cancelled", detail="the caller cancelled the run"))
     if workspace_full is not None:
         all_events.append(workspace_full)
     all_events += [

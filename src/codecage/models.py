@@ -24,6 +24,7 @@ EventKind = Literal[
     "guest_report_invalid",
     "degraded_isolation",
     "validation_finding",
+    "cancelled",
 ]
 """Things worth knowing that happened during a run (see docs/security-model.md)."""
 

@@ -161,6 +161,7 @@ class Sandbox:
         filename: str = "main.py",
         workspace: str | Path | None = None,
         strict: bool = False,
+        cancel: threading.Event | None = None,
     ) -> ExecutionResult:
         """Run `code` in a new sandbox and return how it went.
 
@@ -173,6 +174,8 @@ class Sandbox:
             filename: the name the code runs under (shows in tracebacks).
             workspace: a host directory to mount at /workspace instead of a fresh empty one;
                 its files stay after the run.
+            cancel: set this event (from another thread) to kill the run; its status is then
+                `killed`, with a `cancelled` event.
 
         Raises:
             ConfigError: the request was refused before anything ran.
@@ -191,6 +194,7 @@ class Sandbox:
             workspace_dir=Path(workspace) if workspace is not None else None,
             degraded=self._missing_layers(),
             policy=self.policy,
+            cancel=cancel,
         )
         if self.pool is not None and request.workspace_dir is None:
             result = self._run_warm(self.pool, request)
@@ -239,16 +243,28 @@ class Sandbox:
         workspace: str | Path | None = None,
         strict: bool = False,
     ) -> ExecutionResult:
-        """`run()` for asyncio callers: the run happens in a worker thread.
+        """`run()` for asyncio callers: the run happens in a worker thread. Cancelling the
+        task kills the sandbox.
 
         Raises:
             ConfigError: the request was refused before anything ran.
             HostError: the host cannot provide the isolation (see `doctor()`).
             SandboxError: the sandbox itself failed.
         """
-        return await asyncio.to_thread(
-            self.run, code, limits=limits, filename=filename, workspace=workspace, strict=strict
-        )
+        cancel = threading.Event()
+        try:
+            return await asyncio.to_thread(
+                self.run,
+                code,
+                limits=limits,
+                filename=filename,
+                workspace=workspace,
+                strict=strict,
+                cancel=cancel,
+            )
+        except asyncio.CancelledError:
+            cancel.set()  # the task was cancelled: the worker thread kills the sandbox
+            raise
 
     def validate(self, code: str, *, strict: bool = False) -> ValidationReport:
         """Check `code` against this Sandbox's profile without running it.

@@ -166,8 +166,11 @@ def _add_tools(server: MCPServer, runner: _Runner) -> None:
         run_limits = _call_limits(runner, timeout, memory_limit_mb)
         uploads = _decode_uploads(files or {})
         sandbox = _sandbox(runner, profile, allowed_imports)
+        cancel = threading.Event()
         result, extra = await _queued(
-            runner, lambda: _execute(sandbox, code, run_limits, uploads, return_files or [])
+            runner,
+            lambda: _execute(sandbox, code, run_limits, uploads, return_files or [], cancel),
+            cancel,
         )
         return CallToolResult(
             content=[TextContent(type="text", text=_summary(result)), *extra],
@@ -279,8 +282,9 @@ def _check_upload_name(name: str) -> None:
 # --- running ------------------------------------------------------------------------------
 
 
-async def _queued(runner: _Runner, job: Any) -> Any:
-    """Run `job` in a worker thread once a slot is free; refuse when too many wait.
+async def _queued(runner: _Runner, job: Any, cancel: threading.Event) -> Any:
+    """Run `job` in a worker thread once a slot is free; refuse when too many wait. When the
+    call is cancelled (its client went away), `cancel` is set: the job kills its sandbox.
     (The counter is only touched on the event loop's thread.)"""
     if runner.waiting >= runner.limits.max_queued:
         raise ToolError(
@@ -293,7 +297,10 @@ async def _queued(runner: _Runner, job: Any) -> Any:
     finally:
         runner.waiting -= 1
     try:
-        return await anyio.to_thread.run_sync(job)
+        return await anyio.to_thread.run_sync(job, abandon_on_cancel=True)
+    except anyio.get_cancelled_exc_class():
+        cancel.set()
+        raise
     finally:
         runner.slots.release()
 
@@ -304,16 +311,17 @@ def _execute(
     limits: Limits,
     uploads: dict[str, bytes],
     return_files: list[str],
+    cancel: threading.Event,
 ) -> tuple[ExecutionResult, list[ContentBlock]]:
     """One run; with uploads (or files to return), in a fresh host workspace whose files are
     read back before it is removed. Raises ToolError for what the caller must fix."""
     try:
         if not uploads and not return_files and not _may_draw(sandbox):
-            return sandbox.run(code, limits=limits), []
+            return sandbox.run(code, limits=limits, cancel=cancel), []
         workdir = Path(tempfile.mkdtemp(prefix="codecage-mcp-"))
         try:
             _write_uploads(workdir, uploads)
-            result = sandbox.run(code, limits=limits, workspace=workdir)
+            result = sandbox.run(code, limits=limits, workspace=workdir, cancel=cancel)
             return result, _files_back(workdir, result, return_files)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)

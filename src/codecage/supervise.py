@@ -12,6 +12,7 @@ import selectors
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ class Observation:
     wall_s: float = 0.0
     killed_by_host: bool = False
     reported: bool = False  # ended when the guest's final report came, before its exit
+    cancelled: bool = False  # the caller gave up on the run (e.g. its client went away)
     notes: list[str] = field(default_factory=list)
 
 
@@ -56,6 +58,7 @@ def supervise(
     control_cap_bytes: int,
     cgroup: CgroupHandle | None,
     reported: Callable[[bytes], bool] | None = None,
+    cancel: threading.Event | None = None,
 ) -> Observation:
     """Send `request`, then read until the sandbox is gone or a limit ends it.
 
@@ -67,6 +70,8 @@ def supervise(
     without waiting for the sandbox's other processes to exit (1-2 ms of bwrap's init and
     namespace teardown). The guest flushed its output before it reported, so what is in
     the pipes then is all of it. The caller destroys the sandbox.
+
+    `cancel`, once set, kills the sandbox (checked at least every 50 ms).
     """
     if proc.stdout is None or proc.stderr is None:
         raise ValueError("supervise() needs a process started with stdout and stderr pipes")
@@ -94,6 +99,9 @@ def supervise(
             if exited_at is None and now >= deadline and not seen.killed_by_host:
                 seen.timed_out = True
                 _kill(proc, cgroup, seen)
+            if cancel is not None and cancel.is_set() and not seen.killed_by_host:
+                seen.cancelled = True
+                _kill(proc, cgroup, seen)
             if (
                 exited_at is None
                 and cgroup is not None
@@ -111,8 +119,9 @@ def supervise(
             ):
                 break
             timeout = _next_wakeup(now, deadline, next_cpu_check, cgroup, exited_at)
-            if seen.killed_by_host and exited_at is None:
-                timeout = 0.05  # killed: only waiting for the exit to be reported
+            if (seen.killed_by_host and exited_at is None) or cancel is not None:
+                # Killed: only waiting for the exit to be reported; or watching `cancel`.
+                timeout = min(timeout, 0.05)
             for key, mask in sel.select(timeout):
                 fd = key.fd
                 if fd == pidfd:
