@@ -43,3 +43,16 @@ def test_the_benchmark_suite_runs_quick_and_prints_every_section() -> None:
         "targets",
     ):
         assert f"== {section} ==" in p.stdout, section
+
+
+def test_the_mcp_benchmark_runs_against_a_real_server_and_the_sdks_floor() -> None:
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_mcp.py"), "-n", "3", "--no-write"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert p.returncode == 0, p.stderr
+    for variant in ("empty_tool", "execute_code"):
+        assert variant in p.stdout

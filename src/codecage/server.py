@@ -114,6 +114,7 @@ def build_server(*, limits: ServerLimits | None = None, pool: bool = True) -> MC
         name="codecage",
         version=__version__,
         instructions=INSTRUCTIONS,
+        log_level="WARNING",  # the SDK's rich INFO handler would cost ~1 ms per run's log line
     )
     _add_tools(server, runner)
     return server
