@@ -49,6 +49,7 @@ MAX_IMAGE_BYTES = 2 * 1024 * 1024
 MAX_INLINE_FILE_BYTES = 256 * 1024
 _IMAGE_TYPES = {"image/png", "image/jpeg", "image/svg+xml"}
 _SUMMARY_OUTPUT_CHARS = 20_000
+_MAX_CACHED_PROFILES = 16
 
 INSTRUCTIONS = """\
 codecage runs Python in a throwaway, isolated Linux sandbox: no network, no host files, \
@@ -88,9 +89,16 @@ class _Runner:
         if allowed_imports:
             return Sandbox(profile=name, allowed_imports=allowed_imports, pool=False)
         with self.lock:
-            if name not in self.by_profile:
-                self.by_profile[name] = Sandbox(profile=name, pool=self.pool or False)
-            return self.by_profile[name]
+            if name in self.by_profile:
+                return self.by_profile[name]
+        # Only single profiles get warm sandboxes: combinations ("basic,filesystem", in any
+        # order) would let callers make the pool keep a key, and memory, per spelling.
+        pooled = self.pool if "," not in name else None
+        sandbox = Sandbox(profile=name, pool=pooled or False)
+        with self.lock:
+            if len(self.by_profile) < _MAX_CACHED_PROFILES:
+                self.by_profile.setdefault(name, sandbox)
+        return sandbox
 
 
 def build_server(*, limits: ServerLimits | None = None, pool: bool = True) -> MCPServer:
