@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -509,6 +510,7 @@ def serve(
     from codecage import server as mcp_server  # the MCP SDK loads only for this command
 
     _configure_logging(verbose)
+    _exit_on_sigterm()
     limits = mcp_server.ServerLimits(
         max_timeout=max_timeout, max_memory_mb=max_memory_mb, max_concurrent=max_concurrent
     )
@@ -524,6 +526,13 @@ def serve(
 
     stderr.print(f"codecage MCP server on http://{host}:{port}/mcp", markup=False)
     uvicorn.run(asgi, host=host, port=port, log_level="debug" if verbose else "warning")
+
+
+def _exit_on_sigterm() -> None:
+    """Let SIGTERM (a service manager, `kill`) end the process through the interpreter's
+    exit, as Ctrl-C does, so atexit closes the warm pool and leaves nothing behind. (uvicorn
+    restores this handler when it stops and re-raises the signal to it.)"""
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
 
 
 def _render_info(report: HostInfo) -> None:

@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from codecage.models import (
     ErrorInfo,
     Event,
     ExecutionResult,
+    FileInfo,
     GuestReady,
     GuestRequest,
     GuestResult,
@@ -71,6 +73,9 @@ class RunRequest:
     degraded: tuple[str, ...] = ()  # layers known missing (only with allow_degraded)
     policy: ImportPolicy | None = None  # None: no import policy (the OS layers still hold)
     cancel: threading.Event | None = None  # set it to kill the run (status killed, cancelled)
+    # Called with the workspace's host path and its listing before the sandbox is destroyed:
+    # the one moment a warm run's files can be read back.
+    on_files: Callable[[Path, list[FileInfo]], None] | None = None
 
 
 def ceilings() -> Ceilings:
@@ -355,6 +360,8 @@ def run_in(sandbox: StartedSandbox, request: RunRequest, *, backend_name: str) -
     usage = _usage(seen, cgroup, baseline)
     oom = cgroup is not None and cgroups.oom_kills(cgroup) > baseline.oom_kills
     files, files_truncated = workspaces.list_files(sandbox.workspace.path)
+    if request.on_files is not None:
+        request.on_files(sandbox.workspace.path, files)
     result = _build_result(
         execution_id=sandbox.execution_id,
         request=request,
@@ -762,7 +769,7 @@ def _build_result(
     events: list[Event],
     usage: Usage,
     oom: bool,
-    files: list[Any],
+    files: list[FileInfo],
     files_truncated: bool,
     by_cgroup: bool,
     workspace_full: Event | None,

@@ -8,7 +8,7 @@ import json
 import logging
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from codecage.models import (
     ErrorInfo,
     Event,
     ExecutionResult,
+    FileInfo,
     HostInfo,
     LayerStatus,
     Limits,
@@ -162,6 +163,7 @@ class Sandbox:
         workspace: str | Path | None = None,
         strict: bool = False,
         cancel: threading.Event | None = None,
+        on_files: Callable[[Path, list[FileInfo]], None] | None = None,
     ) -> ExecutionResult:
         """Run `code` in a new sandbox and return how it went.
 
@@ -176,6 +178,9 @@ class Sandbox:
                 its files stay after the run.
             cancel: set this event (from another thread) to kill the run; its status is then
                 `killed`, with a `cancelled` event.
+            on_files: called with the workspace's host path and the files the run wrote,
+                after the run and before the workspace is removed (read them with
+                `codecage.workspace.read_file`, which never follows a link).
 
         Raises:
             ConfigError: the request was refused before anything ran.
@@ -195,6 +200,7 @@ class Sandbox:
             degraded=self._missing_layers(),
             policy=self.policy,
             cancel=cancel,
+            on_files=on_files,
         )
         if self.pool is not None and request.workspace_dir is None:
             result = self._run_warm(self.pool, request)

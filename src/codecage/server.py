@@ -8,6 +8,7 @@ results with a status, because the model must read them to fix its code.
 Executions run in worker threads, at most `max_concurrent` at once; up to `max_queued` more
 wait, and past that a call is refused with a clear "busy" error. Runs without uploaded
 files use the shared warm pool; runs with files get a fresh host workspace (cold start).
+Either way, images and asked-for files are read back before the workspace goes.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from pydantic import Field
 from codecage import __version__
 from codecage import workspace as workspaces
 from codecage.errors import CodecageError, ConfigError
-from codecage.models import ExecutionResult, Limits, ValidationReport
+from codecage.models import ExecutionResult, FileInfo, Limits, ValidationReport
 from codecage.output import neutralise_text
 from codecage.pool import Pool
 from codecage.sandbox import Sandbox
@@ -322,25 +323,29 @@ def _execute(
     return_files: list[str],
     cancel: threading.Event,
 ) -> tuple[ExecutionResult, list[ContentBlock]]:
-    """One run; with uploads (or files to return), in a fresh host workspace whose files are
-    read back before it is removed. Raises ToolError for what the caller must fix."""
+    """One run. Images and the asked-for files are read from the workspace after the run,
+    before it is removed (a warm sandbox's workspace too). Uploads need a host workspace,
+    so a run with files starts cold. Raises ToolError for what the caller must fix."""
+    blocks: list[ContentBlock] = []
+
+    def read_back(workspace: Path, written: list[FileInfo]) -> None:
+        blocks.extend(_files_back(workspace, written, return_files))
+
     try:
-        if not uploads and not return_files and not _may_draw(sandbox):
-            return sandbox.run(code, limits=limits, cancel=cancel), []
+        if not uploads:
+            result = sandbox.run(code, limits=limits, cancel=cancel, on_files=read_back)
+            return result, blocks
         workdir = Path(tempfile.mkdtemp(prefix="codecage-mcp-"))
         try:
             _write_uploads(workdir, uploads)
-            result = sandbox.run(code, limits=limits, workspace=workdir, cancel=cancel)
-            return result, _files_back(workdir, result, return_files)
+            result = sandbox.run(
+                code, limits=limits, workspace=workdir, cancel=cancel, on_files=read_back
+            )
+            return result, blocks
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
     except CodecageError as exc:
         raise ToolError(f"{exc} ({exc.hint})" if exc.hint else str(exc)) from exc
-
-
-def _may_draw(sandbox: Sandbox) -> bool:
-    """Profiles with matplotlib write images worth returning: keep the workspace."""
-    return sandbox.policy is not None and sandbox.policy.allows("matplotlib")
 
 
 def _write_uploads(workdir: Path, uploads: dict[str, bytes]) -> None:
@@ -351,10 +356,10 @@ def _write_uploads(workdir: Path, uploads: dict[str, bytes]) -> None:
 
 
 def _files_back(
-    workdir: Path, result: ExecutionResult, return_files: list[str]
+    workdir: Path, written: list[FileInfo], return_files: list[str]
 ) -> list[ContentBlock]:
     blocks: list[ContentBlock] = []
-    images = [f for f in result.files if f.mime in _IMAGE_TYPES and f.size <= MAX_IMAGE_BYTES]
+    images = [f for f in written if f.mime in _IMAGE_TYPES and f.size <= MAX_IMAGE_BYTES]
     for info in images[:MAX_IMAGES]:
         with contextlib.suppress(CodecageError):
             data = workspaces.read_file(workdir, info.path, max_bytes=MAX_IMAGE_BYTES)

@@ -1,0 +1,576 @@
+"""`codecage serve` end to end: the real server process, driven by the official MCP client.
+
+One stdio server serves the whole module (its warm pool makes each call a few ms); the HTTP
+tests start `codecage serve --http` on a free loopback port and kill it afterwards. No mocks:
+every call crosses a real transport into a real sandbox.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import CallToolResult, ImageContent, TextContent
+from mcp_types.version import LATEST_HANDSHAKE_VERSION
+
+from codecage.isolation import limits as cgroups
+
+CODECAGE = str(Path(sys.executable).with_name("codecage"))
+TOKEN = "secret"  # noqa: S105 - the bearer token of a test server on loopback
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    """One asyncio loop for the module, so one server session serves every test."""
+    return "asyncio"
+
+
+def server_env(**extra: str) -> dict[str, str]:
+    """The test's environment without any CODECAGE_* setting (a token, a config file)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CODECAGE_")}
+    return env | extra
+
+
+# --- the stdio server --------------------------------------------------------------------
+
+
+@dataclass
+class StdioServer:
+    client: Client
+    stderr_path: Path
+    transport_faults: list[Exception]
+
+
+@pytest.fixture(scope="module")
+async def stdio(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[StdioServer]:
+    """`codecage serve` spawned by the SDK's stdio client, in an empty working directory."""
+    workdir = tmp_path_factory.mktemp("serve-stdio")
+    stderr_path = workdir / "stderr.log"
+    faults: list[Exception] = []
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, Exception):  # a stdout line that was not a protocol message
+            faults.append(message)
+
+    params = StdioServerParameters(command=CODECAGE, args=["serve"], cwd=str(workdir))
+    with stderr_path.open("w", encoding="utf-8") as errlog:
+        transport = stdio_client(params, errlog=errlog)
+        async with Client(transport, message_handler=on_message, read_timeout_seconds=60) as c:
+            yield StdioServer(c, stderr_path, faults)
+
+
+async def call(server: StdioServer, tool: str, **arguments: Any) -> CallToolResult:
+    return await server.client.call_tool(tool, arguments)
+
+
+def text_of(result: CallToolResult) -> str:
+    return "\n".join(b.text for b in result.content if isinstance(b, TextContent))
+
+
+def structured(result: CallToolResult) -> dict[str, Any]:
+    assert not result.is_error, text_of(result)
+    assert result.structured_content is not None, text_of(result)
+    return result.structured_content
+
+
+# --- tools -------------------------------------------------------------------------------
+
+
+async def test_the_server_lists_three_tools_with_descriptions_and_parameter_schemas(
+    stdio: StdioServer,
+) -> None:
+    tools = {t.name: t for t in (await stdio.client.list_tools()).tools}
+    assert set(tools) == {"execute_code", "validate_code", "get_sandbox_info"}
+    for tool in tools.values():
+        assert tool.description and len(tool.description) > 20, tool.name
+        assert tool.input_schema["type"] == "object", tool.name
+    execute_params = set(tools["execute_code"].input_schema["properties"])
+    assert execute_params >= {
+        "code",
+        "timeout",
+        "profile",
+        "allowed_imports",
+        "memory_limit_mb",
+        "files",
+        "return_files",
+    }
+    assert tools["execute_code"].input_schema.get("required") == ["code"]
+    assert set(tools["validate_code"].input_schema["properties"]) >= {"code", "profile"}
+    assert set(tools["get_sandbox_info"].input_schema.get("properties", {})) == set()
+
+
+async def test_execute_code_returns_the_output_and_the_last_expression_value(
+    stdio: StdioServer,
+) -> None:
+    result = await call(stdio, "execute_code", code="print('hi')\n6 * 7")
+    run = structured(result)
+    assert run["status"] == "ok"
+    assert run["exit_code"] == 0
+    assert run["stdout"] == "hi\n"
+    assert run["return_value"] == 42
+    assert run["error"] is None
+    assert {"wall_ms", "cpu_ms", "peak_memory_mb"} <= set(run["usage"])
+    summary = text_of(result)
+    assert summary.startswith("hi")  # the output first, then how the run ended
+    assert "ok" in summary
+
+
+async def test_an_uploaded_csv_file_is_read_from_the_workspace(stdio: StdioServer) -> None:
+    code = (
+        "import csv\n"
+        "with open('sales.csv', newline='') as f:\n"
+        "    rows = list(csv.DictReader(f))\n"
+        "sum(int(r['a']) + int(r['b']) for r in rows)"
+    )
+    result = await call(stdio, "execute_code", code=code, files={"sales.csv": "a,b\n1,2\n3,4\n"})
+    run = structured(result)
+    assert run["status"] == "ok", run["error"]
+    assert run["return_value"] == 10
+    assert "sales.csv" in {f["path"] for f in run["files"]}
+
+
+async def test_a_base64_upload_arrives_byte_for_byte(stdio: StdioServer) -> None:
+    blob = bytes(range(256)) + b"\x89PNG\r\n\x1a\n\x00\xff"
+    upload = "base64:" + base64.b64encode(blob).decode("ascii")
+    code = "with open('data/blob.bin', 'rb') as f:\n    data = f.read()\nlist(data)"
+    result = await call(stdio, "execute_code", code=code, files={"data/blob.bin": upload})
+    run = structured(result)
+    assert run["status"] == "ok", run["error"]
+    assert bytes(run["return_value"]) == blob
+
+
+async def test_return_files_come_back_inline_as_text(stdio: StdioServer) -> None:
+    code = "with open('report.txt', 'w') as f:\n    f.write('total: 10\\n')"
+    result = await call(stdio, "execute_code", code=code, return_files=["report.txt"])
+    assert structured(result)["status"] == "ok"
+    inline = [b.text for b in result.content[1:] if isinstance(b, TextContent)]
+    assert any("total: 10" in text for text in inline), result.content
+
+
+async def test_a_run_past_its_timeout_is_a_timeout_result_not_a_tool_error(
+    stdio: StdioServer,
+) -> None:
+    started = time.monotonic()
+    result = await call(stdio, "execute_code", code="while True:\n    pass", timeout=1)
+    assert time.monotonic() - started < 15
+    run = structured(result)  # asserts is_error is false
+    assert run["status"] == "timeout"
+    assert "timeout" in text_of(result)
+
+
+async def test_a_blocked_import_is_an_error_result_that_names_the_profile(
+    stdio: StdioServer,
+) -> None:
+    result = await call(stdio, "execute_code", code="import socket", profile="basic")
+    run = structured(result)
+    assert run["status"] == "error"
+    assert run["error"]["type"] in ("ImportError", "ModuleNotFoundError")
+    assert "socket" in run["error"]["message"]
+    assert "basic" in run["error"]["message"]
+    assert "ImportError" in text_of(result) or "ModuleNotFoundError" in text_of(result)
+
+
+async def test_an_exception_in_the_code_comes_back_with_its_traceback(stdio: StdioServer) -> None:
+    result = await call(stdio, "execute_code", code="def f():\n    1 / 0\nf()")
+    run = structured(result)
+    assert run["status"] == "error"
+    assert run["error"]["type"] == "ZeroDivisionError"
+    assert "ZeroDivisionError" in text_of(result)
+    assert "line 2" in text_of(result)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("matplotlib") is None, reason="matplotlib is not installed"
+)
+async def test_a_matplotlib_figure_comes_back_as_a_png_image_block(stdio: StdioServer) -> None:
+    code = (
+        "import matplotlib\n"
+        "matplotlib.use('Agg')\n"
+        "import matplotlib.pyplot as plt\n"
+        "plt.plot([1, 3, 2])\n"
+        "plt.savefig('plot.png')\n"
+    )
+    result = await call(stdio, "execute_code", code=code, profile="data_science", timeout=60)
+    run = structured(result)
+    assert run["status"] == "ok", run["error"]
+    images = [b for b in result.content if isinstance(b, ImageContent)]
+    assert len(images) == 1, result.content
+    assert images[0].mime_type == "image/png"
+    assert base64.b64decode(images[0].data).startswith(b"\x89PNG\r\n\x1a\n")
+    assert "plot.png" in {f["path"] for f in run["files"]}
+
+
+SVG = "<svg xmlns='http://www.w3.org/2000/svg' width='8' height='8'><rect width='8'/></svg>"
+
+
+async def test_an_svg_the_code_writes_comes_back_as_an_image_block(stdio: StdioServer) -> None:
+    code = f"with open('pic.svg', 'w') as f:\n    f.write({SVG!r})"
+    result = await call(stdio, "execute_code", code=code)  # basic profile, no uploads
+    run = structured(result)
+    assert run["status"] == "ok", run["error"]
+    assert [f["mime"] for f in run["files"]] == ["image/svg+xml"]
+    images = [b for b in result.content if isinstance(b, ImageContent)]
+    assert [i.mime_type for i in images] == ["image/svg+xml"], result.content
+    assert base64.b64decode(images[0].data).decode() == SVG
+
+
+async def test_image_blocks_are_bounded_in_number(stdio: StdioServer) -> None:
+    code = f"for i in range(20):\n    open(f'pic{{i}}.svg', 'w').write({SVG!r})"
+    result = await call(stdio, "execute_code", code=code, profile="data_science")
+    assert len(structured(result)["files"]) == 20
+    images = [b for b in result.content if isinstance(b, ImageContent)]
+    assert 1 <= len(images) < 20
+
+
+@pytest.mark.parametrize(
+    ("arguments", "mentions"),
+    [
+        pytest.param({"code": 123}, "code", id="code-not-a-string"),
+        pytest.param({"code": "1", "timeout": -1}, "timeout", id="negative-timeout"),
+        pytest.param({"code": "1", "timeout": 10**6}, "timeout", id="timeout-above-maximum"),
+        pytest.param({"code": "1", "profile": "no_such_profile"}, "no_such_profile", id="profile"),
+        pytest.param(
+            {"code": "1", "memory_limit_mb": 10**6}, "memory_limit_mb", id="memory-above-maximum"
+        ),
+        pytest.param({"code": "#" * (20 * 1024 * 1024)}, "MiB", id="20-MB-of-code"),
+    ],
+)
+async def test_bad_arguments_are_a_tool_error_and_the_server_keeps_serving(
+    stdio: StdioServer, arguments: dict[str, Any], mentions: str
+) -> None:
+    refused = await stdio.client.call_tool("execute_code", arguments)
+    assert refused.is_error, refused.structured_content
+    message = text_of(refused)
+    assert mentions in message, message
+    assert len(message) < 2000  # a readable message, not a dump of the request
+
+    after = await call(stdio, "execute_code", code="1 + 1")
+    assert structured(after)["return_value"] == 2
+
+
+async def test_validate_code_finds_a_refused_import_and_passes_clean_code(
+    stdio: StdioServer,
+) -> None:
+    report = structured(await call(stdio, "validate_code", code="import os", profile="basic"))
+    assert report["valid"] is False
+    assert report["findings"], report
+    assert any("os" in f["message"] for f in report["findings"]), report["findings"]
+    assert report["message"]
+
+    clean = structured(await call(stdio, "validate_code", code="sum(range(10))"))
+    assert clean["valid"] is True
+    assert clean["message"]
+
+
+async def test_get_sandbox_info_lists_profiles_limits_and_the_pool(stdio: StdioServer) -> None:
+    info = structured(await call(stdio, "get_sandbox_info"))
+    names = {p["name"] for p in info["profiles"]}
+    assert {"basic", "data_science"} <= names
+    assert info["pool"] is not None  # the server runs with the warm pool
+    assert info["layers"] and info["backends"]
+    assert "timeout" in info["default_limits"]
+    maxima = json.dumps(info)
+    assert "120" in maxima and "2048" in maxima  # the server's call maximums (defaults)
+
+
+async def test_the_stdio_server_wrote_only_protocol_messages_to_stdout(
+    stdio: StdioServer,
+) -> None:
+    # Output from the sandboxed code must not reach the server's own stdout either.
+    result = await call(stdio, "execute_code", code="for i in range(200):\n    print('x' * 80)")
+    assert structured(result)["stdout"].count("\n") == 200
+    assert stdio.transport_faults == []
+    # Refusals and failed runs before this one are results, not crashes in the server.
+    assert "Traceback" not in stdio.stderr_path.read_text(encoding="utf-8", errors="replace")
+
+
+def test_a_raw_stdio_session_sees_only_json_rpc_lines_on_stdout(tmp_path: Path) -> None:
+    """Without the SDK's tolerant reader: every stdout line must parse as JSON-RPC."""
+    messages = [
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": LATEST_HANDSHAKE_VERSION,
+                "capabilities": {},
+                "clientInfo": {"name": "test", "version": "0"},
+            },
+        },
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {"name": "execute_code", "arguments": {"code": "print('out')\n1/0"}},
+        },
+    ]
+    stdin = "".join(json.dumps(m) + "\n" for m in messages)
+    proc = subprocess.Popen(
+        [CODECAGE, "serve", "--verbose"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        encoding="utf-8",
+        cwd=tmp_path,
+        env=server_env(),
+    )
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(stdin)
+        proc.stdin.flush()
+        replies: dict[int, dict[str, Any]] = {}
+        deadline = time.monotonic() + 30
+        while 2 not in replies and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            message = json.loads(line)  # anything else on stdout fails here
+            assert message["jsonrpc"] == "2.0"
+            if "id" in message:
+                replies[message["id"]] = message
+        out, err = proc.communicate(timeout=20)  # closes stdin: the server ends
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait()
+    for line in out.splitlines():
+        assert json.loads(line)["jsonrpc"] == "2.0"
+    assert replies[2]["result"]["structuredContent"]["status"] == "error"
+    assert replies[2]["result"]["isError"] is False
+    assert err.strip(), "--verbose should log to stderr"
+    assert proc.returncode == 0, err
+    assert left_behind(proc.pid) == {}  # the end of stdin ends the server cleanly
+
+
+# --- HTTP --------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class HttpServer:
+    url: str
+    proc: subprocess.Popen[bytes]
+    stderr_path: Path
+
+
+@contextlib.contextmanager
+def serving_http(workdir: Path, *args: str, **env: str) -> Iterator[HttpServer]:
+    """`codecage serve --http` on a free loopback port, until the block ends (then killed)."""
+    port = free_port()
+    stderr_path = workdir / f"stderr-{port}.log"
+    with stderr_path.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [CODECAGE, "serve", "--http", "--port", str(port), *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            cwd=workdir,
+            env=server_env(**env),
+            start_new_session=True,
+        )
+        server = HttpServer(f"http://127.0.0.1:{port}/mcp", proc, stderr_path)
+        try:
+            wait_until_listening(server, port)
+            yield server
+        finally:
+            stop(proc)
+
+
+def wait_until_listening(server: HttpServer, port: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            log = server.stderr_path.read_text(encoding="utf-8", errors="replace")
+            pytest.fail(f"codecage serve --http exited {server.proc.returncode}: {log}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.1)
+    pytest.fail("codecage serve --http did not accept connections within 30 s")
+
+
+def stop(proc: subprocess.Popen[bytes], sig: signal.Signals = signal.SIGINT) -> None:
+    """`sig` to the server's process group, then SIGKILL if it lingers; always reaped.
+    (Ctrl-C by default: the fixtures should not leave run dirs behind, see the SIGTERM test.)"""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def left_behind(server_pid: int) -> dict[str, list[str]]:
+    """The run dirs, mounts and cgroups a server process created (their names carry its pid)."""
+    own = f"{server_pid}-"
+    run_dirs = [p.name for p in Path(tempfile.gettempdir()).glob(f"codecage-run-{own}*")]
+    mountinfo = Path("/proc/self/mountinfo").read_text(encoding="utf-8").splitlines()
+    mounts = [line.split()[4] for line in mountinfo if f"codecage-run-{own}" in line]
+    groups: list[str] = []
+    support = cgroups.detect()
+    for parent in support.parents.values() if support else []:
+        if parent.is_dir():
+            groups += [str(d) for d in parent.iterdir() if d.is_dir() and d.name.startswith(own)]
+    found = {"run_dirs": run_dirs, "mounts": mounts, "cgroups": groups}
+    return {key: value for key, value in found.items() if value}
+
+
+@pytest.fixture(scope="module")
+def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
+    """`codecage serve --http --host 127.0.0.1 --token secret`."""
+    workdir = tmp_path_factory.mktemp("serve-http")
+    with serving_http(workdir, "--host", "127.0.0.1", "--token", TOKEN) as server:
+        yield server
+
+
+async def execute_over_http(url: str, headers: dict[str, str], code: str) -> CallToolResult:
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=60)) as http,
+        Client(streamable_http_client(url, http_client=http)) as client,
+    ):
+        return await client.call_tool("execute_code", {"code": code})
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+async def test_stopping_the_http_server_with_a_signal_leaves_no_run_dirs_or_mounts(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    # SIGTERM is what systemd, docker and kubernetes send.
+    with serving_http(tmp_path) as server:
+        result = await execute_over_http(server.url, {}, "6 * 7")
+        assert structured(result)["return_value"] == 42
+        deadline = time.monotonic() + 10
+        while not left_behind(server.proc.pid):  # the warm pool's next sandbox is starting
+            assert time.monotonic() < deadline, "the server made no run dir: nothing to check"
+            await anyio.sleep(0.05)
+        stop(server.proc, sig)
+    assert left_behind(server.proc.pid) == {}
+
+
+def post_initialize(url: str, headers: dict[str, str]) -> int:
+    body = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": LATEST_HANDSHAKE_VERSION,
+                "capabilities": {},
+                "clientInfo": {"name": "test", "version": "0"},
+            },
+        }
+    ).encode()
+    request = urllib.request.Request(  # noqa: S310 - a fixed http://127.0.0.1 URL
+        url,
+        data=body,
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+            **headers,
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+            return int(response.status)
+    except urllib.error.HTTPError as err:
+        err.close()
+        return int(err.code)
+
+
+def test_http_without_the_bearer_token_gets_401(http_server: HttpServer) -> None:
+    assert post_initialize(http_server.url, {}) == 401
+    assert post_initialize(http_server.url, {"Authorization": "Bearer wrong"}) == 401
+    assert post_initialize(http_server.url, {"Authorization": TOKEN}) == 401
+
+
+async def test_execute_code_over_streamable_http_with_the_bearer_token(
+    http_server: HttpServer,
+) -> None:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    timeout = httpx2.Timeout(30, read=60)
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=timeout) as http,
+        Client(streamable_http_client(http_server.url, http_client=http)) as client,
+    ):
+        names = {t.name for t in (await client.list_tools()).tools}
+        assert names == {"execute_code", "validate_code", "get_sandbox_info"}
+        result = await client.call_tool("execute_code", {"code": "print('hi')\n6 * 7"})
+        run = structured(result)
+        assert run["status"] == "ok"
+        assert run["return_value"] == 42
+        assert "hi" in text_of(result)
+
+        refused = await client.call_tool("execute_code", {"code": "1", "timeout": -1})
+        assert refused.is_error
+        assert "timeout" in text_of(refused)
+
+
+async def test_http_on_loopback_without_a_token_serves_without_authorization(
+    tmp_path: Path,
+) -> None:
+    with serving_http(tmp_path) as server:
+        result = await execute_over_http(server.url, {}, "6 * 7")
+    assert structured(result)["return_value"] == 42
+
+
+async def test_the_token_can_come_from_the_codecage_token_environment_variable(
+    tmp_path: Path,
+) -> None:
+    with serving_http(tmp_path, CODECAGE_TOKEN=TOKEN) as server:
+        assert post_initialize(server.url, {}) == 401
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        result = await execute_over_http(server.url, headers, "6 * 7")
+    assert structured(result)["return_value"] == 42
+
+
+def test_http_on_a_non_loopback_host_without_a_token_is_refused_at_start(
+    tmp_path: Path,
+) -> None:
+    try:
+        p = subprocess.run(
+            [CODECAGE, "serve", "--http", "--host", "0.0.0.0", "--port", str(free_port())],  # noqa: S104
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=server_env(),
+            timeout=30,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("codecage serve --http --host 0.0.0.0 without a token kept running")
+    assert p.returncode == 2, p.stderr
+    assert p.stdout == ""
+    assert "token" in p.stderr.lower()
