@@ -490,6 +490,10 @@ def serve(
     max_concurrent: Annotated[
         int, typer.Option("--max-concurrent", help="Executions running at once.", min=1)
     ] = 4,
+    max_queued: Annotated[
+        int,
+        typer.Option("--max-queued", help="Executions that may wait; past that, 'busy'.", min=0),
+    ] = 32,
     no_pool: Annotated[
         bool, typer.Option("--no-pool", help="Cold-start every sandbox (no warm pool).")
     ] = False,
@@ -512,7 +516,10 @@ def serve(
     _configure_logging(verbose)
     _exit_on_sigterm()
     limits = mcp_server.ServerLimits(
-        max_timeout=max_timeout, max_memory_mb=max_memory_mb, max_concurrent=max_concurrent
+        max_timeout=max_timeout,
+        max_memory_mb=max_memory_mb,
+        max_concurrent=max_concurrent,
+        max_queued=max_queued,
     )
     try:
         app_server = mcp_server.build_server(limits=limits, pool=not no_pool)
