@@ -1,0 +1,1489 @@
+"""PII and secret detection, redaction and tokenization of what leaves a sandbox.
+
+The host scrubs: the guest runs code written by someone else, so it is never trusted to
+scrub its own output. `Scrubber.scrub` takes the whole captured text of a stream (so a
+value written in two pieces is whole again) and, when the host cut the stream at its
+output cap, also redacts a tail that could be the start of a sensitive value.
+`Scrubber.scrub_value` does the same for JSON-like values (return value, events).
+`Vault` is the broker's variant: personal data in upstream tool results becomes stable
+tokens (``[EMAIL_1]``) that the sandbox can pass back as tool arguments.
+
+What it is for: accidents (a record printed whole, a token in a traceback, a credential
+echoed by an upstream server). It is not a boundary: code that wants to leak a value can
+always encode it in a way no detector knows (reversed, split across lines, spelled out).
+The OS isolation is the boundary (DESIGN principle 1).
+
+How it stays fast (< 50 ms per MB): a regex that starts with a character class makes
+Python's `re` try a match at every position where the class matches, so a pattern that
+starts with ``\\d`` costs ~25 ms/MB on ordinary program output on its own. Every detector
+here instead starts with a literal (``@``, ``::``, ``://``, ``AKIA``, ``-----BEGIN``), which
+`re` finds with a fast scan, or runs on a *shape* of the text (digits -> ``0``, letters ->
+``A``/``a``, same length) where a card, an SSN or a US phone number starts with the literal
+``000``. Candidates are then validated by the libraries that know the rules:
+libphonenumber (`phonenumbers`) for phone numbers, `python-stdnum` for the Luhn check,
+IBAN checksums and the SSN rules.
+
+Decisions (each pinned by tests/test_scrub.py):
+
+- A dotted quad is an IPv4 address (``1.2.3.4`` too: it is one) unless a version says so
+  around it (``version``/``v``/``==`` before it, ``-beta``/``-2``/``+local`` after it, a
+  fifth part). Loopback, unspecified and 0.0.0.0/8 addresses (masks) survive, as do
+  netmasks. IPv6 needs five hex digits in two groups (``a[1::2]`` is a slice).
+- Cards: 13-19 digits (contiguous or grouped by space/dash), first digit 2-6 (no issuer
+  uses 0, 1, 7, 8, 9; ms and ns timestamps start with 1), Luhn-valid. A Luhn-valid
+  16-digit order id starting with 2-6 is redacted: nothing tells it from a card.
+- Phones: ``+`` and a country code, US formats (``(415) 555-2671``, ``415-555-2671``,
+  ``415.555.2671``, ``415 555 2671`` outside a row of numbers), and, for a non-NANP
+  `phone_region`, national numbers with a trunk ``0``; libphonenumber must call each one
+  valid. Unformatted national numbers (``4155552671``) are not looked for.
+- SSNs: ``ddd-dd-dddd`` only (nine bare digits are too common), with stdnum's rules.
+- Secrets by shape, by assignment (``password=``, ``"api_key": …``, ``token: …``; the key
+  is kept, the value redacted, placeholders and code such as ``get_token()`` are not
+  values), in Authorization headers and URLs (``user:pw@``), PEM/PuTTY private keys, and
+  a 40-character mixed-case base64 word (an AWS secret key printed on its own).
+
+The cap boundary (``truncated=True``): the text may end inside a value. What is redacted
+to the end, per category: a configured secret's first 4+ characters in any spelling; a
+known token prefix (``ghp_``, ``AKIA``, ``sk-``, ``eyJ…``, …) and what follows; a cut
+``password=``/Authorization value; a user:password cut after the colon (not a port);
+16-39 mixed-case base64 characters; a PEM block with no END; an email local part with its
+``@``; card digits 9-18 starting with 2-6 (PCI DSS allows the first 8 to be shown); an
+SSN's first 4+ digits; ``+`` and 5+ digits, ``(415) 555``/``415-555…``, a trunk number
+with 6+ digits; an IBAN with a known country and 4+ account characters; three IPv4
+octets and a dot, or with 6+ digits (not ``3.11.7``); an IPv6 prefix with 3 colons, a
+``::`` or a hex letter. Ordinary endings (numbers, dates, versions, words, hashes) stay.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import bisect
+import ipaddress
+import json
+import math
+import re
+import string
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Final, Literal, get_args
+from urllib.parse import quote, quote_plus
+
+import phonenumbers
+from stdnum import iban as stdnum_iban
+from stdnum import luhn, numdb
+from stdnum.us import ssn as stdnum_ssn
+
+from codecage.errors import ConfigError
+
+__all__ = [
+    "CATEGORIES",
+    "MIN_SECRET_CHARS",
+    "PLACEHOLDERS",
+    "Category",
+    "ScrubConfig",
+    "Scrubbed",
+    "ScrubbedValue",
+    "Scrubber",
+    "Span",
+    "Vault",
+    "merge_counts",
+]
+
+Category = Literal["email", "phone", "ssn", "credit_card", "iban", "ip", "secret"]
+CATEGORIES: Final[tuple[Category, ...]] = get_args(Category)
+
+PLACEHOLDERS: Final[Mapping[Category, str]] = {
+    "email": "[EMAIL]",
+    "phone": "[PHONE]",
+    "ssn": "[SSN]",
+    "credit_card": "[CREDIT_CARD]",
+    "iban": "[IBAN]",
+    "ip": "[IP_ADDRESS]",
+    "secret": "[SECRET]",
+}
+
+# When two findings overlap, their union is redacted under the first of these: a password
+# that looks like an email address is still a secret.
+_PRIORITY: Final[tuple[Category, ...]] = (
+    "secret",
+    "ssn",
+    "credit_card",
+    "iban",
+    "email",
+    "phone",
+    "ip",
+)
+_RANK: Final[Mapping[Category, int]] = {c: i for i, c in enumerate(_PRIORITY)}
+
+MIN_SECRET_CHARS: Final = 6
+"""A configured secret shorter than this is refused: it would redact ordinary words."""
+
+_MIN_TAIL_PREFIX: Final = 4  # a cut configured secret shows at least this much to be caught
+_TAIL_WINDOW: Final = 1024  # the cap-boundary rules look at this many final characters
+_MAX_DEPTH: Final = 200  # deeper JSON-like values are replaced, never walked unbounded
+_TOO_DEEP: Final = "[TOO_DEEP]"
+# Library checks (libphonenumber, stdnum, ipaddress) per scan. Past it, a candidate that
+# has the shape is redacted unchecked: output made of 60,000 phone-shaped numbers would
+# otherwise cost the host seconds of CPU (~40 us per libphonenumber check).
+_VALIDATION_BUDGET: Final = 4000
+
+_NANP_REGIONS: Final = frozenset(
+    phonenumbers.region_codes_for_country_code(1)  # US, CA and the Caribbean: no trunk 0
+)
+
+Span = tuple[int, int, Category]
+
+
+# --- configuration and results -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ScrubConfig:
+    """What the scrubber looks for.
+
+    `categories` empty means the detectors are off; `secrets` are still redacted then,
+    because an operator listed them one by one (pass none to turn scrubbing off
+    entirely). `phone_region` is the ISO 3166 region whose national format (a number
+    without ``+``) is recognised; US formats are always recognised.
+
+    Raises:
+        ConfigError: an unknown category or region, or a secret shorter than
+            `MIN_SECRET_CHARS` (it would redact ordinary text).
+    """
+
+    categories: frozenset[Category] = frozenset(CATEGORIES)
+    secrets: tuple[str, ...] = ()
+    phone_region: str = "US"
+
+    def __post_init__(self) -> None:
+        categories = frozenset(self.categories)
+        unknown = sorted(str(c) for c in categories - set(CATEGORIES))
+        if unknown:
+            raise ConfigError(
+                f"unknown scrub categories: {', '.join(unknown)}",
+                hint=f"choose from: {', '.join(CATEGORIES)}",
+            )
+        region = self.phone_region.upper()
+        if region not in phonenumbers.SUPPORTED_REGIONS:
+            raise ConfigError(
+                f"phone_region={self.phone_region!r} is not a region libphonenumber knows",
+                hint="use a two-letter ISO 3166 code such as US, GB, DE or FR",
+            )
+        for secret in self.secrets:
+            if len(secret.strip()) < MIN_SECRET_CHARS:
+                raise ConfigError(
+                    f"a configured secret of {len(secret.strip())} characters is too short"
+                    f" to scrub (the minimum is {MIN_SECRET_CHARS})",
+                    hint="configure the whole credential; a short value would be found in"
+                    " ordinary text and redact it",
+                )
+        object.__setattr__(self, "categories", categories)
+        object.__setattr__(self, "secrets", tuple(dict.fromkeys(self.secrets)))
+        object.__setattr__(self, "phone_region", region)
+
+
+@dataclass(frozen=True, slots=True)
+class Scrubbed:
+    """A scrubbed text and how many values of each category were redacted in it."""
+
+    text: str
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ScrubbedValue:
+    """A scrubbed copy of a JSON-like value and how many values were redacted in it."""
+
+    value: object
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def merge_counts(*counts: Mapping[str, int]) -> dict[str, int]:
+    """Add up the redaction counts of several fields into the one a result reports.
+
+    Raises:
+        Nothing.
+    """
+    total: Counter[str] = Counter()
+    for one in counts:
+        total.update(one)
+    return {c: total[c] for c in CATEGORIES if total[c]}
+
+
+# --- the text and its projections ----------------------------------------------------
+
+_SHAPE_TABLE: Final = str.maketrans(
+    string.digits + string.ascii_uppercase + string.ascii_lowercase,
+    "0" * 10 + "A" * 26 + "a" * 26,
+)
+_LOWER_TABLE: Final = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+_B64_CHARS: Final = string.ascii_letters + string.digits + "+/"
+_B64_TABLE: Final = str.maketrans(_B64_CHARS, "x" * len(_B64_CHARS))
+
+
+class _View:
+    """The text being scrubbed and same-length projections of it, made once and only
+    when a detector asks: positions in a projection are positions in the text."""
+
+    __slots__ = ("_b64", "_lower", "_shape", "checks_left", "text", "truncated")
+
+    def __init__(self, text: str, truncated: bool) -> None:
+        self.text = text
+        self.truncated = truncated
+        self.checks_left = _VALIDATION_BUDGET
+        self._shape: str | None = None
+        self._lower: str | None = None
+        self._b64: str | None = None
+
+    def valid(self, check: Callable[[], bool]) -> bool:
+        """`check()` while the scan's validation budget lasts; after it, True: a
+        candidate with the shape of a value is redacted rather than let through."""
+        if self.checks_left <= 0:
+            return True
+        self.checks_left -= 1
+        return check()
+
+    @property
+    def shape(self) -> str:
+        """Digits as ``0``, ASCII letters as ``A``/``a``, everything else as it is."""
+        if self._shape is None:
+            self._shape = self.text.translate(_SHAPE_TABLE)
+        return self._shape
+
+    @property
+    def lower(self) -> str:
+        """ASCII-lowercased (`str.lower` can change the length of non-ASCII text)."""
+        if self._lower is None:
+            self._lower = self.text.translate(_LOWER_TABLE)
+        return self._lower
+
+    @property
+    def b64(self) -> str:
+        """Every base64 character as ``x``, so that long runs are found by a literal."""
+        if self._b64 is None:
+            self._b64 = self.text.translate(_B64_TABLE)
+        return self._b64
+
+
+def _extend_left(text: str, end: int, reversed_pattern: re.Pattern[str], limit: int) -> int:
+    """Where a run that ends at `end` starts: `re` cannot look behind by a variable
+    length, so the pattern is matched forwards on the reversed window."""
+    window = text[max(0, end - limit) : end][::-1]
+    match = reversed_pattern.match(window)
+    return end - (match.end() if match else 0)
+
+
+def _is_word(char: str) -> bool:
+    return char.isalnum() or char == "_"
+
+
+def _char(text: str, index: int) -> str:
+    """The character at `index`; outside the text, a line break: a boundary like any other
+    (an empty string would be `in` every string of characters it is tested against)."""
+    return text[index] if 0 <= index < len(text) else "\n"
+
+
+def _split_groups(candidate: str) -> list[int]:
+    """End offsets of the digit groups of `candidate`, longest first, so a validator
+    can retry without a trailing group that the greedy pattern took by mistake."""
+    ends = [m.end() for m in re.finditer(r"\d+", candidate)]
+    return ends[::-1]
+
+
+# --- email -----------------------------------------------------------------------------
+
+_EMAIL_DOMAIN: Final = re.compile(
+    r"@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+([A-Za-z]{2,24})(?![A-Za-z0-9-])"
+)
+_EMAIL_LOCAL_REVERSED: Final = re.compile(r"[A-Za-z0-9._%+\-]{1,64}")
+# `icon@2x.png` is a file name, not an address: these are extensions, not TLDs.
+_FILE_EXTENSIONS: Final = frozenset(
+    [
+        "png",
+        "jpg",
+        "jpeg",
+        "gif",
+        "svg",
+        "webp",
+        "ico",
+        "bmp",
+        "tif",
+        "tiff",
+        "css",
+        "js",
+        "mjs",
+        "json",
+        "txt",
+        "pdf",
+        "html",
+        "htm",
+        "xml",
+        "csv",
+        "log",
+        "yaml",
+        "yml",
+        "toml",
+        "lock",
+        "map",
+        "wasm",
+        "whl",
+        "gz",
+        "zip",
+        "tar",
+    ]
+)
+
+
+def _find_emails(view: _View) -> Iterator[Span]:
+    text = view.text
+    for match in _EMAIL_DOMAIN.finditer(text):
+        if match.group(1).lower() in _FILE_EXTENSIONS:
+            continue
+        at = match.start()
+        start = _extend_left(text, at, _EMAIL_LOCAL_REVERSED, 64)
+        while start < at and text[start] == ".":
+            start += 1
+        if start < at and not _in_url_userinfo(text, start):
+            yield (start, match.end(), "email")
+
+
+def _in_url_userinfo(text: str, start: int) -> bool:
+    """`scheme://user:password@host`: the password is a secret (found by the URL rule),
+    and the host is no mailbox."""
+    if _char(text, start - 1) != ":":
+        return False
+    word = text[max(0, start - 300) : start].rsplit(None, 1)[-1]
+    return "://" in word
+
+
+# --- digit shapes: SSN, cards, US phone numbers (searched in the shape) ----------------
+
+# The lookbehind sits after the literal, so `re` still scans for "000" quickly; it
+# rejects a start inside a longer number, a word, or the decimals of a float.
+_DIGIT_SHAPES: Final = re.compile(
+    r"000(?<![0Aa_]000)(?<!0\.000)(?<!0,000)"
+    r"(?:(?P<ssn>-00-0000)"
+    r"|(?P<us_phone>[-. ]000[-. ]0000)"
+    r"|(?P<card>0[ -]0000[ -]0000|0[ -]000000[ -]0000|0000000000))"
+)
+_PAREN_PHONE: Final = re.compile(r"\(000\)(?<![0Aa_]\(000\)) ?000[-. ]0000(?![0Aa_])")
+_IBAN_HEAD: Final = re.compile(r"[A-Z]{2}\d{2} ?\Z")
+_CARD_AT: Final = re.compile(
+    r"\d{4}[ -]\d{4}[ -]\d{4}(?:[ -]\d{1,4}){0,2}|\d{4}[ -]\d{6}[ -]\d{4,5}|\d{13,19}(?!\d)"
+)
+_SSN_AT: Final = re.compile(r"\d{3}-\d{2}-\d{4}")
+
+
+def _digits_end_ok(text: str, end: int) -> bool:
+    """A number ends here: no letter or digit follows, nor more of a longer number (the
+    decimals of a float, the rest of a date: ``.5``, ``,5``, ``-01``, ``/27``)."""
+    after = _char(text, end)
+    if _is_word(after):
+        return False
+    return not (after in ".,-/" and _char(text, end + 1).isdigit())
+
+
+def _card_span(view: _View, start: int) -> Span | None:
+    text = view.text
+    if text[start] not in "23456":
+        return None  # no issuer starts with 0, 1, 7, 8, 9: ms/ns timestamps start with 1
+    if _IBAN_HEAD.search(text, max(0, start - 5), start):
+        return None  # the account digits of an IBAN (valid or not) are not a card
+    match = _CARD_AT.match(text, start)
+    if match is None:
+        return None
+    candidate = match.group()
+    for end in _split_groups(candidate):
+        digits = re.sub(r"\D", "", candidate[:end])
+        if len(digits) < 13:
+            break
+        if (
+            len(digits) <= 19
+            and digits[0] in "23456"
+            and _digits_end_ok(text, start + end)
+            and view.valid(partial(luhn.is_valid, digits))
+        ):
+            return (start, start + end, "credit_card")
+    return None
+
+
+_IN_A_ROW_BEFORE: Final = re.compile(r"[\d/.:-] \Z")
+_IN_A_ROW_AFTER: Final = re.compile(r" \d")
+
+
+def _us_phone_span(view: _View, start: int, end: int) -> Span | None:
+    text = view.text
+    candidate = text[start:end]
+    if candidate[3] != candidate[7] or not _digits_end_ok(text, end):
+        return None
+    if candidate[3] == " " and (
+        _IN_A_ROW_BEFORE.search(text, max(0, start - 2), start) or _IN_A_ROW_AFTER.match(text, end)
+    ):
+        return None  # "12 283 200 2000 7": a row of numbers, not a phone number
+    # "1-800-555-0199": the trunk 1 belongs to the number.
+    if _char(text, start - 1) in "-. " and _char(text, start - 2) == "1":
+        if not _is_word(_char(text, start - 3)) and _char(text, start - 3) != ".":
+            start -= 2
+    elif _char(text, start - 1) in "-.+/:":
+        return None
+    return (start, end, "phone") if view.valid(partial(_valid_phone, candidate, "US")) else None
+
+
+def _ssn_span(view: _View, start: int) -> Span | None:
+    text = view.text
+    match = _SSN_AT.match(text, start)
+    if match is None or not _digits_end_ok(text, match.end()) or _char(text, start - 1) == "-":
+        return None
+    valid = view.valid(partial(stdnum_ssn.is_valid, match.group()))
+    return (start, match.end(), "ssn") if valid else None
+
+
+def _find_digit_shapes(view: _View, wanted: frozenset[Category]) -> Iterator[Span]:
+    text, shape = view.text, view.shape
+    for match in _DIGIT_SHAPES.finditer(shape):
+        kind, start = match.lastgroup, match.start()
+        span: Span | None = None
+        if kind == "card" and "credit_card" in wanted:
+            span = _card_span(view, start)
+        elif kind == "ssn" and "ssn" in wanted:
+            span = _ssn_span(view, start)
+        elif kind == "us_phone" and "phone" in wanted:
+            span = _us_phone_span(view, start, match.end())
+        if span is not None:
+            yield span
+    if "phone" in wanted:
+        for match in _PAREN_PHONE.finditer(shape):
+            number = text[match.start() : match.end()]
+            if view.valid(partial(_valid_phone, number, "US")):
+                yield (match.start(), match.end(), "phone")
+
+
+# --- phone numbers with + or a national trunk prefix -----------------------------------
+
+_INTL_PHONE: Final = re.compile(r"\+(?<![\w+]\+)[1-9](?:[ .\-()]{0,2}\d){6,14}")
+_TRUNK_PHONE: Final = re.compile(
+    r"0(?<![\w.+\-]0)\d{1,4}(?:[ \-]\d{2,8}){1,4}|\(0\d{1,4}\) ?\d{2,8}(?:[ \-]\d{2,8}){0,3}"
+)
+_DATE_START: Final = re.compile(r"\(?\d{1,4}([-./])\d{1,2}\1\d{1,4}(?!\d)")
+
+
+def _valid_phone(candidate: str, region: str | None) -> bool:
+    try:
+        number = phonenumbers.parse(candidate, region)
+    except phonenumbers.NumberParseException:
+        return False
+    return phonenumbers.is_valid_number(number)
+
+
+def _phone_within(view: _View, start: int, end: int, region: str | None) -> Span | None:
+    """The longest valid phone number that `text[start:end]` starts with, if any: the
+    candidate pattern is greedy and may have taken a following number too."""
+    text = view.text
+    candidate = text[start:end]
+    for group_end in _split_groups(candidate):
+        digits = sum(c.isdigit() for c in candidate[:group_end])
+        if digits < 7:
+            break
+        number = candidate[:group_end]
+        if _digits_end_ok(text, start + group_end) and view.valid(
+            partial(_valid_phone, number, region)
+        ):
+            return (start, start + group_end, "phone")
+    return None
+
+
+def _find_prefixed_phones(view: _View, region: str) -> Iterator[Span]:
+    text = view.text
+    for match in _INTL_PHONE.finditer(text):
+        span = _phone_within(view, match.start(), match.end(), None)
+        if span is not None:
+            yield span
+    if region in _NANP_REGIONS:
+        return  # NANP numbers have no trunk 0; the US shapes cover their national format
+    for match in _TRUNK_PHONE.finditer(text):
+        candidate = match.group()
+        if _DATE_START.match(candidate) or not 9 <= sum(c.isdigit() for c in candidate) <= 13:
+            continue
+        span = _phone_within(view, match.start(), match.end(), region)
+        if span is not None:
+            yield span
+
+
+# --- IBAN ------------------------------------------------------------------------------
+
+_IBAN_SHAPE: Final = re.compile(r"AA00(?<![0Aa_]AA00)")
+_IBAN_AT: Final = re.compile(r"[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?")
+_IBAN_DB: Final = numdb.get("iban")
+
+
+def _iban_length(country: str) -> int | None:
+    """The length of a full IBAN of `country`, from stdnum's registry, or None."""
+    props = _IBAN_DB.info(country)[0][1]
+    bban = props.get("bban")
+    if not bban:
+        return None
+    return 4 + sum(int(n) for n in re.findall(r"(\d+)!?[nac]", bban))
+
+
+def _find_ibans(view: _View) -> Iterator[Span]:
+    text = view.text
+    for pivot in _IBAN_SHAPE.finditer(view.shape):
+        match = _IBAN_AT.match(text, pivot.start())
+        if match is None:
+            continue
+        candidate = match.group()
+        for end in _split_alnum_groups(candidate):
+            number = candidate[:end]
+            if not _is_word(_char(text, pivot.start() + end)) and view.valid(
+                partial(stdnum_iban.is_valid, number)
+            ):
+                yield (pivot.start(), pivot.start() + end, "iban")
+                break
+
+
+def _split_alnum_groups(candidate: str) -> list[int]:
+    ends = [m.end() for m in re.finditer(r"[A-Z0-9]+", candidate)]
+    return ends[::-1]
+
+
+# --- IP addresses ------------------------------------------------------------------------
+
+_IPV4_SHAPE: Final = re.compile(r"0\.0{1,3}\.0{1,3}\.0{1,3}(?![0Aa_])(?!\.0)")
+_VERSION_CONTEXT: Final = re.compile(
+    r"(?:(?<![a-z])(?:version|ver|release|v)|==|>=|<=|~=|!=|@)[ :=\"']*\Z"
+)
+_IPV6_FULL: Final = re.compile(r":[0-9A-Fa-f]{1,4}(?::[0-9A-Fa-f]{1,4}){6}(?![0-9A-Za-z_:])")
+_IPV6_COMPRESSED: Final = re.compile(
+    r"::(?:[0-9A-Fa-f]{1,4}(?::[0-9A-Fa-f]{1,4}){0,6}(?:\.\d{1,3}){0,3})?(?:%[0-9A-Za-z_.]+)?"
+)
+_HEX_GROUP: Final = re.compile(r"[0-9A-Fa-f]{1,4}")
+_HEX_GROUPS_REVERSED: Final = re.compile(r"[0-9A-Fa-f]{1,4}(?::[0-9A-Fa-f]{1,4}){0,6}")
+
+
+def _keep_address(address: ipaddress.IPv6Address) -> bool:
+    """Loopback (::1) and unspecified (::) addresses say nothing about anyone."""
+    return address.is_loopback or address.is_unspecified
+
+
+def _ipv4_span(view: _View, pivot: int, end: int) -> Span | None:
+    text, shape = view.text, view.shape
+    start = pivot
+    while start > pivot - 2 and _char(shape, start - 1) == "0":
+        start -= 1
+    before = _char(shape, start - 1)
+    if before in ("0", "A", "a", "_", ".", "+"):
+        return None
+    if before == "-" and _char(shape, start - 2) != "0":
+        return None  # "-" is a boundary only in a range: 10.0.0.1-10.0.0.9
+    if _followed_by_version_suffix(text, end):
+        return None
+    if _VERSION_CONTEXT.search(view.lower, max(0, start - 12), start):
+        return None
+    octets = text[start:end].split(".")
+    if any(len(o) > 1 and o[0] == "0" for o in octets) or any(int(o) > 255 for o in octets):
+        return None  # not an address (ipaddress refuses leading zeros too)
+    value = int.from_bytes(bytes(int(o) for o in octets), "big")
+    if octets[0] in ("0", "127") or _is_netmask(value):
+        return None  # 0.0.0.0/8 (masks, "this network") and loopback identify nobody
+    return (start, end, "ip")
+
+
+_IPV4_NEXT: Final = re.compile(r"-\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}")
+
+
+def _followed_by_version_suffix(text: str, end: int) -> bool:
+    """1.2.3.4-beta, 1.2.5.1-2 (a Debian revision), 1.2.3.4+local: versions. A range
+    10.0.0.1-10.0.0.9 is two addresses."""
+    if _char(text, end) not in "-+~" or not _char(text, end + 1).isalnum():
+        return False
+    return _IPV4_NEXT.match(text, end) is None
+
+
+def _is_netmask(value: int) -> bool:
+    """255.255.255.0 and the like: ones, then zeros."""
+    return value >> 24 == 255 and (value | (value - 1)) & 0xFFFFFFFF == 0xFFFFFFFF
+
+
+def _ipv6_span(view: _View, start: int, end: int) -> Span | None:
+    text = view.text
+    if _char(text, start - 1) in (":", ".") or _is_word(_char(text, start - 1)):
+        return None
+    if _is_word(_char(text, end)) or _char(text, end) == ":":
+        return None
+    candidate = text[start:end]
+    groups = [g for g in candidate.split("%")[0].split(":") if g]
+    # "1::2" in a slice and "a::b" in code are valid addresses too short to be ones.
+    if len(groups) < 2 or sum(map(len, groups)) < 5:
+        return None
+    return (start, end, "ip") if view.valid(partial(_is_ipv6, candidate)) else None
+
+
+def _is_ipv6(candidate: str) -> bool:
+    try:
+        address = ipaddress.IPv6Address(candidate)
+    except ValueError:
+        return False
+    return not _keep_address(address)
+
+
+def _find_ips(view: _View) -> Iterator[Span]:
+    text = view.text
+    if "." in text:
+        for match in _IPV4_SHAPE.finditer(view.shape):
+            span = _ipv4_span(view, match.start(), match.end())
+            if span is not None:
+                yield span
+    if ":" not in text:
+        return
+    for match in _IPV6_FULL.finditer(text):
+        start = _extend_left(text, match.start(), _HEX_GROUP, 4)
+        if start < match.start():
+            span = _ipv6_span(view, start, match.end())
+            if span is not None:
+                yield span
+    for match in _IPV6_COMPRESSED.finditer(text):
+        start = _extend_left(text, match.start(), _HEX_GROUPS_REVERSED, 40)
+        span = _ipv6_span(view, start, match.end())
+        if span is not None:
+            yield span
+
+
+# --- secrets by shape ------------------------------------------------------------------
+
+
+def _jwt_header_ok(token: str) -> bool:
+    """A JWT's first part decodes to a JSON object naming its algorithm."""
+    head = token.split(".", 1)[0]
+    try:
+        decoded = json.loads(base64.urlsafe_b64decode(head + "=" * (-len(head) % 4)))
+    except (ValueError, binascii.Error):
+        return False
+    return isinstance(decoded, dict) and ("alg" in decoded or "typ" in decoded)
+
+
+def _has_letter_and_digit(token: str) -> bool:
+    return any(c.isdigit() for c in token) and any(c.isalpha() for c in token)
+
+
+# Documented token formats (each provider's docs; gitleaks and detect-secrets list the
+# same prefixes). Each starts with a literal so that `re` scans for it quickly.
+# Each pattern starts with a literal, so that `re` scans for it quickly; alternatives
+# that share a first letter share a pattern (one scan), and a named group says which
+# matched when its shape needs a further check.
+_TOKEN_SHAPES: Final = (
+    re.compile(
+        r"A(?:(?:KIA|SIA|BIA|CCA|3T[A-Z0-9])[A-Z0-9]{16}(?![A-Za-z0-9])"  # AWS access key id
+        r"|Iza[0-9A-Za-z_\-]{35}(?![0-9A-Za-z_\-]))"  # Google API key
+    ),
+    re.compile(
+        r"g(?:h[pousr]_[A-Za-z0-9]{36,255}(?![A-Za-z0-9_])"  # GitHub
+        r"|ithub_pat_[A-Za-z0-9_]{22,255}"  # GitHub fine-grained
+        r"|l(?:pat|dt|rt|cbt|ptt|ft|soat|imt|agent|oas|ffct)-[A-Za-z0-9_\-]{20,255})"  # GitLab
+    ),
+    re.compile(r"GR1348941[A-Za-z0-9_\-]{20,255}"),  # GitLab runner registration
+    re.compile(r"x(?:(?P<slack>ox[abposre]-[A-Za-z0-9\-]{10,255})|app-\d-[A-Za-z0-9\-]{10,255})"),
+    re.compile(r"https://hooks\.slack\.com/services/[A-Za-z0-9_/]{8,}"),
+    re.compile(
+        r"sk(?:_(?:live|test)_[A-Za-z0-9]{10,255}"  # Stripe
+        r"|(?P<openai>-[A-Za-z0-9_\-]{20,255}))"  # OpenAI, Anthropic
+    ),
+    re.compile(r"rk_(?:live|test)_[A-Za-z0-9]{10,255}"),  # Stripe restricted
+    re.compile(r"whsec_[A-Za-z0-9+/]{20,255}"),  # Stripe webhook
+    re.compile(r"(?P<jwt>eyJ[A-Za-z0-9_\-]{4,}\.eyJ[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]*)"),
+    re.compile(r"npm_[A-Za-z0-9]{36}(?![A-Za-z0-9])"),
+    re.compile(r"pypi-AgE[A-Za-z0-9_\-]{50,}"),
+)
+_TOKEN_JUDGES: Final[Mapping[str, Callable[[str], bool]]] = {
+    "slack": _has_letter_and_digit,
+    "openai": _has_letter_and_digit,
+    "jwt": _jwt_header_ok,
+}
+_TOKEN_CHARS: Final = frozenset(string.ascii_letters + string.digits + "_-")
+
+_PEM_BEGIN: Final = re.compile(r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----")
+_PEM_END: Final = re.compile(r"-----END[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----")
+# Base64 lines (a line must be base64 to its end) and the RFC 1421 headers.
+_PEM_BODY: Final = re.compile(
+    r"(?:\r?\n(?:[A-Za-z0-9+/=]*(?=\r?\n|\Z)|(?:Proc-Type|DEK-Info|Comment): [^\n]*))*"
+)
+_PUTTY_PRIVATE: Final = re.compile(r"Private-Lines: *\d+(?:\r?\n[A-Za-z0-9+/=]*)*")
+
+# `password=…`, `"api_key": "…"`, `token: …`, `{'secret': '…'}`: the key ends in one
+# of these words (so `max_tokens` and `token_count` do not), the value is redacted.
+_KEYWORDS: Final = tuple(
+    re.compile(p + r"(?![a-z0-9])")
+    for p in (
+        r"p(?:ass(?:word|wd|phrase)|rivate[_-]?key)",
+        r"secret(?:[_-]?key)?",
+        r"token",
+        r"a(?:pi[_-]?key|ccess[_-]?key|uthorization)",
+        r"credentials?",
+    )
+)
+_ASSIGNED_VALUE: Final = re.compile(
+    r"""["']?[ \t]*(?:=>|:=|=|:)[ \t]*"""
+    r"""(?:"((?:[^"\\\n]|\\.){1,1024})"|'((?:[^'\\\n]|\\.){1,1024})'|([^\s"'`,;&<>(){}\[\]]{1,1024}))"""
+)
+_NOT_A_VALUE: Final = frozenset(
+    [
+        "null",
+        "none",
+        "nil",
+        "true",
+        "false",
+        "undefined",
+        "redacted",
+        "masked",
+        "hidden",
+        "str",
+        "bytes",
+        "string",
+        "int",
+        "any",
+        "optional",
+        "secretstr",
+    ]
+)
+# Documentation and templates, not values: [SECRET], [EMAIL_1], ****, xxxx, ${VAR},
+# {{ var }}, %s, <token>, TOKEN, YOUR_API_KEY.
+_PLACEHOLDER_LIKE: Final = re.compile(
+    r"\[[A-Z_]+\]|\[[A-Z_]+_\d+\]|\*+|x+|X+|•+|\$\{[^}]*\}|\{\{.*\}\}|%s|<[^>]*>|[A-Z][A-Z_]*"
+)
+_SCHEME: Final = re.compile(r"(?:bearer|basic|token|digest)[ \t]+", re.IGNORECASE)
+_SCHEME_VALUE: Final = re.compile(r"[^\s\"'`,;&<>(){}\[\]]{1,1024}")
+_AUTH_SCHEME: Final = re.compile(r"b(?:(?P<bearer>earer)|asic)[ \t]+")
+_BEARER_VALUE: Final = re.compile(r"[A-Za-z0-9\-._~+/]{8,4096}=*")
+_BASIC_VALUE: Final = re.compile(r"[A-Za-z0-9+/]{8,}={0,2}(?![A-Za-z0-9+/=])")
+_URL_CREDENTIALS: Final = re.compile(r"://[^\s:/@]{1,256}:([^\s/@]{1,256})@")
+_LONG_B64: Final = re.compile("x" * 40 + "x*")
+
+
+def _boundary_before(text: str, start: int) -> bool:
+    return _char(text, start - 1) not in _TOKEN_CHARS
+
+
+def _find_token_shapes(view: _View) -> Iterator[Span]:
+    text = view.text
+    for pattern in _TOKEN_SHAPES:
+        for match in pattern.finditer(text):
+            judge = _TOKEN_JUDGES.get(match.lastgroup or "")
+            if _boundary_before(text, match.start()) and (judge is None or judge(match.group())):
+                yield (match.start(), match.end(), "secret")
+
+
+def _find_pem(view: _View) -> Iterator[Span]:
+    """A private key block from BEGIN to its END line; with no END, to the end of its
+    body (or of the text, when it was cut). END lines are found once and looked up, so
+    a text of many BEGIN lines costs one pass, not one per line."""
+    text = view.text
+    if "-----BEGIN" in text:
+        ends = [m.end() for m in _PEM_END.finditer(text)]
+        covered = -1
+        for begin in _PEM_BEGIN.finditer(text):
+            if begin.start() < covered:
+                continue
+            index = bisect.bisect_left(ends, begin.end())
+            if index < len(ends):
+                covered = ends[index]
+            elif view.truncated:
+                covered = len(text)
+            else:
+                body = _PEM_BODY.match(text, begin.end())
+                covered = body.end() if body else begin.end()
+            yield (begin.start(), covered, "secret")
+    if "Private-Lines:" in text:
+        for match in _PUTTY_PRIVATE.finditer(text):
+            yield (match.start(), match.end(), "secret")
+
+
+def _is_real_value(value: str, quoted: bool) -> bool:
+    stripped = value.strip()
+    if not stripped or stripped.lower() in _NOT_A_VALUE or _PLACEHOLDER_LIKE.fullmatch(stripped):
+        return False
+    return quoted or not (stripped.isdigit() and len(stripped) < 6)
+
+
+def _assigned_value_span(text: str, key_end: int) -> tuple[int, int] | None:
+    match = _ASSIGNED_VALUE.match(text, key_end)
+    if match is None:
+        return None
+    group = next(i for i in (1, 2, 3) if match.group(i) is not None)
+    start, end = match.span(group)
+    if group == 3 and _char(text, end) in "([{":
+        return None  # `token = get_token()` in a traceback is code, not a value
+    scheme = _SCHEME.match(text, start)
+    if scheme is not None:  # "Authorization: Bearer abc…": the value follows the scheme
+        value = _SCHEME_VALUE.match(text, scheme.end())
+        if value is None:
+            return None
+        start, end = value.start(), max(value.end(), end if group != 3 else value.end())
+    if not _is_real_value(text[start:end], quoted=group != 3):
+        return None
+    return start, end
+
+
+def _find_assignments(view: _View) -> Iterator[Span]:
+    text, lower = view.text, view.lower
+    for keyword in _KEYWORDS:
+        covered = -1
+        for match in keyword.finditer(lower):
+            if match.start() < covered:
+                continue  # inside the value just found ("password=password=…")
+            span = _assigned_value_span(text, match.end())
+            if span is not None:
+                covered = span[1]
+                yield (span[0], span[1], "secret")
+
+
+def _find_auth_headers(view: _View) -> Iterator[Span]:
+    text, lower = view.text, view.lower
+    for match in _AUTH_SCHEME.finditer(lower):
+        if match.group("bearer"):
+            value = _BEARER_VALUE.match(text, match.end())
+            ok = value is not None and _has_letter_and_digit(value.group())
+        else:
+            value = _BASIC_VALUE.match(text, match.end())
+            ok = value is not None and _decodes_to_userpass(value.group())
+        if ok and value is not None:
+            yield (value.start(), value.end(), "secret")
+    if "://" in text:
+        for match in _URL_CREDENTIALS.finditer(text):
+            if not _PLACEHOLDER_LIKE.fullmatch(match.group(1)):
+                yield (match.start(1), match.end(1), "secret")
+
+
+def _decodes_to_userpass(value: str) -> bool:
+    try:
+        return b":" in base64.b64decode(value, validate=True)
+    except (ValueError, binascii.Error):
+        return False
+
+
+def _looks_random(token: str) -> bool:
+    """A 40-character base64 word with mixed classes and high entropy: an AWS secret
+    access key printed on its own. Hex digests (one case) and paths (low entropy) are not."""
+    if token.islower() or token.isupper() or token.isalpha():
+        return False  # one case only (hex digests), or no digit at all
+    if not any(c.isdigit() for c in token):
+        return False
+    counts = Counter(token)
+    entropy = -sum(n / len(token) * math.log2(n / len(token)) for n in counts.values())
+    return entropy >= 4.2
+
+
+def _find_aws_secret_keys(view: _View) -> Iterator[Span]:
+    text = view.text
+    for match in _LONG_B64.finditer(view.b64):
+        start, end = match.span()
+        if end - start != 40 or _char(text, end) == "=" or _char(text, start - 1) in "=-_":
+            continue
+        if _looks_random(text[start:end]):
+            yield (start, end, "secret")
+
+
+# --- configured secrets ----------------------------------------------------------------
+
+_URLSAFE: Final = str.maketrans("+/", "-_")
+_B64_SET: Final = frozenset(_B64_CHARS + "-_")
+
+
+@dataclass(frozen=True, slots=True)
+class _SecretForms:
+    """Every spelling of the configured secrets that the scrubber looks for."""
+
+    literals: tuple[str, ...]
+    fragments: tuple[str, ...]  # base64 text fully determined by the secret's bytes
+
+
+def _literal_forms(secret: str) -> set[str]:
+    raw = secret.encode()
+    forms = {
+        secret,
+        quote(secret, safe=""),
+        quote(secret),
+        quote_plus(secret),
+        json.dumps(secret)[1:-1],
+        repr(secret)[1:-1],
+        raw.hex(),
+        raw.hex().upper(),
+    }
+    # Percent-escapes may be spelled in lower case (%2f) by other encoders.
+    forms |= {re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), f) for f in forms if "%" in f}
+    return forms
+
+
+def _base64_fragments(secret: str) -> set[str]:
+    """The base64 characters that encode only the secret, at each of the three byte
+    alignments it can have inside longer base64 text, in both alphabets."""
+    raw = secret.encode()
+    fragments: set[str] = set()
+    for offset in range(3):
+        encoded = base64.b64encode(b"\0" * offset + raw).decode()
+        first = -(-8 * offset // 6)  # the first character with no bit of the padding
+        last = 8 * (offset + len(raw)) // 6  # past the last character with only secret bits
+        fragment = encoded[first:last]
+        fragments |= {fragment, fragment.translate(_URLSAFE)}
+    return fragments
+
+
+def _secret_forms(secrets: Iterable[str]) -> _SecretForms:
+    literals: set[str] = set()
+    fragments: set[str] = set()
+    for secret in secrets:
+        literals |= _literal_forms(secret)
+        fragments |= _base64_fragments(secret)
+    fragments -= literals
+    return _SecretForms(
+        tuple(sorted(literals, key=len, reverse=True)), tuple(sorted(fragments, key=len))
+    )
+
+
+def _occurrences(text: str, needle: str) -> Iterator[tuple[int, int]]:
+    """Where `needle` is in `text`; overlapping occurrences make one span."""
+    start = text.find(needle)
+    while start >= 0:
+        end = start + len(needle)
+        following = text.find(needle, start + 1)
+        while 0 <= following < end:
+            end = following + len(needle)
+            following = text.find(needle, following + 1)
+        yield start, end
+        start = following
+
+
+def _find_configured(view: _View, forms: _SecretForms) -> Iterator[Span]:
+    text = view.text
+    for literal in forms.literals:
+        for start, end in _occurrences(text, literal):
+            yield (start, end, "secret")
+    for fragment in forms.fragments:
+        for start, end in _occurrences(text, fragment):
+            # The characters either side hold a few bits of the secret too.
+            start -= _char(text, start - 1) in _B64_SET
+            end += _char(text, end) in _B64_SET
+            yield (start, end, "secret")
+
+
+# --- the cap boundary ------------------------------------------------------------------
+# When the host cut the text at its cap, the text may end inside a value that the full
+# detectors cannot recognise any more. Each rule says what "could be the start" of a
+# value of its category means, and is anchored at the end of the text.
+
+_TAIL_RULES: Final[tuple[tuple[Category, re.Pattern[str]], ...]] = (
+    # A known token prefix and anything after it.
+    (
+        "secret",
+        re.compile(
+            r"(?<![A-Za-z0-9_\-])(?:(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{0,15}|gh[pousr]_[A-Za-z0-9]*"
+            r"|github_pat_[A-Za-z0-9_]*|gl(?:pat|dt|rt|cbt|ptt|ft|soat|imt|agent|oas|ffct)-"
+            r"[A-Za-z0-9_\-]*|xox[abposre]-[A-Za-z0-9\-]*|(?:sk|rk)_(?:live|test)_[A-Za-z0-9]*"
+            r"|whsec_[A-Za-z0-9+/]*|sk-[A-Za-z0-9_\-]{4,}|eyJ[A-Za-z0-9_\-]{4,}"
+            r"(?:\.[A-Za-z0-9_\-]*){0,2}|AIza[0-9A-Za-z_\-]*|npm_[A-Za-z0-9]*"
+            r"|pypi-[A-Za-z0-9_\-]*|https://hooks\.slack\.com/services/[A-Za-z0-9_/]*)\Z"
+        ),
+    ),
+    # A user and the start of a password in a URL ("localhost:8080" is a port: digits).
+    ("secret", re.compile(r"://[^\s:/@]{1,256}:([^\s/@]*[^\s/@0-9][^\s/@]*)\Z")),
+    # A local part and an @: the domain was cut.
+    ("email", re.compile(r"(?<![A-Za-z0-9._%+\-])[A-Za-z0-9._%+\-]{1,64}@[A-Za-z0-9.\-]*\Z")),
+    # Card digits from the 9th on (PCI DSS lets the first 8 be shown), first digit 2-6.
+    (
+        "credit_card",
+        re.compile(
+            r"(?<![\w.,])(?:[2-6]\d{3}(?:[ -]\d{1,6}){1,4}|[2-6]\d{8,17}"
+            r"|[2-6]\d{3}(?:[ -]\d{4}){0,3}[ -])\Z"
+        ),
+    ),
+    # An area and group number: the first five digits are the sensitive part.
+    ("ssn", re.compile(r"(?<![\w-])\d{3}-\d{1,2}(?:-\d{0,3})?\Z")),
+    # "+" and 5 digits or more; a US area code and exchange; a national trunk number.
+    ("phone", re.compile(r"(?<![\w+])\+[1-9](?:[ .\-()]{0,2}\d){4,13}[ .\-()]*\Z")),
+    ("phone", re.compile(r"(?<![\w.\-])(?:\(\d{3}\) ?|\d{3}[- ])\d{3}(?:[- ]\d{0,3})?\Z")),
+    # A country, check digits and four characters of the account.
+    ("iban", re.compile(r"(?<![A-Za-z0-9])[A-Z]{2}\d{2}(?: ?[A-Z0-9]{1,4}){1,8} ?\Z")),
+    # Three octets and a dot, or three octets with 6 digits (192.168.1); not "3.11.7".
+    ("ip", re.compile(r"(?<![\w.])\d{1,3}\.\d{1,3}\.\d{1,3}(?:\.\d{0,3})?\Z")),
+    ("ip", re.compile(r"(?<![\w:.])[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}\Z")),
+)
+_TAIL_ASSIGNMENT: Final = re.compile(
+    r"(?:pass(?:word|wd|phrase)|secret(?:[_-]?key)?|token|api[_-]?key|access[_-]?key"
+    r"|private[_-]?key|credentials?|authorization)(?![a-z0-9])"
+    r"""["']?[ \t]*(?:=>|:=|=|:)[ \t]*["']?([^\s"',;&]+)\Z"""
+)
+_TAIL_BEARER: Final = re.compile(r"(?:bearer|basic)[ \t]+([a-z0-9\-._~+/]+=*)\Z")
+_TAIL_B64: Final = re.compile(r"(?<![A-Za-z0-9+/])[A-Za-z0-9+/]{16,39}\Z")
+
+
+_TAIL_TRUNK_PHONE: Final = re.compile(
+    r"(?<![\w.+\-])(?:\(0\d{1,4}\) ?|0\d{1,4}[ \-])\d{1,8}(?:[ \-]\d{0,8}){0,3}\Z"
+)
+
+
+def _tail_ok(category: Category, tail: str) -> bool:
+    """The category's extra condition on a tail that its pattern matched."""
+    digits = sum(c.isdigit() for c in tail)
+    if category == "credit_card":
+        return 9 <= digits <= 18
+    if category == "ssn":
+        return digits >= 4
+    if category == "phone":
+        return digits >= 5 and not (tail[0].isdigit() and _DATE_START.match(tail))
+    if category == "iban":
+        length = _iban_length(tail[:2])
+        return length is not None and 8 <= len(tail.replace(" ", "")) < length
+    if category == "ip" and ":" in tail:
+        shaped = tail.count(":") >= 3 or "::" in tail or re.search(r"[a-fA-F]|[0-9a-fA-F]{4}", tail)
+        return bool(shaped) and any(c in string.hexdigits for c in tail)
+    if category == "ip":
+        octets = [o for o in tail.split(".") if o]
+        return all(int(o) <= 255 for o in octets) and (tail.endswith(".") or digits >= 6)
+    return True
+
+
+def _find_tail(
+    view: _View, wanted: frozenset[Category], forms: _SecretForms, region: str
+) -> Iterator[Span]:
+    """Spans that run to the end of a text cut at the output cap (see the rules above)."""
+    text = view.text
+    offset = max(0, len(text) - _TAIL_WINDOW)
+    window = text[offset:]
+    yield from _configured_tail(text, forms)
+    rules = list(_TAIL_RULES)
+    if region not in _NANP_REGIONS:
+        rules.append(("phone", _TAIL_TRUNK_PHONE))
+    for category, pattern in rules:
+        match = pattern.search(window) if category in wanted else None
+        if match is None:
+            continue
+        start = match.start(1) if pattern.groups else match.start()
+        if not _tail_ok(category, window[start:]):
+            continue
+        if category == "ip" and _VERSION_CONTEXT.search(
+            view.lower, max(0, offset + start - 12), offset + start
+        ):
+            continue
+        yield (offset + start, len(text), category)
+    if "secret" in wanted:
+        yield from _secret_tail(view, offset)
+
+
+def _secret_tail(view: _View, offset: int) -> Iterator[Span]:
+    """An assignment or an Authorization header cut in its value; a cut random key."""
+    text = view.text
+    lower_window = view.lower[offset:]
+    for pattern in (_TAIL_ASSIGNMENT, _TAIL_BEARER):
+        match = pattern.search(lower_window)
+        if match is not None:
+            yield (offset + match.start(1), len(text), "secret")
+    match = _TAIL_B64.search(text, offset)
+    if match is not None and _looks_random_prefix(match.group()):
+        yield (match.start(), len(text), "secret")
+
+
+def _looks_random_prefix(token: str) -> bool:
+    return (
+        any(c.isupper() for c in token)
+        and any(c.islower() for c in token)
+        and any(c.isdigit() for c in token)
+    )
+
+
+def _configured_tail(text: str, forms: _SecretForms) -> Iterator[Span]:
+    """A text that ends with the first characters of a configured secret (in any of its
+    spellings) ends in the middle of it."""
+    tail = text[-_TAIL_WINDOW:]
+    for form in (*forms.literals, *forms.fragments):
+        for size in range(min(len(form) - 1, len(tail)), _MIN_TAIL_PREFIX - 1, -1):
+            if tail.endswith(form[:size]):
+                start = len(text) - size
+                if form in forms.fragments:
+                    start -= _char(text, start - 1) in _B64_SET
+                yield (start, len(text), "secret")
+                break
+
+
+# --- putting findings together -----------------------------------------------------------
+
+
+def _merge(spans: Iterable[Span]) -> list[Span]:
+    """Overlapping findings become one, redacted whole under the highest-priority
+    category: redacting only part of either would leave the rest of it readable."""
+    merged: list[Span] = []
+    for start, end, category in sorted(spans, key=lambda s: (s[0], -s[1])):
+        if start >= end:
+            continue
+        if merged and start < merged[-1][1]:
+            last_start, last_end, last_category = merged[-1]
+            best = min(last_category, category, key=_RANK.__getitem__)
+            merged[-1] = (last_start, max(last_end, end), best)
+        else:
+            merged.append((start, end, category))
+    return merged
+
+
+def _splice(text: str, spans: list[Span], replace: Callable[[Category, str], str]) -> str:
+    parts: list[str] = []
+    position = 0
+    for start, end, category in spans:
+        parts.append(text[position:start])
+        parts.append(replace(category, text[start:end]))
+        position = end
+    parts.append(text[position:])
+    return "".join(parts)
+
+
+def _count(spans: list[Span]) -> dict[str, int]:
+    counts = Counter(category for _, _, category in spans)
+    return {c: counts[c] for c in CATEGORIES if counts[c]}
+
+
+# --- the scrubber ------------------------------------------------------------------------
+
+
+class Scrubber:
+    """Finds and replaces personal data and secrets in text and JSON-like values.
+
+    One per configuration, reused across executions: it compiles what it looks for once.
+    Thread-safe: it keeps no state between calls.
+    """
+
+    def __init__(self, config: ScrubConfig | None = None) -> None:
+        self.config = config if config is not None else ScrubConfig()
+        self._wanted = self.config.categories
+        self._region = self.config.phone_region
+        self._forms = _secret_forms(self.config.secrets)
+        self._detectors = self._plan()
+
+    def _plan(self) -> list[Callable[[_View], Iterable[Span]]]:
+        """The detectors in force, in the order they run (the order does not change the
+        result: overlaps are merged afterwards)."""
+        wanted, region = self._wanted, self.config.phone_region
+        detectors: list[Callable[[_View], Iterable[Span]]] = []
+        if self._forms.literals:
+            forms = self._forms
+            detectors.append(lambda v: _find_configured(v, forms))
+        if "secret" in wanted:
+            detectors += [
+                _find_pem,
+                _find_token_shapes,
+                _find_assignments,
+                _find_auth_headers,
+                _find_aws_secret_keys,
+            ]
+        if "email" in wanted:
+            detectors.append(_find_emails)
+        if wanted & {"ssn", "credit_card", "phone"}:
+            detectors.append(lambda v: _find_digit_shapes(v, wanted))
+        if "phone" in wanted:
+            detectors.append(lambda v: _find_prefixed_phones(v, region))
+        if "iban" in wanted:
+            detectors.append(_find_ibans)
+        if "ip" in wanted:
+            detectors.append(_find_ips)
+        return detectors
+
+    @property
+    def active(self) -> bool:
+        """Whether this scrubber can change anything at all."""
+        return bool(self._detectors)
+
+    def find(self, text: str, *, truncated: bool = False) -> list[Span]:
+        """The (start, end, category) spans to redact in `text`, sorted, not overlapping.
+
+        Raises:
+            Nothing.
+        """
+        if not text or not self._detectors:
+            return []
+        view = _View(text, truncated)
+        spans: list[Span] = []
+        for detect in self._detectors:
+            spans.extend(detect(view))
+        if truncated:
+            tails = list(_find_tail(view, self._wanted, self._forms, self._region))
+            if tails:  # the longest reading of the tail names it: "(415) 555-26" is a phone
+                spans.append(min(tails, key=lambda s: (s[0], _RANK[s[2]])))
+        return _merge(spans)
+
+    def scrub(self, text: str, *, truncated: bool = False) -> Scrubbed:
+        """Replace every finding in `text` by its placeholder (``[EMAIL]``).
+
+        Pass the whole captured stream, not chunks: a value written in two pieces is
+        only whole again in the complete text. Pass `truncated=True` when the host cut
+        the stream at its cap: a tail that could be the start of a value is redacted
+        too (see the module's cap-boundary rules).
+
+        Raises:
+            Nothing.
+        """
+        spans = self.find(text, truncated=truncated)
+        if not spans:
+            return Scrubbed(text, {})
+        return Scrubbed(_splice(text, spans, _placeholder), _count(spans))
+
+    def scrub_value(self, value: object) -> ScrubbedValue:
+        """A scrubbed copy of a JSON-like value and what was redacted in it.
+
+        Strings are scrubbed wherever they are, dict keys included (an address used as
+        a key leaks as much as one used as a value; two keys that become the same are
+        kept apart with a ``#2`` suffix). An int whose digits are a finding becomes the
+        placeholder string. Tuples become lists; other objects are scrubbed as their
+        `str`. Nesting deeper than 200 levels is replaced by ``[TOO_DEEP]``. A value is
+        not scanned across its strings: an address split over two list items survives.
+
+        Raises:
+            Nothing.
+        """
+        texts: list[str] = []
+        _collect_strings(value, texts, convert_other=True)
+        scrubbed, spans = self.replace_many(texts, _placeholder)
+        mapped = iter(scrubbed)
+        return ScrubbedValue(_rebuild(value, mapped, convert_other=True), _count(spans))
+
+    def replace_many(
+        self, texts: list[str], replace: Callable[[Category, str], str]
+    ) -> tuple[list[str], list[Span]]:
+        """Each text with its findings replaced by `replace(category, value)`, and the
+        findings (positions in the joined text, for counting).
+
+        The texts are scanned as one, joined by a separator that no detector's pattern
+        can cross, because one scan of a long text costs far less than one per short
+        text (~17 us each). If a finding does reach a separator anyway (a PEM block whose
+        END is in another string) or a text holds a NUL, each text is scanned on its own
+        instead.
+
+        Raises:
+            Nothing.
+        """
+        if not texts or not self._detectors:
+            return texts, []
+        if len(texts) == 1:
+            return self._replace_each(texts, replace)
+        joined = _JOIN.join(texts)
+        if joined.count("\0") != len(texts) - 1:  # a text holds a NUL of its own
+            return self._replace_each(texts, replace)
+        spans = self.find(joined)
+        if not spans:
+            return texts, []
+        parts = _splice(joined, spans, replace).split(_JOIN)
+        if len(parts) != len(texts):  # a finding ate into a separator
+            return self._replace_each(texts, replace)
+        return parts, spans
+
+    def _replace_each(
+        self, texts: list[str], replace: Callable[[Category, str], str]
+    ) -> tuple[list[str], list[Span]]:
+        out: list[str] = []
+        every: list[Span] = []
+        for text in texts:
+            spans = self.find(text)
+            out.append(_splice(text, spans, replace) if spans else text)
+            every.extend(spans)
+        return out, every
+
+
+# A newline stops every pattern but the PEM one, which `replace_many` checks for; the NUL
+# makes the separator impossible to mistake for text (texts with a NUL are not joined).
+_JOIN: Final = "\n\0\n"
+
+
+def _placeholder(category: Category, _value: str) -> str:
+    return PLACEHOLDERS[category]
+
+
+def _int_text(value: int) -> str | None:
+    """An int's digits when it is long enough to be a card number or a secret."""
+    digits = str(value)
+    return digits if len(digits.lstrip("-")) >= MIN_SECRET_CHARS else None
+
+
+def _collect_strings(value: object, out: list[str], *, convert_other: bool, depth: int = 0) -> None:
+    """Append every string of a JSON-like value (keys too) to `out`, in the order in
+    which `_rebuild` will take them back. Exact type checks first: this runs per node."""
+    kind = type(value)
+    if kind is str:
+        out.append(value)  # type: ignore[arg-type]
+    elif depth > _MAX_DEPTH or value is None or kind is float or kind is bool:
+        return
+    elif kind is dict or isinstance(value, dict):
+        for key, item in value.items():  # type: ignore[attr-defined]
+            if type(key) is str:
+                out.append(key)
+            _collect_strings(item, out, convert_other=convert_other, depth=depth + 1)
+    elif kind is list or isinstance(value, list | tuple):
+        for item in value:  # type: ignore[attr-defined]
+            _collect_strings(item, out, convert_other=convert_other, depth=depth + 1)
+    elif isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        digits = _int_text(value)
+        if digits is not None:
+            out.append(digits)
+    elif isinstance(value, float | bool):
+        return
+    elif convert_other:
+        out.append(str(value))
+
+
+def _rebuild(
+    value: object, mapped: Iterator[str], *, convert_other: bool, depth: int = 0
+) -> object:
+    """A copy of `value` with its strings taken, in order, from `mapped` (the same walk
+    as `_collect_strings`)."""
+    kind = type(value)
+    if kind is str:
+        return next(mapped)
+    if depth > _MAX_DEPTH:
+        return _TOO_DEEP
+    if value is None or kind is float or kind is bool:
+        return value
+    if kind is dict or isinstance(value, dict):
+        out: dict[object, object] = {}
+        for key, item in value.items():  # type: ignore[attr-defined]
+            new_key: object = next(mapped) if type(key) is str else key
+            if new_key in out:
+                new_key = _distinct_key(out, new_key)
+            out[new_key] = _rebuild(item, mapped, convert_other=convert_other, depth=depth + 1)
+        return out
+    if kind is list or isinstance(value, list | tuple):
+        return [
+            _rebuild(item, mapped, convert_other=convert_other, depth=depth + 1)
+            for item in value  # type: ignore[attr-defined]
+        ]
+    if isinstance(value, str):
+        return next(mapped)
+    if isinstance(value, int) and not isinstance(value, bool):
+        digits = _int_text(value)
+        if digits is None:
+            return value
+        new = next(mapped)
+        return value if new == digits else new
+    if isinstance(value, float | bool):
+        return value
+    return next(mapped) if convert_other else value
+
+
+def _distinct_key(out: Mapping[object, object], key: object) -> str:
+    """Two keys that scrub to the same text stay two keys: ``[EMAIL]``, ``[EMAIL]#2``."""
+    suffix = 2
+    while f"{key}#{suffix}" in out:
+        suffix += 1
+    return f"{key}#{suffix}"
+
+
+# --- tokenization ------------------------------------------------------------------------
+
+_TOKEN_LABELS: Final[Mapping[Category, str]] = {
+    "email": "EMAIL",
+    "phone": "PHONE",
+    "ssn": "SSN",
+    "credit_card": "CREDIT_CARD",
+    "iban": "IBAN",
+    "ip": "IP_ADDRESS",
+}
+_LITERAL_LABEL: Final = "TOKEN"
+_TOKEN: Final = re.compile(
+    r"\[(?:" + "|".join([*_TOKEN_LABELS.values(), _LITERAL_LABEL]) + r")_[1-9][0-9]{0,8}\]"
+)
+
+
+class Vault:
+    """Stable tokens for the personal data in upstream tool results, held in host memory
+    for one execution (or one session) and dropped with it (`clear`).
+
+    `tokenize` replaces each email, phone number, SSN, card number, IBAN and IP address
+    in a result with a token (``[EMAIL_1]``; the same value always gets the same token in
+    this vault, another value the next number of its category) before the sandbox sees
+    it. `detokenize` puts the values back into the arguments of a tool call, also where a
+    token sits inside a longer string ("write to [EMAIL_1] today").
+
+    Secrets are never tokenized: they become ``[SECRET]`` and cannot be passed on, so a
+    credential in one server's result cannot travel into another server's arguments.
+
+    Guessing: the sandbox may send a token it invented (``[EMAIL_7]``). If the vault has
+    no such token the text stays as it is. If it has, the value reaches only a tool
+    argument, never the sandbox's own view, and it is a value this vault already gave
+    the sandbox as that token; tool results are tokenized again on the way back. What a
+    tool does with an argument is the tool's: one that echoes it transformed (reversed,
+    its length) can reveal it, which is what the broker's allow-list is for.
+
+    Upstream text that already contains something shaped like a token ("[EMAIL_1]"
+    quoted in an email body) is tokenized itself, as a ``[TOKEN_n]`` whose value is that
+    literal text, so it can neither be confused with a real token in the sandbox's view
+    nor be turned into someone's address by `detokenize`.
+    """
+
+    def __init__(self, scrubber: Scrubber) -> None:
+        self._scrubber = scrubber
+        self._lock = threading.Lock()
+        self._token_of: dict[tuple[str, str], str] = {}
+        self._value_of: dict[str, str] = {}
+        self._issued: Counter[str] = Counter()
+
+    def __len__(self) -> int:
+        return len(self._value_of)
+
+    def tokenize(self, value: object) -> object:
+        """A copy of a JSON-like tool result with personal data replaced by tokens
+        (secrets by ``[SECRET]``); keys too, non-JSON objects are left as they are.
+
+        Raises:
+            Nothing.
+        """
+        texts: list[str] = []
+        _collect_strings(value, texts, convert_other=False)
+        escaped = [_TOKEN.sub(self._escape_literal, t) if "[" in t else t for t in texts]
+        replaced, _ = self._scrubber.replace_many(escaped, self._replacement)
+        return _rebuild(value, iter(replaced), convert_other=False)
+
+    def detokenize(self, value: object) -> object:
+        """A copy of JSON-like tool arguments with this vault's tokens replaced by their
+        values; text that merely looks like a token is left as it is.
+
+        Raises:
+            Nothing.
+        """
+        texts: list[str] = []
+        _collect_strings(value, texts, convert_other=False)
+        with self._lock:
+            values = dict(self._value_of)
+
+        def restore(text: str) -> str:
+            if "[" not in text:
+                return text
+            return _TOKEN.sub(lambda m: values.get(m.group(), m.group()), text)
+
+        return _rebuild(value, iter(map(restore, texts)), convert_other=False)
+
+    def clear(self) -> None:
+        """Forget every value: call when the execution (or session) ends.
+
+        Raises:
+            Nothing.
+        """
+        with self._lock:
+            self._token_of.clear()
+            self._value_of.clear()
+            self._issued.clear()
+
+    def _token(self, label: str, value: str) -> str:
+        with self._lock:
+            token = self._token_of.get((label, value))
+            if token is None:
+                self._issued[label] += 1
+                token = f"[{label}_{self._issued[label]}]"
+                self._token_of[(label, value)] = token
+                self._value_of[token] = value
+            return token
+
+    def _replacement(self, category: Category, value: str) -> str:
+        if category == "secret":
+            return PLACEHOLDERS["secret"]
+        return self._token(_TOKEN_LABELS[category], value)
+
+    def _escape_literal(self, match: re.Match[str]) -> str:
+        return self._token(_LITERAL_LABEL, match.group())
