@@ -6,13 +6,15 @@ or the host could not run it; 2 a usage error or a refused request (ConfigError)
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import logging
 import os
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -30,6 +32,9 @@ from codecage.models import (
 )
 from codecage.output import neutralise_text
 from codecage.sandbox import Sandbox
+
+if TYPE_CHECKING:
+    from codecage.bridge.tooling import ToolSetup
 
 app = typer.Typer(
     help="Run code written by AI agents with real OS isolation, and get a structured result.",
@@ -140,6 +145,45 @@ AllowImportOpt = Annotated[
 VerboseOpt = Annotated[
     bool, typer.Option("--verbose", "-v", help="Log what codecage does, with tracebacks.")
 ]
+McpConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--mcp-config",
+        help="Upstream MCP servers (the mcpServers JSON of Claude Desktop / Claude Code) "
+        "whose tools the code may call, through codecage, without network or credentials.",
+        dir_okay=False,
+        exists=True,
+        show_default=False,
+    ),
+]
+ServersDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--servers-dir",
+        help="The tool modules `codecage gen` wrote, mounted read-only at /servers "
+        "(default: generated afresh into a temp dir at start).",
+        file_okay=False,
+        show_default=False,
+    ),
+]
+SkillsDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--skills-dir",
+        help="A directory of reusable Python functions, read-only at /skills "
+        "(import skills.<module>).",
+        file_okay=False,
+        show_default=False,
+    ),
+]
+AllowToolOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--allow-tool",
+        help="Only these tools may be called: 'server.tool', wildcards allowed (repeat).",
+        show_default=False,
+    ),
+]
 
 
 @app.command()
@@ -199,6 +243,10 @@ def run(
     ] = False,
     allow_degraded: DegradedOpt = False,
     backend: BackendOpt = "auto",
+    mcp_config: McpConfigOpt = None,
+    servers_dir: ServersDirOpt = None,
+    skills_dir: SkillsDirOpt = None,
+    allow_tool: AllowToolOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Run Python code in a fresh sandbox and report how it went.
@@ -210,6 +258,8 @@ def run(
         codecage run --file analysis.py --timeout 5 --memory-mb 256 --json
 
         echo 'print("hi")' | codecage run -
+
+        codecage run --mcp-config mcp.json --file agent.py   # code that calls MCP tools
     """
     _configure_logging(verbose)
     overrides: dict[str, Any] = {
@@ -225,6 +275,8 @@ def run(
     }
     try:
         text, filename = _read_code(source, code, file)
+        with _progress("connecting to the upstream MCP servers", enabled=not as_json):
+            tools = _tool_setup(mcp_config, servers_dir, skills_dir, allow_tool)
         sandbox = Sandbox(
             backend=backend,
             allow_degraded=allow_degraded,
@@ -233,8 +285,13 @@ def run(
             replace_imports=replace_imports,
             import_policy=not no_import_policy,
             config=config_file,
+            **tools.sandbox_options(),
         )
-        with sandbox, _progress("starting the sandbox", enabled=not as_json):
+        with (
+            contextlib.closing(tools),
+            sandbox,
+            _progress("starting the sandbox", enabled=not as_json),
+        ):
             result = sandbox.run(
                 text, limits=overrides, filename=filename, workspace=workspace, strict=strict
             )
@@ -464,6 +521,69 @@ def _render_validation(report: ValidationReport) -> None:
 
 
 @app.command()
+def gen(
+    mcp_config: Annotated[
+        Path,
+        typer.Option(
+            "--mcp-config",
+            help="Upstream MCP servers: the mcpServers JSON of Claude Desktop / Claude Code.",
+            dir_okay=False,
+            exists=True,
+        ),
+    ],
+    server: Annotated[
+        list[str] | None,
+        typer.Option("--server", help="Generate this server's tools (repeat).", show_default=False),
+    ] = None,
+    all_servers: Annotated[
+        bool, typer.Option("--all", help="Generate the tools of every configured server.")
+    ] = False,
+    out: Annotated[
+        Path, typer.Option("--out", help="Where to write the tree.", file_okay=False)
+    ] = Path("servers"),
+    verbose: VerboseOpt = False,
+) -> None:
+    """Write typed Python modules for the tools of upstream MCP servers.
+
+    Connects to each server, lists its tools, and writes servers/<server>/<tool>.py with a
+    typed Params, the result type, and call()/call_sync(). Mount the tree into the sandbox
+    with `codecage run --servers-dir` (or let run/serve generate it). Regenerating gives
+    byte-identical files; files of servers no longer asked for are removed.
+
+    Examples:
+
+        codecage gen --mcp-config mcp.json --all
+
+        codecage gen --mcp-config mcp.json --server memory --out ./servers
+    """
+    from codecage.bridge import tooling, upstreams
+    from codecage.bridge.broker import Broker
+
+    _configure_logging(verbose)
+    if bool(server) == all_servers:
+        _fail(
+            ConfigError("name the servers with --server NAME, or pass --all", hint=""),
+            as_json=False,
+            verbose=verbose,
+        )
+    try:
+        with Broker(upstreams.load(mcp_config)) as broker:
+            names = list(broker.servers) if all_servers else list(server or [])
+            with _progress(f"listing the tools of {', '.join(names)}", enabled=True):
+                written = tooling.generate(broker, names, out)
+    except CodecageError as exc:
+        _fail(exc, as_json=False, verbose=verbose)
+    modules = sorted(p for p in out.rglob("*.py") if p.name != "__init__.py")
+    stderr.print(
+        f"{len(modules)} tool modules of {len(names)} server(s) in {out}/"
+        f" ({len(written)} file(s) written or changed)",
+        markup=False,
+    )
+    for package in sorted(p.name for p in out.iterdir() if (p / "__init__.py").is_file()):
+        stderr.print(f"  from servers.{package} import ...", markup=False)
+
+
+@app.command()
 def serve(
     http: Annotated[
         bool, typer.Option("--http", help="Serve streamable HTTP at /mcp instead of stdio.")
@@ -497,6 +617,10 @@ def serve(
     no_pool: Annotated[
         bool, typer.Option("--no-pool", help="Cold-start every sandbox (no warm pool).")
     ] = False,
+    mcp_config: McpConfigOpt = None,
+    servers_dir: ServersDirOpt = None,
+    skills_dir: SkillsDirOpt = None,
+    allow_tool: AllowToolOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Serve codecage as an MCP server: tools execute_code, validate_code, get_sandbox_info.
@@ -510,6 +634,8 @@ def serve(
         codecage serve --http --port 8765                # http://127.0.0.1:8765/mcp
 
         codecage serve --http --host 0.0.0.0 --token "$(openssl rand -hex 16)"
+
+        codecage serve --mcp-config mcp.json   # execute_code may call these servers' tools
     """
     from codecage import server as mcp_server  # the MCP SDK loads only for this command
 
@@ -522,7 +648,11 @@ def serve(
         max_queued=max_queued,
     )
     try:
-        app_server = mcp_server.build_server(limits=limits, pool=not no_pool)
+        tools = _tool_setup(mcp_config, servers_dir, skills_dir, allow_tool)
+        atexit.register(tools.close)
+        app_server = mcp_server.build_server(
+            limits=limits, pool=not no_pool, sandbox_options=tools.sandbox_options()
+        )
         if not http:
             app_server.run("stdio")
             return
@@ -533,6 +663,23 @@ def serve(
 
     stderr.print(f"codecage MCP server on http://{host}:{port}/mcp", markup=False)
     uvicorn.run(asgi, host=host, port=port, log_level="debug" if verbose else "warning")
+
+
+def _tool_setup(
+    mcp_config: Path | None,
+    servers_dir: Path | None,
+    skills_dir: Path | None,
+    allow_tool: list[str] | None,
+) -> ToolSetup:
+    # The MCP SDK loads only when there are upstream servers: `run` stays quick without.
+    from codecage.bridge import tooling
+
+    return tooling.prepare(
+        mcp_config,
+        servers_dir=servers_dir,
+        skills_dir=skills_dir,
+        allowed_tools=[t for item in allow_tool or [] for t in item.split(",") if t],
+    )
 
 
 def _exit_on_sigterm() -> None:

@@ -23,14 +23,16 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from codecage import scrub as scrubbing
 from codecage import workspace as workspaces
 from codecage.backends.base import Backend, LaunchSpec
+from codecage.bridge import channel as bridge
 from codecage.errors import ConfigError, SandboxError
 from codecage.isolation import limits as cgroups
 from codecage.isolation import rootfs, seccomp
@@ -76,6 +78,11 @@ class RunRequest:
     # Called with the workspace's host path and its listing before the sandbox is destroyed:
     # the one moment a warm run's files can be read back.
     on_files: Callable[[Path, list[FileInfo]], None] | None = None
+    # Answers the code's tool calls (docs/tool-bridge.md); None: no upstream servers.
+    tools: bridge.Responder | None = None
+    tool_limits: bridge.BridgeLimits = field(default_factory=bridge.BridgeLimits)
+    servers_dir: Path | None = None  # see SandboxSpec
+    skills_dir: Path | None = None
 
 
 def ceilings() -> Ceilings:
@@ -125,6 +132,8 @@ class SandboxSpec:
     workspace_mb: int = Limits.model_fields["workspace_mb"].default
     tmp_mb: int = Limits.model_fields["tmp_mb"].default
     preload: tuple[str, ...] = ()  # modules the guest imports before it says it is ready
+    servers_dir: Path | None = None  # `codecage gen`'s tree, read-only at /servers
+    skills_dir: Path | None = None  # reusable functions, read-only at /skills
 
     @classmethod
     def for_request(cls, request: RunRequest) -> SandboxSpec:
@@ -132,6 +141,8 @@ class SandboxSpec:
             policy=request.policy,
             workspace_mb=request.limits.workspace_mb,
             tmp_mb=request.limits.tmp_mb,
+            servers_dir=request.servers_dir,
+            skills_dir=request.skills_dir,
         )
 
 
@@ -213,24 +224,29 @@ def start(
         cgroup = cgroups.create(f"{os.getpid()}-{execution_id}", limits)
         if cgroup is not None:
             cleanup.callback(_destroy_cgroup, cgroup)
-        mounts = rootfs.plan(
-            interpreter,
-            workspace=ws.path,
-            etc_dir=run_dir / "etc",
-            empty_dir=run_dir / "empty",
-            tmp_bytes=spec.tmp_mb * cgroups.MiB,
-        ) + _package_mounts(spec.policy, interpreter)
+        mounts = (
+            rootfs.plan(
+                interpreter,
+                workspace=ws.path,
+                etc_dir=run_dir / "etc",
+                empty_dir=run_dir / "empty",
+                tmp_bytes=spec.tmp_mb * cgroups.MiB,
+            )
+            + _package_mounts(spec.policy, interpreter)
+            + _tool_tree_mounts(spec)
+        )
         channel = _Channels.open(cleanup, bpf)
         env = _sandbox_env(interpreter)
         plan = backend.launch_plan(
             LaunchSpec(
                 mounts=mounts,
                 env=env,
-                guest_argv=_guest_argv(channel.guest_control_fd, spec.preload, pooled=pooled),
+                guest_argv=_guest_argv(channel, spec.preload, pooled=pooled),
                 seccomp_fd=channel.seccomp_fd,
                 info_fd=channel.info_write,
                 block_fd=channel.block_read,
                 control_fd=channel.guest_control_fd,
+                bridge_fd=channel.guest_bridge.fileno(),
             )
         )
         log.debug("engine.launch", extra={"execution_id": execution_id, "argv": plan.argv})
@@ -333,21 +349,14 @@ def run_in(sandbox: StartedSandbox, request: RunRequest, *, backend_name: str) -
         profile=request.policy.profile if request.policy else "",
         allowed_modules=sorted(request.policy.modules) if request.policy else None,
     )
-    seen = supervise(
-        sandbox.proc,
-        sandbox.channel.host_control,
-        (guest_request.model_dump_json() + "\n").encode("utf-8"),
-        # A cold run's clock starts before the sandbox does; a warm one's at the request.
-        started=time.monotonic() if warm else sandbox.started_at,
-        wall_timeout_s=limits.timeout,
-        cpu_limit_ms=limits.cpu_seconds * 1000,
-        cpu_baseline_ms=baseline.cpu_ms,
-        output_cap_bytes=limits.max_output_bytes,
-        control_cap_bytes=_CONTROL_CAP_BYTES,
-        cgroup=cgroup,
-        reported=functools.partial(_has_final_report, ready_pid=sandbox.ready_pid),
-        cancel=request.cancel,
+    tool_bridge = bridge.Channel(
+        sandbox.channel.host_bridge, request.tools or _no_servers(), request.tool_limits
     )
+    tool_bridge.start()
+    try:
+        seen = _supervise(sandbox, request, guest_request, baseline)
+    finally:
+        bridge_events = tool_bridge.stop()
     ready, report, report_events = _parse_control(seen, ready_pid=sandbox.ready_pid)
     if seen.reported and report is not None:
         seen.returncode = report.exit_code  # it exits with that now; see supervise()
@@ -368,7 +377,7 @@ def run_in(sandbox: StartedSandbox, request: RunRequest, *, backend_name: str) -
         backend=backend_name,
         seen=seen,
         report=report,
-        events=report_events,
+        events=report_events + bridge_events,
         usage=usage,
         oom=oom,
         files=files,
@@ -387,6 +396,37 @@ def run_in(sandbox: StartedSandbox, request: RunRequest, *, backend_name: str) -
         },
     )
     return result
+
+
+def _supervise(
+    sandbox: StartedSandbox, request: RunRequest, guest_request: GuestRequest, baseline: _Baseline
+) -> Observation:
+    limits = request.limits
+    warm = sandbox.ready_pid is not None
+    cgroup = sandbox.cgroup
+    return supervise(
+        sandbox.proc,
+        sandbox.channel.host_control,
+        (guest_request.model_dump_json() + "\n").encode("utf-8"),
+        # A cold run's clock starts before the sandbox does; a warm one's at the request.
+        started=time.monotonic() if warm else sandbox.started_at,
+        wall_timeout_s=limits.timeout,
+        cpu_limit_ms=limits.cpu_seconds * 1000,
+        cpu_baseline_ms=baseline.cpu_ms,
+        output_cap_bytes=limits.max_output_bytes,
+        control_cap_bytes=_CONTROL_CAP_BYTES,
+        cgroup=cgroup,
+        reported=functools.partial(_has_final_report, ready_pid=sandbox.ready_pid),
+        cancel=request.cancel,
+    )
+
+
+@functools.cache
+def _no_servers() -> bridge.NoServers:
+    """The tool bridge's answerer when no upstream servers are configured: scrub() works
+    (with the default detectors), tool calls fail with a clear error."""
+    scrubber = scrubbing.Scrubber()
+    return bridge.NoServers(lambda text: scrubber.scrub(text).text)
 
 
 def _has_final_report(data: bytes, *, ready_pid: int | None) -> bool:
@@ -477,6 +517,27 @@ def _package_mounts(
     )
 
 
+def _tool_tree_mounts(spec: SandboxSpec) -> tuple[rootfs.Mount, ...]:
+    """The generated tool modules and the skills, read-only: at /servers and /skills to
+    read (search_tools), and under the guest package root to import (`servers.x.y`)."""
+    mounts: list[rootfs.Mount] = []
+    for name, source in (("servers", spec.servers_dir), ("skills", spec.skills_dir)):
+        if source is None:
+            continue
+        if not source.is_dir():
+            raise ConfigError(
+                f"the {name} directory {source} does not exist",
+                hint="run `codecage gen --mcp-config FILE` first"
+                if name == "servers"
+                else "check the path given with --skills-dir",
+            )
+        mounts.append(rootfs.Mount("ro-bind", f"/{name}", str(source.resolve())))
+        mounts.append(
+            rootfs.Mount("ro-bind", f"{rootfs.GUEST_PACKAGE_ROOT}/{name}", str(source.resolve()))
+        )
+    return tuple(mounts)
+
+
 def _make_run_dir(cleanup: contextlib.ExitStack) -> Path:
     # The host pid in the name lets a later process clean up after one that was killed.
     run_dir = Path(tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-"))  # mode 0700
@@ -515,6 +576,8 @@ class _Channels:
     block_write: int
     host_control: socket.socket
     guest_control: socket.socket
+    host_bridge: socket.socket  # the tool bridge (docs/tool-bridge.md)
+    guest_bridge: socket.socket
     _open: set[int]
 
     @property
@@ -525,6 +588,7 @@ class _Channels:
     def open(cls, cleanup: contextlib.ExitStack, bpf: bytes) -> _Channels:
         seccomp_fd = os.memfd_create("codecage-seccomp", os.MFD_CLOEXEC)
         fds = {seccomp_fd}
+        sockets: list[socket.socket] = []
         channel: _Channels | None = None
         try:
             os.write(seccomp_fd, bpf)
@@ -534,13 +598,27 @@ class _Channels:
             block_read, block_write = os.pipe()
             fds |= {block_read, block_write}
             host, guest = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            sockets = [host, guest]
+            host_bridge, guest_bridge = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            sockets += [host_bridge, guest_bridge]
             channel = cls(
-                seccomp_fd, info_read, info_write, block_read, block_write, host, guest, fds
+                seccomp_fd,
+                info_read,
+                info_write,
+                block_read,
+                block_write,
+                host,
+                guest,
+                host_bridge,
+                guest_bridge,
+                fds,
             )
         finally:
             if channel is None:
                 for fd in fds:
                     _close_quietly(fd)
+                for sock in sockets:
+                    sock.close()
         cleanup.callback(channel.close_all)
         return channel
 
@@ -553,12 +631,13 @@ class _Channels:
         for fd in (self.info_write, self.block_read, self.seccomp_fd):
             self.close(fd)
         self.guest_control.close()
+        self.guest_bridge.close()
 
     def close_all(self) -> None:
         for fd in list(self._open):
             self.close(fd)
-        self.guest_control.close()
-        self.host_control.close()
+        for sock in (self.guest_control, self.host_control, self.guest_bridge, self.host_bridge):
+            sock.close()
 
 
 def _close_quietly(fd: int) -> None:
@@ -583,7 +662,7 @@ def _sandbox_env(interpreter: rootfs.Interpreter) -> dict[str, str]:
     return env
 
 
-def _guest_argv(control_fd: int, preload: tuple[str, ...], *, pooled: bool) -> tuple[str, ...]:
+def _guest_argv(channel: _Channels, preload: tuple[str, ...], *, pooled: bool) -> tuple[str, ...]:
     # -I: isolated (no env vars, no user site, no cwd on sys.path); -S: no site module, so
     # no .pth files run; -B: no bytecode writes; utf8 mode: text I/O is UTF-8 whatever LANG.
     argv: tuple[str, ...] = (
@@ -595,7 +674,9 @@ def _guest_argv(control_fd: int, preload: tuple[str, ...], *, pooled: bool) -> t
         "utf8",
         rootfs.GUEST_BOOTSTRAP_PYC,
         "--control-fd",
-        str(control_fd),
+        str(channel.guest_control_fd),
+        "--bridge-fd",
+        str(channel.guest_bridge.fileno()),
     )
     if pooled:
         argv = (*argv, "--pooled")

@@ -25,6 +25,8 @@ EventKind = Literal[
     "degraded_isolation",
     "validation_finding",
     "cancelled",
+    "tool_call",
+    "bridge_closed",
 ]
 """Things worth knowing that happened during a run (see docs/security-model.md)."""
 
@@ -148,6 +150,11 @@ class Event(_Model):
 
     kind: EventKind
     detail: str = Field(max_length=2000)
+    data: dict[str, Any] | None = Field(
+        default=None,
+        description="Machine-readable facts of the event (a tool_call's server, tool, "
+        "duration_ms, status, request_bytes, result_bytes); None for most kinds.",
+    )
 
 
 class ExecutionResult(_Model):

@@ -10,7 +10,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -38,6 +38,9 @@ from codecage.models import (
 )
 from codecage.pool import Pool
 from codecage.profiles import ImportPolicy
+
+if TYPE_CHECKING:
+    from codecage.bridge.broker import Broker
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +75,15 @@ class Sandbox:
             own, sized by the config's [pool] table; a `Pool`: share that one; False: cold
             starts only; None (default): as the config says (`[pool] enabled`, or
             CODECAGE_POOL). Close the Sandbox (or use it in a `with`) to stop its pool.
+        tools: a `Broker` holding sessions to upstream MCP servers: the code's tool calls
+            (`codecage.runtime.call_tool`, `servers.<server>.<tool>.call`) go to it over the
+            sandbox's private bridge (docs/tool-bridge.md). None: tool calls fail clearly.
+        allowed_tools: "server.tool" patterns (`*` wildcards) the code may call; None: all
+            that the servers' own allow-lists permit.
+        servers_dir: the tree `codecage gen` wrote, mounted read-only at /servers and
+            importable as `servers.<server>.<tool>`.
+        skills_dir: a directory of reusable functions, read-only at /skills, importable as
+            `skills.<module>`.
 
     >>> with Sandbox(pool=True) as sandbox:
     ...     sandbox.warm()                      # optional: wait until the pool is ready
@@ -91,6 +103,10 @@ class Sandbox:
         import_policy: bool = True,
         config: str | Path | None = None,
         pool: bool | Pool | None = None,
+        tools: Broker | None = None,
+        allowed_tools: Iterable[str] | None = None,
+        servers_dir: str | Path | None = None,
+        skills_dir: str | Path | None = None,
     ) -> None:
         self.settings = load_settings(Path(config) if config is not None else None)
         self.limits = limits or self.settings.limits
@@ -102,6 +118,10 @@ class Sandbox:
         self.backend: Backend = load_backend(backend)
         self.allow_degraded = allow_degraded
         self._selftest = selftest
+        self.tools = tools
+        self.allowed_tools = tuple(allowed_tools) if allowed_tools is not None else None
+        self.servers_dir = Path(servers_dir).resolve() if servers_dir is not None else None
+        self.skills_dir = Path(skills_dir).resolve() if skills_dir is not None else None
         self.policy: ImportPolicy | None = (
             self._policy(profile, allowed_imports, replace_imports) if import_policy else None
         )
@@ -131,6 +151,8 @@ class Sandbox:
             workspace_mb=limits.workspace_mb,
             tmp_mb=limits.tmp_mb,
             preload=self._preload,
+            servers_dir=self.servers_dir,
+            skills_dir=self.skills_dir,
         )
 
     def _profile_name(self) -> str:
@@ -192,6 +214,7 @@ class Sandbox:
             blocked = self._blocked_by_validation(code, run_limits)
             if blocked is not None:
                 return blocked
+        tools = self.tools.for_run(allowed_tools=self.allowed_tools) if self.tools else None
         request = engine.RunRequest(
             code=code,
             filename=filename,
@@ -201,12 +224,19 @@ class Sandbox:
             policy=self.policy,
             cancel=cancel,
             on_files=on_files,
+            tools=tools,
+            servers_dir=self.servers_dir,
+            skills_dir=self.skills_dir,
         )
-        if self.pool is not None and request.workspace_dir is None:
-            result = self._run_warm(self.pool, request)
-            if result is not None:
-                return result
-        return engine.execute(request, self.backend)
+        try:
+            if self.pool is not None and request.workspace_dir is None:
+                result = self._run_warm(self.pool, request)
+                if result is not None:
+                    return result
+            return engine.execute(request, self.backend)
+        finally:
+            if tools is not None:
+                tools.close()  # the run's token vault goes with it
 
     def _run_warm(self, pool: Pool, request: engine.RunRequest) -> ExecutionResult | None:
         """Run in a warm sandbox; None when there is none for this request (its sizes differ

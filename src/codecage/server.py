@@ -82,27 +82,36 @@ class _Runner:
     waiting: int = 0
     by_profile: dict[str, Sandbox] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Upstream MCP servers and tool trees (--mcp-config ...): the same for every Sandbox.
+    sandbox_options: dict[str, Any] = field(default_factory=dict)
 
     def sandbox_for(self, profile: str | None, allowed_imports: list[str] | None) -> Sandbox:
         """The Sandbox of a profile; one with extra imports is made per call and runs cold
         (callers must not be able to make the pool keep a key per import list)."""
         name = profile or self.base.settings.profile
         if allowed_imports:
-            return Sandbox(profile=name, allowed_imports=allowed_imports, pool=False)
+            return Sandbox(
+                profile=name, allowed_imports=allowed_imports, pool=False, **self.sandbox_options
+            )
         with self.lock:
             if name in self.by_profile:
                 return self.by_profile[name]
         # Only single profiles get warm sandboxes: combinations ("basic,filesystem", in any
         # order) would let callers make the pool keep a key, and memory, per spelling.
         pooled = self.pool if "," not in name else None
-        sandbox = Sandbox(profile=name, pool=pooled or False)
+        sandbox = Sandbox(profile=name, pool=pooled or False, **self.sandbox_options)
         with self.lock:
             if len(self.by_profile) < _MAX_CACHED_PROFILES:
                 self.by_profile.setdefault(name, sandbox)
         return sandbox
 
 
-def build_server(*, limits: ServerLimits | None = None, pool: bool = True) -> MCPServer:
+def build_server(
+    *,
+    limits: ServerLimits | None = None,
+    pool: bool = True,
+    sandbox_options: dict[str, Any] | None = None,
+) -> MCPServer:
     """The MCP server, ready for `run()` (stdio) or `streamable_http_app()`.
 
     Raises:
@@ -110,12 +119,14 @@ def build_server(*, limits: ServerLimits | None = None, pool: bool = True) -> MC
         HostError: this host cannot run sandboxes.
     """
     server_limits = limits or ServerLimits()
-    base = Sandbox(pool=pool)
+    options = dict(sandbox_options or {})  # e.g. ToolSetup.sandbox_options()
+    base = Sandbox(pool=pool, **options)
     runner = _Runner(
         base=base,
         limits=server_limits,
         pool=base.pool,
         slots=anyio.Semaphore(server_limits.max_concurrent),
+        sandbox_options=options,
     )
     if base.policy is not None:
         runner.by_profile[base.policy.profile] = base
@@ -127,6 +138,20 @@ def build_server(*, limits: ServerLimits | None = None, pool: bool = True) -> MC
     )
     _add_tools(server, runner)
     return server
+
+
+def _tools_note(sandbox: Sandbox) -> str:
+    """What the model must know to call upstream MCP tools from its code (--mcp-config)."""
+    if sandbox.tools is None:
+        return ""
+    servers = ", ".join(sorted(sandbox.tools.servers)) or "none"
+    return (
+        f" The code can call the tools of these MCP servers: {servers}. Each tool is a typed "
+        "module: `from servers.<server> import <tool>` then `await <tool>.call(arg=...)` "
+        "(its docstring lists the arguments); find tools with `from codecage.runtime import "
+        "search_tools; search_tools('what you need')`. Call many tools in one program and "
+        "return only what matters; a failed call raises codecage.runtime.ToolCallError."
+    )
 
 
 def _add_tools(server: MCPServer, runner: _Runner) -> None:
@@ -144,6 +169,7 @@ def _add_tools(server: MCPServer, runner: _Runner) -> None:
             f"Defaults: timeout {default.timeout:g} s (at most {limits.max_timeout:g}), "
             f"memory {default.memory_mb} MiB (at most {limits.max_memory_mb}). "
             "Images the code saves in /workspace (png, jpeg, svg) are returned as images."
+            + _tools_note(runner.base)
         )
     )
     async def execute_code(

@@ -1,6 +1,6 @@
 """Environment layer: nothing of the host's environment, stdin or open files reaches the
 code; it gets a fixed allow-list of variables, an empty stdin, and fds 0-2 plus the
-control socket."""
+control socket and the tool bridge."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ print(json.dumps({"data": data, "seconds": time.monotonic() - started,
     assert got["is_char_device"]  # /dev/null
 
 
-def test_only_fds_0_1_2_and_the_control_socket_are_open(runner: Runner) -> None:
+def test_only_fds_0_1_2_the_control_socket_and_the_tool_bridge_are_open(runner: Runner) -> None:
     code = """
 import json, os, stat
 listed = [int(fd) for fd in os.listdir("/proc/self/fd")]
@@ -106,4 +106,5 @@ print(json.dumps(open_fds))
         "1": "other",
         "2": "other",
         "3": "socket",
+        "4": "socket",  # the tool bridge (docs/tool-bridge.md)
     }

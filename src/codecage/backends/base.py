@@ -22,6 +22,7 @@ class LaunchSpec:
     info_fd: int  # the backend writes {"child-pid": N} here once namespaces exist
     block_fd: int  # the sandbox waits for one byte here before starting the guest
     control_fd: int  # the guest's end of the control socket
+    bridge_fd: int  # the guest's end of the tool bridge (docs/tool-bridge.md)
     network: bool = False
 
 

@@ -73,7 +73,13 @@ class BwrapBackend:
         ]
         return LaunchPlan(
             argv=argv,
-            pass_fds=(spec.info_fd, spec.block_fd, spec.seccomp_fd, spec.control_fd),
+            pass_fds=(
+                spec.info_fd,
+                spec.block_fd,
+                spec.seccomp_fd,
+                spec.control_fd,
+                spec.bridge_fd,
+            ),
         )
 
 

@@ -1,6 +1,7 @@
 """Guest bootstrap: runs *inside* the sandbox, with the standard library only.
 
-Started by the host as `/opt/python/bin/python3 -I -S -B -X utf8 bootstrap.py --control-fd N`.
+Started by the host as `/opt/python/bin/python3 -I -S -B -X utf8 bootstrap.py --control-fd N
+--bridge-fd M` (the tool bridge, moved to fd 4: docs/tool-bridge.md).
 It speaks versioned JSON lines over the control socket (fd N, moved to fd 3):
 
     guest -> host  {"v":1,"kind":"ready","pid":...}         the interpreter is up
@@ -27,6 +28,10 @@ from typing import Any
 
 WIRE_VERSION = 1
 CONTROL_FD = 3
+BRIDGE_FD = 4  # the tool bridge (docs/tool-bridge.md); codecage.runtime talks over it
+GUEST_PACKAGE_ROOT = "/opt/codecage"  # holds codecage/ (this package) and servers/, skills/
+# Importable by the user's code in every profile: the runtime helpers and the tool tree.
+ALWAYS_ALLOWED = ("codecage.runtime", "servers", "skills")
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
 MAX_EVENTS = 50
 _RESULT_NAME = "__codecage_last_value__"
@@ -38,8 +43,8 @@ _OWN_FILE = (lambda: None).__code__.co_filename
 
 
 def main(argv: list[str]) -> int:
-    control = _take_control_fd(argv)
-    _close_other_fds(keep=CONTROL_FD)
+    control = _take_fds(argv)
+    _close_other_fds(keep=(CONTROL_FD, BRIDGE_FD))
     _preload(_preload_list(argv))
     _warm_up(pooled="--pooled" in argv)
     main_pid = os.getpid()
@@ -69,12 +74,21 @@ def main(argv: list[str]) -> int:
 # --- control channel ------------------------------------------------------------------
 
 
-def _take_control_fd(argv: list[str]) -> _socket.socket:
-    fd = int(argv[argv.index("--control-fd") + 1])
-    if fd != CONTROL_FD:
-        os.dup2(fd, CONTROL_FD, inheritable=False)
+def _take_fds(argv: list[str]) -> _socket.socket:
+    """Move the control socket to fd 3 and the tool bridge to fd 4 (the host's numbers
+    may be any, even each other's targets: hence the detour through high numbers)."""
+    control = int(argv[argv.index("--control-fd") + 1])
+    bridge = int(argv[argv.index("--bridge-fd") + 1]) if "--bridge-fd" in argv else -1
+    moves = [(control, CONTROL_FD)] + ([(bridge, BRIDGE_FD)] if bridge >= 0 else [])
+    parked = []
+    for index, (fd, target) in enumerate(moves):
+        high = 200 + index
+        os.dup2(fd, high, inheritable=False)
         os.close(fd)
-    os.set_inheritable(CONTROL_FD, False)  # user subprocesses never get it
+        parked.append((high, target))
+    for high, target in parked:
+        os.dup2(high, target, inheritable=False)  # user subprocesses never get them
+        os.close(high)
     # _socket, not socket: the wrapper module (enums, selectors) costs ~1 MB in every idle
     # warm sandbox, and the control channel needs none of it.
     return _socket.socket(fileno=CONTROL_FD)
@@ -130,11 +144,11 @@ def _warm_up(*, pooled: bool) -> None:
         gc.collect()  # what the imports left over, before the sandbox idles
 
 
-def _close_other_fds(keep: int) -> None:
-    """Only stdin, stdout, stderr and the control socket stay open."""
+def _close_other_fds(keep: tuple[int, ...]) -> None:
+    """Only stdin, stdout, stderr, the control socket and the tool bridge stay open."""
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
-        if fd > 2 and fd != keep:
+        if fd > 2 and fd not in keep:
             try:
                 os.close(fd)
             except OSError:
@@ -225,7 +239,7 @@ def _install_import_policy(allowed: list[str], profile: str) -> None:
     """
     import builtins
 
-    modules = frozenset(allowed)
+    modules = frozenset(allowed) | frozenset(ALWAYS_ALLOWED)
     original_import = builtins.__import__
 
     def guarded_import(
@@ -307,6 +321,7 @@ def _fresh_main_module(filename: str) -> types.ModuleType:
     sys.modules["__main__"] = module
     sys.argv = [filename]
     sys.path.insert(0, "/workspace")
+    sys.path.append(GUEST_PACKAGE_ROOT)  # codecage.runtime, servers.*, skills.*
     # The profile's third-party packages, read-only (already on the path when preloaded).
     if os.path.isdir(SITE_PACKAGES) and SITE_PACKAGES not in sys.path:
         sys.path.append(SITE_PACKAGES)

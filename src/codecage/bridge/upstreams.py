@@ -1,0 +1,136 @@
+"""Upstream MCP servers as configured: the `mcpServers` JSON that MCP hosts use.
+
+```json
+{"mcpServers": {
+  "memory": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-memory"],
+             "env": {"MEMORY_FILE_PATH": "/srv/memory.jsonl"}},
+  "search": {"url": "https://search.internal/mcp",
+             "headers": {"Authorization": "Bearer ${SEARCH_TOKEN}"}}
+}}
+```
+
+`${NAME}` in `args`, `env`, `url` and `headers` is taken from the host's environment when the
+file is loaded, so credentials need not be written into it. Keys codecage adds (hosts ignore
+them): `allow_tools` (the only tools code may call; default all), `timeout` (seconds per call),
+`roots` (directories declared to the server as the client's roots), `tokenize` (replace
+personal data in this server's results with tokens, see the privacy docs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from codecage.errors import ConfigError
+
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# Keys other hosts write into the same table; accepted and not used.
+_HOST_KEYS = ("type", "disabled", "autoApprove", "alwaysAllow", "description", "transport")
+
+
+class Upstream(BaseModel):
+    """One upstream MCP server: `command` (stdio) or `url` (streamable HTTP)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    allow_tools: tuple[str, ...] | None = None
+    timeout: float = Field(default=60.0, gt=0, le=3600)
+    roots: tuple[str, ...] = ()
+    tokenize: bool = False
+    disabled: bool = False
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> Upstream:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give either `command` (a stdio server) or `url` (HTTP), not both")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url must be http:// or https://, got {self.url!r}")
+        return self
+
+    def secrets(self) -> list[str]:
+        """Values the sandbox must never see: env values and header values (credentials)."""
+        return [v for v in (*self.env.values(), *self.headers.values()) if v]
+
+
+def load(path: Path, environ: dict[str, str] | None = None) -> dict[str, Upstream]:
+    """The enabled upstream servers of an `mcpServers` JSON file.
+
+    Raises:
+        ConfigError: the file cannot be read, is not JSON of that shape, or names a
+            variable that is not set.
+    """
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read the MCP config {path}: {exc.strerror}") from exc
+    except ValueError as exc:
+        raise ConfigError(f"the MCP config {path} is not JSON: {exc}") from exc
+    return parse(raw, source=str(path), environ=dict(os.environ) if environ is None else environ)
+
+
+def parse(raw: Any, *, source: str, environ: dict[str, str]) -> dict[str, Upstream]:
+    """`load()` for an already-parsed value (e.g. the codecage config's table)."""
+    table = raw.get("mcpServers") if isinstance(raw, dict) else None
+    if not isinstance(table, dict):
+        raise ConfigError(
+            f"{source}: no `mcpServers` object",
+            hint='write {"mcpServers": {"name": {"command": ..., "args": [...]}}}',
+        )
+    servers: dict[str, Upstream] = {}
+    for name, entry in table.items():
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{source}: mcpServers.{name} must be an object")
+        server = _parse_one(name, _expand(entry, f"{source}: mcpServers.{name}", environ), source)
+        if not server.disabled:
+            servers[name] = server
+    return servers
+
+
+def _parse_one(name: str, entry: dict[str, Any], source: str) -> Upstream:
+    if not name or len(name) > 100:
+        raise ConfigError(f"{source}: a server name must have 1 to 100 characters: {name!r}")
+    transport = entry.get("type") or entry.get("transport")
+    if transport == "sse":
+        raise ConfigError(
+            f"{source}: mcpServers.{name} uses the SSE transport, which codecage does not speak",
+            hint="use the server's streamable HTTP endpoint (type http)",
+        )
+    fields = {k: v for k, v in entry.items() if k not in _HOST_KEYS or k == "disabled"}
+    try:
+        return Upstream.model_validate(fields)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in error['loc']) or 'entry'}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise ConfigError(f"{source}: mcpServers.{name}: {problems}") from exc
+
+
+def _expand(value: Any, where: str, environ: dict[str, str]) -> Any:
+    if isinstance(value, str):
+        return _VARIABLE.sub(lambda match: _variable(match.group(1), where, environ), value)
+    if isinstance(value, list):
+        return [_expand(item, where, environ) for item in value]
+    if isinstance(value, dict):
+        return {key: _expand(item, where, environ) for key, item in value.items()}
+    return value
+
+
+def _variable(name: str, where: str, environ: dict[str, str]) -> str:
+    if name not in environ:
+        raise ConfigError(
+            f"{where} uses ${{{name}}}, which is not set in the environment",
+            hint=f"export {name}=... before starting codecage",
+        )
+    return environ[name]
