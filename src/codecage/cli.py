@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from codecage import config, profiles
 from codecage import validate as validation
@@ -176,6 +177,14 @@ SkillsDirOpt = Annotated[
         show_default=False,
     ),
 ]
+TokenizeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--tokenize",
+        help="Replace personal data in tool results with tokens ([EMAIL_1]) that only "
+        "tool arguments turn back into the real values (default: per server's config).",
+    ),
+]
 AllowToolOpt = Annotated[
     list[str] | None,
     typer.Option(
@@ -247,6 +256,7 @@ def run(
     servers_dir: ServersDirOpt = None,
     skills_dir: SkillsDirOpt = None,
     allow_tool: AllowToolOpt = None,
+    tokenize: TokenizeOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
     """Run Python code in a fresh sandbox and report how it went.
@@ -276,7 +286,7 @@ def run(
     try:
         text, filename = _read_code(source, code, file)
         with _progress("connecting to the upstream MCP servers", enabled=not as_json):
-            tools = _tool_setup(mcp_config, servers_dir, skills_dir, allow_tool)
+            tools = _tool_setup(mcp_config, servers_dir, skills_dir, allow_tool, tokenize=tokenize)
         sandbox = Sandbox(
             backend=backend,
             allow_degraded=allow_degraded,
@@ -480,7 +490,11 @@ def _render_human(result: ExecutionResult, *, raw: bool) -> None:
         shown = json.dumps(result.return_value, ensure_ascii=False)
         stderr.print(f"[bold]→[/bold] {neutralise_text(shown)[:2000]}", markup=True)
     for event in result.events:
-        stderr.print(f"[yellow]! {event.kind}[/yellow]: {event.detail}", markup=True)
+        # The detail holds text the code chose (module and tool names): never markup.
+        if event.kind == "tool_call" and (event.data or {}).get("status") == "ok":
+            stderr.print(f"[dim]· tool {escape(event.detail)}[/dim]", markup=True)
+        else:
+            stderr.print(f"[yellow]! {event.kind}[/yellow]: {escape(event.detail)}", markup=True)
     stderr.print(_summary(result), markup=True)
 
 
@@ -621,6 +635,7 @@ def serve(
     servers_dir: ServersDirOpt = None,
     skills_dir: SkillsDirOpt = None,
     allow_tool: AllowToolOpt = None,
+    tokenize: TokenizeOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
     """Serve codecage as an MCP server: tools execute_code, validate_code, get_sandbox_info.
@@ -648,7 +663,7 @@ def serve(
         max_queued=max_queued,
     )
     try:
-        tools = _tool_setup(mcp_config, servers_dir, skills_dir, allow_tool)
+        tools = _tool_setup(mcp_config, servers_dir, skills_dir, allow_tool, tokenize=tokenize)
         atexit.register(tools.close)
         app_server = mcp_server.build_server(
             limits=limits, pool=not no_pool, sandbox_options=tools.sandbox_options()
@@ -670,6 +685,8 @@ def _tool_setup(
     servers_dir: Path | None,
     skills_dir: Path | None,
     allow_tool: list[str] | None,
+    *,
+    tokenize: bool,
 ) -> ToolSetup:
     # The MCP SDK loads only when there are upstream servers: `run` stays quick without.
     from codecage.bridge import tooling
@@ -679,6 +696,7 @@ def _tool_setup(
         servers_dir=servers_dir,
         skills_dir=skills_dir,
         allowed_tools=[t for item in allow_tool or [] for t in item.split(",") if t],
+        tokenize=True if tokenize else None,
     )
 
 

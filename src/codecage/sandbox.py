@@ -84,6 +84,10 @@ class Sandbox:
             importable as `servers.<server>.<tool>`.
         skills_dir: a directory of reusable functions, read-only at /skills, importable as
             `skills.<module>`.
+        tokenize: replace personal data (emails, phones, ...) in tool results with tokens
+            such as [EMAIL_1] before the code sees them, and put the real values back when
+            the code passes the tokens to another tool; the values stay in the host, per
+            run. None: as each server's `tokenize` setting says (default off).
 
     >>> with Sandbox(pool=True) as sandbox:
     ...     sandbox.warm()                      # optional: wait until the pool is ready
@@ -107,6 +111,7 @@ class Sandbox:
         allowed_tools: Iterable[str] | None = None,
         servers_dir: str | Path | None = None,
         skills_dir: str | Path | None = None,
+        tokenize: bool | None = None,
     ) -> None:
         self.settings = load_settings(Path(config) if config is not None else None)
         self.limits = limits or self.settings.limits
@@ -119,6 +124,7 @@ class Sandbox:
         self.allow_degraded = allow_degraded
         self._selftest = selftest
         self.tools = tools
+        self.tokenize = tokenize
         self.allowed_tools = tuple(allowed_tools) if allowed_tools is not None else None
         self.servers_dir = Path(servers_dir).resolve() if servers_dir is not None else None
         self.skills_dir = Path(skills_dir).resolve() if skills_dir is not None else None
@@ -214,7 +220,11 @@ class Sandbox:
             blocked = self._blocked_by_validation(code, run_limits)
             if blocked is not None:
                 return blocked
-        tools = self.tools.for_run(allowed_tools=self.allowed_tools) if self.tools else None
+        tools = (
+            self.tools.for_run(allowed_tools=self.allowed_tools, tokenize=self.tokenize)
+            if self.tools
+            else None
+        )
         request = engine.RunRequest(
             code=code,
             filename=filename,

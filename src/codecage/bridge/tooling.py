@@ -31,6 +31,7 @@ class ToolSetup:
     servers_dir: Path | None = None
     skills_dir: Path | None = None
     allowed_tools: tuple[str, ...] | None = None
+    tokenize: bool | None = None
 
     def sandbox_options(self) -> dict[str, Any]:
         """Keyword arguments for `Sandbox(...)`."""
@@ -39,6 +40,7 @@ class ToolSetup:
             "servers_dir": self.servers_dir,
             "skills_dir": self.skills_dir,
             "allowed_tools": self.allowed_tools,
+            "tokenize": self.tokenize,
         }
 
     def close(self) -> None:
@@ -52,6 +54,7 @@ def prepare(
     servers_dir: Path | None = None,
     skills_dir: Path | None = None,
     allowed_tools: Sequence[str] | None = None,
+    tokenize: bool | None = None,
     progress: Callable[[str], None] = lambda _message: None,
 ) -> ToolSetup:
     """Load the upstream servers and find (or generate) their tool tree.
@@ -61,9 +64,9 @@ def prepare(
         SandboxError: an upstream server could not be listed for generating the tree.
     """
     if mcp_config is None:
-        if servers_dir is not None or allowed_tools:
+        if servers_dir is not None or allowed_tools or tokenize:
             raise ConfigError(
-                "--servers-dir and --allow-tool need upstream servers",
+                "--servers-dir, --allow-tool and --tokenize need upstream servers",
                 hint="pass --mcp-config FILE (the mcpServers JSON of your MCP host)",
             )
         return ToolSetup(skills_dir=_existing_dir(skills_dir, "--skills-dir"))
@@ -78,6 +81,7 @@ def prepare(
             servers_dir=_existing_dir(servers_dir, "--servers-dir"),
             skills_dir=_existing_dir(skills_dir, "--skills-dir"),
             allowed_tools=tuple(allowed_tools) if allowed_tools else None,
+            tokenize=tokenize,
         )
     except BaseException:
         broker.close()
