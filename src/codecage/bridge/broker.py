@@ -107,6 +107,8 @@ class Broker:
             self._submit(_gather(closing)).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     def __enter__(self) -> Broker:
         return self
