@@ -9,8 +9,9 @@ workspace, and returns only the short answer. The sandbox has no network and nev
 how the memory server is reached: every call goes over codecage's private tool bridge.
 """
 
-from codecage.runtime import search_tools, workspace
 from servers.memory import create_entities, create_relations, read_graph
+
+from codecage.runtime import search_tools, workspace
 
 # 1. Which tools are there for this? (read from /servers without importing anything)
 for ref in search_tools("create entities relations graph", detail="basic", limit=3):
