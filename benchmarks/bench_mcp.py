@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -46,16 +47,21 @@ async def _timed_calls(
     params: StdioServerParameters, tool: str, args: dict[str, object], n: int, pause: float
 ) -> list[float]:
     times: list[float] = []
-    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-        await session.initialize()
-        await session.call_tool(tool, args)  # first call: warm-up, not counted
-        for _ in range(n):
-            await anyio.sleep(pause)
-            start = time.perf_counter()
-            result = await session.call_tool(tool, args)
-            times.append((time.perf_counter() - start) * 1000)
-            if result.is_error:
-                raise RuntimeError(f"{tool} failed: {result.content}")
+    # The server logs a line per call on stderr: kept out of the report (its cost is in).
+    with open(os.devnull, "w", encoding="utf-8") as server_log:
+        async with (
+            stdio_client(params, errlog=server_log) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            await session.call_tool(tool, args)  # first call: warm-up, not counted
+            for _ in range(n):
+                await anyio.sleep(pause)
+                start = time.perf_counter()
+                result = await session.call_tool(tool, args)
+                times.append((time.perf_counter() - start) * 1000)
+                if result.is_error:
+                    raise RuntimeError(f"{tool} failed: {result.content}")
     return times
 
 

@@ -12,6 +12,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -27,6 +28,7 @@ from typing import Any
 
 import anyio
 import httpx2
+import jsonschema
 import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -270,6 +272,135 @@ async def test_bad_arguments_are_a_tool_error_and_the_server_keeps_serving(
     assert structured(after)["return_value"] == 2
 
 
+EXECUTE_CODE_ARGUMENTS = (
+    "code, timeout, profile, allowed_imports, memory_limit_mb, files, return_files"
+)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "lines"),
+    [
+        pytest.param(
+            {"code": "1", "timeout": -1},
+            ["timeout: must be greater than 0 (got -1)"],
+            id="negative-timeout",
+        ),
+        pytest.param({"code": 123}, ["code: must be a valid string (got 123)"], id="code-int"),
+        pytest.param(
+            {"code": "1", "timeout": "soon", "allowed_imports": "csv", "files": ["a.csv"]},
+            [
+                'timeout: must be a valid number, unable to parse string as a number (got "soon")',
+                'allowed_imports: must be a valid list (got "csv")',
+                'files: must be a valid dictionary (got ["a.csv"])',
+            ],
+            id="three-wrong-types",
+        ),
+        pytest.param(
+            {"code": "1", "memory_limit_mb": 8},
+            ["memory_limit_mb: must be greater than or equal to 32 (got 8)"],
+            id="memory-below-minimum",
+        ),
+        pytest.param({"timeout": 5}, ["code: required, but not given"], id="no-code"),
+        pytest.param(
+            {"code": "1", "timout": 5},
+            [f"timout: not an argument of execute_code; it takes {EXECUTE_CODE_ARGUMENTS}"],
+            id="unknown-argument",
+        ),
+    ],
+)
+async def test_each_bad_argument_gets_one_readable_line_and_the_server_keeps_serving(
+    stdio: StdioServer, arguments: dict[str, Any], lines: list[str]
+) -> None:
+    refused = await stdio.client.call_tool("execute_code", arguments)
+    assert refused.is_error
+    assert refused.structured_content is None
+    message = text_of(refused).splitlines()
+    assert message[0] == "Invalid arguments for execute_code (nothing ran):"
+    assert message[1:] == lines
+
+    after = await call(stdio, "execute_code", code="1 + 1")
+    assert structured(after)["return_value"] == 2
+
+
+async def test_an_unknown_argument_is_refused_not_ignored_by_every_tool(
+    stdio: StdioServer,
+) -> None:
+    # With the typo ignored, this would run for 30 s (the default) instead of timing out.
+    slow = await stdio.client.call_tool(
+        "execute_code", {"code": "while True:\n    pass", "timout": 1}
+    )
+    assert slow.is_error
+    assert "timout: not an argument of execute_code" in text_of(slow)
+    info = await stdio.client.call_tool("get_sandbox_info", {"verbose": True})
+    assert text_of(info).splitlines()[1:] == [
+        "verbose: not an argument of get_sandbox_info; it takes no arguments"
+    ]
+    check = await stdio.client.call_tool("validate_code", {"code": "1", "strict": True})
+    assert "it takes code, profile" in text_of(check)
+    tools = (await stdio.client.list_tools()).tools
+    assert all(t.input_schema.get("additionalProperties") is False for t in tools)
+
+
+def untyped_schemas(schema: Any, path: str = "") -> list[str]:
+    """The subschemas that constrain nothing (no type, $ref, anyOf, enum, ...) or that spell
+    the type as an array: what the MCP Inspector warns about (untyped-schema, type-union)."""
+    keywords = {"type", "$ref", "anyOf", "oneOf", "allOf", "enum", "const", "not", "properties"}
+    found: list[str] = []
+    if not isinstance(schema, dict):
+        return found
+    if not keywords & schema.keys() or isinstance(schema.get("type"), list):
+        found.append(path or "/")
+    for key in ("properties", "$defs"):
+        for name, sub in schema.get(key, {}).items():
+            found += untyped_schemas(sub, f"{path}/{key}/{name}")
+    for key in ("anyOf", "oneOf", "allOf"):
+        for i, sub in enumerate(schema.get(key, [])):
+            found += untyped_schemas(sub, f"{path}/{key}/{i}")
+    for key in ("items", "additionalProperties"):
+        found += untyped_schemas(schema.get(key), f"{path}/{key}")
+    return found
+
+
+async def test_every_value_in_the_tools_schemas_has_a_type(stdio: StdioServer) -> None:
+    tools = {t.name: t for t in (await stdio.client.list_tools()).tools}
+    for tool in tools.values():
+        assert untyped_schemas(tool.input_schema) == [], tool.name
+        assert tool.output_schema is not None, tool.name
+        assert untyped_schemas(tool.output_schema) == [], tool.name
+    return_value = tools["execute_code"].output_schema["properties"]["return_value"]
+    assert return_value["description"]
+    accepts = jsonschema.Draft202012Validator(return_value)
+    for value in (None, True, 42, 1.5, "repr()", [1, "a"], {"a": [1]}):
+        assert accepts.is_valid(value), value
+    assert untyped_schemas({"properties": {"x": {"description": "any"}}}) == ["/properties/x"]
+
+
+async def test_execute_code_returns_values_of_every_json_type_under_its_output_schema(
+    stdio: StdioServer,
+) -> None:
+    # The SDK's client validates structured content against the output schema.
+    for value in [None, True, 1, 1.5, "x", [1], {"a": 1}]:
+        result = await call(stdio, "execute_code", code=repr(value))
+        assert structured(result)["return_value"] == value
+    unjsonable = structured(await call(stdio, "execute_code", code="{1, 2}"))
+    assert unjsonable["return_value"] == "{1, 2}"  # its repr
+
+
+async def test_each_call_logs_one_structured_line_on_stderr(stdio: StdioServer) -> None:
+    await call(stdio, "execute_code", code="6 * 7")
+    await stdio.client.call_tool("execute_code", {"code": "1", "timeout": -1})
+    lines = stdio.stderr_path.read_text(encoding="utf-8").splitlines()
+    calls = [line for line in lines if line.startswith("INFO codecage.server server.call ")]
+    ran, refused = calls[-2:]
+    assert 'tool="execute_code" status="ok" ' in ran, ran
+    assert re.search(
+        r" wall_ms=\d+(\.\d+)? queue_ms=\d+(\.\d+)? execution_id=\"[0-9a-f]{32}\"$", ran
+    )
+    assert 'status="refused"' in refused and refused.endswith("execution_id=null"), refused
+    assert "-1" not in refused  # the arguments are the caller's data: not logged at INFO
+    assert any(line.startswith("INFO codecage.server server.start ") for line in lines)
+
+
 async def test_validate_code_finds_a_refused_import_and_passes_clean_code(
     stdio: StdioServer,
 ) -> None:
@@ -306,8 +437,12 @@ async def test_the_stdio_server_wrote_only_protocol_messages_to_stdout(
     assert "Traceback" not in stdio.stderr_path.read_text(encoding="utf-8", errors="replace")
 
 
-def test_a_raw_stdio_session_sees_only_json_rpc_lines_on_stdout(tmp_path: Path) -> None:
-    """Without the SDK's tolerant reader: every stdout line must parse as JSON-RPC."""
+@pytest.mark.parametrize("flags", [[], ["--verbose"]], ids=["info", "verbose"])
+def test_a_raw_stdio_session_sees_only_json_rpc_lines_on_stdout(
+    tmp_path: Path, flags: list[str]
+) -> None:
+    """Without the SDK's tolerant reader: every stdout line must parse as JSON-RPC, while
+    the server logs (one line per call at least, DEBUG with --verbose)."""
     messages = [
         {
             "jsonrpc": "2.0",
@@ -329,7 +464,7 @@ def test_a_raw_stdio_session_sees_only_json_rpc_lines_on_stdout(tmp_path: Path) 
     ]
     stdin = "".join(json.dumps(m) + "\n" for m in messages)
     proc = subprocess.Popen(
-        [CODECAGE, "serve", "--verbose"],
+        [CODECAGE, "serve", *flags],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -361,7 +496,7 @@ def test_a_raw_stdio_session_sees_only_json_rpc_lines_on_stdout(tmp_path: Path) 
         assert json.loads(line)["jsonrpc"] == "2.0"
     assert replies[2]["result"]["structuredContent"]["status"] == "error"
     assert replies[2]["result"]["isError"] is False
-    assert err.strip(), "--verbose should log to stderr"
+    assert "server.call" in err, "each call should be logged on stderr"
     assert proc.returncode == 0, err
     assert left_behind(proc.pid) == {}  # the end of stdin ends the server cleanly
 

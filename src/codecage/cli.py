@@ -640,7 +640,8 @@ def serve(
 ) -> None:
     """Serve codecage as an MCP server: tools execute_code, validate_code, get_sandbox_info.
 
-    Logs go to stderr; in stdio mode stdout carries only the protocol.
+    Logs go to stderr: the settings at start, then one line per tool call (tool, status,
+    wall_ms, queue_ms); in stdio mode stdout carries only the protocol.
 
     Examples:
 
@@ -655,6 +656,8 @@ def serve(
     from codecage import server as mcp_server  # the MCP SDK loads only for this command
 
     _configure_logging(verbose)
+    if not verbose:  # the settings at start and one line per call, even when quiet
+        logging.getLogger(mcp_server.__name__).setLevel(logging.INFO)
     _exit_on_sigterm()
     limits = mcp_server.ServerLimits(
         max_timeout=max_timeout,

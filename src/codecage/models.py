@@ -157,25 +157,52 @@ class Event(_Model):
     )
 
 
+def _any_json_value(schema: dict[str, Any]) -> None:
+    """Any JSON value, spelled as one single-type branch per JSON type: a schema without a type
+    validates anything but tells a client nothing (the MCP Inspector warns on it), and a type
+    array is less portable than anyOf. Integers are numbers."""
+    schema["anyOf"] = [
+        {"type": "object", "additionalProperties": True},
+        {"type": "array"},
+        {"type": "string"},
+        {"type": "number"},
+        {"type": "boolean"},
+        {"type": "null"},
+    ]
+
+
 class ExecutionResult(_Model):
     """The structured result of one run (the contract of `codecage run --json`)."""
 
-    execution_id: str
-    status: Status
+    execution_id: str = Field(description="Unique id of this run; log lines about it carry it.")
+    status: Status = Field(
+        description="How the run ended, judged by the host: ok, error (an exception or a "
+        "non-zero exit), timeout, cpu_limit, memory_limit, killed, blocked."
+    )
     exit_code: int | None = Field(description="Exit code of the program, None if it was signalled.")
     signal: str | None = Field(description="Name of the signal that ended it, e.g. 'SIGKILL'.")
-    stdout: str
-    stderr: str
-    stdout_truncated: bool
-    stderr_truncated: bool
+    stdout: str = Field(description="What the code printed (control characters neutralised).")
+    stderr: str = Field(description="What the code wrote to stderr (the traceback is in error).")
+    stdout_truncated: bool = Field(description="True when stdout passed max_output_bytes.")
+    stderr_truncated: bool = Field(description="True when stderr passed max_output_bytes.")
     return_value: Any = Field(
-        description="The last expression's value: JSON when JSON-able, else its repr; None if none."
+        description="The value of the code's last expression, if it is one: as JSON when it is "
+        "JSON-able (any JSON value, at most 1 MiB encoded), else its repr() as a string "
+        "(bounded; a return_value_truncated event says so); null when there is none.",
+        json_schema_extra=_any_json_value,
     )
-    error: ErrorInfo | None
-    files: list[FileInfo]
-    usage: Usage
-    limits: Limits
-    events: list[Event]
+    error: ErrorInfo | None = Field(
+        description="The exception the code raised, with a traceback of its own frames; "
+        "null when it raised none."
+    )
+    files: list[FileInfo] = Field(
+        description="Regular files in /workspace after the run (uploads included)."
+    )
+    usage: Usage = Field(description="Time and memory the run used, measured by the host.")
+    limits: Limits = Field(description="The limits the run had.")
+    events: list[Event] = Field(
+        description="What else happened: blocked imports or syscalls, truncation, tool calls."
+    )
     backend: str = Field(description="The isolation backend that ran the code.")
 
     # The bytes as printed, before neutralising; not part of the JSON contract (`--raw`).
@@ -471,4 +498,4 @@ class ValidationReport(_Model):
     profile: str = Field(description="Profile name the imports were checked against.")
     strict: bool = Field(description="Whether high-severity findings make the code invalid.")
     findings: list[Finding] = Field(description="Everything found, in source order.")
-    analysis: Analysis
+    analysis: Analysis = Field(description="Measurements of the code: size, functions, imports.")

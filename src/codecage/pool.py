@@ -10,7 +10,11 @@ is taken (`engine.run_in`): cgroup limits by the host, rlimits by the guest befo
 user's code, the wall timer from the moment the request is sent.
 
 After its one run a sandbox is destroyed (in a background thread, off the caller's path);
-the pool refills in the background. Nothing is reused: no process, no writable path.
+the pool refills in the background. Nothing is reused: no process, no writable path. A
+replacement starts `_HOLD_OFF_S` after the last `take` (at once when a caller waits for a
+sandbox): starting one (namespaces, an interpreter importing the profile's modules) competes
+for the CPUs and the GIL with the call that took a sandbox, whose run and answer take a few
+ms; on 2 cores it made an MCP `execute_code` round trip ~2 ms slower at p50.
 
 Threads: two starter threads start sandboxes (bwrap's --die-with-parent is tied to the
 thread that started it, so they live as long as the pool); one manager thread watches the
@@ -44,6 +48,7 @@ _TICK_S = 0.5
 _SHRINK_AFTER_S = 30.0  # a key grown under load shrinks back by one after this long calm
 _MAX_BACKOFF_S = 30.0
 _STARTER_THREADS = 2
+_HOLD_OFF_S = 0.02  # a start waits this long after a take (a start takes ~20 ms itself)
 
 
 @dataclass(slots=True)
@@ -89,6 +94,8 @@ class Pool:
         self._manager = threading.Thread(target=self._manage, name="codecage-pool", daemon=True)
         self._just_started: list[tuple[_Key, StartedSandbox]] = []
         self._in_use = 0  # taken and not yet released
+        self._waiting = 0  # callers of `take` waiting for a sandbox that is starting
+        self._last_take = 0.0  # monotonic time
         self._reaper_stopped = False
         self._starters = [
             threading.Thread(target=self._start_loop, name=f"codecage-starter-{i}", daemon=True)
@@ -126,6 +133,7 @@ class Pool:
                     if sandbox.alive():
                         key.hits += 1
                         self._in_use += 1
+                        self._last_take = time.monotonic()
                         if waited:  # demand outran the pool: keep more ready
                             self._grow(key)
                         self._cond.notify_all()  # a starter replaces it
@@ -135,7 +143,12 @@ class Pool:
                 left = deadline - time.monotonic()
                 if key.starting == 0 or left <= 0:
                     break
-                self._cond.wait(left)  # one is starting: sooner ready than a cold start
+                self._waiting += 1
+                self._cond.notify_all()  # a starter holding off must not make us wait
+                try:
+                    self._cond.wait(left)  # one is starting: sooner ready than a cold start
+                finally:
+                    self._waiting -= 1
                 waited = True
             if key is not None:
                 key.misses += 1
@@ -275,6 +288,7 @@ class Pool:
                     while self._in_use > 0:
                         self._cond.wait(_TICK_S)
                     return
+                self._hold_off()
             try:
                 sandbox = engine.start(key.spec, self._limits, self.backend, pooled=True)
             except Exception as exc:  # a starter must survive anything, or the key starves
@@ -303,6 +317,16 @@ class Pool:
         for key, sandbox in started:
             sel.register(sandbox.channel.host_control, selectors.EVENT_READ, "starting")
             watched[sandbox.channel.host_control.fileno()] = (key, sandbox, "starting")
+
+    def _hold_off(self) -> None:
+        """Wait (lock held) until `_HOLD_OFF_S` after the last `take`; at once when a caller
+        waits for a sandbox or the pool closes."""
+        deadline = self._last_take + _HOLD_OFF_S
+        while self._waiting == 0 and not self._closed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._cond.wait(left)
 
     def _next_to_start(self) -> _Key | None:
         """The key most short of its target, marked as starting one more; the lock is held."""

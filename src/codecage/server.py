@@ -17,21 +17,26 @@ import base64
 import binascii
 import contextlib
 import hmac
+import json
 import logging
 import shutil
 import tempfile
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar, cast
 
 import anyio
 import anyio.to_thread
-from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+from mcp.server.mcpserver.tools import Tool
+from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase
 from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
-from pydantic import Field
+from pydantic import ConfigDict, Field, ValidationError
 
 from codecage import __version__
 from codecage import workspace as workspaces
@@ -135,8 +140,22 @@ def build_server(
         version=__version__,
         instructions=INSTRUCTIONS,
         log_level="WARNING",  # the SDK's rich INFO handler would cost ~1 ms per run's log line
+        tools=_tools(runner),
     )
-    _add_tools(server, runner)
+    log.info(
+        "server.start",
+        extra={
+            "backend": base.backend.name,
+            "profile": base.settings.profile,
+            "pool": base.pool is not None,
+            "default_limits": base.limits.model_dump(mode="json"),
+            "max_timeout": server_limits.max_timeout,
+            "max_memory_mb": server_limits.max_memory_mb,
+            "max_concurrent": server_limits.max_concurrent,
+            "max_queued": server_limits.max_queued,
+            "tool_servers": sorted(base.tools.servers) if base.tools is not None else [],
+        },
+    )
     return server
 
 
@@ -154,11 +173,13 @@ def _tools_note(sandbox: Sandbox) -> str:
     )
 
 
-def _add_tools(server: MCPServer, runner: _Runner) -> None:
+def _tools(runner: _Runner) -> list[Tool]:
     limits = runner.limits
     default = runner.base.limits
+    tools: list[Tool] = []
+    tool = _registrar(tools)
 
-    @server.tool(
+    @tool(
         description=(
             "Run Python 3.11 code in a fresh isolated sandbox and return what happened: "
             "status (ok, error, timeout, memory_limit, cpu_limit, killed), stdout, stderr, "
@@ -214,7 +235,7 @@ def _add_tools(server: MCPServer, runner: _Runner) -> None:
             is_error=False,
         )
 
-    @server.tool(
+    @tool(
         description=(
             "Check Python code without running it: syntax, imports outside the profile, "
             "and risky constructs. Returns valid, the findings (line, rule, severity, "
@@ -228,7 +249,7 @@ def _add_tools(server: MCPServer, runner: _Runner) -> None:
         sandbox = _sandbox(runner, profile, None)
         return sandbox.validate(code)
 
-    @server.tool(
+    @tool(
         description=(
             "What this sandbox offers: the profiles and their modules, the default limits "
             "and the maximums a call may ask for, the isolation layers in force, and the "
@@ -244,6 +265,169 @@ def _add_tools(server: MCPServer, runner: _Runner) -> None:
             "queued_executions": limits.max_queued,
         }
         return info
+
+    return tools
+
+
+# --- the tools' wrapper: argument errors, unknown arguments, one log line per call ----------
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_MAX_ARGUMENT_ERRORS = 10
+_SHOWN_VALUE_CHARS = 60
+
+
+@dataclass(slots=True)
+class _CallLog:
+    """What the per-call log line reports that only the tool's body knows."""
+
+    queue_ms: float = 0.0
+
+
+_current_call: ContextVar[_CallLog | None] = ContextVar("codecage_server_call", default=None)
+
+
+class _CheckedTool(Tool):
+    """A tool whose argument errors read well, and whose every call is logged.
+
+    The SDK reports a pydantic ValidationError as "Error executing tool X: 1 validation error
+    for XArguments ..." (pydantic's multi-line dump); here it becomes one line per bad field.
+    """
+
+    async def run(
+        self, arguments: dict[str, Any], context: Context[Any, Any], convert_result: bool = False
+    ) -> Any:
+        call = _CallLog()
+        token = _current_call.set(call)
+        started = time.monotonic()
+        status, execution_id = "failed", None
+        try:
+            result = await super().run(arguments, context, convert_result=convert_result)
+        except UnexpectedToolError:
+            raise  # a crash: the SDK logs it with its traceback, and tells the caller nothing
+        except ToolError as exc:
+            status = "refused"
+            if isinstance(exc.__cause__, ValidationError):
+                # From the cause, so that the SDK still logs the field names (not the values).
+                accepted = list(self.parameters.get("properties", {}))
+                message = _argument_errors(self.name, accepted, exc.__cause__)
+                raise ToolError(message) from exc.__cause__
+            raise
+        except BaseException as exc:
+            status = "cancelled" if isinstance(exc, anyio.get_cancelled_exc_class()) else "failed"
+            raise
+        else:
+            status, execution_id = _outcome(result)
+            return result
+        finally:
+            _current_call.reset(token)
+            log.info(
+                "server.call",
+                extra={
+                    "tool": self.name,
+                    "status": status,
+                    "wall_ms": round((time.monotonic() - started) * 1000, 2),
+                    "queue_ms": round(call.queue_ms, 2),
+                    "execution_id": execution_id,
+                },
+            )
+
+
+def _registrar(tools: list[Tool]) -> Callable[..., Callable[[_F], _F]]:
+    """A decorator like `MCPServer.tool(description=...)` that adds a `_CheckedTool` to
+    `tools` (for `MCPServer(tools=...)`)."""
+
+    def register(*, description: str) -> Callable[[_F], _F]:
+        def add(fn: _F) -> _F:
+            tools.append(
+                _refusing_unknown_arguments(_CheckedTool.from_function(fn, description=description))
+            )
+            return fn
+
+        return add
+
+    return register
+
+
+def _refusing_unknown_arguments(tool: Tool) -> Tool:
+    """Make `tool` refuse arguments it does not take (a typo such as `timout` must not run
+    with the default silently), and say so in its input schema (additionalProperties: false).
+
+    The SDK's argument model ignores unknown keys (pydantic's default) and has no option for
+    it; FuncMetadata reads its public `arg_model` at each call (its docstring says reassigning
+    it takes effect), so a subclass that forbids extras replaces it, and the published schema
+    is regenerated from that subclass.
+    """
+    loose = tool.fn_metadata.arg_model
+    strict = cast(
+        type[ArgModelBase],
+        type(
+            loose.__name__,
+            (loose,),
+            {"model_config": ConfigDict(extra="forbid"), "__module__": loose.__module__},
+        ),
+    )
+    tool.fn_metadata.arg_model = strict
+    tool.parameters = strict.model_json_schema(by_alias=True)
+    return tool
+
+
+def _outcome(result: Any) -> tuple[str, str | None]:
+    """The status and execution id a tool's result reports, for the log line."""
+    if not isinstance(result, CallToolResult):
+        return "ok", None
+    if result.is_error:
+        return "error", None
+    content = result.structured_content or {}
+    status, execution_id = content.get("status"), content.get("execution_id")
+    return (
+        status if isinstance(status, str) else "ok",
+        execution_id if isinstance(execution_id, str) else None,
+    )
+
+
+def _argument_errors(tool: str, accepted: list[str], exc: ValidationError) -> str:
+    """One line per bad argument, for a model to read and fix: `timeout: must be greater
+    than 0 (got -1)`; an unknown argument lists the ones the tool takes."""
+    lines = [f"Invalid arguments for {tool} (nothing ran):"]
+    errors = exc.errors(include_url=False)
+    for error in errors[:_MAX_ARGUMENT_ERRORS]:
+        where = _argument_path(error["loc"])
+        kind = error["type"]
+        if kind == "extra_forbidden":
+            takes = ", ".join(accepted) if accepted else "no arguments"
+            lines.append(f"{where}: not an argument of {tool}; it takes {takes}")
+        elif kind == "missing":
+            lines.append(f"{where}: required, but not given")
+        else:
+            lines.append(f"{where}: {_plain(error['msg'])} (got {_shown(error['input'])})")
+    if len(errors) > _MAX_ARGUMENT_ERRORS:
+        lines.append(f"… and {len(errors) - _MAX_ARGUMENT_ERRORS} more")
+    return "\n".join(lines)
+
+
+def _argument_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else str(part)
+    return neutralise_text(path) or "arguments"
+
+
+def _plain(message: str) -> str:
+    """pydantic's "Input should be greater than 0" as "must be greater than 0"."""
+    for prefix, replacement in (("Input should be ", "must be "), ("Value error, ", "")):
+        if message.startswith(prefix):
+            return replacement + message[len(prefix) :]
+    return message[:1].lower() + message[1:]
+
+
+def _shown(value: Any) -> str:
+    """The rejected value as JSON, bounded (it may be megabytes of code)."""
+    long = isinstance(value, str) and len(value) > _SHOWN_VALUE_CHARS
+    text = json.dumps(value[:_SHOWN_VALUE_CHARS] if long else value, default=repr)
+    return text[:_SHOWN_VALUE_CHARS] + "…" if long or len(text) > _SHOWN_VALUE_CHARS else text
 
 
 # --- argument checks ----------------------------------------------------------------------
@@ -328,10 +512,13 @@ async def _queued(runner: _Runner, job: Any, cancel: threading.Event) -> Any:
             "try again shortly"
         )
     runner.waiting += 1
+    waiting_since = time.monotonic()
     try:
         await runner.slots.acquire()
     finally:
         runner.waiting -= 1
+        if (call := _current_call.get()) is not None:
+            call.queue_ms = (time.monotonic() - waiting_since) * 1000
     try:
         return await anyio.to_thread.run_sync(job, abandon_on_cancel=True)
     except anyio.get_cancelled_exc_class():
