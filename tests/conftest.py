@@ -31,8 +31,10 @@ from codecage.isolation import limits as cgroups
 def sandbox() -> Sandbox:
     """A real bwrap Sandbox with the import policy off: the containment and engine tests
     prove the OS layers, which must hold whatever the code imports (ctypes, os, socket).
-    The policy itself is tested in test_profiles.py. The self-test must pass here."""
-    return Sandbox(import_policy=False)
+    The policy itself is tested in test_profiles.py. The self-test must pass here.
+    Scrubbing is off too: a leaked canary that looks like a secret would otherwise come
+    back as [SECRET] and a containment test would pass for the wrong reason."""
+    return Sandbox(import_policy=False, scrub=False)
 
 
 # --- the runner: sandbox vs no isolation -----------------------------------------------

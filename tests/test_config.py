@@ -9,6 +9,7 @@ import pytest
 from codecage import ConfigError, Sandbox
 from codecage.config import load
 from codecage.models import PoolSizes
+from codecage.scrub import CATEGORIES
 
 CONFIG = """
 [limits]
@@ -204,3 +205,56 @@ def test_codecage_pool_turns_the_warm_pool_on_for_a_sandbox_that_does_not_choose
         assert info.pool is not None and info.pool.enabled
         (key,) = info.pool.keys
         assert (key.profile, key.min_idle, key.max_idle) == ("basic", 0, 4)
+
+
+# --- [scrub] -------------------------------------------------------------------------------
+
+
+def test_scrubbing_is_on_for_every_category_unless_configured(tmp_path: Path) -> None:
+    settings = load(environ={"CODECAGE_CONFIG": str(tmp_path / "absent.toml")})
+    assert settings.scrub.enabled
+    assert settings.scrub.categories() == list(CATEGORIES)  # the scrubber's, same order
+    assert settings.sources["scrub"] == "default"
+
+
+def test_the_scrub_table_switches_categories_and_env_beats_it(tmp_path: Path) -> None:
+    path = tmp_path / "codecage.toml"
+    path.write_text('[scrub]\nip = false\nphone = false\nsecrets_env = ["X_TOKEN"]\n')
+    settings = load(path, environ={})
+    assert settings.scrub.categories() == ["email", "ssn", "credit_card", "iban", "secret"]
+    assert settings.scrub.secrets_env == ["X_TOKEN"]
+    assert settings.sources["scrub"] == f"file {path}"
+    off = load(path, environ={"CODECAGE_SCRUB": "0"})
+    assert not off.scrub.enabled and off.sources["scrub"] == "env CODECAGE_SCRUB"
+    narrowed = load(path, environ={"CODECAGE_SCRUB_CATEGORIES": "ip, email"})
+    assert narrowed.scrub.categories() == ["email", "ip"]
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "expected"),
+    [
+        ("[scrub]\nemails = true\n", {}, "scrub.emails"),
+        ("[scrub]\nenabled = 'sometimes'\n", {}, "scrub.enabled"),
+        ("", {"CODECAGE_SCRUB": "maybe"}, "CODECAGE_SCRUB='maybe' is not a yes/no value"),
+        ("", {"CODECAGE_SCRUB_CATEGORIES": "mail"}, "unknown scrub categories: mail"),
+    ],
+    ids=["unknown-key", "enabled-not-bool", "env-not-yes-no", "env-unknown-category"],
+)
+def test_an_invalid_scrub_setting_is_refused_naming_it(
+    tmp_path: Path, text: str, env: dict[str, str], expected: str
+) -> None:
+    path = tmp_path / "codecage.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load(path, environ=env)
+    assert expected in str(info.value)
+
+
+def test_a_configured_secret_too_short_to_scrub_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "codecage.toml"
+    path.write_text('[scrub]\nsecrets = ["abc"]\n')
+    with pytest.raises(ConfigError, match="too short"):
+        Sandbox(config=path)
+    path.write_text('[scrub]\nphone_region = "XX"\n')
+    with pytest.raises(ConfigError, match="phone_region"):
+        Sandbox(config=path)

@@ -171,6 +171,26 @@ async def test_return_files_come_back_inline_as_text(stdio: StdioServer) -> None
     assert any("total: 10" in text for text in inline), result.content
 
 
+async def test_what_execute_code_returns_is_scrubbed_inline_files_too(stdio: StdioServer) -> None:
+    code = (
+        "print('customer', 'alice@example.com')\n"
+        "with open('crm.txt', 'w') as f:\n"
+        "    f.write('call +1 415 555 2671 or mail bob@example.org\\n')\n"
+        "{'owner': 'carol@example.net'}"
+    )
+    result = await call(stdio, "execute_code", code=code, return_files=["crm.txt"])
+    run = structured(result)
+    assert run["stdout"] == "customer [EMAIL]\n"
+    assert run["return_value"] == {"owner": "[EMAIL]"}
+    assert run["redactions"] == {"email": 3, "phone": 1}
+    inline = [b.text for b in result.content[1:] if isinstance(b, TextContent)]
+    assert inline == ["--- crm.txt ---\ncall [PHONE] or mail [EMAIL]\n"]
+    summary = text_of(result)
+    assert "redacted (personal data and secrets, by the host): 3 email, 1 phone" in summary
+    everything = json.dumps([run, [b.model_dump() for b in result.content]])
+    assert "@example" not in everything and "555 2671" not in everything
+
+
 async def test_a_run_past_its_timeout_is_a_timeout_result_not_a_tool_error(
     stdio: StdioServer,
 ) -> None:

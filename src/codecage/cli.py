@@ -29,6 +29,8 @@ from codecage.models import (
     HostInfo,
     Limits,
     PoolState,
+    ScrubSettings,
+    ScrubState,
     ValidationReport,
 )
 from codecage.output import neutralise_text
@@ -185,6 +187,23 @@ TokenizeOpt = Annotated[
         "tool arguments turn back into the real values (default: per server's config).",
     ),
 ]
+NoScrubOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-scrub",
+        help="Do not redact personal data and secrets from the result (on by default: "
+        "emails, phones, SSNs, cards, IBANs, IPs and secrets become [EMAIL], [SECRET], ...).",
+    ),
+]
+ScrubCategoriesOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--scrub-categories",
+        help="Redact only these categories, comma-separated: email, phone, ssn, "
+        "credit_card, iban, ip, secret (default: the config's [scrub] switches, all on).",
+        show_default=False,
+    ),
+]
 AllowToolOpt = Annotated[
     list[str] | None,
     typer.Option(
@@ -257,9 +276,15 @@ def run(
     skills_dir: SkillsDirOpt = None,
     allow_tool: AllowToolOpt = None,
     tokenize: TokenizeOpt = False,
+    no_scrub: NoScrubOpt = False,
+    scrub_categories: ScrubCategoriesOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Run Python code in a fresh sandbox and report how it went.
+
+    What the run returns is scrubbed by the host: personal data and secrets in stdout,
+    stderr, the traceback, the return value and events become [EMAIL], [SECRET], ...
+    (counted in `redactions`); --no-scrub turns that off.
 
     Examples:
 
@@ -295,6 +320,7 @@ def run(
             replace_imports=replace_imports,
             import_policy=not no_import_policy,
             config=config_file,
+            scrub=_scrub_option(no_scrub, scrub_categories, config_file),
             **tools.sandbox_options(),
         )
         with (
@@ -511,6 +537,9 @@ def _summary(result: ExecutionResult) -> str:
         parts.append(result.signal)
     if result.files:
         parts.append(f"{len(result.files)} file(s)")
+    if result.redactions:
+        counts = ", ".join(f"{n} {category}" for category, n in result.redactions.items())
+        parts.append(f"redacted {counts}")
     return "codecage: " + " · ".join(parts)
 
 
@@ -636,6 +665,8 @@ def serve(
     skills_dir: SkillsDirOpt = None,
     allow_tool: AllowToolOpt = None,
     tokenize: TokenizeOpt = False,
+    no_scrub: NoScrubOpt = False,
+    scrub_categories: ScrubCategoriesOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Serve codecage as an MCP server: tools execute_code, validate_code, get_sandbox_info.
@@ -668,8 +699,12 @@ def serve(
     try:
         tools = _tool_setup(mcp_config, servers_dir, skills_dir, allow_tool, tokenize=tokenize)
         atexit.register(tools.close)
+        options = {
+            **tools.sandbox_options(),
+            "scrub": _scrub_option(no_scrub, scrub_categories, None),
+        }
         app_server = mcp_server.build_server(
-            limits=limits, pool=not no_pool, sandbox_options=tools.sandbox_options()
+            limits=limits, pool=not no_pool, sandbox_options=options
         )
         if not http:
             app_server.run("stdio")
@@ -703,6 +738,28 @@ def _tool_setup(
     )
 
 
+def _scrub_option(
+    no_scrub: bool, categories: str | None, config_file: Path | None
+) -> bool | ScrubSettings | None:
+    """`Sandbox(scrub=...)` for the flags: None leaves it to the config.
+
+    Raises:
+        ConfigError: an unknown category, or --no-scrub with --scrub-categories.
+    """
+    if no_scrub and categories is not None:
+        raise ConfigError(
+            "--no-scrub and --scrub-categories contradict each other",
+            hint="give one: --no-scrub turns scrubbing off, --scrub-categories narrows it",
+        )
+    if no_scrub:
+        return False
+    if categories is None:
+        return None
+    wanted = [c.strip() for c in categories.split(",") if c.strip()]
+    base = config.load(config_file).scrub.model_copy(update={"enabled": True})
+    return config.with_categories(base, wanted, "--scrub-categories")
+
+
 def _exit_on_sigterm() -> None:
     """Let SIGTERM (a service manager, `kill`) end the process through the interpreter's
     exit, as Ctrl-C does, so atexit closes the warm pool and leaves nothing behind. (uvicorn
@@ -733,6 +790,20 @@ def _render_info(report: HostInfo) -> None:
         out.print(f" {mark} {profile.name:<13} {profile.description}{note}")
     if report.pool is not None:
         _render_pool(out, report.pool)
+    if report.scrub is not None:
+        _render_scrub(out, report.scrub)
+
+
+def _render_scrub(out: Console, scrub: ScrubState) -> None:
+    if not scrub.enabled:
+        out.print(f"scrubbing of results: off ({scrub.source})", markup=False)
+        return
+    secrets = f"; {scrub.secrets} configured secret(s)" if scrub.secrets else ""
+    out.print(
+        f"scrubbing of results: {', '.join(scrub.categories) or 'configured secrets only'}"
+        f"{secrets} ({scrub.source})",
+        markup=False,
+    )
 
 
 def _render_pool(out: Console, pool: PoolState) -> None:

@@ -25,11 +25,17 @@ modules = ["statistics", "decimal"]
 enabled = true
 sizes = { min_idle = 2, max_idle = 8 }
 profiles.data_science = { min_idle = 1, max_idle = 2 }
+
+[scrub]                               # what results are scrubbed of (on by default)
+ip = false                            # a switch per category: email, phone, ssn,
+                                      # credit_card, iban, ip, secret
+secrets_env = ["GITHUB_TOKEN"]        # values of these variables are redacted as [SECRET]
 ```
 
 Environment variables: `CODECAGE_<LIMIT>` for each limit, `CODECAGE_PROFILE`,
 `CODECAGE_ALLOWED_IMPORTS`, `CODECAGE_ENABLED_PROFILES`, `CODECAGE_POOL` (1/0),
-`CODECAGE_POOL_MIN_IDLE`, `CODECAGE_POOL_MAX_IDLE`.
+`CODECAGE_POOL_MIN_IDLE`, `CODECAGE_POOL_MAX_IDLE`, `CODECAGE_SCRUB` (1/0),
+`CODECAGE_SCRUB_CATEGORIES` (comma-separated: the categories to redact).
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from codecage.errors import ConfigError
-from codecage.models import Limits, PoolConfig
+from codecage.models import SCRUB_CATEGORIES, Limits, PoolConfig, ScrubSettings
 from codecage.profiles import BUILTIN_PROFILES
 
 ENV_CONFIG = "CODECAGE_CONFIG"
@@ -74,6 +80,7 @@ class ConfigFile(_FileModel):
     policy: PolicyFile = PolicyFile()
     profiles: dict[str, ProfileFile] = Field({}, description="Operator-defined profiles.")
     pool: PoolConfig = Field(PoolConfig(), description="The warm pool.")
+    scrub: ScrubSettings = Field(ScrubSettings(), description="Scrubbing of results.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +95,7 @@ class Settings:
     config_file: Path | None
     sources: dict[str, str] = field(default_factory=dict)
     pool: PoolConfig = field(default_factory=PoolConfig)
+    scrub: ScrubSettings = field(default_factory=ScrubSettings)
 
 
 def candidate_paths(environ: Mapping[str, str]) -> list[Path]:
@@ -137,6 +145,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
     enabled, sources["enabled_profiles"] = _pick_enabled(parsed.policy.enabled_profiles, where, env)
     custom = _custom_profiles(parsed.profiles, chosen)
     pool, sources["pool"] = _pool_settings(parsed.pool, where, env)
+    scrub, sources["scrub"] = _scrub_settings(parsed.scrub, where, env)
     return Settings(
         limits=limits,
         profile=profile,
@@ -146,6 +155,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
         config_file=chosen,
         sources=sources,
         pool=pool,
+        scrub=scrub,
     )
 
 
@@ -264,3 +274,40 @@ def _pool_settings(
             f"pool.{field_name}={err.get('input')!r} from {source}: {err['msg']}",
             hint="fix that value; `codecage info` shows the pool settings",
         ) from exc
+
+
+def _scrub_settings(
+    from_file: ScrubSettings, where: str, env: Mapping[str, str]
+) -> tuple[ScrubSettings, str]:
+    """The file's [scrub] table, overridden by CODECAGE_SCRUB and CODECAGE_SCRUB_CATEGORIES."""
+    settings = from_file
+    source = where if from_file != ScrubSettings() else "default"
+    if "CODECAGE_SCRUB" in env:
+        value = env["CODECAGE_SCRUB"].strip().lower()
+        if value not in _TRUE | _FALSE:
+            raise ConfigError(
+                f"CODECAGE_SCRUB={env['CODECAGE_SCRUB']!r} is not a yes/no value",
+                hint="set CODECAGE_SCRUB=0 to turn scrubbing of results off, 1 to turn it on",
+            )
+        settings = settings.model_copy(update={"enabled": value in _TRUE})
+        source = "env CODECAGE_SCRUB"
+    if "CODECAGE_SCRUB_CATEGORIES" in env:
+        wanted = [c.strip() for c in env["CODECAGE_SCRUB_CATEGORIES"].split(",") if c.strip()]
+        settings = with_categories(settings, wanted, "CODECAGE_SCRUB_CATEGORIES")
+        source = "env CODECAGE_SCRUB_CATEGORIES"
+    return settings, source
+
+
+def with_categories(settings: ScrubSettings, wanted: list[str], origin: str) -> ScrubSettings:
+    """`settings` redacting exactly the categories in `wanted`.
+
+    Raises:
+        ConfigError: `wanted` names an unknown category.
+    """
+    unknown = sorted(set(wanted) - set(SCRUB_CATEGORIES))
+    if unknown:
+        raise ConfigError(
+            f"{origin}: unknown scrub categories: {', '.join(unknown)}",
+            hint=f"choose from: {', '.join(SCRUB_CATEGORIES)}",
+        )
+    return settings.model_copy(update={c: c in wanted for c in SCRUB_CATEGORIES})

@@ -204,6 +204,12 @@ class ExecutionResult(_Model):
         description="What else happened: blocked imports or syscalls, truncation, tool calls."
     )
     backend: str = Field(description="The isolation backend that ran the code.")
+    redactions: dict[str, int] = Field(
+        default_factory=dict,
+        description="How many values the host replaced by a placeholder ([EMAIL], [SECRET], "
+        "...) in this result, by category (email, phone, ssn, credit_card, iban, ip, secret); "
+        "empty when nothing was found or scrubbing is off.",
+    )
 
     # The bytes as printed, before neutralising; not part of the JSON contract (`--raw`).
     _raw_stdout: bytes = PrivateAttr(default=b"")
@@ -297,6 +303,52 @@ class PoolConfig(_Model):
         return self.profiles.get(profile, self.sizes)
 
 
+class ScrubSettings(_Model):
+    """What the host redacts from everything a run returns (`[scrub]` in the config file).
+
+    One switch per category; `secrets` and `secrets_env` name exact values to redact (also
+    base64- and URL-encoded), such as the credentials of upstream MCP servers.
+    """
+
+    enabled: bool = Field(True, description="Scrub results at all (off: nothing is redacted).")
+    email: bool = Field(True, description="Email addresses -> [EMAIL].")
+    phone: bool = Field(True, description="Phone numbers (international, US formats) -> [PHONE].")
+    ssn: bool = Field(True, description="US social security numbers -> [SSN].")
+    credit_card: bool = Field(True, description="Luhn-valid card numbers -> [CREDIT_CARD].")
+    iban: bool = Field(True, description="Checksum-valid IBANs -> [IBAN].")
+    ip: bool = Field(True, description="IPv4/IPv6 addresses (not loopback) -> [IP_ADDRESS].")
+    secret: bool = Field(
+        True, description="Keys, tokens, private keys, password= assignments -> [SECRET]."
+    )
+    secrets: list[str] = Field(
+        [], description="Exact values to redact as [SECRET] (6+ characters each)."
+    )
+    secrets_env: list[str] = Field(
+        [], description="Names of host environment variables whose values are secrets."
+    )
+    phone_region: str = Field(
+        "US", description="ISO 3166 region whose national phone format is recognised."
+    )
+
+    def categories(self) -> list[str]:
+        """The categories switched on, in the order of the fields."""
+        return [name for name in SCRUB_CATEGORIES if getattr(self, name)]
+
+
+SCRUB_CATEGORIES: Final = ("email", "phone", "ssn", "credit_card", "iban", "ip", "secret")
+"""The categories of `ScrubSettings` (the same as `codecage.scrub.CATEGORIES`)."""
+
+
+class ScrubState(_Model):
+    """What `info` says of scrubbing: what is redacted, never the configured values."""
+
+    enabled: bool
+    categories: list[str] = Field(description="Categories redacted; empty when disabled.")
+    secrets: int = Field(description="How many exact secret values are redacted.")
+    phone_region: str
+    source: str = Field(description="Where the setting came from (default, file, env, argument).")
+
+
 class PoolKeyState(_Model):
     """One pool key: the sandboxes kept warm for one profile (and sizes)."""
 
@@ -354,6 +406,7 @@ class HostInfo(_Model):
     )
     ceilings: Ceilings
     pool: PoolState | None = Field(None, description="The warm pool's settings and state.")
+    scrub: ScrubState | None = Field(None, description="What results are scrubbed of.")
 
 
 class ProbeResult(_Model):

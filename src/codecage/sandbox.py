@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from codecage import config, engine, profiles, selftest
+from codecage import config, engine, profiles, redaction, selftest
+from codecage import scrub as scrubbing
 from codecage import validate as validation
 from codecage import workspace as workspaces
 from codecage.backends.base import Backend, available_backends, load_backend
 from codecage.backends.bwrap import BwrapBackend, bwrap_version
+from codecage.bridge import channel as bridge
 from codecage.config import Settings
 from codecage.errors import ConfigError, HostError
 from codecage.isolation import limits as cgroups
@@ -33,6 +35,7 @@ from codecage.models import (
     LayerStatus,
     Limits,
     PoolState,
+    ScrubSettings,
     Usage,
     ValidationReport,
 )
@@ -88,6 +91,12 @@ class Sandbox:
             such as [EMAIL_1] before the code sees them, and put the real values back when
             the code passes the tokens to another tool; the values stay in the host, per
             run. None: as each server's `tokenize` setting says (default off).
+        scrub: redact personal data and secrets from everything a run returns (stdout,
+            stderr, error, return value, events, file names) in the host, counting them in
+            `redactions`. None (default): as the config's [scrub] table says (on unless
+            turned off); True/False: on (with the config's categories) or off; a
+            `ScrubSettings`: exactly that. The upstream servers' credentials (`tools`) are
+            always among the secrets redacted.
 
     >>> with Sandbox(pool=True) as sandbox:
     ...     sandbox.warm()                      # optional: wait until the pool is ready
@@ -112,6 +121,7 @@ class Sandbox:
         servers_dir: str | Path | None = None,
         skills_dir: str | Path | None = None,
         tokenize: bool | None = None,
+        scrub: bool | ScrubSettings | None = None,
     ) -> None:
         self.settings = load_settings(Path(config) if config is not None else None)
         self.limits = limits or self.settings.limits
@@ -136,9 +146,23 @@ class Sandbox:
             engine.sweep_stale_runs()
         self._preload: tuple[str, ...] | None = None
         self._selftest_report: DoctorReport | None = None
+        self.scrub_settings, self._scrub_source = self._scrub_settings(scrub)
+        self.scrubber = redaction.build_scrubber(
+            self.scrub_settings, extra_secrets=tools.secrets() if tools is not None else ()
+        )
+        # What the code's own `codecage.runtime.scrub(text)` uses: it asked, so it gets the
+        # default detectors even when results are not scrubbed.
+        self._asked_scrubber = self.scrubber or scrubbing.Scrubber()
         self.pool, self._owns_pool = self._pool(pool)
         if self.pool is not None:
             self.pool.register(self._warm_spec(self.limits), self._profile_name())
+
+    def _scrub_settings(self, scrub: bool | ScrubSettings | None) -> tuple[ScrubSettings, str]:
+        if isinstance(scrub, ScrubSettings):
+            return scrub, "argument"
+        if scrub is None:
+            return self.settings.scrub, self.settings.sources.get("scrub", "default")
+        return self.settings.scrub.model_copy(update={"enabled": scrub}), "argument"
 
     def _pool(self, pool: bool | Pool | None) -> tuple[Pool | None, bool]:
         if isinstance(pool, Pool):
@@ -219,9 +243,25 @@ class Sandbox:
         if strict:
             blocked = self._blocked_by_validation(code, run_limits)
             if blocked is not None:
-                return blocked
+                return redaction.scrub_result(blocked, self.scrubber)
+        result = self._run(code, run_limits, filename, workspace, cancel, on_files)
+        return redaction.scrub_result(result, self.scrubber)
+
+    def _run(
+        self,
+        code: str,
+        run_limits: Limits,
+        filename: str,
+        workspace: str | Path | None,
+        cancel: threading.Event | None,
+        on_files: Callable[[Path, list[FileInfo]], None] | None,
+    ) -> ExecutionResult:
         tools = (
-            self.tools.for_run(allowed_tools=self.allowed_tools, tokenize=self.tokenize)
+            self.tools.for_run(
+                allowed_tools=self.allowed_tools,
+                scrubber=self._asked_scrubber,
+                tokenize=self.tokenize,
+            )
             if self.tools
             else None
         )
@@ -234,7 +274,7 @@ class Sandbox:
             policy=self.policy,
             cancel=cancel,
             on_files=on_files,
-            tools=tools,
+            tools=tools or bridge.NoServers(self._scrub_asked),
             servers_dir=self.servers_dir,
             skills_dir=self.skills_dir,
         )
@@ -247,6 +287,9 @@ class Sandbox:
         finally:
             if tools is not None:
                 tools.close()  # the run's token vault goes with it
+
+    def _scrub_asked(self, text: str) -> str:
+        return self._asked_scrubber.scrub(text).text
 
     def _run_warm(self, pool: Pool, request: engine.RunRequest) -> ExecutionResult | None:
         """Run in a warm sandbox; None when there is none for this request (its sizes differ
@@ -358,6 +401,7 @@ class Sandbox:
                 keys=[],
                 host_rss_mb=None,
             ),
+            scrub=redaction.state(self.scrub_settings, self.scrubber, self._scrub_source),
         )
 
     def doctor(self) -> DoctorReport:

@@ -341,14 +341,28 @@ _FILE_EXTENSIONS: Final = frozenset(
 def _find_emails(view: _View) -> Iterator[Span]:
     text = view.text
     for match in _EMAIL_DOMAIN.finditer(text):
+        end: int | None = match.end()
         if match.group(1).lower() in _FILE_EXTENSIONS:
+            end = _address_before_extension(text, match)
+        if end is None:
             continue
         at = match.start()
         start = _extend_left(text, at, _EMAIL_LOCAL_REVERSED, 64)
         while start < at and text[start] == ".":
             start += 1
         if start < at and not _in_url_userinfo(text, start):
-            yield (start, match.end(), "email")
+            yield (start, end, "email")
+
+
+def _address_before_extension(text: str, match: re.Match[str]) -> int | None:
+    """Where the address ends in a file name made of one (``alice@example.com.csv``), or
+    None when the extension is the only TLD-like part (``icon@2x.png``)."""
+    domain_end = match.start(1) - 1  # the dot before the extension
+    domain = text[match.start() + 1 : domain_end]
+    head, dot, tld = domain.rpartition(".")
+    if dot and head and 2 <= len(tld) <= 24 and tld.isalpha():
+        return domain_end
+    return None
 
 
 def _in_url_userinfo(text: str, start: int) -> bool:
@@ -965,6 +979,7 @@ def _find_configured(view: _View, forms: _SecretForms) -> Iterator[Span]:
             # The characters either side hold a few bits of the secret too.
             start -= _char(text, start - 1) in _B64_SET
             end += _char(text, end) in _B64_SET
+            end += text.startswith("==", end) + (_char(text, end) == "=")  # its padding
             yield (start, end, "secret")
 
 

@@ -45,6 +45,7 @@ from codecage.models import ExecutionResult, FileInfo, Limits, ValidationReport
 from codecage.output import neutralise_text
 from codecage.pool import Pool
 from codecage.sandbox import Sandbox
+from codecage.scrub import Scrubber, merge_counts
 
 log = logging.getLogger(__name__)
 
@@ -540,21 +541,31 @@ def _execute(
     before it is removed (a warm sandbox's workspace too). Uploads need a host workspace,
     so a run with files starts cold. Raises ToolError for what the caller must fix."""
     blocks: list[ContentBlock] = []
+    redacted: list[dict[str, int]] = []
 
     def read_back(workspace: Path, written: list[FileInfo]) -> None:
-        blocks.extend(_files_back(workspace, written, return_files))
+        found, counts = _files_back(workspace, written, return_files, sandbox.scrubber)
+        blocks.extend(found)
+        redacted.append(counts)
+
+    def counted(result: ExecutionResult) -> ExecutionResult:
+        if not any(redacted):
+            return result
+        return result.model_copy(
+            update={"redactions": merge_counts(result.redactions, *redacted)}
+        ).with_raw_output(result.raw_stdout(), result.raw_stderr())
 
     try:
         if not uploads:
             result = sandbox.run(code, limits=limits, cancel=cancel, on_files=read_back)
-            return result, blocks
+            return counted(result), blocks
         workdir = Path(tempfile.mkdtemp(prefix="codecage-mcp-"))
         try:
             _write_uploads(workdir, uploads)
             result = sandbox.run(
                 code, limits=limits, workspace=workdir, cancel=cancel, on_files=read_back
             )
-            return result, blocks
+            return counted(result), blocks
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
     except CodecageError as exc:
@@ -569,9 +580,12 @@ def _write_uploads(workdir: Path, uploads: dict[str, bytes]) -> None:
 
 
 def _files_back(
-    workdir: Path, written: list[FileInfo], return_files: list[str]
-) -> list[ContentBlock]:
+    workdir: Path, written: list[FileInfo], return_files: list[str], scrubber: Scrubber | None
+) -> tuple[list[ContentBlock], dict[str, int]]:
+    """Images the code wrote, and the text files asked for, scrubbed like the rest of the
+    result (images cannot be: a picture of a card number leaves as it is)."""
     blocks: list[ContentBlock] = []
+    counts: list[dict[str, int]] = []
     images = [f for f in written if f.mime in _IMAGE_TYPES and f.size <= MAX_IMAGE_BYTES]
     for info in images[:MAX_IMAGES]:
         with contextlib.suppress(CodecageError):
@@ -587,9 +601,14 @@ def _files_back(
         except CodecageError as exc:
             blocks.append(TextContent(type="text", text=f"{relpath}: {exc}"))
             continue
-        text = neutralise_text(data.decode("utf-8", "replace"))
-        blocks.append(TextContent(type="text", text=f"--- {relpath} ---\n{text}"))
-    return blocks
+        text = data.decode("utf-8", "replace")
+        if scrubber is not None:
+            scrubbed = scrubber.scrub(text)  # whole: a larger file is refused, not cut
+            text = scrubbed.text
+            counts.append(scrubbed.counts)
+        shown = neutralise_text(text)
+        blocks.append(TextContent(type="text", text=f"--- {relpath} ---\n{shown}"))
+    return blocks, merge_counts(*counts)
 
 
 def _summary(result: ExecutionResult) -> str:
@@ -609,6 +628,9 @@ def _summary(result: ExecutionResult) -> str:
     if result.files:
         line += f" · files: {', '.join(f.path for f in result.files[:20])}"
     parts.append(line)
+    if result.redactions:
+        counts = ", ".join(f"{n} {category}" for category, n in result.redactions.items())
+        parts.append(f"redacted (personal data and secrets, by the host): {counts}")
     parts += [f"note: {e.kind}: {e.detail}" for e in result.events[:10]]
     return "\n".join(parts)
 

@@ -98,7 +98,7 @@ class PooledRunner(Protocol):
 
 class _PoolRunner:
     def __init__(self, pool: Pool) -> None:
-        self.sandbox = Sandbox(pool=pool, import_policy=False)
+        self.sandbox = Sandbox(pool=pool, import_policy=False, scrub=False)
         assert self.sandbox.warm(30), "the pool did not get ready"
 
     def __call__(self, code: str, **limits: Any) -> Outcome:
