@@ -15,6 +15,6 @@ def test_public_api_is_pinned() -> None:
     assert set(codecage.__all__) == {
         "AuditError", "BridgeError", "CodecageError", "ConfigError", "DoctorReport",
         "ErrorInfo", "Event", "ExecutionResult", "FileInfo", "HostError", "HostInfo",
-        "LayerStatus", "Limits", "Sandbox", "SandboxError", "ToolNotAllowed",
+        "LayerStatus", "Limits", "Sandbox", "SandboxError", "ScrubSettings", "ToolNotAllowed",
         "UpstreamError", "Usage", "__version__",
     }  # fmt: skip

@@ -19,10 +19,10 @@ from urllib.parse import quote
 
 import pytest
 
-from codecage import Sandbox
+from codecage import Sandbox, ScrubSettings
 from codecage.bridge.broker import Broker
 from codecage.bridge.upstreams import parse
-from codecage.models import ExecutionResult, ScrubSettings
+from codecage.models import ExecutionResult
 
 CODECAGE = str(Path(sys.executable).parent / "codecage")
 

@@ -24,6 +24,7 @@ from codecage.models import (
     HostInfo,
     LayerStatus,
     Limits,
+    ScrubSettings,
     Usage,
 )
 from codecage.sandbox import Sandbox
@@ -46,6 +47,7 @@ __all__ = [
     "Limits",
     "Sandbox",
     "SandboxError",
+    "ScrubSettings",
     "ToolNotAllowed",
     "UpstreamError",
     "Usage",
