@@ -15,6 +15,8 @@ prose) with a personal value or a secret on every 150th line:
     phone_region_de   phone alone with phone_region="DE" (national numbers with a trunk 0)
     configured        3 configured secrets alone (no category)
     scrub_value       `scrub_value` on the same corpus as a list of JSON records, per MB of JSON
+    result            `redaction.scrub_result` of a run whose stdout is the corpus: what the
+                      host pays after a run (decode, scrub, encode, neutralise, the rest)
 
 It also scrubs the corpus generated *without* personal values and reports every finding
 there: those are false positives on ordinary output. `--libraries` times the libraries
@@ -44,6 +46,9 @@ from datetime import UTC, datetime, timedelta
 from hashlib import sha1, sha256
 from pathlib import Path
 
+from codecage import redaction
+from codecage.models import ExecutionResult, Limits, Usage
+from codecage.output import neutralise
 from codecage.scrub import CATEGORIES, Scrubber, ScrubConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -189,7 +194,30 @@ def variants(text: str, dense: str, records: list[object]) -> dict[str, Callable
     configured = Scrubber(ScrubConfig(categories=frozenset(), secrets=SECRETS))
     out["configured"] = lambda: configured.scrub(text)
     out["scrub_value"] = lambda: every.scrub_value(records)
+    run = _result_with_stdout(text)
+    out["result"] = lambda: redaction.scrub_result(run, every)
     return out
+
+
+def _result_with_stdout(text: str) -> ExecutionResult:
+    raw = text.encode()
+    return ExecutionResult(
+        execution_id="0" * 32,
+        status="ok",
+        exit_code=0,
+        signal=None,
+        stdout=neutralise(raw),
+        stderr="",
+        stdout_truncated=False,
+        stderr_truncated=False,
+        return_value=None,
+        error=None,
+        files=[],
+        usage=Usage(wall_ms=1, cpu_ms=1, peak_memory_mb=None),
+        limits=Limits(),
+        events=[],
+        backend="bwrap",
+    ).with_raw_output(raw, b"")
 
 
 def _timed(fn: Callable[[], object]) -> float:
