@@ -56,3 +56,18 @@ def test_the_mcp_benchmark_runs_against_a_real_server_and_the_sdks_floor() -> No
     assert p.returncode == 0, p.stderr
     for variant in ("empty_tool", "execute_code"):
         assert variant in p.stdout
+
+
+def test_the_scrub_benchmark_runs_every_variant_and_finds_no_false_positive() -> None:
+    bench = ROOT / "benchmarks" / "bench_scrub.py"
+    p = subprocess.run(
+        [sys.executable, str(bench), "-n", "2", "--size-kb", "64", "--no-write"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert p.returncode == 0, p.stderr
+    for variant in ("all", "all_dense", "scrub_value", "result", "configured"):
+        assert f"\n{variant} " in p.stdout, variant
+    assert "false positives on 64000 chars of ordinary output: 0" in p.stdout
