@@ -83,6 +83,8 @@ class Sandbox:
             sandbox's private bridge (docs/tool-bridge.md). None: tool calls fail clearly.
         allowed_tools: "server.tool" patterns (`*` wildcards) the code may call; None: all
             that the servers' own allow-lists permit.
+        tool_limits: bounds of each run's tool calls (count, in flight, result size);
+            by default 200 calls, 16 at once, 4 MiB per result.
         servers_dir: the tree `codecage gen` wrote, mounted read-only at /servers and
             importable as `servers.<server>.<tool>`.
         skills_dir: a directory of reusable functions, read-only at /skills, importable as
@@ -118,6 +120,7 @@ class Sandbox:
         pool: bool | Pool | None = None,
         tools: Broker | None = None,
         allowed_tools: Iterable[str] | None = None,
+        tool_limits: bridge.BridgeLimits | None = None,
         servers_dir: str | Path | None = None,
         skills_dir: str | Path | None = None,
         tokenize: bool | None = None,
@@ -136,6 +139,7 @@ class Sandbox:
         self.tools = tools
         self.tokenize = tokenize
         self.allowed_tools = tuple(allowed_tools) if allowed_tools is not None else None
+        self.tool_limits = tool_limits or bridge.BridgeLimits()
         self.servers_dir = Path(servers_dir).resolve() if servers_dir is not None else None
         self.skills_dir = Path(skills_dir).resolve() if skills_dir is not None else None
         self.policy: ImportPolicy | None = (
@@ -275,6 +279,7 @@ class Sandbox:
             cancel=cancel,
             on_files=on_files,
             tools=tools or bridge.NoServers(self._scrub_asked),
+            tool_limits=self.tool_limits,
             servers_dir=self.servers_dir,
             skills_dir=self.skills_dir,
         )

@@ -29,6 +29,7 @@ import mcp_types
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
 from codecage import scrub as scrubbing
 from codecage.bridge.channel import CallFailed, ToolAnswer
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 
 _START_TIMEOUT_S = 30.0
 _STDERR_TAIL_BYTES = 2000
+_WIND_DOWN_S = 1.0
 _MAX_SSE_EVENT_BYTES = 16 * 1024 * 1024
 _live_brokers: weakref.WeakSet[Broker] = weakref.WeakSet()
 
@@ -247,8 +249,25 @@ class _Upstream:
         except CallFailed:
             raise
         except Exception as exc:
-            raise CallFailed("upstream_error", self._failure(f"{self.name}.{tool}", exc)) from exc
+            died = _connection_closed(exc)
+            if died:
+                await self._end_session(client)
+            message = self._failure(f"{self.name}.{tool}", exc, died=died)
+            raise CallFailed("upstream_error", message) from exc
         return _answer(self.name, tool, result)
+
+    async def _end_session(self, client: Client) -> None:
+        """`client`'s connection closed (the server died): the SDK's session does not end
+        by itself, so end it (the next call starts a new server) and give it a moment, so
+        that its stderr holds the server's last words. Only once per session: the other
+        calls that were in flight must not end the session started after it."""
+        if self._client is not client:
+            return
+        self._client = None
+        if self._stop is not None:
+            self._stop.set()
+        if self._task is not None and not self._task.done():
+            await asyncio.wait({self._task}, timeout=_WIND_DOWN_S)
 
     async def close(self) -> None:
         if self._stop is not None:
@@ -295,11 +314,12 @@ class _Upstream:
     async def _hold(self, started: asyncio.Future[Client], stop: asyncio.Event) -> None:
         """Open the session, publish it, and keep it open until `stop` (or it breaks).
         Entering and leaving the SDK's context in this one task is what anyio requires."""
+        mine: Client | None = None
         try:
             async with Client(
                 self._transport(), list_roots_callback=self._roots_callback()
             ) as client:
-                self._client = client
+                self._client = mine = client
                 started.set_result(client)
                 log.info("broker.upstream_started", extra={"server": self.name})
                 await stop.wait()
@@ -312,7 +332,8 @@ class _Upstream:
             if isinstance(exc, asyncio.CancelledError):
                 raise
         finally:
-            self._client = None
+            if self._client is mine:  # not a session started after this one ended
+                self._client = None
 
     def _transport(self) -> Any:
         config = self.config
@@ -345,9 +366,9 @@ class _Upstream:
 
         return list_roots
 
-    def _failure(self, what: str, exc: BaseException) -> str:
+    def _failure(self, what: str, exc: BaseException, *, died: bool = False) -> str:
         message = _describe(exc)
-        if self._task is not None and self._task.done():
+        if died or (self._task is not None and self._task.done()):
             tail = self._stderr_tail()
             message = f"the upstream server {self.name!r} died ({message})" + (
                 f"; its last words: {tail}" if tail else ""
@@ -387,6 +408,10 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, BaseExceptionGroup):
         return "; ".join(_describe(inner) for inner in exc.exceptions[:3])
     return f"{type(exc).__name__}: {exc}"[:1000] if str(exc) else type(exc).__name__
+
+
+def _connection_closed(exc: BaseException) -> bool:
+    return isinstance(exc, MCPError) and exc.error.code == mcp_types.CONNECTION_CLOSED
 
 
 def _matches(name: str, patterns: Iterable[str]) -> bool:
