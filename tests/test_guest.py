@@ -39,3 +39,18 @@ def test_the_guest_runs_the_code_as_main_of_the_named_file(sandbox: object) -> N
     assert isinstance(sandbox, Sandbox)
     r = sandbox.run("import sys\n(__name__, __file__, sys.argv)", filename="job.py")
     assert r.return_value == ["__main__", "/workspace/job.py", ["job.py"]]
+
+
+def test_the_runtime_is_compiled_beside_its_source_for_the_read_only_sandbox() -> None:
+    """In the sandbox the guest package is read-only: without this bytecode every
+    `import codecage.runtime` compiles the module again."""
+    import importlib.util
+
+    from codecage.isolation import rootfs
+
+    source = rootfs.guest_package_dir() / "runtime.py"
+    cached = Path(importlib.util.cache_from_source(str(source)))
+    cached.unlink(missing_ok=True)
+    rootfs.precompile_guest_runtime.__wrapped__()
+    assert cached.is_file()
+    assert cached.stat().st_mtime >= source.stat().st_mtime

@@ -15,6 +15,8 @@ There is no shell, no /home, no /root, no host /tmp, no /etc/shadow, no /var.
 
 from __future__ import annotations
 
+import compileall
+import contextlib
 import functools
 import hashlib
 import json
@@ -183,6 +185,7 @@ def bootstrap_bytecode() -> Path:
     Raises:
         HostError: the cache directory cannot be written.
     """
+    precompile_guest_runtime()
     source = guest_package_dir() / "bootstrap.py"
     text = source.read_bytes()
     digest = hashlib.sha256(text + sys.version.encode()).hexdigest()[:16]
@@ -205,6 +208,18 @@ def bootstrap_bytecode() -> Path:
                 hint="make the cache directory writable (XDG_CACHE_HOME)",
             ) from exc
     return target
+
+
+@functools.cache
+def precompile_guest_runtime() -> None:
+    """Write codecage.runtime's bytecode beside its source, as the host's own import
+    would, when it is missing or stale: the guest package is read-only in the sandbox, so
+    without it every `import codecage.runtime` there compiles the module again (~8 ms
+    instead of ~1 ms). Best effort: an installed package whose directory this user cannot
+    write was compiled when it was installed."""
+    source = guest_package_dir() / "runtime.py"
+    with contextlib.suppress(OSError):
+        compileall.compile_file(str(source), quiet=2)
 
 
 def guest_package_dir() -> Path:
