@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from codecage import Sandbox
+from codecage.bridge import channel as bridge_channel
 from codecage.isolation import limits as cgroups
 
 
@@ -233,6 +234,7 @@ def leak_snapshot() -> dict[str, Any]:
 @pytest.fixture(autouse=True, scope="module")
 def leak_guard() -> Iterator[None]:
     """Nothing a module's runs created may outlive them: processes, fds, dirs, cgroups."""
+    bridge_channel.watcher()  # made once per process and kept (its epoll fd is no leak)
     before = leak_snapshot()
     yield
     after = leak_snapshot()

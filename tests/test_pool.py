@@ -150,7 +150,12 @@ def _destroyed_by_the_pool(sandbox: StartedSandbox, timeout: float = 5.0) -> boo
 
 
 def _pool_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("codecage-")]
+    # The bridge watcher is one thread per process, kept until exit, not a pool's.
+    return [
+        t.name
+        for t in threading.enumerate()
+        if t.name.startswith("codecage-") and t.name != "codecage-bridge-watch"
+    ]
 
 
 def _snapshot() -> dict[str, set[Any]]:
