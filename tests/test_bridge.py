@@ -309,3 +309,67 @@ def test_closing_the_broker_ends_every_upstream_process(marker: str) -> None:
     while processes_with(mine) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert processes_with(mine) == []
+
+
+# --- the host's Channel on a real socketpair: served from the guest's first byte -----------
+
+
+class _Echo:
+    """A responder that answers every call with its arguments."""
+
+    def call_tool(self, server: str, tool: str, arguments: dict[str, Any]) -> Any:
+        from concurrent.futures import Future
+
+        from codecage.bridge.channel import ToolAnswer
+
+        done: Future[ToolAnswer] = Future()
+        done.set_result(ToolAnswer(structured=arguments, text=""))
+        return done
+
+    def scrub(self, text: str) -> str:
+        return text
+
+
+def _bridge_threads() -> int:
+    return sum(t.name.startswith("codecage-bridge-") for t in threading.enumerate())
+
+
+def test_a_run_that_never_calls_a_tool_starts_no_bridge_thread() -> None:
+    from socket import socketpair
+
+    from codecage.bridge.channel import Channel
+
+    host, guest = socketpair()
+    with host, guest:
+        channel = Channel(host, _Echo(), BridgeLimits())
+        channel.start()
+        threads = _bridge_threads()
+        assert channel.stop() == []
+    assert _bridge_threads() == threads
+
+
+def test_the_first_byte_from_the_guest_starts_serving() -> None:
+    from socket import socketpair
+
+    from codecage.bridge.channel import Channel
+
+    host, guest = socketpair()
+    with host, guest:
+        channel = Channel(host, _Echo(), BridgeLimits())
+        channel.start()
+        time.sleep(0.05)  # nothing to serve yet
+        request = {
+            "v": 1,
+            "id": 7,
+            "op": "call_tool",
+            "server": "s",
+            "tool": "t",
+            "arguments": {"a": 1},
+        }
+        guest.sendall(json.dumps(request).encode() + b"\n")
+        guest.settimeout(10)
+        answer = json.loads(guest.recv(1 << 16))
+        events = channel.stop()
+    assert answer["id"] == 7 and answer["ok"] is True
+    assert answer["result"]["structured"] == {"a": 1}
+    assert [event.kind for event in events] == ["tool_call"]
