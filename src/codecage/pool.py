@@ -12,9 +12,11 @@ user's code, the wall timer from the moment the request is sent.
 After its one run a sandbox is destroyed (in a background thread, off the caller's path);
 the pool refills in the background. Nothing is reused: no process, no writable path. A
 replacement starts `_HOLD_OFF_S` after the last `take` (at once when a caller waits for a
-sandbox): starting one (namespaces, an interpreter importing the profile's modules) competes
+sandbox), and a used one is destroyed `_HOLD_OFF_S` after its release: starting one
+(namespaces, an interpreter importing the profile's modules) or tearing one down competes
 for the CPUs and the GIL with the call that took a sandbox, whose run and answer take a few
-ms; on 2 cores it made an MCP `execute_code` round trip ~2 ms slower at p50.
+ms; on 2 cores the start made an MCP `execute_code` round trip ~2 ms slower at p50, the
+teardown ~0.6 ms.
 
 Threads: two starter threads start sandboxes (bwrap's --die-with-parent is tied to the
 thread that started it, so they live as long as the pool); one manager thread watches the
@@ -89,7 +91,10 @@ class Pool:
         self._keys: dict[SandboxSpec, _Key] = {}
         self._closed = False
         self._wake_read, self._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._graveyard: queue.SimpleQueue[StartedSandbox | None] = queue.SimpleQueue()
+        # Used sandboxes, each with the time it may be destroyed (see `_reap_loop`).
+        self._graveyard: queue.SimpleQueue[tuple[StartedSandbox, float] | None] = (
+            queue.SimpleQueue()
+        )
         self._reaper = threading.Thread(target=self._reap_loop, name="codecage-reaper", daemon=True)
         self._manager = threading.Thread(target=self._manage, name="codecage-pool", daemon=True)
         self._just_started: list[tuple[_Key, StartedSandbox]] = []
@@ -179,7 +184,7 @@ class Pool:
         with self._cond:
             reaper_gone = self._reaper_stopped
             if not reaper_gone:
-                self._graveyard.put(sandbox)
+                self._graveyard.put((sandbox, time.monotonic() + _HOLD_OFF_S))
         if reaper_gone:
             sandbox.destroy()
 
@@ -449,7 +454,13 @@ class Pool:
     # --- the reaper thread -------------------------------------------------------------------
 
     def _reap_loop(self) -> None:
-        while (sandbox := self._graveyard.get()) is not None:
+        """Destroy used sandboxes, each `_HOLD_OFF_S` after its release (at once when the
+        pool closes): tearing one down (kill, wait, unmount, remove its cgroup and dirs)
+        competes for the CPUs and the GIL with the answer of the run that just used it."""
+        while (entry := self._graveyard.get()) is not None:
+            sandbox, not_before = entry
+            if not self._closed:
+                time.sleep(max(0.0, not_before - time.monotonic()))
             try:
                 sandbox.destroy()
             except Exception:
