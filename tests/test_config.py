@@ -258,3 +258,93 @@ def test_a_configured_secret_too_short_to_scrub_is_refused(tmp_path: Path) -> No
     path.write_text('[scrub]\nphone_region = "XX"\n')
     with pytest.raises(ConfigError, match="phone_region"):
         Sandbox(config=path)
+
+
+# --- [mcpServers.*] and [tools]: upstream servers from the config file ----------------------
+
+MEMORY_BIN = Path(__file__).resolve().parent.parent / "tools" / "node_modules" / ".bin"
+
+
+def tool_config(directory: Path, memory_file: Path, extra: str = "") -> Path:
+    path = directory / "codecage.toml"
+    path.write_text(
+        f"""
+[mcpServers.memory]
+command = "{MEMORY_BIN / "mcp-server-memory"}"
+env = {{ MEMORY_FILE_PATH = "{memory_file}" }}
+
+[tools]
+servers_dir = "generated"
+{extra}
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_the_tool_tables_are_read_and_paths_are_relative_to_the_file(tmp_path: Path) -> None:
+    settings = load(tool_config(tmp_path, tmp_path / "m.jsonl", 'allow = ["memory.read_*"]'))
+    assert set(settings.mcp_servers) == {"memory"}
+    assert settings.tools.allow == ["memory.read_*"]
+    assert settings.config_relative(settings.tools.servers_dir) == tmp_path / "generated"
+
+
+def test_a_bad_key_in_the_tools_table_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "codecage.toml"
+    path.write_text("[tools]\nserver_dir = 'x'\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"tools\.server_dir"):
+        load(path)
+
+
+def test_a_bad_server_in_the_config_file_names_the_file(tmp_path: Path) -> None:
+    from codecage.bridge import tooling
+
+    path = tmp_path / "codecage.toml"
+    path.write_text("[mcpServers.broken]\nargs = ['x']\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"codecage\.toml \[mcpServers\]"):
+        tooling.configured_servers(None, load(path))
+
+
+@pytest.mark.skipif(
+    not (MEMORY_BIN / "mcp-server-memory").exists(), reason="scripts/setup installs npm servers"
+)
+def test_gen_and_run_take_the_servers_and_tools_from_the_config_file(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    codecage = str(Path(sys.executable).with_name("codecage"))
+    memory_file = tmp_path / "memory.jsonl"
+    config = tool_config(tmp_path, memory_file, 'allow = ["memory.create_*"]')
+    gen = subprocess.run(
+        [codecage, "gen", "--all", "--config", str(config)],
+        cwd=tmp_path / "..",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert gen.returncode == 0, gen.stderr
+    assert (tmp_path / "generated" / "memory" / "create_entities.py").is_file()
+    code = """
+from codecage.runtime import ToolCallError
+from servers.memory import create_entities, read_graph
+create_entities.call_sync(entities=[{"name": "n1", "entityType": "t", "observations": []}])
+try:
+    read_graph.call_sync()
+    outcome = "read"
+except ToolCallError as exc:
+    outcome = exc.kind
+outcome
+"""
+    run = subprocess.run(
+        [codecage, "run", "--json", "--config", str(config), "-"],
+        input=code,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["return_value"] == "not_allowed"  # [tools] allow applies
+    assert '"n1"' in memory_file.read_text(encoding="utf-8")

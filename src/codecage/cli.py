@@ -200,7 +200,7 @@ ScrubCategoriesOpt = Annotated[
     typer.Option(
         "--scrub-categories",
         help="Redact only these categories, comma-separated: email, phone, ssn, "
-        "credit_card, iban, ip, secret (default: the config's [scrub] switches, all on).",
+        "credit_card, iban, ip, secret (default: the config's \\[scrub] switches, all on).",
         show_default=False,
     ),
 ]
@@ -311,7 +311,9 @@ def run(
     try:
         text, filename = _read_code(source, code, file)
         with _progress("connecting to the upstream MCP servers", enabled=not as_json):
-            tools = _tool_setup(mcp_config, servers_dir, skills_dir, allow_tool, tokenize=tokenize)
+            tools = _tool_setup(
+                mcp_config, servers_dir, skills_dir, allow_tool, tokenize, config_file
+            )
         sandbox = Sandbox(
             backend=backend,
             allow_degraded=allow_degraded,
@@ -566,14 +568,16 @@ def _render_validation(report: ValidationReport) -> None:
 @app.command()
 def gen(
     mcp_config: Annotated[
-        Path,
+        Path | None,
         typer.Option(
             "--mcp-config",
-            help="Upstream MCP servers: the mcpServers JSON of Claude Desktop / Claude Code.",
+            help="Upstream MCP servers: the mcpServers JSON of Claude Desktop / Claude Code "
+            "(default: the config file's \\[mcpServers.*] tables).",
             dir_okay=False,
             exists=True,
+            show_default=False,
         ),
-    ],
+    ] = None,
     server: Annotated[
         list[str] | None,
         typer.Option("--server", help="Generate this server's tools (repeat).", show_default=False),
@@ -582,8 +586,16 @@ def gen(
         bool, typer.Option("--all", help="Generate the tools of every configured server.")
     ] = False,
     out: Annotated[
-        Path, typer.Option("--out", help="Where to write the tree.", file_okay=False)
-    ] = Path("servers"),
+        Path | None,
+        typer.Option(
+            "--out",
+            help="Where to write the tree (default: the config's \\[tools] servers_dir, "
+            "else ./servers).",
+            file_okay=False,
+            show_default=False,
+        ),
+    ] = None,
+    config_file: ConfigOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Write typed Python modules for the tools of upstream MCP servers.
@@ -599,7 +611,7 @@ def gen(
 
         codecage gen --mcp-config mcp.json --server memory --out ./servers
     """
-    from codecage.bridge import tooling, upstreams
+    from codecage.bridge import tooling
     from codecage.bridge.broker import Broker
 
     _configure_logging(verbose)
@@ -610,7 +622,15 @@ def gen(
             verbose=verbose,
         )
     try:
-        with Broker(upstreams.load(mcp_config)) as broker:
+        settings = config.load(config_file)
+        servers = tooling.configured_servers(mcp_config, settings)
+        if servers is None:
+            raise ConfigError(
+                "no upstream MCP servers to generate",
+                hint="pass --mcp-config FILE, or add [mcpServers.NAME] tables to the config file",
+            )
+        out = out or settings.config_relative(settings.tools.servers_dir) or Path("servers")
+        with Broker(servers) as broker:
             names = list(broker.servers) if all_servers else list(server or [])
             with _progress(f"listing the tools of {', '.join(names)}", enabled=True):
                 written = tooling.generate(broker, names, out)
@@ -667,6 +687,7 @@ def serve(
     tokenize: TokenizeOpt = False,
     no_scrub: NoScrubOpt = False,
     scrub_categories: ScrubCategoriesOpt = None,
+    config_file: ConfigOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Serve codecage as an MCP server: tools execute_code, validate_code, get_sandbox_info.
@@ -697,11 +718,12 @@ def serve(
         max_queued=max_queued,
     )
     try:
-        tools = _tool_setup(mcp_config, servers_dir, skills_dir, allow_tool, tokenize=tokenize)
+        tools = _tool_setup(mcp_config, servers_dir, skills_dir, allow_tool, tokenize, config_file)
         atexit.register(tools.close)
         options = {
             **tools.sandbox_options(),
-            "scrub": _scrub_option(no_scrub, scrub_categories, None),
+            "config": config_file,
+            "scrub": _scrub_option(no_scrub, scrub_categories, config_file),
         }
         app_server = mcp_server.build_server(
             limits=limits, pool=not no_pool, sandbox_options=options
@@ -723,10 +745,11 @@ def _tool_setup(
     servers_dir: Path | None,
     skills_dir: Path | None,
     allow_tool: list[str] | None,
-    *,
     tokenize: bool,
+    config_file: Path | None,
 ) -> ToolSetup:
-    # The MCP SDK loads only when there are upstream servers: `run` stays quick without.
+    """The tool flags, with the config file's [mcpServers.*] and [tools] for what they
+    leave out."""
     from codecage.bridge import tooling
 
     return tooling.prepare(
@@ -735,6 +758,7 @@ def _tool_setup(
         skills_dir=skills_dir,
         allowed_tools=[t for item in allow_tool or [] for t in item.split(",") if t],
         tokenize=True if tokenize else None,
+        settings=config.load(config_file),
     )
 
 
@@ -846,8 +870,9 @@ def _fail(exc: CodecageError, *, as_json: bool, verbose: bool) -> NoReturn:
     code = 2 if isinstance(exc, ConfigError) else 1
     if as_json:
         _print_json({"error": {"type": type(exc).__name__, "message": str(exc), "hint": exc.hint}})
-    stderr.print(f"[red]Error:[/red] {exc}", markup=True)
-    stderr.print(f"Hint: {exc.hint}")
+    stderr.print(f"[red]Error:[/red] {escape(str(exc))}", markup=True)
+    if exc.hint:
+        stderr.print(f"Hint: {exc.hint}", markup=False)  # a hint may name [tables]
     if verbose:
         stderr.print_exception()
     raise typer.Exit(code)

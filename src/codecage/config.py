@@ -30,6 +30,16 @@ profiles.data_science = { min_idle = 1, max_idle = 2 }
 ip = false                            # a switch per category: email, phone, ssn,
                                       # credit_card, iban, ip, secret
 secrets_env = ["GITHUB_TOKEN"]        # values of these variables are redacted as [SECRET]
+
+[mcpServers.memory]                   # upstream MCP servers, as in an MCP host's JSON
+command = "npx"                       # (used when no --mcp-config is given)
+args = ["-y", "@modelcontextprotocol/server-memory"]
+env = { MEMORY_FILE_PATH = "/var/lib/agent/memory.jsonl" }
+
+[tools]                               # defaults of the tool flags of run, serve and gen
+servers_dir = "servers"               # relative to this file's directory
+skills_dir = "skills"
+allow = ["memory.read_*", "memory.search_nodes"]
 ```
 
 Environment variables: `CODECAGE_<LIMIT>` for each limit, `CODECAGE_PROFILE`,
@@ -73,6 +83,15 @@ class ProfileFile(_FileModel):
     extends: list[str] = Field([], description="Built-in profiles whose modules it includes.")
 
 
+class ToolsFile(_FileModel):
+    servers_dir: str | None = Field(
+        None, description="The tree `codecage gen` wrote (relative: to the file's directory)."
+    )
+    skills_dir: str | None = Field(None, description="Reusable functions, read-only at /skills.")
+    allow: list[str] | None = Field(None, description='"server.tool" patterns code may call.')
+    tokenize: bool | None = Field(None, description="Tokenize personal data in tool results.")
+
+
 class ConfigFile(_FileModel):
     """The TOML file's shape; unknown keys are refused with their name."""
 
@@ -81,6 +100,10 @@ class ConfigFile(_FileModel):
     profiles: dict[str, ProfileFile] = Field({}, description="Operator-defined profiles.")
     pool: PoolConfig = Field(PoolConfig(), description="The warm pool.")
     scrub: ScrubSettings = Field(ScrubSettings(), description="Scrubbing of results.")
+    tools: ToolsFile = Field(ToolsFile(), description="Tool trees and allow-list.")
+    mcp_servers: dict[str, Any] = Field(
+        {}, alias="mcpServers", description="Upstream MCP servers, as in an MCP host's JSON."
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +119,15 @@ class Settings:
     sources: dict[str, str] = field(default_factory=dict)
     pool: PoolConfig = field(default_factory=PoolConfig)
     scrub: ScrubSettings = field(default_factory=ScrubSettings)
+    tools: ToolsFile = field(default_factory=ToolsFile)
+    mcp_servers: dict[str, Any] = field(default_factory=dict)  # the file's [mcpServers.*]
+
+    def config_relative(self, path: str | None) -> Path | None:
+        """A path from the config file, relative to the file's directory."""
+        if path is None:
+            return None
+        base = self.config_file.parent if self.config_file is not None else Path.cwd()
+        return base / Path(path).expanduser()
 
 
 def candidate_paths(environ: Mapping[str, str]) -> list[Path]:
@@ -156,6 +188,8 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
         sources=sources,
         pool=pool,
         scrub=scrub,
+        tools=parsed.tools,
+        mcp_servers=parsed.mcp_servers,
     )
 
 

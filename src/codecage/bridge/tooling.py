@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import atexit
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -20,6 +21,7 @@ import mcp_types
 from codecage.bridge import codegen, upstreams
 from codecage.bridge.broker import Broker
 from codecage.bridge.channel import CallFailed
+from codecage.config import Settings, ToolsFile
 from codecage.errors import ConfigError, SandboxError
 
 
@@ -55,37 +57,65 @@ def prepare(
     skills_dir: Path | None = None,
     allowed_tools: Sequence[str] | None = None,
     tokenize: bool | None = None,
+    settings: Settings | None = None,
     progress: Callable[[str], None] = lambda _message: None,
 ) -> ToolSetup:
-    """Load the upstream servers and find (or generate) their tool tree.
+    """Load the upstream servers and find (or generate) their tool tree. What the flags
+    leave out comes from `settings` (the config file's [mcpServers.*] and [tools]).
 
     Raises:
         ConfigError: a bad config file or directory.
         SandboxError: an upstream server could not be listed for generating the tree.
     """
-    if mcp_config is None:
-        if servers_dir is not None or allowed_tools or tokenize:
-            raise ConfigError(
-                "--servers-dir, --allow-tool and --tokenize need upstream servers",
-                hint="pass --mcp-config FILE (the mcpServers JSON of your MCP host)",
-            )
+    asked = servers_dir is not None or bool(allowed_tools) or bool(tokenize)
+    if asked and mcp_config is None and not (settings and settings.mcp_servers):
+        raise ConfigError(
+            "--servers-dir, --allow-tool and --tokenize need upstream servers",
+            hint="pass --mcp-config FILE (the mcpServers JSON of your MCP host), or add "
+            "[mcpServers.NAME] tables to the config file",
+        )
+    file = settings.tools if settings is not None else ToolsFile()
+    where = settings.config_relative if settings is not None else _as_path
+    skills_dir = skills_dir or where(file.skills_dir)
+    servers = configured_servers(mcp_config, settings)
+    if servers is None:
         return ToolSetup(skills_dir=_existing_dir(skills_dir, "--skills-dir"))
-    broker = Broker(upstreams.load(mcp_config))
+    broker = Broker(servers)
     try:
+        servers_dir = servers_dir or where(file.servers_dir)
         if servers_dir is None:
             servers_dir = _temporary_tree()
             progress(f"listing the tools of {len(broker.servers)} upstream server(s)")
             generate(broker, list(broker.servers), servers_dir)
+        allowed = allowed_tools or file.allow
         return ToolSetup(
             broker=broker,
             servers_dir=_existing_dir(servers_dir, "--servers-dir"),
             skills_dir=_existing_dir(skills_dir, "--skills-dir"),
-            allowed_tools=tuple(allowed_tools) if allowed_tools else None,
-            tokenize=tokenize,
+            allowed_tools=tuple(allowed) if allowed is not None else None,
+            tokenize=tokenize if tokenize is not None else file.tokenize,
         )
     except BaseException:
         broker.close()
         raise
+
+
+def configured_servers(
+    mcp_config: Path | None, settings: Settings | None
+) -> dict[str, upstreams.Upstream] | None:
+    """The upstream servers of `--mcp-config`, else of the config file; None: neither has any.
+
+    Raises:
+        ConfigError: the JSON file or the config's table is not a valid `mcpServers`.
+    """
+    if mcp_config is not None:
+        return upstreams.load(mcp_config)
+    if settings is None or not settings.mcp_servers:
+        return None
+    source = f"{settings.config_file} [mcpServers]"
+    return upstreams.parse(
+        {"mcpServers": settings.mcp_servers}, source=source, environ=dict(os.environ)
+    )
 
 
 def generate(broker: Broker, servers: Sequence[str], out_dir: Path) -> list[Path]:
@@ -115,6 +145,10 @@ def _temporary_tree() -> Path:
     path = Path(tempfile.mkdtemp(prefix="codecage-servers-"))
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path / "servers"
+
+
+def _as_path(path: str | None) -> Path | None:
+    return Path(path).expanduser() if path is not None else None
 
 
 def _existing_dir(path: Path | None, option: str) -> Path | None:
