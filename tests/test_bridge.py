@@ -373,3 +373,25 @@ def test_the_first_byte_from_the_guest_starts_serving() -> None:
     assert answer["id"] == 7 and answer["ok"] is True
     assert answer["result"]["structured"] == {"a": 1}
     assert [event.kind for event in events] == ["tool_call"]
+
+
+def test_a_forked_host_process_serves_its_own_bridges() -> None:
+    """The watcher's thread does not survive fork(): a child process that runs sandboxes
+    (a pre-forking server, multiprocessing) must get a watcher of its own."""
+    code = "from codecage.runtime import scrub\nscrub('mail ana@example.com')"
+    with Sandbox(pool=False, scrub=False) as parent_box:
+        assert parent_box.run(code).return_value == "mail [EMAIL]"  # the parent's watcher
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what its run returned, then leave at once
+        try:
+            with Sandbox(pool=False, scrub=False) as child_box:
+                result = child_box.run(code, limits={"timeout": 20})
+            os.write(write_end, json.dumps([result.status, result.return_value]).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        reported = pipe.read()
+    os.waitpid(pid, 0)
+    assert json.loads(reported) == ["ok", "mail [EMAIL]"]

@@ -11,9 +11,9 @@ guest behaviour can block the responder, which may be shared by many runs.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
+import os
 import queue
 import select
 import socket
@@ -362,7 +362,7 @@ class _Watcher:
             self._waiting[fd] = serve
             try:
                 self._epoll.register(fd, events)
-            except FileExistsError:  # the fd number of an earlier socket, still registered
+            except FileExistsError:  # this socket was watched before: arm it again
                 self._epoll.modify(fd, events)
 
     def forget(self, fd: int, serve: Callable[[], None]) -> None:
@@ -371,6 +371,9 @@ class _Watcher:
                 del self._waiting[fd]
                 with contextlib.suppress(OSError):
                     self._epoll.unregister(fd)
+
+    def close_epoll(self) -> None:
+        self._epoll.close()
 
     def _loop(self) -> None:
         while True:
@@ -384,9 +387,29 @@ class _Watcher:
                     serve()
 
 
-@functools.cache
+_watcher: _Watcher | None = None
+_watcher_lock = threading.Lock()
+
+
 def watcher() -> _Watcher:
-    return _Watcher()
+    """The process's bridge watcher: made at first use, kept until exit."""
+    global _watcher
+    with _watcher_lock:
+        if _watcher is None:
+            _watcher = _Watcher()
+        return _watcher
+
+
+def _forget_watcher_in_child() -> None:
+    """A forked child has the parent's watcher but not its thread: it makes its own."""
+    global _watcher, _watcher_lock
+    if _watcher is not None:
+        with contextlib.suppress(OSError):
+            _watcher.close_epoll()
+    _watcher, _watcher_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_watcher_in_child)
 
 
 def _line(message: dict[str, Any]) -> bytes:
