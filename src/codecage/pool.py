@@ -101,6 +101,7 @@ class Pool:
         self._in_use = 0  # taken and not yet released
         self._waiting = 0  # callers of `take` waiting for a sandbox that is starting
         self._last_take = 0.0  # monotonic time
+        self._holding_off = 0  # starters waiting in `_hold_off`
         self._reaper_stopped = False
         self._starters = [
             threading.Thread(target=self._start_loop, name=f"codecage-starter-{i}", daemon=True)
@@ -149,7 +150,9 @@ class Pool:
                 if key.starting == 0 or left <= 0:
                     break
                 self._waiting += 1
-                self._cond.notify_all()  # a starter holding off must not make us wait
+                if self._holding_off:  # a starter holding off must not make us wait
+                    self._cond.notify_all()  # (not always: two waiting takers would wake
+                    # each other in a loop, ~50 ms of CPU per run at concurrency 2)
                 try:
                     self._cond.wait(left)  # one is starting: sooner ready than a cold start
                 finally:
@@ -327,11 +330,15 @@ class Pool:
         """Wait (lock held) until `_HOLD_OFF_S` after the last `take`; at once when a caller
         waits for a sandbox or the pool closes."""
         deadline = self._last_take + _HOLD_OFF_S
-        while self._waiting == 0 and not self._closed:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            self._cond.wait(left)
+        self._holding_off += 1
+        try:
+            while self._waiting == 0 and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(left)
+        finally:
+            self._holding_off -= 1
 
     def _next_to_start(self) -> _Key | None:
         """The key most short of its target, marked as starting one more; the lock is held."""
