@@ -165,3 +165,17 @@ def test_run_strict_exits_1_with_a_blocked_result() -> None:
     p = cli("run", "--strict", "--json", "--code", "exec(''.join(map(chr, [112, 40, 41])))")
     assert p.returncode == 1
     assert json.loads(p.stdout)["status"] == "blocked"
+
+
+def test_run_without_upstream_servers_does_not_load_the_mcp_sdk(tmp_path: Path) -> None:
+    """The SDK takes ~0.5 s to import: a plain `codecage run` must not pay for it."""
+    probe = (
+        "import sys\n"
+        "from codecage.bridge import tooling\n"
+        "tooling.prepare(None, settings=None)\n"
+        "print(sorted(m for m in sys.modules if m == 'mcp' or m.startswith('mcp.')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"

@@ -14,15 +14,17 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import mcp_types
-
-from codecage.bridge import codegen, upstreams
-from codecage.bridge.broker import Broker
+from codecage.bridge import upstreams
 from codecage.bridge.channel import CallFailed
 from codecage.config import Settings, ToolsFile
 from codecage.errors import ConfigError, SandboxError
+
+if TYPE_CHECKING:  # the MCP SDK (~0.5 s to import) loads only when there are servers
+    import mcp_types
+
+    from codecage.bridge.broker import Broker
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +82,8 @@ def prepare(
     servers = configured_servers(mcp_config, settings)
     if servers is None:
         return ToolSetup(skills_dir=_existing_dir(skills_dir, "--skills-dir"))
+    from codecage.bridge.broker import Broker
+
     broker = Broker(servers)
     try:
         servers_dir = servers_dir or where(file.servers_dir)
@@ -126,6 +130,8 @@ def generate(broker: Broker, servers: Sequence[str], out_dir: Path) -> list[Path
         ConfigError: an unknown server name, or `out_dir` is not codecage's to write.
         SandboxError: an upstream server could not be listed.
     """
+    from codecage.bridge import codegen
+
     listed: dict[str, list[mcp_types.Tool]] = {}
     for name in servers:
         if name not in broker.servers:
