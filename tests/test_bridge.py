@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.containment._support import host_pids_with
 
 from codecage import Sandbox
 from codecage.bridge import upstreams
@@ -88,20 +89,6 @@ def pid_of(echoed: list[Any]) -> str:
     assert echoed[0] == "ok", echoed
     text = echoed[1]["result"] if isinstance(echoed[1], dict) else echoed[1]
     return str(text).rsplit("pid ", 1)[1].rstrip(")")
-
-
-def processes_with(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if marker.encode() in cmdline:
-            found.append(int(entry.name))
-    return found
 
 
 def test_a_working_call_returns_its_result(sandbox: Sandbox) -> None:
@@ -304,11 +291,11 @@ def test_closing_the_broker_ends_every_upstream_process(marker: str) -> None:
         Sandbox(tools=own, pool=False, scrub=False) as box,
     ):
         value(box, '[attempt("crash"), attempt("echo", text="restarted")]')
-        assert len(processes_with(mine)) == 1
+        assert len(host_pids_with(mine)) == 1
     deadline = time.monotonic() + 10
-    while processes_with(mine) and time.monotonic() < deadline:
+    while host_pids_with(mine) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert processes_with(mine) == []
+    assert host_pids_with(mine) == []
 
 
 # --- the host's Channel on a real socketpair: served from the guest's first byte -----------
