@@ -348,3 +348,32 @@ outcome
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["return_value"] == "not_allowed"  # [tools] allow applies
     assert '"n1"' in memory_file.read_text(encoding="utf-8")
+
+
+@pytest.mark.skipif(
+    not (MEMORY_BIN / "mcp-server-memory").exists(), reason="scripts/setup installs npm servers"
+)
+def test_the_tools_table_bounds_each_runs_tool_calls(tmp_path: Path) -> None:
+    from codecage.bridge import tooling
+
+    config = tool_config(tmp_path, tmp_path / "m.jsonl", "max_calls = 2\nmax_result_mb = 0.5")
+    (tmp_path / "generated").mkdir()  # no tree needed: the code calls by name
+    setup = tooling.prepare(None, settings=load(config))
+    code = """
+from codecage.runtime import ToolCallError, call_tool_sync
+kinds = []
+for _ in range(3):
+    try:
+        call_tool_sync("memory", "read_graph")
+        kinds.append("ok")
+    except ToolCallError as exc:
+        kinds.append(exc.kind)
+kinds
+"""
+    try:
+        with Sandbox(pool=False, scrub=False, **setup.sandbox_options()) as box:
+            result = box.run(code, limits={"timeout": 60})
+    finally:
+        setup.close()
+    assert result.return_value == ["ok", "ok", "limit"]
+    assert setup.tool_limits is not None and setup.tool_limits.max_result_bytes == 512 * 1024

@@ -40,6 +40,7 @@ env = { MEMORY_FILE_PATH = "/var/lib/agent/memory.jsonl" }
 servers_dir = "servers"               # relative to this file's directory
 skills_dir = "skills"
 allow = ["memory.read_*", "memory.search_nodes"]
+max_calls = 200                       # tool calls per run (also max_in_flight, max_result_mb)
 ```
 
 Environment variables: `CODECAGE_<LIMIT>` for each limit, `CODECAGE_PROFILE`,
@@ -90,6 +91,9 @@ class ToolsFile(_FileModel):
     skills_dir: str | None = Field(None, description="Reusable functions, read-only at /skills.")
     allow: list[str] | None = Field(None, description='"server.tool" patterns code may call.')
     tokenize: bool | None = Field(None, description="Tokenize personal data in tool results.")
+    max_calls: int = Field(200, ge=1, le=100_000, description="Tool calls per run.")
+    max_in_flight: int = Field(16, ge=1, le=1000, description="Tool calls running at once.")
+    max_result_mb: float = Field(4, gt=0, le=64, description="Size of one tool result (MiB).")
 
 
 class ConfigFile(_FileModel):

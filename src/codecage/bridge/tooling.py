@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from codecage.bridge import upstreams
-from codecage.bridge.channel import CallFailed
+from codecage.bridge.channel import BridgeLimits, CallFailed
 from codecage.config import Settings, ToolsFile
 from codecage.errors import ConfigError, SandboxError
 
@@ -36,6 +36,7 @@ class ToolSetup:
     skills_dir: Path | None = None
     allowed_tools: tuple[str, ...] | None = None
     tokenize: bool | None = None
+    tool_limits: BridgeLimits | None = None
 
     def sandbox_options(self) -> dict[str, Any]:
         """Keyword arguments for `Sandbox(...)`."""
@@ -45,6 +46,7 @@ class ToolSetup:
             "skills_dir": self.skills_dir,
             "allowed_tools": self.allowed_tools,
             "tokenize": self.tokenize,
+            "tool_limits": self.tool_limits,
         }
 
     def close(self) -> None:
@@ -98,6 +100,11 @@ def prepare(
             skills_dir=_existing_dir(skills_dir, "--skills-dir"),
             allowed_tools=tuple(allowed) if allowed is not None else None,
             tokenize=tokenize if tokenize is not None else file.tokenize,
+            tool_limits=BridgeLimits(
+                max_calls=file.max_calls,
+                max_in_flight=file.max_in_flight,
+                max_result_bytes=int(file.max_result_mb * 1024 * 1024),
+            ),
         )
     except BaseException:
         broker.close()
