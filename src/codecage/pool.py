@@ -179,7 +179,9 @@ class Pool:
                 key.hits -= 1
                 key.misses += 1
                 self._grow(key)
-            self._cond.notify_all()  # a closing pool's starters wait for the last one
+            if self._closed or not ran:  # a closing pool's starters wait for the last one;
+                self._cond.notify_all()  # a miss gives them work. Else wake no one: the
+                # threads would compete with the caller's answer for the GIL.
         self._bury(sandbox)
 
     def _bury(self, sandbox: StartedSandbox) -> None:
