@@ -382,3 +382,38 @@ def test_a_forked_host_process_serves_its_own_bridges() -> None:
         reported = pipe.read()
     os.waitpid(pid, 0)
     assert json.loads(reported) == ["ok", "mail [EMAIL]"]
+
+
+def test_a_guest_that_hangs_up_without_a_request_starts_no_bridge_thread() -> None:
+    """Every guest closes its end when its process ends, often before the host stops the
+    channel: that is no reason to start serving."""
+    from socket import socketpair
+
+    from codecage.bridge.channel import Channel
+
+    host, guest = socketpair()
+    with host:
+        channel = Channel(host, _Echo(), BridgeLimits())
+        channel.start()
+        threads = _bridge_threads()
+        guest.close()
+        time.sleep(0.2)  # the watcher sees the hang-up
+        assert _bridge_threads() == threads
+        assert channel.stop() == []
+
+
+def test_a_request_sent_just_before_the_guest_hangs_up_is_still_served() -> None:
+    from socket import socketpair
+
+    from codecage.bridge.channel import Channel
+
+    host, guest = socketpair()
+    with host:
+        channel = Channel(host, _Echo(), BridgeLimits())
+        channel.start()
+        request = {"v": 1, "id": 1, "op": "call_tool", "server": "s", "tool": "t", "arguments": {}}
+        guest.sendall(json.dumps(request).encode() + b"\n")
+        guest.close()
+        time.sleep(0.2)
+        events = channel.stop()
+    assert [event.data["tool"] for event in events if event.kind == "tool_call"] == ["t"]

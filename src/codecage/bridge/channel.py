@@ -167,7 +167,15 @@ class Channel:
 
     def _serve(self) -> None:
         """The guest wrote (or hung up): start the reader and the writer, unless the run
-        is already over."""
+        is already over or the guest only hung up (its process ended before the host
+        stopped the channel: no request to serve)."""
+        try:
+            if not self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
+                return
+        except BlockingIOError:
+            pass  # woken without data: serving costs only the threads
+        except OSError:
+            return
         with self._serving:
             if self._stopped.is_set() or self._threads[0].ident is not None:
                 return
@@ -357,7 +365,7 @@ class _Watcher:
         threading.Thread(target=self._loop, name="codecage-bridge-watch", daemon=True).start()
 
     def watch(self, fd: int, serve: Callable[[], None]) -> None:
-        events = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT
+        events = select.EPOLLIN | select.EPOLLONESHOT
         with self._lock:
             self._waiting[fd] = serve
             try:
