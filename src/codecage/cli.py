@@ -706,6 +706,7 @@ def serve(
         codecage serve --mcp-config mcp.json   # execute_code may call these servers' tools
     """
     from codecage import server as mcp_server  # the MCP SDK loads only for this command
+    from codecage import stdio
 
     _configure_logging(verbose)
     if not verbose:  # the settings at start and one line per call, even when quiet
@@ -729,7 +730,7 @@ def serve(
             limits=limits, pool=not no_pool, sandbox_options=options
         )
         if not http:
-            app_server.run("stdio")
+            stdio.serve(app_server)
             return
         asgi = mcp_server.http_app(app_server, host=host, token=token)
     except CodecageError as exc:

@@ -1,0 +1,164 @@
+"""The MCP server's stdio transport, without worker threads.
+
+The SDK's `stdio_server()` reads and writes stdin/stdout through `anyio.wrap_file`, which
+runs every readline, write and flush in a worker thread: each message in costs one hand-off
+from a thread to the event loop, each message out four. On this kind of host (a VM, two
+cores) a hand-off costs 50-100 us, which is a tenth of what the whole sandbox run adds to a
+tool call. Here the event loop itself waits for stdin to be readable and stdout writable.
+
+The streams are handed to the SDK's own `stdio_server(stdin, stdout)` (its public way to
+bring your own streams), so message framing and parsing stay the SDK's. Like the SDK, the
+process's fds 0 and 1 are diverted while serving (0 to /dev/null, 1 to stderr), so that
+stray output of anything in this process cannot corrupt the protocol; the wire is served
+from private duplicates.
+
+Only pipes and sockets are served this way (what MCP hosts give a server); a terminal or a
+file on stdin or stdout takes the SDK's own transport.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import stat
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, Protocol
+
+import anyio
+
+log = logging.getLogger(__name__)
+
+_READ_CHUNK = 1 << 16
+
+
+class _LowLevelServer(Protocol):
+    async def run(self, read_stream: Any, write_stream: Any, options: Any) -> None: ...
+
+    def create_initialization_options(self) -> Any: ...
+
+
+def serve(server: Any) -> None:
+    """Serve `server` (an `MCPServer`) over stdin and stdout until stdin closes."""
+    lowlevel: _LowLevelServer | None = getattr(server, "_lowlevel_server", None)
+    if lowlevel is None or not (_is_stream(0) and _is_stream(1)):
+        # The SDK no longer exposes its low-level server (or a terminal is attached):
+        # its own transport is correct, only slower.
+        server.run("stdio")
+        return
+    anyio.run(_serve, lowlevel)
+
+
+async def _serve(lowlevel: _LowLevelServer) -> None:
+    from mcp.server.stdio import stdio_server
+
+    with _claimed_stdio() as (stdin_fd, stdout_fd):
+        async with stdio_server(
+            _LineReader(stdin_fd),  # type: ignore[arg-type]
+            _Writer(stdout_fd),  # type: ignore[arg-type]
+        ) as (read_stream, write_stream):
+            await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+
+
+def _is_stream(fd: int) -> bool:
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+@contextlib.contextmanager
+def _claimed_stdio() -> Iterator[tuple[int, int]]:
+    """Private non-blocking duplicates of fds 0 and 1, with 0 and 1 diverted meanwhile;
+    everything put back on the way out (the blocking flag too: the open file descriptions
+    may be shared with the process that started this one)."""
+    with contextlib.ExitStack() as undo:
+        stdin_fd = undo.enter_context(_diverted(0, os.open(os.devnull, os.O_RDONLY)))
+        stdout_fd = undo.enter_context(_diverted(1, _stderr_or_null()))
+        for fd in (stdin_fd, stdout_fd):
+            if os.get_blocking(fd):
+                os.set_blocking(fd, False)
+                undo.callback(_set_blocking_quietly, fd)
+        yield stdin_fd, stdout_fd
+
+
+def _stderr_or_null() -> int:
+    try:
+        return os.dup(2)
+    except OSError:  # started with fd 2 closed
+        return os.open(os.devnull, os.O_WRONLY)
+
+
+@contextlib.contextmanager
+def _diverted(fd: int, diversion: int) -> Iterator[int]:
+    private = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    try:
+        os.dup2(diversion, fd)
+    finally:
+        os.close(diversion)
+    try:
+        yield private
+    finally:
+        os.dup2(private, fd)
+        os.close(private)
+
+
+def _set_blocking_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.set_blocking(fd, True)
+
+
+class _LineReader:
+    """Lines of a non-blocking fd as text, read when the event loop says there is data
+    (what `stdio_server` iterates: `async for line in stdin`)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._lines()
+
+    async def _lines(self) -> AsyncIterator[str]:
+        # A long line comes in many chunks: only each new chunk is searched for its end.
+        parts: list[bytes] = []
+        while chunk := await self._read():
+            start = 0
+            while (end := chunk.find(b"\n", start)) != -1:
+                parts.append(chunk[start : end + 1])
+                yield b"".join(parts).decode("utf-8", "replace")
+                parts.clear()
+                start = end + 1
+            if start < len(chunk):
+                parts.append(chunk[start:])
+        if parts:
+            yield b"".join(parts).decode("utf-8", "replace")
+
+    async def _read(self) -> bytes:
+        while True:
+            try:
+                return os.read(self._fd, _READ_CHUNK)
+            except BlockingIOError:
+                await anyio.wait_readable(self._fd)
+
+
+class _Writer:
+    """What `stdio_server` writes with: `await write(text)`, then `await flush()`."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._pending = bytearray()
+
+    async def write(self, text: str) -> int:
+        self._pending += text.encode("utf-8")
+        return len(text)
+
+    async def flush(self) -> None:
+        while self._pending:
+            try:
+                written = os.write(self._fd, self._pending)
+            except BlockingIOError:
+                await anyio.wait_writable(self._fd)
+                continue
+            del self._pending[:written]  # cheap: a bytearray drops its head in place
