@@ -96,6 +96,7 @@ class Pool:
         self._graveyard: collections.deque[tuple[StartedSandbox, float]] = collections.deque()
         self._graveyard_cond = threading.Condition(threading.Lock())
         self._reaper_asleep = False  # waiting without a timeout: a burial must wake it
+        self._replacements_due = False  # a take left the starters work; the reaper tells them
         self._reaper_told_to_stop = False
         self._reaper = threading.Thread(target=self._reap_loop, name="codecage-reaper", daemon=True)
         self._manager = threading.Thread(target=self._manage, name="codecage-pool", daemon=True)
@@ -144,7 +145,7 @@ class Pool:
                         self._last_take = time.monotonic()
                         if waited:  # demand outran the pool: keep more ready
                             self._grow(key)
-                        self._cond.notify_all()  # a starter replaces it
+                        self._have_it_replaced()
                         return sandbox
                     key.crashed += 1
                     self._bury(sandbox)
@@ -165,6 +166,16 @@ class Pool:
                 self._grow(key)
                 self._cond.notify_all()
         return None
+
+    def _have_it_replaced(self) -> None:
+        """Get a starter to replace a sandbox just taken; the lock is held. A starter would
+        hold off `_HOLD_OFF_S` anyway: while the reaper looks around every `_REAPER_POLL_S`
+        it tells them at its next look, so a take wakes no thread (a wake-up costs the
+        caller ~0.1 ms here, and the woken starters compete with its run for the GIL)."""
+        if self._reaper_asleep:
+            self._cond.notify_all()
+        else:
+            self._replacements_due = True
 
     def _grow(self, key: _Key) -> None:
         """One more kept ready (up to max_idle); it shrinks back after a calm spell."""
@@ -475,9 +486,15 @@ class Pool:
     def _reap_loop(self) -> None:
         """Destroy used sandboxes, each `_HOLD_OFF_S` after its release (at once when the
         pool closes): tearing one down (kill, wait, unmount, remove its cgroup and dirs)
-        competes for the CPUs and the GIL with the answer of the run that just used it."""
+        competes for the CPUs and the GIL with the answer of the run that just used it.
+        On the way, pass the starters the replacements that takes left them."""
         last_work = time.monotonic()
         while (entry := self._next_in_graveyard(last_work)) is not None:
+            if isinstance(entry, _ReplacementsDue):
+                with self._cond:
+                    self._replacements_due = False
+                    self._cond.notify_all()
+                continue
             sandbox, not_before = entry
             if not self._closed:
                 time.sleep(max(0.0, not_before - time.monotonic()))
@@ -487,8 +504,11 @@ class Pool:
                 log.exception("pool.destroy_failed")
             last_work = time.monotonic()
 
-    def _next_in_graveyard(self, last_work: float) -> tuple[StartedSandbox, float] | None:
-        """The next used sandbox; None once told to stop and all are destroyed.
+    def _next_in_graveyard(
+        self, last_work: float
+    ) -> tuple[StartedSandbox, float] | _ReplacementsDue | None:
+        """The next used sandbox, or `_REPLACEMENTS_DUE` when a take left the starters work;
+        None once told to stop and all are destroyed.
 
         While runs come and go, the reaper looks every `_REAPER_POLL_S` by itself, so that
         releasing a sandbox wakes no thread: a wake-up then competed with the caller's
@@ -499,11 +519,20 @@ class Pool:
             while not self._graveyard:
                 if self._reaper_told_to_stop:
                     return None
+                if self._replacements_due:
+                    return _REPLACEMENTS_DUE  # (told outside this lock: the order is _cond first)
                 lingering = time.monotonic() - last_work < _REAPER_LINGER_S
                 self._reaper_asleep = not lingering
                 self._graveyard_cond.wait(_REAPER_POLL_S if lingering else None)
                 self._reaper_asleep = False
             return self._graveyard.popleft()
+
+
+class _ReplacementsDue:
+    """What the reaper finds when a take left the starters work (see `_have_it_replaced`)."""
+
+
+_REPLACEMENTS_DUE = _ReplacementsDue()
 
 
 # Every live pool is closed at interpreter exit, so no pooled sandbox outlives the host
