@@ -54,7 +54,7 @@ def test_the_mcp_benchmark_runs_against_a_real_server_and_the_sdks_floor() -> No
         check=False,
     )
     assert p.returncode == 0, p.stderr
-    for variant in ("empty_tool", "execute_code"):
+    for variant in ("empty_tool", "empty_tool_fast", "execute_code"):
         assert variant in p.stdout
 
 
