@@ -22,7 +22,7 @@ import anyio
 import pytest
 
 from codecage import stdio
-from test_server import CODECAGE
+from test_server import CODECAGE, left_behind
 
 pytestmark = pytest.mark.anyio
 
@@ -247,3 +247,30 @@ def test_codecage_serve_answers_over_a_socket(tmp_path: Path) -> None:
             received += chunk
     proc.wait(timeout=30)
     assert answer["structuredContent"]["stdout"] == "42\n"
+
+
+def test_a_client_that_stops_reading_ends_the_session_quietly(tmp_path: Path) -> None:
+    """Closing its end of the server's stdout is a hang-up: the server exits 0 with a log
+    line (not a traceback) and leaves no sandbox, mount, run dir or cgroup."""
+    proc = subprocess.Popen(
+        [CODECAGE, "serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    proc.stdin.write(session_input("execute_code", {"code": "print(1)"}))
+    proc.stdin.flush()
+    try:
+        returncode = proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        proc.stdin.close()
+    stderr = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert returncode == 0, stderr
+    assert "server.client_gone" in stderr
+    assert "Traceback" not in stderr
+    assert left_behind(proc.pid) == {}

@@ -710,7 +710,8 @@ def serve(
 
     _configure_logging(verbose)
     if not verbose:  # the settings at start and one line per call, even when quiet
-        logging.getLogger(mcp_server.__name__).setLevel(logging.INFO)
+        for module in (mcp_server, stdio):
+            logging.getLogger(module.__name__).setLevel(logging.INFO)
     _exit_on_sigterm()
     limits = mcp_server.ServerLimits(
         max_timeout=max_timeout,

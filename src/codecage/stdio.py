@@ -54,11 +54,16 @@ async def _serve(lowlevel: _LowLevelServer) -> None:
     from mcp.server.stdio import stdio_server
 
     with _claimed_stdio() as (stdin_fd, stdout_fd):
-        async with stdio_server(
-            _LineReader(stdin_fd),  # type: ignore[arg-type]
-            _Writer(stdout_fd),  # type: ignore[arg-type]
-        ) as (read_stream, write_stream):
-            await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+        try:
+            async with stdio_server(
+                _LineReader(stdin_fd),  # type: ignore[arg-type]
+                _Writer(stdout_fd),  # type: ignore[arg-type]
+            ) as (read_stream, write_stream):
+                options = lowlevel.create_initialization_options()
+                await lowlevel.run(read_stream, write_stream, options)
+        except* BrokenPipeError:
+            # The client stopped reading (closed its end of stdout): the session is over.
+            log.info("server.client_gone")
 
 
 def _is_stream(fd: int) -> bool:
