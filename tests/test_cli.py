@@ -72,6 +72,8 @@ def test_code_can_come_from_stdin_and_from_a_file(tmp_path: Path) -> None:
         ["run"],
         ["run", "--code", "1", "--file", "x.py"],
         ["run", "--no-such-flag"],
+        ["run", "--code", "1", "--max-tool-calls", "0"],
+        ["serve", "--max-tool-calls", "1000000"],
     ],
 )
 def test_usage_errors_exit_2_with_a_hint(args: list[str]) -> None:

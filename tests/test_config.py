@@ -377,3 +377,66 @@ kinds
         setup.close()
     assert result.return_value == ["ok", "ok", "limit"]
     assert setup.tool_limits is not None and setup.tool_limits.max_result_bytes == 512 * 1024
+
+
+def test_info_reports_the_tool_bounds_from_the_tools_table(tmp_path: Path) -> None:
+    config = tool_config(tmp_path, tmp_path / "m.jsonl", "max_calls = 7\nmax_in_flight = 3")
+    with Sandbox(config=config, pool=False) as box:
+        tools = box.info().tools
+    assert tools is not None
+    assert (tools.max_calls, tools.max_in_flight, tools.max_result_mb) == (7, 3, 4)
+    assert tools.servers == []  # this Sandbox was given no broker: its code calls nothing
+    assert tools.configured_servers == ["memory"]
+
+
+def test_without_a_tools_table_info_reports_the_built_in_bounds(tmp_path: Path) -> None:
+    empty = tmp_path / "codecage.toml"
+    empty.write_text("", encoding="utf-8")
+    with Sandbox(config=empty, pool=False) as box:
+        tools = box.info().tools
+    assert tools is not None
+    assert (tools.max_calls, tools.max_in_flight, tools.max_result_mb) == (200, 16, 4)
+    assert tools.configured_servers == []
+
+
+@pytest.mark.skipif(
+    not (MEMORY_BIN / "mcp-server-memory").exists(), reason="scripts/setup installs npm servers"
+)
+def test_max_tool_calls_beats_the_tools_table_and_info_shows_it(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    codecage = str(Path(sys.executable).with_name("codecage"))
+    config = tool_config(tmp_path, tmp_path / "m.jsonl", "max_calls = 50")
+    (tmp_path / "generated").mkdir()  # no tree needed: the code calls by name
+    code = """
+from codecage.runtime import ToolCallError, call_tool_sync
+kinds = []
+for _ in range(3):
+    try:
+        call_tool_sync("memory", "read_graph")
+        kinds.append("ok")
+    except ToolCallError as exc:
+        kinds.append(exc.kind)
+kinds
+"""
+    run = subprocess.run(
+        [codecage, "run", "--json", "--config", str(config), "--max-tool-calls", "1", "-"],
+        input=code,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["return_value"] == ["ok", "limit", "limit"]
+    info = subprocess.run(
+        [codecage, "info", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert "upstream MCP tools: memory (in the config file" in info.stdout
+    assert "at most 50 tool calls" in info.stdout

@@ -442,6 +442,7 @@ async def test_get_sandbox_info_lists_profiles_limits_and_the_pool(stdio: StdioS
     assert info["pool"] is not None  # the server runs with the warm pool
     assert info["layers"] and info["backends"]
     assert "timeout" in info["default_limits"]
+    assert info["tools"]["max_calls"] == 200  # the bounds of the code's tool calls
     maxima = json.dumps(info)
     assert "120" in maxima and "2048" in maxima  # the server's call maximums (defaults)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ from codecage.models import (
     PoolState,
     ScrubSettings,
     ScrubState,
+    ToolsState,
     ValidationReport,
 )
 from codecage.output import neutralise_text
@@ -204,6 +206,14 @@ ScrubCategoriesOpt = Annotated[
         show_default=False,
     ),
 ]
+MaxToolCallsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-tool-calls",
+        help="Tool calls one run may make, 1 to 100000 (default: \\[tools] max_calls, 200).",
+        show_default=False,
+    ),
+]
 AllowToolOpt = Annotated[
     list[str] | None,
     typer.Option(
@@ -275,6 +285,7 @@ def run(
     servers_dir: ServersDirOpt = None,
     skills_dir: SkillsDirOpt = None,
     allow_tool: AllowToolOpt = None,
+    max_tool_calls: MaxToolCallsOpt = None,
     tokenize: TokenizeOpt = False,
     no_scrub: NoScrubOpt = False,
     scrub_categories: ScrubCategoriesOpt = None,
@@ -312,7 +323,13 @@ def run(
         text, filename = _read_code(source, code, file)
         with _progress("connecting to the upstream MCP servers", enabled=not as_json):
             tools = _tool_setup(
-                mcp_config, servers_dir, skills_dir, allow_tool, tokenize, config_file
+                mcp_config,
+                servers_dir,
+                skills_dir,
+                allow_tool,
+                tokenize,
+                config_file,
+                max_tool_calls=max_tool_calls,
             )
         sandbox = Sandbox(
             backend=backend,
@@ -684,6 +701,7 @@ def serve(
     servers_dir: ServersDirOpt = None,
     skills_dir: SkillsDirOpt = None,
     allow_tool: AllowToolOpt = None,
+    max_tool_calls: MaxToolCallsOpt = None,
     tokenize: TokenizeOpt = False,
     no_scrub: NoScrubOpt = False,
     scrub_categories: ScrubCategoriesOpt = None,
@@ -720,7 +738,15 @@ def serve(
         max_queued=max_queued,
     )
     try:
-        tools = _tool_setup(mcp_config, servers_dir, skills_dir, allow_tool, tokenize, config_file)
+        tools = _tool_setup(
+            mcp_config,
+            servers_dir,
+            skills_dir,
+            allow_tool,
+            tokenize,
+            config_file,
+            max_tool_calls=max_tool_calls,
+        )
         atexit.register(tools.close)
         options = {
             **tools.sandbox_options(),
@@ -742,6 +768,9 @@ def serve(
     uvicorn.run(asgi, host=host, port=port, log_level="debug" if verbose else "warning")
 
 
+_MAX_TOOL_CALLS = 100_000  # as [tools] max_calls allows
+
+
 def _tool_setup(
     mcp_config: Path | None,
     servers_dir: Path | None,
@@ -749,18 +778,33 @@ def _tool_setup(
     allow_tool: list[str] | None,
     tokenize: bool,
     config_file: Path | None,
+    *,
+    max_tool_calls: int | None = None,
 ) -> ToolSetup:
     """The tool flags, with the config file's [mcpServers.*] and [tools] for what they
     leave out."""
     from codecage.bridge import tooling
 
-    return tooling.prepare(
+    settings = config.load(config_file)
+    setup = tooling.prepare(
         mcp_config,
         servers_dir=servers_dir,
         skills_dir=skills_dir,
         allowed_tools=[t for item in allow_tool or [] for t in item.split(",") if t],
         tokenize=True if tokenize else None,
-        settings=config.load(config_file),
+        settings=settings,
+    )
+    if max_tool_calls is None:
+        return setup
+    if not 1 <= max_tool_calls <= _MAX_TOOL_CALLS:
+        setup.close()
+        raise ConfigError(
+            f"--max-tool-calls {max_tool_calls} is out of range",
+            hint=f"give 1 to {_MAX_TOOL_CALLS} tool calls per run",
+        )
+    limits = setup.tool_limits or tooling.bridge_limits(settings.tools)
+    return dataclasses.replace(
+        setup, tool_limits=dataclasses.replace(limits, max_calls=max_tool_calls)
     )
 
 
@@ -818,6 +862,30 @@ def _render_info(report: HostInfo) -> None:
         _render_pool(out, report.pool)
     if report.scrub is not None:
         _render_scrub(out, report.scrub)
+    if report.tools is not None:
+        _render_tools(out, report.tools)
+
+
+def _render_tools(out: Console, tools: ToolsState) -> None:
+    if tools.servers:
+        servers = ", ".join(tools.servers)
+    elif tools.configured_servers:
+        servers = (
+            f"{', '.join(tools.configured_servers)} (in the config file; run and serve start them)"
+        )
+    else:
+        servers = "none (add --mcp-config FILE, or [mcpServers.NAME] to the config file)"
+    out.print(f"upstream MCP tools: {servers}", markup=False)
+    out.print(
+        f"   per run: at most {tools.max_calls} tool calls, {tools.max_in_flight} at once, "
+        f"{tools.max_result_mb:g} MiB per result ([tools] in the config file)",
+        markup=False,
+    )
+    if tools.allowed_tools is not None:
+        out.print(f"   allowed: {', '.join(tools.allowed_tools) or 'none'}", markup=False)
+    for label, directory in (("typed tools", tools.servers_dir), ("skills", tools.skills_dir)):
+        if directory is not None:
+            out.print(f"   {label}: {directory}", markup=False)
 
 
 def _render_scrub(out: Console, scrub: ScrubState) -> None:

@@ -349,6 +349,26 @@ class ScrubState(_Model):
     source: str = Field(description="Where the setting came from (default, file, env, argument).")
 
 
+class ToolsState(_Model):
+    """What `info` says of the upstream MCP tools the code may call, and their bounds."""
+
+    servers: list[str] = Field(
+        description="Upstream servers this sandbox's code can call; empty: tool calls fail."
+    )
+    configured_servers: list[str] = Field(
+        description="Servers in the config file's [mcpServers] (`run` and `serve` start them)."
+    )
+    allowed_tools: list[str] | None = Field(
+        description="'server.tool' patterns the code may call; None: all the servers allow."
+    )
+    tokenize: bool | None = Field(description="Personal data in tool results becomes tokens.")
+    max_calls: int = Field(description="Tool calls per run.")
+    max_in_flight: int = Field(description="Tool calls running at once in one run.")
+    max_result_mb: float = Field(description="Size of one tool result.")
+    servers_dir: str | None = Field(description="The typed tool tree, at /servers.")
+    skills_dir: str | None = Field(description="Reusable functions, at /skills.")
+
+
 class PoolKeyState(_Model):
     """One pool key: the sandboxes kept warm for one profile (and sizes)."""
 
@@ -407,6 +427,9 @@ class HostInfo(_Model):
     ceilings: Ceilings
     pool: PoolState | None = Field(None, description="The warm pool's settings and state.")
     scrub: ScrubState | None = Field(None, description="What results are scrubbed of.")
+    tools: ToolsState | None = Field(
+        None, description="Upstream MCP tools the code may call, and the bounds of its calls."
+    )
 
 
 class ProbeResult(_Model):

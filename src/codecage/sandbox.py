@@ -21,6 +21,7 @@ from codecage import workspace as workspaces
 from codecage.backends.base import Backend, available_backends, load_backend
 from codecage.backends.bwrap import BwrapBackend, bwrap_version
 from codecage.bridge import channel as bridge
+from codecage.bridge import tooling
 from codecage.config import Settings
 from codecage.errors import ConfigError, HostError
 from codecage.isolation import limits as cgroups
@@ -36,6 +37,7 @@ from codecage.models import (
     Limits,
     PoolState,
     ScrubSettings,
+    ToolsState,
     Usage,
     ValidationReport,
 )
@@ -139,7 +141,7 @@ class Sandbox:
         self.tools = tools
         self.tokenize = tokenize
         self.allowed_tools = tuple(allowed_tools) if allowed_tools is not None else None
-        self.tool_limits = tool_limits or bridge.BridgeLimits()
+        self.tool_limits = tool_limits or tooling.bridge_limits(self.settings.tools)
         self.servers_dir = Path(servers_dir).resolve() if servers_dir is not None else None
         self.skills_dir = Path(skills_dir).resolve() if skills_dir is not None else None
         self.policy: ImportPolicy | None = (
@@ -407,6 +409,21 @@ class Sandbox:
                 host_rss_mb=None,
             ),
             scrub=redaction.state(self.scrub_settings, self.scrubber, self._scrub_source),
+            tools=self._tools_state(),
+        )
+
+    def _tools_state(self) -> ToolsState:
+        limits = self.tool_limits
+        return ToolsState(
+            servers=sorted(self.tools.servers) if self.tools is not None else [],
+            configured_servers=sorted(self.settings.mcp_servers),
+            allowed_tools=list(self.allowed_tools) if self.allowed_tools is not None else None,
+            tokenize=self.tokenize,
+            max_calls=limits.max_calls,
+            max_in_flight=limits.max_in_flight,
+            max_result_mb=round(limits.max_result_bytes / (1024 * 1024), 2),
+            servers_dir=str(self.servers_dir) if self.servers_dir is not None else None,
+            skills_dir=str(self.skills_dir) if self.skills_dir is not None else None,
         )
 
     def doctor(self) -> DoctorReport:

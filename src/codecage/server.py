@@ -253,8 +253,8 @@ def _tools(runner: _Runner) -> list[Tool]:
     @tool(
         description=(
             "What this sandbox offers: the profiles and their modules, the default limits "
-            "and the maximums a call may ask for, the isolation layers in force, and the "
-            "warm pool's state."
+            "and the maximums a call may ask for, the isolation layers in force, the "
+            "warm pool's state, and the upstream tools the code may call with their bounds."
         )
     )
     def get_sandbox_info() -> dict[str, Any]:

@@ -100,15 +100,20 @@ def prepare(
             skills_dir=_existing_dir(skills_dir, "--skills-dir"),
             allowed_tools=tuple(allowed) if allowed is not None else None,
             tokenize=tokenize if tokenize is not None else file.tokenize,
-            tool_limits=BridgeLimits(
-                max_calls=file.max_calls,
-                max_in_flight=file.max_in_flight,
-                max_result_bytes=int(file.max_result_mb * 1024 * 1024),
-            ),
+            tool_limits=bridge_limits(file),
         )
     except BaseException:
         broker.close()
         raise
+
+
+def bridge_limits(file: ToolsFile) -> BridgeLimits:
+    """The bounds of a run's tool calls that the config's [tools] table sets."""
+    return BridgeLimits(
+        max_calls=file.max_calls,
+        max_in_flight=file.max_in_flight,
+        max_result_bytes=int(file.max_result_mb * 1024 * 1024),
+    )
 
 
 def configured_servers(
