@@ -73,6 +73,27 @@ async def test_a_20_mb_line_arrives_whole() -> None:
     assert lines[0].encode() == line
 
 
+async def test_a_line_past_the_limit_is_dropped_and_the_next_one_read(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    reader, writer = socket.socketpair()
+    reader.setblocking(False)
+    lines: list[str] = []
+
+    async def collect() -> None:
+        lines.extend([line async for line in stdio._LineReader(reader.fileno(), 1000)])
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(collect)
+        for piece in [b'{"big": "' + b"z" * 3000, b"z" * 3000 + b'"}\n{"next"', b": 1}\n"]:
+            writer.sendall(piece)
+            await anyio.sleep(0.02)
+        writer.close()
+    reader.close()
+    assert lines == ['{"next": 1}\n']
+    assert "server.line_too_long" in caplog.text
+
+
 def _write_and_close(fd: int, data: bytes) -> None:
     with open(fd, "wb") as out:
         out.write(data)

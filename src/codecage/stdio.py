@@ -31,6 +31,10 @@ import anyio
 log = logging.getLogger(__name__)
 
 _READ_CHUNK = 1 << 16
+# A message longer than this is dropped (with a warning in the log) instead of being held in
+# memory; the SDK drops a line that is not JSON the same way. Generous: 20 MB of code, every
+# character escaped, fits.
+MAX_LINE_BYTES = 256 * 1024 * 1024
 
 
 class _LowLevelServer(Protocol):
@@ -119,8 +123,9 @@ class _LineReader:
     """Lines of a non-blocking fd as text, read when the event loop says there is data
     (what `stdio_server` iterates: `async for line in stdin`)."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, max_line_bytes: int = MAX_LINE_BYTES) -> None:
         self._fd = fd
+        self._max_line_bytes = max_line_bytes
 
     def __aiter__(self) -> AsyncIterator[str]:
         return self._lines()
@@ -128,15 +133,22 @@ class _LineReader:
     async def _lines(self) -> AsyncIterator[str]:
         # A long line comes in many chunks: only each new chunk is searched for its end.
         parts: list[bytes] = []
+        size = 0  # of `parts`; past the limit the line is skipped up to its end
         while chunk := await self._read():
             start = 0
             while (end := chunk.find(b"\n", start)) != -1:
-                parts.append(chunk[start : end + 1])
-                yield b"".join(parts).decode("utf-8", "replace")
+                if size <= self._max_line_bytes:
+                    parts.append(chunk[start : end + 1])
+                    yield b"".join(parts).decode("utf-8", "replace")
                 parts.clear()
+                size = 0
                 start = end + 1
-            if start < len(chunk):
+            if start < len(chunk) and size <= self._max_line_bytes:
                 parts.append(chunk[start:])
+                size += len(chunk) - start
+                if size > self._max_line_bytes:
+                    parts.clear()  # the memory goes now; the rest of the line is skipped
+                    log.warning("server.line_too_long", extra={"limit": self._max_line_bytes})
         if parts:
             yield b"".join(parts).decode("utf-8", "replace")
 
