@@ -14,9 +14,11 @@ from __future__ import annotations
 import ast
 import asyncio
 import importlib
+import importlib.util
 import json
 import random
 import re
+import shutil
 import string
 import subprocess
 import sys
@@ -1591,6 +1593,20 @@ def test_write_tree_removes_stale_tools_and_servers_and_nothing_else(tmp_path: P
     assert "github" not in (out / "__init__.py").read_text()
 
 
+def test_write_tree_leaves_bytecode_for_the_read_only_mount_and_removes_the_stale(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "servers"
+    files = generate({"memory": MEMORY})
+    write_tree(files, out)
+    for rel in files:
+        cached = Path(importlib.util.cache_from_source(str(out / rel)))
+        assert cached.is_file(), rel
+    gone = Path(importlib.util.cache_from_source(str(out / "memory" / "read_graph.py")))
+    write_tree(generate({"memory": [t for t in MEMORY if t.name != "read_graph"]}), out)
+    assert not gone.exists()
+
+
 def test_write_tree_refuses_a_directory_it_did_not_write(tmp_path: Path) -> None:
     out = tmp_path / "servers"
     out.mkdir()
@@ -1614,9 +1630,7 @@ def test_write_tree_never_follows_a_symlink_out_of_the_tree(tmp_path: Path) -> N
     (outside / "create_entities.py").write_text("keep", encoding="utf-8")
     write_tree(generate({"memory": MEMORY}), out)
     # A server directory swapped for a symlink is refused, not written through.
-    for p in (out / "memory").iterdir():
-        p.unlink()
-    (out / "memory").rmdir()
+    shutil.rmtree(out / "memory")
     (out / "memory").symlink_to(outside)
     with pytest.raises(ConfigError, match="symlink"):
         write_tree(generate({"memory": MEMORY}), out)
@@ -1630,6 +1644,12 @@ def test_write_tree_never_follows_a_symlink_out_of_the_tree(tmp_path: Path) -> N
     write_tree(generate({"memory": MEMORY}), out)
     assert not target.is_symlink()
     assert (outside / "create_entities.py").read_text() == "keep"
+    # Nor is a __pycache__ swapped for a symlink written through.
+    shutil.rmtree(out / "memory" / "__pycache__")
+    (out / "memory" / "__pycache__").symlink_to(outside)
+    (out / "memory" / "read_graph.py").unlink()  # so that its bytecode is due again
+    write_tree(generate({"memory": MEMORY}), out)
+    assert sorted(p.name for p in outside.iterdir()) == ["create_entities.py"]
 
 
 def test_a_tampered_marker_cannot_make_write_tree_delete_outside_the_tree(tmp_path: Path) -> None:

@@ -620,7 +620,8 @@ def gen(
     Connects to each server, lists its tools, and writes servers/<server>/<tool>.py with a
     typed Params, the result type, and call()/call_sync(). Mount the tree into the sandbox
     with `codecage run --servers-dir` (or let run/serve generate it). Regenerating gives
-    byte-identical files; files of servers no longer asked for are removed.
+    byte-identical files; files of servers no longer asked for are removed. Each module's
+    bytecode is written beside it (the tree is read-only in the sandbox).
 
     Examples:
 

@@ -51,6 +51,8 @@ Choices, and why:
 from __future__ import annotations
 
 import builtins
+import compileall
+import importlib.util
 import json
 import keyword
 import logging
@@ -1162,9 +1164,11 @@ def write_tree(files: Mapping[str, str], out_dir: Path) -> list[Path]:
             if path.is_symlink() or path.is_file():
                 path.unlink()
                 log.debug("codegen_removed", extra={"path": str(path)})
+            _remove_bytecode(path)
             if path.parent != out_dir and path.parent.is_dir() and not any(path.parent.iterdir()):
                 path.parent.rmdir()
         _write_marker(marker, set(files))
+        _compile_tree(out_dir, files)
     except OSError as exc:
         raise BridgeError(
             f"could not write the generated tree in {out_dir}: {exc.strerror or exc}",
@@ -1172,6 +1176,30 @@ def write_tree(files: Mapping[str, str], out_dir: Path) -> list[Path]:
         ) from exc
     log.debug("codegen_written", extra={"out_dir": str(out_dir), "written": len(written)})
     return written
+
+
+def _compile_tree(out_dir: Path, files: Mapping[str, str]) -> None:
+    """Bytecode beside each module, as an import on the host would write it: the tree is
+    read-only in the sandbox, where importing a server and two of its tools otherwise
+    compiles them on every run (2.7 ms instead of 1.7 ms). Up-to-date files are skipped."""
+    for rel in files:
+        source = out_dir / rel
+        if Path(importlib.util.cache_from_source(str(source))).parent.is_symlink():
+            continue  # never written through (the pyc itself is replaced, not followed)
+        compileall.compile_file(str(source), quiet=2)
+
+
+def _remove_bytecode(source: Path) -> None:
+    """The bytecode of a module that is gone, and its __pycache__ once that is empty."""
+    cached = Path(importlib.util.cache_from_source(str(source)))
+    if cached.is_file() and not cached.is_symlink():
+        cached.unlink()
+    if (
+        cached.parent.is_dir()
+        and not cached.parent.is_symlink()
+        and not any(cached.parent.iterdir())
+    ):
+        cached.parent.rmdir()
 
 
 def _write_marker(marker: Path, files: set[str]) -> None:
