@@ -12,6 +12,7 @@ import contextlib
 import errno
 import json
 import os
+import select
 import signal
 import tempfile
 import threading
@@ -481,3 +482,53 @@ def test_fifty_pooled_runs_and_a_close_leave_nothing_behind() -> None:
     after = _snapshot()
     leaks = {name: sorted(map(str, after[name] - before[name])) for name in before}
     assert not any(leaks.values()), f"left behind: {leaks}"
+
+
+def test_a_forked_child_runs_cold_and_leaves_the_parents_warm_sandboxes_alone(
+    make_pool: MakePool,
+) -> None:
+    """A warm sandbox is single-use: a child forked from the pool's process (a pre-forking
+    server, multiprocessing) must not take one of the parent's, which the parent would take
+    as well; nor may it close the parent's pool."""
+    sandbox = _warm_sandbox(make_pool)
+    pool = sandbox.pool
+    assert pool is not None
+    idle = {s.execution_id for s in _idle(sandbox)}
+    read_end, write_end = os.pipe()
+    # The pool's threads take its lock all the time: the fork happens while one holds it,
+    # and in the child that lock stays held for good.
+    holding, done = threading.Event(), threading.Event()
+
+    def hold_the_lock() -> None:
+        with pool._cond:
+            holding.set()
+            done.wait(10)
+
+    holder = threading.Thread(target=hold_the_lock)
+    holder.start()
+    holding.wait(10)
+    child = os.fork()
+    done.set()
+    holder.join()
+    if child == 0:  # the child: report its run, close the pool (a no-op here), leave
+        try:
+            os.close(read_end)
+            result = sandbox.run("6 * 7")
+            pool.close()
+            os.write(write_end, result.model_dump_json().encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        with os.fdopen(read_end, "rb") as reader:
+            ready, _, _ = select.select([reader], [], [], 30)
+            assert ready, "the forked child did not finish its run"
+            child_result = ExecutionResult.model_validate_json(reader.read())
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)  # a child stuck on the parent's lock ends here
+        os.waitpid(child, 0)
+    assert child_result.status == "ok" and child_result.return_value == 42
+    assert child_result.execution_id not in idle  # a cold sandbox of the child's own
+    assert {s.execution_id for s in _idle(sandbox)} == idle
+    _warm_run(sandbox, "1 + 1")  # the parent's idle sandbox is still there, and unused

@@ -88,6 +88,8 @@ class Pool:
         self.backend = backend
         self.config = config
         self._limits = limits  # idle sandboxes' cgroups; each request sets its own
+        self._owner_pid = os.getpid()  # a forked child must not use (or close) this pool
+        self._fork_noted = False
         self._cond = threading.Condition()
         self._keys: dict[SandboxSpec, _Key] = {}
         self._closed = False
@@ -120,6 +122,8 @@ class Pool:
 
     def register(self, spec: SandboxSpec, profile: str | None = None) -> None:
         """Keep sandboxes of `spec` warm (sizes of `profile`, else the default sizes)."""
+        if self._forked():
+            return
         with self._cond:
             if self._closed or spec in self._keys:
                 return
@@ -131,7 +135,9 @@ class Pool:
     def take(self, spec: SandboxSpec) -> StartedSandbox | None:
         """A ready sandbox of `spec`, now the caller's (run it, then `release` it); or None
         when none is ready within the configured wait, or `spec` is not registered: the
-        caller starts a cold one."""
+        caller starts a cold one (always in a process forked from the pool's)."""
+        if self._forked():
+            return None
         deadline = time.monotonic() + self.config.wait
         with self._cond:
             key = self._keys.get(spec)
@@ -185,6 +191,8 @@ class Pool:
     def release(self, sandbox: StartedSandbox, *, ran: bool = True) -> None:
         """Hand back a sandbox `take` gave: it is destroyed. `ran=False`: it could not take
         the request (`LimitsNotApplicable`), so the run went cold and counts as a miss."""
+        if self._forked():
+            return  # the parent's to destroy
         with self._cond:
             self._in_use -= 1
             key = self._keys.get(sandbox.spec)
@@ -208,6 +216,8 @@ class Pool:
 
     def wait_ready(self, timeout: float) -> bool:
         """Wait until every key has its `min_idle` sandboxes ready; False on timeout."""
+        if self._forked():
+            return False
         deadline = time.monotonic() + timeout
         with self._cond:
             while not all(len(k.idle) >= k.sizes.min_idle for k in self._keys.values()):
@@ -219,6 +229,8 @@ class Pool:
 
     def state(self) -> PoolState:
         """Sizes, counters and the idle sandboxes' memory, per key."""
+        if self._forked():
+            return PoolState(enabled=False, config=self.config, keys=[], host_rss_mb=None)
         with self._cond:
             rows = [(_key_state(k), k.idle[0] if k.idle else None) for k in self._keys.values()]
         # /proc is read outside the lock: runs must not wait for a report.
@@ -228,7 +240,10 @@ class Pool:
         )
 
     def close(self) -> None:
-        """Stop refilling and kill every pooled sandbox; wait until they are gone."""
+        """Stop refilling and kill every pooled sandbox; wait until they are gone. (In a
+        forked child: nothing; the sandboxes and threads are the parent's.)"""
+        if self._forked():
+            return
         with self._cond:
             if self._closed:
                 return
@@ -264,6 +279,19 @@ class Pool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _forked(self) -> bool:
+        """Whether this process is a fork of the one that made the pool. Its idle sandboxes
+        are the parent's: taking one would run a second request in a single-use sandbox
+        (the parent takes it too) or steal the parent's; its threads did not survive the
+        fork, and a lock one of them held stays held. So a child leaves the pool alone and
+        its runs start cold; a Sandbox created after the fork has a pool of its own."""
+        if os.getpid() == self._owner_pid:
+            return False
+        if not self._fork_noted:
+            self._fork_noted = True
+            log.warning("pool.forked", extra={"parent_pid": self._owner_pid})
+        return True
 
     # --- the manager thread ----------------------------------------------------------------
 
