@@ -9,8 +9,11 @@ reach the code as a `ToolCallError` of the documented kind, the run goes on, and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
+import signal
 import sys
 import threading
 import time
@@ -296,6 +299,47 @@ def test_closing_the_broker_ends_every_upstream_process(marker: str) -> None:
     while host_pids_with(mine) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert host_pids_with(mine) == []
+
+
+def test_a_forked_child_gets_a_clear_error_and_the_parents_sessions_go_on(marker: str) -> None:
+    """The broker's loop runs in a thread, which a fork does not copy: a call from a child
+    would wait for nothing (and its exit, closing the broker, for 10 s)."""
+    mine = marker + "-fork"
+    with make_broker(mine) as own:
+        assert "before" in own.call("flaky", "echo", {"text": "before"}).result(timeout=30).text
+        read_end, write_end = os.pipe()
+        child = os.fork()
+        if child == 0:
+            try:
+                os.close(read_end)
+                started = time.monotonic()
+                try:
+                    own.call("flaky", "echo", {"text": "child"}).result(timeout=20)
+                    outcome = {"kind": "ok", "message": ""}
+                except Exception as exc:  # CallFailed, or a TimeoutError without the fix
+                    outcome = {
+                        "kind": getattr(exc, "kind", type(exc).__name__),
+                        "message": str(exc),
+                    }
+                own.close()  # at once: the sessions are the parent's
+                outcome["seconds"] = time.monotonic() - started
+                os.write(write_end, json.dumps(outcome).encode())
+            finally:
+                os._exit(0)
+        os.close(write_end)
+        try:
+            with os.fdopen(read_end, "rb") as reader:
+                ready, _, _ = select.select([reader], [], [], 40)
+                assert ready, "the forked child did not finish"
+                outcome = json.loads(reader.read())
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+        assert outcome["kind"] == "upstream_error" and "forked" in outcome["message"]
+        assert outcome["seconds"] < 5
+        assert "after" in own.call("flaky", "echo", {"text": "after"}).result(timeout=30).text
+        assert len(host_pids_with(mine)) == 1  # the parent's session, not a second server
 
 
 # --- the host's Channel on a real socketpair: served from the guest's first byte -----------

@@ -16,6 +16,7 @@ import atexit
 import contextlib
 import fnmatch
 import logging
+import os
 import tempfile
 import threading
 import weakref
@@ -50,6 +51,7 @@ class Broker:
 
     def __init__(self, servers: Mapping[str, Upstream]) -> None:
         self.servers = dict(servers)
+        self._owner_pid = os.getpid()  # a forked child has the sessions' copies, not the loop
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="codecage-broker", daemon=True
@@ -100,8 +102,9 @@ class Broker:
         return RunTools(self, allowed_tools, scrubber or scrubbing.Scrubber(), tokenize)
 
     def close(self) -> None:
-        """End every session (stdio servers exit) and stop the loop; idempotent."""
-        if self._closed:
+        """End every session (stdio servers exit) and stop the loop; idempotent. (In a
+        forked child: nothing; the sessions and the loop's thread are the parent's.)"""
+        if self._closed or self._forked():
             return
         self._closed = True
         closing = [upstream.close() for upstream in self._upstreams.values()]
@@ -125,7 +128,20 @@ class Broker:
             raise ConfigError(f"no upstream server {server!r} is configured (known: {known})")
         return upstream
 
+    def _forked(self) -> bool:
+        return os.getpid() != self._owner_pid
+
     def _submit(self, coroutine: Any) -> Future[Any]:
+        if self._forked():
+            # The loop's thread did not survive the fork: a call would wait for nothing.
+            coroutine.close()
+            return _failed(
+                CallFailed(
+                    "upstream_error",
+                    "this process was forked from the one that holds the upstream MCP "
+                    "sessions; create the Broker (or the codecage process) after the fork",
+                )
+            )
         if self._closed and not self._loop.is_running():
             coroutine.close()
             return _failed(CallFailed("upstream_error", "the broker is closed"))
