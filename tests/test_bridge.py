@@ -9,11 +9,8 @@ reach the code as a `ToolCallError` of the documented kind, the run goes on, and
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import select
-import signal
 import sys
 import threading
 import time
@@ -23,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests._forking import in_forked_child
 from tests.containment._support import host_pids_with
 
 from codecage import Sandbox
@@ -307,35 +305,21 @@ def test_a_forked_child_gets_a_clear_error_and_the_parents_sessions_go_on(marker
     mine = marker + "-fork"
     with make_broker(mine) as own:
         assert "before" in own.call("flaky", "echo", {"text": "before"}).result(timeout=30).text
-        read_end, write_end = os.pipe()
-        child = os.fork()
-        if child == 0:
+
+        def call_then_close() -> bytes:  # in the child
+            started = time.monotonic()
             try:
-                os.close(read_end)
-                started = time.monotonic()
-                try:
-                    own.call("flaky", "echo", {"text": "child"}).result(timeout=20)
-                    outcome = {"kind": "ok", "message": ""}
-                except Exception as exc:  # CallFailed, or a TimeoutError without the fix
-                    outcome = {
-                        "kind": getattr(exc, "kind", type(exc).__name__),
-                        "message": str(exc),
-                    }
-                own.close()  # at once: the sessions are the parent's
-                outcome["seconds"] = time.monotonic() - started
-                os.write(write_end, json.dumps(outcome).encode())
-            finally:
-                os._exit(0)
-        os.close(write_end)
-        try:
-            with os.fdopen(read_end, "rb") as reader:
-                ready, _, _ = select.select([reader], [], [], 40)
-                assert ready, "the forked child did not finish"
-                outcome = json.loads(reader.read())
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child, signal.SIGKILL)
-            os.waitpid(child, 0)
+                own.call("flaky", "echo", {"text": "child"}).result(timeout=20)
+                outcome = {"kind": "ok", "message": ""}
+            except Exception as exc:  # CallFailed, or a TimeoutError without the fix
+                outcome = {"kind": getattr(exc, "kind", type(exc).__name__), "message": str(exc)}
+            own.close()  # at once: the sessions are the parent's
+            outcome["seconds"] = time.monotonic() - started
+            return json.dumps(outcome).encode()
+
+        reported = in_forked_child(call_then_close, timeout=40)
+        assert reported, "the forked child did not finish"
+        outcome = json.loads(reported)
         assert outcome["kind"] == "upstream_error" and "forked" in outcome["message"]
         assert outcome["seconds"] < 5
         assert "after" in own.call("flaky", "echo", {"text": "after"}).result(timeout=30).text

@@ -265,6 +265,20 @@ def test_a_configured_secret_too_short_to_scrub_is_refused(tmp_path: Path) -> No
 MEMORY_BIN = Path(__file__).resolve().parent.parent / "tools" / "node_modules" / ".bin"
 
 
+# Three calls of a tool; each call's outcome: "ok" or the ToolCallError's kind.
+THREE_TOOL_CALLS = """
+from codecage.runtime import ToolCallError, call_tool_sync
+kinds = []
+for _ in range(3):
+    try:
+        call_tool_sync("memory", "read_graph")
+        kinds.append("ok")
+    except ToolCallError as exc:
+        kinds.append(exc.kind)
+kinds
+"""
+
+
 def tool_config(directory: Path, memory_file: Path, extra: str = "") -> Path:
     path = directory / "codecage.toml"
     path.write_text(
@@ -359,20 +373,9 @@ def test_the_tools_table_bounds_each_runs_tool_calls(tmp_path: Path) -> None:
     config = tool_config(tmp_path, tmp_path / "m.jsonl", "max_calls = 2\nmax_result_mb = 0.5")
     (tmp_path / "generated").mkdir()  # no tree needed: the code calls by name
     setup = tooling.prepare(None, settings=load(config))
-    code = """
-from codecage.runtime import ToolCallError, call_tool_sync
-kinds = []
-for _ in range(3):
-    try:
-        call_tool_sync("memory", "read_graph")
-        kinds.append("ok")
-    except ToolCallError as exc:
-        kinds.append(exc.kind)
-kinds
-"""
     try:
         with Sandbox(pool=False, scrub=False, **setup.sandbox_options()) as box:
-            result = box.run(code, limits={"timeout": 60})
+            result = box.run(THREE_TOOL_CALLS, limits={"timeout": 60})
     finally:
         setup.close()
     assert result.return_value == ["ok", "ok", "limit"]
@@ -410,20 +413,9 @@ def test_max_tool_calls_beats_the_tools_table_and_info_shows_it(tmp_path: Path) 
     codecage = str(Path(sys.executable).with_name("codecage"))
     config = tool_config(tmp_path, tmp_path / "m.jsonl", "max_calls = 50")
     (tmp_path / "generated").mkdir()  # no tree needed: the code calls by name
-    code = """
-from codecage.runtime import ToolCallError, call_tool_sync
-kinds = []
-for _ in range(3):
-    try:
-        call_tool_sync("memory", "read_graph")
-        kinds.append("ok")
-    except ToolCallError as exc:
-        kinds.append(exc.kind)
-kinds
-"""
     run = subprocess.run(
         [codecage, "run", "--json", "--config", str(config), "--max-tool-calls", "1", "-"],
-        input=code,
+        input=THREE_TOOL_CALLS,
         capture_output=True,
         text=True,
         timeout=120,

@@ -12,7 +12,6 @@ import contextlib
 import errno
 import json
 import os
-import select
 import signal
 import tempfile
 import threading
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests._forking import in_forked_child
 
 from codecage import ExecutionResult, Sandbox
 from codecage.backends.base import load_backend
@@ -494,7 +494,6 @@ def test_a_forked_child_runs_cold_and_leaves_the_parents_warm_sandboxes_alone(
     pool = sandbox.pool
     assert pool is not None
     idle = {s.execution_id for s in _idle(sandbox)}
-    read_end, write_end = os.pipe()
     # The pool's threads take its lock all the time: the fork happens while one holds it,
     # and in the child that lock stays held for good.
     holding, done = threading.Event(), threading.Event()
@@ -504,30 +503,18 @@ def test_a_forked_child_runs_cold_and_leaves_the_parents_warm_sandboxes_alone(
             holding.set()
             done.wait(10)
 
+    def run_then_close() -> bytes:  # in the child; closing the pool is a no-op there
+        result = sandbox.run("6 * 7")
+        pool.close()
+        return result.model_dump_json().encode()
+
     holder = threading.Thread(target=hold_the_lock)
     holder.start()
     holding.wait(10)
-    child = os.fork()
-    done.set()
+    reported = in_forked_child(run_then_close, timeout=30, after_fork=done.set)
     holder.join()
-    if child == 0:  # the child: report its run, close the pool (a no-op here), leave
-        try:
-            os.close(read_end)
-            result = sandbox.run("6 * 7")
-            pool.close()
-            os.write(write_end, result.model_dump_json().encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    try:
-        with os.fdopen(read_end, "rb") as reader:
-            ready, _, _ = select.select([reader], [], [], 30)
-            assert ready, "the forked child did not finish its run"
-            child_result = ExecutionResult.model_validate_json(reader.read())
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(child, signal.SIGKILL)  # a child stuck on the parent's lock ends here
-        os.waitpid(child, 0)
+    assert reported, "the forked child did not finish its run"
+    child_result = ExecutionResult.model_validate_json(reported)
     assert child_result.status == "ok" and child_result.return_value == 42
     assert child_result.execution_id not in idle  # a cold sandbox of the child's own
     assert {s.execution_id for s in _idle(sandbox)} == idle
