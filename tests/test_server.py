@@ -49,6 +49,30 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+def session_input(tool: str, arguments: dict[str, object]) -> bytes:
+    """A raw stdio session's requests: initialize (id 1), initialized, a tool call (id 2)."""
+    messages = [
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": LATEST_HANDSHAKE_VERSION,
+                "capabilities": {},
+                "clientInfo": {"name": "test", "version": "0"},
+            },
+        },
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {"name": tool, "arguments": arguments},
+        },
+    ]
+    return "".join(json.dumps(m) + "\n" for m in messages).encode()
+
+
 def server_env(**extra: str) -> dict[str, str]:
     """The test's environment without any CODECAGE_* setting (a token, a config file)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CODECAGE_")}
@@ -464,26 +488,7 @@ def test_a_raw_stdio_session_sees_only_json_rpc_lines_on_stdout(
 ) -> None:
     """Without the SDK's tolerant reader: every stdout line must parse as JSON-RPC, while
     the server logs (one line per call at least, DEBUG with --verbose)."""
-    messages = [
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": LATEST_HANDSHAKE_VERSION,
-                "capabilities": {},
-                "clientInfo": {"name": "test", "version": "0"},
-            },
-        },
-        {"jsonrpc": "2.0", "method": "notifications/initialized"},
-        {
-            "jsonrpc": "2.0",
-            "id": 2,
-            "method": "tools/call",
-            "params": {"name": "execute_code", "arguments": {"code": "print('out')\n1/0"}},
-        },
-    ]
-    stdin = "".join(json.dumps(m) + "\n" for m in messages)
+    stdin = session_input("execute_code", {"code": "print('out')\n1/0"}).decode()
     proc = subprocess.Popen(
         [CODECAGE, "serve", *flags],
         stdin=subprocess.PIPE,

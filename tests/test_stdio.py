@@ -22,7 +22,7 @@ import anyio
 import pytest
 
 from codecage import stdio
-from test_server import CODECAGE, left_behind
+from test_server import CODECAGE, left_behind, session_input
 
 pytestmark = pytest.mark.anyio
 
@@ -153,29 +153,6 @@ SERVE_ONE_SESSION = textwrap.dedent(
     os.write(1, b"fd 1 is the wire again\\n")
     """
 )
-
-
-def session_input(tool: str, arguments: dict[str, object]) -> bytes:
-    messages = [
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {},
-                "clientInfo": {"name": "test", "version": "0"},
-            },
-        },
-        {"jsonrpc": "2.0", "method": "notifications/initialized"},
-        {
-            "jsonrpc": "2.0",
-            "id": 2,
-            "method": "tools/call",
-            "params": {"name": tool, "arguments": arguments},
-        },
-    ]
-    return "".join(json.dumps(m) + "\n" for m in messages).encode()
 
 
 def answer_to_call(received: bytes) -> dict[str, Any] | None:
