@@ -21,7 +21,8 @@ teardown ~0.6 ms.
 Threads: two starter threads start sandboxes (bwrap's --die-with-parent is tied to the
 thread that started it, so they live as long as the pool); one manager thread watches the
 starting ones until they are ready and the idle ones for a crash; one reaper thread
-destroys used ones. Callers of `take` only pop from a deque under a lock.
+destroys used ones and tells the starters when a take left them work. Callers of `take`
+only pop from a deque under a lock.
 """
 
 from __future__ import annotations
@@ -177,7 +178,10 @@ class Pool:
         """Get a starter to replace a sandbox just taken; the lock is held. A starter would
         hold off `_HOLD_OFF_S` anyway: while the reaper looks around every `_REAPER_POLL_S`
         it tells them at its next look, so a take wakes no thread (a wake-up costs the
-        caller ~0.1 ms here, and the woken starters compete with its run for the GIL)."""
+        caller ~0.1 ms here, and the woken starters compete with its run for the GIL).
+        `_reaper_asleep` is read without the reaper's lock: should it fall asleep just after,
+        the release of this very sandbox wakes it, and the starters' own `_TICK_S` is the
+        backstop."""
         if self._reaper_asleep:
             self._cond.notify_all()
         else:
