@@ -49,19 +49,23 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+# A raw client's first request (id 1), in the handshake era.
+INITIALIZE: dict[str, Any] = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": LATEST_HANDSHAKE_VERSION,
+        "capabilities": {},
+        "clientInfo": {"name": "test", "version": "0"},
+    },
+}
+
+
 def session_input(tool: str, arguments: dict[str, object]) -> bytes:
     """A raw stdio session's requests: initialize (id 1), initialized, a tool call (id 2)."""
     messages = [
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": LATEST_HANDSHAKE_VERSION,
-                "capabilities": {},
-                "clientInfo": {"name": "test", "version": "0"},
-            },
-        },
+        INITIALIZE,
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
         {
             "jsonrpc": "2.0",
@@ -640,18 +644,7 @@ async def test_stopping_the_http_server_with_a_signal_leaves_no_run_dirs_or_moun
 
 
 def post_initialize(url: str, headers: dict[str, str]) -> int:
-    body = json.dumps(
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": LATEST_HANDSHAKE_VERSION,
-                "capabilities": {},
-                "clientInfo": {"name": "test", "version": "0"},
-            },
-        }
-    ).encode()
+    body = json.dumps(INITIALIZE).encode()
     request = urllib.request.Request(  # noqa: S310 - a fixed http://127.0.0.1 URL
         url,
         data=body,
