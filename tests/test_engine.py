@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -216,3 +217,49 @@ def test_a_forked_childs_report_does_not_replace_the_main_processs(sandbox: Sand
         "import os\npid = os.fork()\nif pid: os.waitpid(pid, 0)\n'parent' if pid else 'child'"
     )
     assert (r.status, r.return_value) == ("ok", "parent")
+
+
+DAEMON_KEEPS_WRITING = """
+import threading, time
+def tick(sleep=time.sleep, open=open):  # its own references: the globals go at the end
+    n = 0
+    while True:
+        n += 1
+        with open("/workspace/ticks.txt", "w") as f:
+            f.write(str(n))
+        sleep(0.002)
+threading.Thread(target=tick, daemon=True).start()
+time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("pool", [False, True], ids=["cold", "warm"])
+def test_nothing_of_the_code_runs_after_its_report(pool: bool) -> None:
+    """Like at an interpreter's exit, the code's daemon threads stop when the run ends: the
+    guest stops itself after its report (the sandbox is destroyed later), so a file a
+    thread keeps rewriting does not change once the run is over."""
+    seen: list[str] = []
+
+    def watch(workspace: Path, _: object) -> None:
+        seen.append((workspace / "ticks.txt").read_text())
+        time.sleep(0.1)  # a tick every 2 ms, were the thread still running
+        seen.append((workspace / "ticks.txt").read_text())
+
+    with Sandbox(import_policy=False, scrub=False, pool=pool) as sandbox:
+        sandbox.warm(timeout=30)
+        result = sandbox.run(DAEMON_KEEPS_WRITING, on_files=watch)
+    assert result.status == "ok", result
+    assert int(seen[0]) > 5, "the thread did not run"
+    assert seen[0] == seen[1], "the code's thread ran on after the run had ended"
+
+
+def test_code_that_breaks_json_still_ends_its_run_with_its_exit_code(sandbox: Sandbox) -> None:
+    """The guest's report is JSON made with the json module, which the code can replace;
+    the line that ends the run is not, so such a run ends as usual (its result garbled)."""
+    r = sandbox.run(
+        "import json, sys\njson.dumps = lambda *a, **k: 'tampered'\nprint('out')\nsys.exit(3)",
+        limits={"timeout": 20},
+    )
+    assert (r.status, r.exit_code, r.stdout) == ("error", 3, "out\n"), r
+    assert r.usage.wall_ms < 10_000
+    assert [e.kind for e in r.events] == ["guest_report_invalid"]

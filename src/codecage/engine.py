@@ -44,6 +44,7 @@ from codecage.models import (
     Event,
     ExecutionResult,
     FileInfo,
+    GuestEnd,
     GuestReady,
     GuestRequest,
     GuestResult,
@@ -357,10 +358,10 @@ def run_in(sandbox: StartedSandbox, request: RunRequest, *, backend_name: str) -
         seen = _supervise(sandbox, request, guest_request, baseline)
     finally:
         bridge_events = tool_bridge.stop()
-    ready, report, report_events = _parse_control(seen, ready_pid=sandbox.ready_pid)
-    if seen.reported and report is not None:
-        seen.returncode = report.exit_code  # it exits with that now; see supervise()
-    if not ready and not (seen.timed_out or seen.cpu_exceeded or seen.cancelled):
+    said, report_events = _parse_control(seen, ready_pid=sandbox.ready_pid)
+    if seen.reported and said.exit_code is not None:
+        seen.returncode = said.exit_code  # it stopped itself after saying so (supervise())
+    if not said.ready and not (seen.timed_out or seen.cpu_exceeded or seen.cancelled):
         raise SandboxError(
             "the sandbox failed to start: "
             + (neutralise(seen.stderr.data).strip()[:2000] or f"exit {seen.returncode}"),
@@ -376,7 +377,7 @@ def run_in(sandbox: StartedSandbox, request: RunRequest, *, backend_name: str) -
         request=request,
         backend=backend_name,
         seen=seen,
-        report=report,
+        report=said.report,
         events=report_events + bridge_events,
         usage=usage,
         oom=oom,
@@ -416,7 +417,7 @@ def _supervise(
         output_cap_bytes=limits.max_output_bytes,
         control_cap_bytes=_CONTROL_CAP_BYTES,
         cgroup=cgroup,
-        reported=functools.partial(_has_final_report, ready_pid=sandbox.ready_pid),
+        reported=functools.partial(_has_ended, ready_pid=sandbox.ready_pid),
         cancel=request.cancel,
     )
 
@@ -429,12 +430,12 @@ def _no_servers() -> bridge.NoServers:
     return bridge.NoServers(lambda text: scrubber.scrub(text).text)
 
 
-def _has_final_report(data: bytes, *, ready_pid: int | None) -> bool:
-    """Whether the control data holds the main process's final report (see supervise)."""
-    if not data.endswith(b"\n") or b'"result"' not in data:
+def _has_ended(data: bytes, *, ready_pid: int | None) -> bool:
+    """Whether the control data holds the main process's "end" (see supervise)."""
+    if not data.endswith(b"\n") or b'"end"' not in data:
         return False
-    ready, report, _ = _parse_control_lines(data, ready_pid=ready_pid)
-    return ready and report is not None
+    said = _parse_control_lines(data, ready_pid=ready_pid)
+    return said.ready and said.exit_code is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -749,52 +750,64 @@ def _destroy_cgroup(cgroup: CgroupHandle) -> None:
 # --- judging ---------------------------------------------------------------------------
 
 
+@dataclass(slots=True)
+class _GuestMessages:
+    """What the guest said on the control socket, validated."""
+
+    ready: bool = False
+    report: GuestResult | None = None
+    exit_code: int | None = None  # from the main process's "end": the run is over
+    problems: list[str] = field(default_factory=list)  # what was malformed
+
+
 def _parse_control(
     seen: Observation, *, ready_pid: int | None
-) -> tuple[bool, GuestResult | None, list[Event]]:
+) -> tuple[_GuestMessages, list[Event]]:
     """The guest's messages, validated. Anything malformed is noted once, never trusted."""
-    ready, report, problems = _parse_control_lines(seen.control.data, ready_pid=ready_pid)
+    said = _parse_control_lines(seen.control.data, ready_pid=ready_pid)
+    problems = said.problems
     if seen.control.truncated:
         problems.insert(0, "the guest's messages were over the size bound")
     events = []
     if problems:
         detail = f"ignored {len(problems)} malformed guest message(s); first: {problems[0]}"
         events.append(Event(kind="guest_report_invalid", detail=detail[:300]))
-    return ready, report, events
+    return said, events
 
 
-def _parse_control_lines(
-    data: bytes, *, ready_pid: int | None
-) -> tuple[bool, GuestResult | None, list[str]]:
-    """Whether the guest got ready, its final report, and what was malformed.
+def _parse_control_lines(data: bytes, *, ready_pid: int | None) -> _GuestMessages:
+    """Whether the guest got ready, its final report and exit code, and what was malformed.
 
-    The bootstrap sends its result after the user's code has finished, so the *last* valid
-    result of the main process (the pid it announced as ready, before any user code ran)
-    wins: what the code wrote to the control socket earlier, and the reports of processes
-    it forked (they return through the bootstrap too), are overridden or ignored. A warm
-    sandbox said it was ready (`ready_pid`) before the request was sent.
+    The bootstrap sends its result after the user's code has finished, then "end", so the
+    *last* valid messages of the main process (the pid it announced as ready, before any
+    user code ran) win: what the code wrote to the control socket earlier, and the reports
+    of processes it forked (they return through the bootstrap too), are overridden or
+    ignored. A warm sandbox said it was ready (`ready_pid`) before the request was sent.
     """
-    ready = ready_pid is not None
+    said = _GuestMessages(ready=ready_pid is not None)
     main_pid = ready_pid
-    report: GuestResult | None = None
-    problems: list[str] = []
     for line in data.split(b"\n"):
         if not line:
             continue
         try:
             message: dict[str, Any] = json.loads(line)
-            if message.get("kind") == "ready" and not ready:
+            kind = message.get("kind")
+            if kind == "ready" and not said.ready:
                 main_pid = GuestReady.model_validate(message).pid
-                ready = True
-            elif message.get("kind") == "result":
-                candidate = GuestResult.model_validate(message)
-                if candidate.pid == main_pid:
-                    report = candidate
+                said.ready = True
+            elif kind == "result":
+                report = GuestResult.model_validate(message)
+                if report.pid == main_pid:
+                    said.report = report
+            elif kind == "end":
+                end = GuestEnd.model_validate(message)
+                if end.pid == main_pid:
+                    said.exit_code = end.exit_code
             else:
                 raise ValueError("unexpected message")
         except (ValueError, ValidationError) as exc:
-            problems.append(str(exc))
-    return ready, report, problems
+            said.problems.append(str(exc))
+    return said
 
 
 def _usage(seen: Observation, cgroup: CgroupHandle | None, baseline: _Baseline) -> Usage:

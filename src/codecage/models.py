@@ -513,6 +513,15 @@ class GuestResult(_Model):
     events: Annotated[list[GuestEvent], Field(max_length=50)] = []
 
 
+class GuestEnd(_Model):
+    """guest -> host: the main process's last message; the run is over. Untrusted."""
+
+    v: Literal[1]
+    kind: Literal["end"]
+    pid: int
+    exit_code: int = Field(ge=0, le=255)
+
+
 # --- static validation (codecage validate) ---------------------------------------------
 
 Severity = Literal["low", "medium", "high"]

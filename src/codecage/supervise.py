@@ -64,12 +64,11 @@ def supervise(
 
     `cpu_baseline_ms` is the cgroup's CPU time before the request (a warm sandbox's start).
 
-    `reported(control_data)` says whether the guest's final report has come. When it has,
-    and the guest closed the control socket (it exits right after reporting; a process it
-    forked may hold the socket, and then the exit is waited for as usual), the run is over
-    without waiting for the sandbox's other processes to exit (1-2 ms of bwrap's init and
-    namespace teardown). The guest flushed its output before it reported, so what is in
-    the pipes then is all of it. The caller destroys the sandbox.
+    `reported(control_data)` says whether the guest's last message ("end") has come. When
+    it has, and the guest shut its end of the control socket (it stops itself right after;
+    see the bootstrap's `_end_run`), the run is over without waiting for the sandbox to
+    exit, which it never does by itself then. The guest flushed its output before, so what
+    is in the pipes then is all of it. The caller destroys the sandbox.
 
     `cancel`, once set, kills the sandbox (checked at least every 50 ms).
     """
