@@ -34,6 +34,7 @@ from codecage import workspace as workspaces
 from codecage.backends.base import Backend, LaunchSpec
 from codecage.bridge import channel as bridge
 from codecage.errors import ConfigError, SandboxError
+from codecage.guest.bootstrap import STOP_LINE
 from codecage.isolation import limits as cgroups
 from codecage.isolation import rootfs, seccomp
 from codecage.isolation.limits import CgroupHandle
@@ -358,9 +359,11 @@ def run_in(sandbox: StartedSandbox, request: RunRequest, *, backend_name: str) -
         seen = _supervise(sandbox, request, guest_request, baseline)
     finally:
         bridge_events = tool_bridge.stop()
+    if seen.reported:
+        _tell_guest_to_stop(sandbox.channel.host_control)
     said, report_events = _parse_control(seen, ready_pid=sandbox.ready_pid)
     if seen.reported and said.exit_code is not None:
-        seen.returncode = said.exit_code  # it stopped itself after saying so (supervise())
+        seen.returncode = said.exit_code  # it stops instead of exiting (the bootstrap's _end_run)
     if not said.ready and not (seen.timed_out or seen.cpu_exceeded or seen.cancelled):
         raise SandboxError(
             "the sandbox failed to start: "
@@ -420,6 +423,13 @@ def _supervise(
         reported=functools.partial(_has_ended, ready_pid=sandbox.ready_pid),
         cancel=request.cancel,
     )
+
+
+def _tell_guest_to_stop(control: socket.socket) -> None:
+    """Answer the guest's "end": it stops itself rather than exit, and the sandbox is torn
+    down when it is destroyed, not while the host answers its caller. Unanswered, it exits."""
+    with contextlib.suppress(OSError):
+        control.send(STOP_LINE)  # 22 bytes into an empty socket buffer: never blocks
 
 
 @functools.cache

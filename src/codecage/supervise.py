@@ -65,10 +65,10 @@ def supervise(
     `cpu_baseline_ms` is the cgroup's CPU time before the request (a warm sandbox's start).
 
     `reported(control_data)` says whether the guest's last message ("end") has come. When
-    it has, and the guest shut its end of the control socket (it stops itself right after;
-    see the bootstrap's `_end_run`), the run is over without waiting for the sandbox to
-    exit, which it never does by itself then. The guest flushed its output before, so what
-    is in the pipes then is all of it. The caller destroys the sandbox.
+    it has, and the guest shut its end of the control socket, the run is over without
+    waiting for the sandbox to exit: the caller answers the guest, which stops itself then
+    (the bootstrap's `_end_run`), and destroys the sandbox later. The guest flushed its
+    output before, so what is in the pipes then is all of it.
 
     `cancel`, once set, kills the sandbox (checked at least every 50 ms).
     """

@@ -8,9 +8,11 @@ It speaks versioned JSON lines over the control socket (fd N, moved to fd 3):
     host -> guest  {"v":1,"kind":"run","code":...,"filename":...,"limits":{...},...}
     guest -> host  {"v":1,"kind":"result","return_value":...,"error":...,"events":[...]}
     guest -> host  {"v":1,"kind":"end","pid":...,"exit_code":...}  then SHUT_WR
+    host -> guest  {"v":1,"kind":"stop"}
 
-Then the main process stops itself (SIGSTOP) until the host destroys the sandbox, or exits with
-the program's exit code if continued (see _end_run). Nothing it says is trusted by the host: the
+Then the main process stops itself (SIGSTOP) until the host destroys the sandbox; without
+the host's "stop" (or continued), it exits with the program's exit code (see _end_run).
+Nothing it says is trusted by the host: the
 host judges the status itself and validates and bounds this report. This file is an
 island: it must not import anything from the host side of codecage (a test checks it).
 """
@@ -37,6 +39,8 @@ GUEST_PACKAGE_ROOT = "/opt/codecage"  # holds codecage/ (this package) and serve
 ALWAYS_ALLOWED = ("codecage.runtime", "servers", "skills")
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
 MAX_EVENTS = 50
+STOP_LINE = b'{"v":1,"kind":"stop"}\n'  # host -> guest, the answer to "end"
+_STOP_WAIT_S = 0.05  # for that answer; the host sends it as soon as it reads the end
 _RESULT_NAME = "__codecage_last_value__"
 
 _events: list[dict[str, str]] = []
@@ -161,25 +165,30 @@ def _send(control: _socket.socket, message: dict[str, Any]) -> None:
 
 
 def _end_run(control: _socket.socket, pid: int, exit_code: int) -> None:
-    """Tell the host the run is over, then stop.
+    """Tell the host the run is over; stop when it answers "stop", else return (and exit).
 
-    The "end" line is the host's sign that the run is over (it stops waiting then, not for
-    the sandbox to exit). It is formatted here from two ints, without the json module, which
-    the code may have changed (then its result is garbled, but the run still ends). A
-    process the code forked also reports, but sends no "end" and leaves the socket open.
+    The "end" line is formatted here from two ints, without the json module, which the code
+    may have changed (then its result is garbled, but the end is not); the newline before it
+    ends a line the code may have left unfinished on the socket. A process the code forked
+    also reports, but sends no "end" and leaves the socket open.
 
     Stopped, not exited: nothing of the code runs after this, as after an exit (daemon
     threads included), but the teardown of the namespaces that an exit sets off (1-2 ms of
     CPU) waits until the host destroys the sandbox, instead of taking a CPU from the host
-    while it answers its caller. Continued (SIGCONT), the process exits as before.
+    while it answers its caller. Only the host's answer makes the guest stop: should the
+    host not have heard the end (the code closed, replaced or flooded the socket), an exit
+    is what it sees. Continued (SIGCONT), the process exits as before.
     """
-    line = b'{"v":%d,"kind":"end","pid":%d,"exit_code":%d}\n' % (WIRE_VERSION, pid, exit_code)
+    line = b'\n{"v":%d,"kind":"end","pid":%d,"exit_code":%d}\n' % (WIRE_VERSION, pid, exit_code)
     try:
         control.sendall(line)
         control.shutdown(_socket.SHUT_WR)
-    except OSError:
-        pass  # the host is gone (e.g. it timed the run out meanwhile)
-    os.kill(pid, _signal.SIGSTOP)
+        control.settimeout(_STOP_WAIT_S)
+        answer = control.recv(64)
+    except OSError:  # the socket is gone, or no answer in time (TimeoutError)
+        return
+    if answer == STOP_LINE:
+        os.kill(pid, _signal.SIGSTOP)
 
 
 def _receive(control: _socket.socket) -> dict[str, Any]:
