@@ -295,14 +295,31 @@ def kill_all(handle: CgroupHandle, *, deadline_s: float = 5.0) -> None:
             (handle.dirs["unified"] / "cgroup.kill").write_text("1", encoding="utf-8")
     end = time.monotonic() + deadline_s
     pause = 0.0002  # killed processes leave within a millisecond or so: poll fast, then back off
+    killed: set[int] = set()
     while (pids := pids_in(handle)) and time.monotonic() < end:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        killed.update(pids)
         time.sleep(pause)
         pause = min(pause * 2, 0.01)
     if pids:
         log.error("cgroup.kill_incomplete", extra={"pids": pids})
+    # A process leaves the cgroup early in its exit, before it has ended: wait for that too,
+    # so that nothing killed here still runs when the caller returns.
+    while (dying := [pid for pid in killed if _still_exiting(pid)]) and time.monotonic() < end:
+        killed = set(dying)
+        time.sleep(0.001)
+
+
+def _still_exiting(pid: int) -> bool:
+    """Whether `pid` exists and is not yet a zombie (or a pid reused meanwhile, rarely)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat.rpartition(b")")[2].split()[0] not in (b"Z", b"X")
 
 
 def remove(handle: CgroupHandle) -> None:
