@@ -294,6 +294,48 @@ async def test_image_blocks_are_bounded_in_number(stdio: StdioServer) -> None:
     assert 1 <= len(images) < 20
 
 
+def reply_bytes(result: CallToolResult) -> int:
+    """The size of a reply as the server sent it (the JSON of the CallToolResult)."""
+    return len(result.model_dump_json(by_alias=True, exclude_none=True))
+
+
+async def test_a_reply_over_1_mb_is_cut_to_fit_and_says_what_was_cut(stdio: StdioServer) -> None:
+    code = "print('x' * 3_000_000)\n'v' * 900_000"
+    result = await call(stdio, "execute_code", code=code)
+    run = structured(result)
+    assert run["status"] == "ok"
+    assert reply_bytes(result) <= 1_000_000
+    assert run["stdout"] == "x" * (128 * 1024) and run["stdout_truncated"]
+    assert run["return_value"].startswith('"vvv') and run["return_value"].endswith("…")
+    trimmed = run["events"][0]
+    assert trimmed["kind"] == "reply_trimmed", run["events"]
+    assert "stdout cut to its first 131072 of 1048576 characters" in trimmed["detail"]
+    assert "the return value cut" in trimmed["detail"]
+    assert "note: reply_trimmed: to keep the reply under 1 MB" in text_of(result)
+
+
+async def test_images_that_do_not_fit_in_the_reply_are_left_out_largest_first(
+    stdio: StdioServer,
+) -> None:
+    # Random bytes do not compress: 3 x 400 KB of PNG is 1.6 MB as base64.
+    code = (
+        "import random\n"
+        "for i, size in enumerate([400_000, 100_000, 400_000, 400_000]):\n"
+        "    data = b'\\x89PNG\\r\\n\\x1a\\n' + random.randbytes(size)\n"
+        "    open(f'pic{i}.png', 'wb').write(data)\n"
+    )
+    result = await call(stdio, "execute_code", code=code)
+    run = structured(result)
+    assert run["status"] == "ok", run["error"]
+    assert reply_bytes(result) <= 1_000_000
+    images = [b for b in result.content if isinstance(b, ImageContent)]
+    sizes = sorted(len(base64.b64decode(i.data)) for i in images)
+    assert sizes == [100_008, 400_008], "the small one and one large one fit"
+    detail = run["events"][0]["detail"]
+    assert detail.count("an image (image/png, 400008 bytes) left out") == 2, detail
+    assert len(run["files"]) == 4  # the files list still names every file
+
+
 @pytest.mark.parametrize(
     ("arguments", "mentions"),
     [
@@ -689,6 +731,22 @@ async def test_execute_code_over_streamable_http_with_the_bearer_token(
         refused = await client.call_tool("execute_code", {"code": "1", "timeout": -1})
         assert refused.is_error
         assert "timeout" in text_of(refused)
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_a_large_reply_reaches_an_http_client_of_either_protocol_era(
+    tmp_path: Path, mode: str
+) -> None:
+    """Clients before 2026-07-28 read the reply as one SSE event, refused over 1 MiB."""
+    with serving_http(tmp_path) as server:
+        async with (
+            httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=60)) as http,
+            Client(streamable_http_client(server.url, http_client=http), mode=mode) as client,
+        ):
+            result = await client.call_tool("execute_code", {"code": "print('x' * 3_000_000)"})
+    run = structured(result)
+    assert run["status"] == "ok" and run["stdout_truncated"]
+    assert run["events"][0]["kind"] == "reply_trimmed"
 
 
 async def test_http_on_loopback_without_a_token_serves_without_authorization(

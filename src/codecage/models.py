@@ -27,6 +27,7 @@ EventKind = Literal[
     "cancelled",
     "tool_call",
     "bridge_closed",
+    "reply_trimmed",
 ]
 """Things worth knowing that happened during a run (see docs/security-model.md)."""
 
@@ -582,5 +583,13 @@ class ValidationReport(_Model):
     message: str = Field(description="One line summing up the verdict.")
     profile: str = Field(description="Profile name the imports were checked against.")
     strict: bool = Field(description="Whether high-severity findings make the code invalid.")
-    findings: list[Finding] = Field(description="Everything found, in source order.")
+    findings: list[Finding] = Field(
+        description="What was found, in source order: the first 200 (the verdict counts all)."
+    )
+    omitted_findings: int = Field(
+        0,
+        ge=0,
+        description="Findings past the first 200, not listed (10 MiB of code can hold "
+        "hundreds of thousands, and a report must stay readable).",
+    )
     analysis: Analysis = Field(description="Measurements of the code: size, functions, imports.")

@@ -38,7 +38,7 @@ from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase
 from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
 from pydantic import ConfigDict, Field, ValidationError
 
-from codecage import __version__
+from codecage import __version__, reply
 from codecage import workspace as workspaces
 from codecage.errors import CodecageError, ConfigError
 from codecage.models import ExecutionResult, FileInfo, Limits, ValidationReport
@@ -52,10 +52,10 @@ log = logging.getLogger(__name__)
 MAX_UPLOAD_FILES = 100
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 MAX_IMAGES = 5
-MAX_IMAGE_BYTES = 2 * 1024 * 1024
+MAX_IMAGE_BYTES = 640 * 1024  # as base64, one fits in a reply (reply.MAX_REPLY_BYTES)
 MAX_INLINE_FILE_BYTES = 256 * 1024
+MAX_RETURN_FILES = 20
 _IMAGE_TYPES = {"image/png", "image/jpeg", "image/svg+xml"}
-_SUMMARY_OUTPUT_CHARS = 20_000
 _MAX_CACHED_PROFILES = 16
 
 INSTRUCTIONS = """\
@@ -190,7 +190,8 @@ def _tools(runner: _Runner) -> list[Tool]:
             "data_science: + numpy, pandas, scipy, matplotlib). Top-level await works. "
             f"Defaults: timeout {default.timeout:g} s (at most {limits.max_timeout:g}), "
             f"memory {default.memory_mb} MiB (at most {limits.max_memory_mb}). "
-            "Images the code saves in /workspace (png, jpeg, svg) are returned as images."
+            "Images the code saves in /workspace (png, jpeg, svg) are returned as images. "
+            "The reply is kept under 1 MB: print summaries, not bulk data."
             + _tools_note(runner.base)
         )
     )
@@ -218,7 +219,12 @@ def _tools(runner: _Runner) -> list[Tool]:
         ] = None,
         return_files: Annotated[
             list[str] | None,
-            Field(description="Text files (paths in /workspace) to return inline."),
+            Field(
+                description="Text files (paths in /workspace) to return inline, up to "
+                f"{MAX_RETURN_FILES} files of {MAX_INLINE_FILE_BYTES // 1024} KiB each; "
+                "the whole reply stays under 1 MB.",
+                max_length=MAX_RETURN_FILES,
+            ),
         ] = None,
     ) -> Annotated[CallToolResult, ExecutionResult]:
         run_limits = _call_limits(runner, timeout, memory_limit_mb)
@@ -230,11 +236,7 @@ def _tools(runner: _Runner) -> list[Tool]:
             lambda: _execute(sandbox, code, run_limits, uploads, return_files or [], cancel),
             cancel,
         )
-        return CallToolResult(
-            content=[TextContent(type="text", text=_summary(result)), *extra],
-            structured_content=result.model_dump(mode="json"),
-            is_error=False,
-        )
+        return reply.build(result, extra)
 
     @tool(
         description=(
@@ -609,36 +611,6 @@ def _files_back(
         shown = neutralise_text(text)
         blocks.append(TextContent(type="text", text=f"--- {relpath} ---\n{shown}"))
     return blocks, merge_counts(*counts)
-
-
-def _summary(result: ExecutionResult) -> str:
-    """What a model reads first: the output, then how the run ended."""
-    parts: list[str] = []
-    if result.stdout:
-        parts.append(_clip(result.stdout))
-    if result.stderr:
-        parts.append("stderr:\n" + _clip(result.stderr))
-    if result.return_value is not None:
-        parts.append(f"→ {_clip(repr(result.return_value))}")
-    if result.error is not None:
-        parts.append(result.error.traceback or f"{result.error.type}: {result.error.message}")
-    line = f"status: {result.status} · {result.usage.wall_ms} ms"
-    if result.exit_code not in (None, 0):
-        line += f" · exit code {result.exit_code}"
-    if result.files:
-        line += f" · files: {', '.join(f.path for f in result.files[:20])}"
-    parts.append(line)
-    if result.redactions:
-        counts = ", ".join(f"{n} {category}" for category, n in result.redactions.items())
-        parts.append(f"redacted (personal data and secrets, by the host): {counts}")
-    parts += [f"note: {e.kind}: {e.detail}" for e in result.events[:10]]
-    return "\n".join(parts)
-
-
-def _clip(text: str) -> str:
-    if len(text) <= _SUMMARY_OUTPUT_CHARS:
-        return text
-    return text[:_SUMMARY_OUTPUT_CHARS] + f"\n… ({len(text) - _SUMMARY_OUTPUT_CHARS} more chars)"
 
 
 # --- HTTP -----------------------------------------------------------------------------------
