@@ -296,3 +296,12 @@ def test_validate_never_raises_on_arbitrary_text(code: str) -> None:
 @pytest.mark.parametrize("code", ["", "\x00", "x = '\\d'\n", "\ud800", "\ufeffx = 1\n"])
 def test_odd_inputs_return_a_report(code: str) -> None:
     assert isinstance(validate(code), ValidationReport)
+
+
+def test_thousands_of_findings_are_listed_up_to_a_bound_and_counted() -> None:
+    report = validate("import ctypes\n" * 3000, allowed_modules=BASIC)
+    assert not report.valid
+    assert len(report.findings) == 200
+    assert report.omitted_findings >= 3000 - 200  # one import finding per line at least
+    assert [f.line for f in report.findings] == sorted(f.line for f in report.findings)
+    assert len(report.model_dump_json()) < 100_000

@@ -570,6 +570,8 @@ def _render_validation(report: ValidationReport) -> None:
             f"{where:>7} {finding.severity:<6} {finding.rule_id:<6} {finding.message}",
             markup=False,
         )
+    if report.omitted_findings:
+        out.print(f"        … and {report.omitted_findings} more findings", markup=False)
     a = report.analysis
     out.print(
         f"{a.lines} lines · {a.functions} functions · {a.loops} loops · "

@@ -83,6 +83,7 @@ log = logging.getLogger(__name__)
 MAX_SOURCE_BYTES: Final = MAX_CODE_BYTES
 MAX_PARSE_TOKENS: Final = 100_000
 MAX_WALK_NODES: Final = 500_000
+MAX_FINDINGS: Final = 200  # listed in a report; models.ValidationReport says so
 BANDIT_MAX_TOKENS: Final = 20_000
 BANDIT_MAX_DEPTH: Final = 150
 
@@ -820,13 +821,14 @@ def _report(
         bandit_ran=bandit_ran,
         skipped=skipped,
     )
-    valid, message = _verdict(findings, profile, strict)
+    valid, message = _verdict(findings, profile, strict)  # from all of them
     return ValidationReport(
         valid=valid,
         message=message,
         profile=profile,
         strict=strict,
-        findings=findings,
+        findings=findings[:MAX_FINDINGS],
+        omitted_findings=max(0, len(findings) - MAX_FINDINGS),
         analysis=analysis,
     )
 
