@@ -162,6 +162,21 @@ def test_code_with_a_nul_byte_is_refused(sandbox: Sandbox) -> None:
         sandbox.run("print(1)\x00")
 
 
+@pytest.mark.parametrize(
+    ("arguments", "what"),
+    [
+        ({"code": "x = '\ud800'"}, "the code"),
+        ({"code": "print(1)\udcff"}, "the code"),  # an undecodable byte of a command line
+        ({"code": "1", "filename": "main\udcff.py"}, "the file name"),
+    ],
+)
+def test_a_lone_surrogate_is_refused_with_a_clear_error(
+    sandbox: Sandbox, arguments: dict[str, str], what: str
+) -> None:
+    with pytest.raises(ConfigError, match=f"{what} is not valid text: a lone surrogate"):
+        sandbox.run(**arguments)
+
+
 def test_the_async_twin_runs_concurrently(sandbox: Sandbox) -> None:
     async def both() -> list[ExecutionResult]:
         return list(await asyncio.gather(sandbox.arun("1"), sandbox.arun("2")))

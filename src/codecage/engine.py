@@ -107,6 +107,8 @@ def check_request(code: str, filename: str, limits: Limits) -> None:
             f"the code is larger than {MAX_CODE_BYTES // (1024 * 1024)} MiB",
             hint="put large data in a file and pass it in the workspace instead",
         )
+    _check_text(code, "the code")
+    _check_text(filename, "the file name")
     if "\x00" in code:
         raise ConfigError(
             "the code contains a NUL byte, so it is not Python source",
@@ -123,6 +125,23 @@ def check_request(code: str, filename: str, limits: Limits) -> None:
             f"memory_mb={limits.memory_mb} is above this host's ceiling of {top.memory_mb}",
             hint=f"pass --memory-mb {top.memory_mb} or less; `codecage info` lists the ceilings",
         )
+
+
+def _check_text(text: str, what: str) -> None:
+    """Refuse a lone surrogate (U+D800-U+DFFF, e.g. from undecodable bytes in a command
+    line): it is not Unicode text, and neither Python nor UTF-8 can carry it.
+
+    Raises:
+        ConfigError: there is one.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(
+            f"{what} is not valid text: a lone surrogate (U+{ord(text[exc.start]):04X}) at "
+            f"character {exc.start}",
+            hint="send UTF-8 text; in a string literal write it as an escape (\\ud800)",
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)
