@@ -749,6 +749,26 @@ async def test_a_large_reply_reaches_an_http_client_of_either_protocol_era(
     assert run["events"][0]["kind"] == "reply_trimmed"
 
 
+async def test_over_http_large_uploads_work_and_20_mb_of_code_is_a_readable_tool_error(
+    tmp_path: Path,
+) -> None:
+    """The SDK refuses HTTP bodies over 4 MiB with a 413 by default; the server's own limits
+    (20 MB of uploads, 10 MiB of code) are what a caller meets instead."""
+    upload = "x" * (6 * 1024 * 1024)
+    with serving_http(tmp_path) as server:
+        async with (
+            httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=60)) as http,
+            Client(streamable_http_client(server.url, http_client=http)) as client,
+        ):
+            big = await client.call_tool("execute_code", {"code": "#" * (20 * 1024 * 1024)})
+            sized = await client.call_tool(
+                "execute_code",
+                {"code": "len(open('big.txt').read())", "files": {"big.txt": upload}},
+            )
+    assert big.is_error and "MiB" in text_of(big), text_of(big)
+    assert structured(sized)["return_value"] == len(upload)
+
+
 async def test_http_on_loopback_without_a_token_serves_without_authorization(
     tmp_path: Path,
 ) -> None:

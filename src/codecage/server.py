@@ -55,6 +55,9 @@ MAX_IMAGES = 5
 MAX_IMAGE_BYTES = 640 * 1024  # as base64, one fits in a reply (reply.MAX_REPLY_BYTES)
 MAX_INLINE_FILE_BYTES = 256 * 1024
 MAX_RETURN_FILES = 20
+# HTTP request bodies (the SDK's default is 4 MiB): room for the largest uploads as base64,
+# and for oversized code to reach the tool and get its readable error, not an HTTP 413.
+MAX_HTTP_BODY_BYTES = 32 * 1024 * 1024
 _IMAGE_TYPES = {"image/png", "image/jpeg", "image/svg+xml"}
 _MAX_CACHED_PROFILES = 16
 
@@ -663,5 +666,5 @@ def http_app(server: MCPServer, *, host: str, token: str | None) -> Any:
             "code here",
             hint="pass --token (or set CODECAGE_TOKEN), or bind 127.0.0.1",
         )
-    app = server.streamable_http_app(host=host)
+    app = server.streamable_http_app(host=host, max_request_body_size=MAX_HTTP_BODY_BYTES)
     return BearerTokenGate(app, token) if token else app
