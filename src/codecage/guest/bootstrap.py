@@ -12,9 +12,9 @@ It speaks versioned JSON lines over the control socket (fd N, moved to fd 3):
 
 Then the main process stops itself (SIGSTOP) until the host destroys the sandbox; without
 the host's "stop" (or continued), it exits with the program's exit code (see _end_run).
-Nothing it says is trusted by the host: the
-host judges the status itself and validates and bounds this report. This file is an
-island: it must not import anything from the host side of codecage (a test checks it).
+Nothing it says is trusted by the host: the host judges the status itself and validates
+and bounds this report. This file is an island: it must not import anything from the host
+side of codecage (a test checks it).
 """
 
 from __future__ import annotations
