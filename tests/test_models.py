@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from codecage.isolation.limits import guest_limits
-from codecage.models import GuestRequest, GuestResult, Limits
+from codecage.models import ExecutionResult, GuestRequest, GuestResult, Limits, Usage
 
 
 @given(st.integers(min_value=-(10**9), max_value=10**12))
@@ -82,3 +82,26 @@ def test_a_guest_report_with_too_many_events_is_refused() -> None:
     events = [{"kind": "network_denied", "detail": "x"}] * 51
     with pytest.raises(ValidationError):
         GuestResult.model_validate({"v": 1, "kind": "result", "pid": 2, "events": events})
+
+
+def test_a_copy_of_a_result_keeps_its_raw_output() -> None:
+    """reply.py and the server update results with model_copy and rely on this."""
+    result = ExecutionResult(
+        execution_id="x",
+        status="ok",
+        exit_code=0,
+        signal=None,
+        stdout="a",
+        stderr="",
+        stdout_truncated=False,
+        stderr_truncated=False,
+        return_value=None,
+        error=None,
+        files=[],
+        usage=Usage(wall_ms=1, cpu_ms=None, peak_memory_mb=None),
+        limits=Limits(),
+        events=[],
+        backend="bwrap",
+    ).with_raw_output(b"\x1b[1ma", b"e")
+    copy = result.model_copy(update={"stdout": "b"})
+    assert (copy.raw_stdout(), copy.raw_stderr()) == (b"\x1b[1ma", b"e")

@@ -67,7 +67,7 @@ class _Reply:
                 kind="reply_trimmed",
                 detail=("to keep the reply under 1 MB: " + "; ".join(self.cuts))[:2000],
             )
-            result = _updated(result, events=[note, *result.events])
+            result = result.model_copy(update={"events": [note, *result.events]})
         return CallToolResult(
             content=[TextContent(type="text", text=summary(result)), *self.attachments],
             structured_content=result.model_dump(mode="json"),
@@ -102,7 +102,7 @@ def _cut_output_to(kept: int) -> Callable[[_Reply], None]:
             )
             reply.cuts.append(f"the traceback cut to its last {kept} characters")
         if changes:
-            reply.result = _updated(result, **changes)
+            reply.result = result.model_copy(update=changes)  # keeps the raw output too
 
     return cut
 
@@ -122,7 +122,7 @@ def _drop_attachments(reply: _Reply) -> None:
 def _cut_files_list(reply: _Reply) -> None:
     files = reply.result.files
     if len(files) > _FILES_KEPT_LAST:
-        reply.result = _updated(reply.result, files=files[:_FILES_KEPT_LAST])
+        reply.result = reply.result.model_copy(update={"files": files[:_FILES_KEPT_LAST]})
         reply.cuts.append(f"the files list cut to its first {_FILES_KEPT_LAST} of {len(files)}")
 
 
@@ -153,13 +153,6 @@ def _describe(block: ContentBlock) -> str:
         name = block.text.split("\n", 1)[0].strip("- ")  # "--- name ---"
         return f"the file {name} ({len(block.text)} characters)"
     return "an attachment"
-
-
-def _updated(result: ExecutionResult, **changes: Any) -> ExecutionResult:
-    """`result` with `changes`, keeping its raw output (the CLI's --raw reads it)."""
-    return result.model_copy(update=changes).with_raw_output(
-        result.raw_stdout(), result.raw_stderr()
-    )
 
 
 def summary(result: ExecutionResult) -> str:

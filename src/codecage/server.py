@@ -556,9 +556,8 @@ def _execute(
     def counted(result: ExecutionResult) -> ExecutionResult:
         if not any(redacted):
             return result
-        return result.model_copy(
-            update={"redactions": merge_counts(result.redactions, *redacted)}
-        ).with_raw_output(result.raw_stdout(), result.raw_stderr())
+        # model_copy keeps the private raw output (the CLI's --raw reads it)
+        return result.model_copy(update={"redactions": merge_counts(result.redactions, *redacted)})
 
     try:
         if not uploads:
