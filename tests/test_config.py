@@ -58,13 +58,18 @@ def test_env_beats_the_file_and_arguments_beat_env(
     assert sandbox.run("1", limits={"timeout": 3}).limits.timeout == 3  # the call wins
 
 
-def test_the_file_is_found_through_codecage_config_and_the_working_directory(
+def test_the_file_is_found_through_codecage_config_and_the_user_config_dir_never_the_cwd(
     config_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert load(environ={"CODECAGE_CONFIG": str(config_file)}).config_file == config_file
-    monkeypatch.chdir(tmp_path)
-    found = load(environ={"XDG_CONFIG_HOME": str(tmp_path / "none")}).config_file
-    assert found is not None and found.resolve() == config_file.resolve()
+    found = load(environ={"CODECAGE_CONFIG": str(config_file)})
+    assert (found.config_file, found.config_origin) == (config_file, "env")
+    monkeypatch.chdir(tmp_path)  # ./codecage.toml is there: it does not count
+    assert load(environ={"XDG_CONFIG_HOME": str(tmp_path / "none")}).config_file is None
+    user = tmp_path / "xdg" / "codecage" / "config.toml"
+    user.parent.mkdir(parents=True)
+    user.write_text(CONFIG)
+    found = load(environ={"XDG_CONFIG_HOME": str(tmp_path / "xdg")})
+    assert (found.config_file, found.config_origin) == (user, "user")
 
 
 def test_operator_profiles_and_enabled_profiles_govern_runs(config_file: Path) -> None:

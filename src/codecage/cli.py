@@ -48,6 +48,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+log = logging.getLogger("codecage.cli")  # also when run as `python -m codecage.cli`
 
 
 def _default(name: str) -> str:
@@ -134,8 +135,10 @@ ConfigOpt = Annotated[
     Path | None,
     typer.Option(
         "--config",
-        help="TOML config file (default: $CODECAGE_CONFIG, ./codecage.toml, "
-        "~/.config/codecage/config.toml, /etc/codecage/config.toml).",
+        help="TOML config file (default: $CODECAGE_CONFIG, else "
+        "$XDG_CONFIG_HOME/codecage/config.toml (~/.config/...), else "
+        "/etc/codecage/config.toml; never the current directory). It must be owned by "
+        "you or root and not group/world-writable.",
         dir_okay=False,
         show_default=False,
     ),
@@ -321,6 +324,10 @@ def run(
     }
     try:
         text, filename = _read_code(source, code, file)
+        settings = _load_config(config_file)
+        # Before any upstream server starts: code in the workspace may have written there.
+        config.check_workspace(settings, workspace)
+        _refuse_mcp_config_in(workspace, mcp_config)
         with _progress("connecting to the upstream MCP servers", enabled=not as_json):
             tools = _tool_setup(
                 mcp_config,
@@ -328,7 +335,7 @@ def run(
                 skills_dir,
                 allow_tool,
                 tokenize,
-                config_file,
+                settings,
                 max_tool_calls=max_tool_calls,
             )
         sandbox = Sandbox(
@@ -339,7 +346,7 @@ def run(
             replace_imports=replace_imports,
             import_policy=not no_import_policy,
             config=config_file,
-            scrub=_scrub_option(no_scrub, scrub_categories, config_file),
+            scrub=_scrub_option(no_scrub, scrub_categories, settings),
             **tools.sandbox_options(),
         )
         with (
@@ -391,7 +398,7 @@ def validate(
     try:
         text, _ = _read_code(source, code, file)
         extra = [m for item in allow_import or [] for m in item.split(",") if m]
-        settings = config.load(config_file)
+        settings = _load_config(config_file)
         policy = profiles.resolve(
             (profile or settings.profile).split(","),
             allowed_imports=[*settings.allowed_imports, *extra],
@@ -435,6 +442,7 @@ def info(
     """
     _configure_logging(verbose)
     try:
+        _load_config(config_file)
         with Sandbox(backend=backend, config=config_file, pool=pool) as sb:
             if pool:
                 with _progress("warming the pool", enabled=not as_json):
@@ -642,7 +650,7 @@ def gen(
             verbose=verbose,
         )
     try:
-        settings = config.load(config_file)
+        settings = _load_config(config_file)
         servers = tooling.configured_servers(mcp_config, settings)
         if servers is None:
             raise ConfigError(
@@ -741,20 +749,21 @@ def serve(
         max_queued=max_queued,
     )
     try:
+        settings = _load_config(config_file)
         tools = _tool_setup(
             mcp_config,
             servers_dir,
             skills_dir,
             allow_tool,
             tokenize,
-            config_file,
+            settings,
             max_tool_calls=max_tool_calls,
         )
         atexit.register(tools.close)
         options = {
             **tools.sandbox_options(),
             "config": config_file,
-            "scrub": _scrub_option(no_scrub, scrub_categories, config_file),
+            "scrub": _scrub_option(no_scrub, scrub_categories, settings),
         }
         app_server = mcp_server.build_server(
             limits=limits, pool=not no_pool, sandbox_options=options
@@ -774,13 +783,50 @@ def serve(
 _MAX_TOOL_CALLS = 100_000  # as [tools] max_calls allows
 
 
+def _load_config(config_file: Path | None) -> config.Settings:
+    """The settings, with the config file in force logged (INFO, shown by -v).
+
+    Raises:
+        ConfigError: the file is not trusted or not valid, or a variable is invalid.
+    """
+    settings = config.load(config_file)
+    log.info(
+        "config.file",
+        extra={
+            "path": str(settings.config_file) if settings.config_file else None,
+            "origin": settings.config_origin,
+            "searched": [str(p) for p in settings.config_searched],
+        },
+    )
+    return settings
+
+
+def _refuse_mcp_config_in(workspace: Path | None, mcp_config: Path | None) -> None:
+    """Refuse an --mcp-config inside the workspace: like the config file, it names the
+    commands the host starts, and code in the run could rewrite it for the next run.
+
+    Raises:
+        ConfigError: the workspace contains the file.
+    """
+    if workspace is None or mcp_config is None:
+        return
+    root = Path(workspace).resolve()
+    for place in (mcp_config.resolve(), mcp_config.absolute()):
+        if place.is_relative_to(root):
+            raise ConfigError(
+                f"the workspace {workspace} contains the --mcp-config file {mcp_config}: code "
+                "run there could rewrite the commands this host starts for later runs",
+                hint="keep the MCP config outside the workspace",
+            )
+
+
 def _tool_setup(
     mcp_config: Path | None,
     servers_dir: Path | None,
     skills_dir: Path | None,
     allow_tool: list[str] | None,
     tokenize: bool,
-    config_file: Path | None,
+    settings: config.Settings,
     *,
     max_tool_calls: int | None = None,
 ) -> ToolSetup:
@@ -788,7 +834,6 @@ def _tool_setup(
     leave out."""
     from codecage.bridge import tooling
 
-    settings = config.load(config_file)
     setup = tooling.prepare(
         mcp_config,
         servers_dir=servers_dir,
@@ -812,7 +857,7 @@ def _tool_setup(
 
 
 def _scrub_option(
-    no_scrub: bool, categories: str | None, config_file: Path | None
+    no_scrub: bool, categories: str | None, settings: config.Settings
 ) -> bool | ScrubSettings | None:
     """`Sandbox(scrub=...)` for the flags: None leaves it to the config.
 
@@ -829,7 +874,7 @@ def _scrub_option(
     if categories is None:
         return None
     wanted = [c.strip() for c in categories.split(",") if c.strip()]
-    base = config.load(config_file).scrub.model_copy(update={"enabled": True})
+    base = settings.scrub.model_copy(update={"enabled": True})
     return config.with_categories(base, wanted, "--scrub-categories")
 
 
@@ -843,7 +888,9 @@ def _exit_on_sigterm() -> None:
 def _render_info(report: HostInfo) -> None:
     out = Console(highlight=False, soft_wrap=True)
     out.print(f"codecage {report.version} · backend [bold]{report.backend}[/bold]")
-    out.print(f"config file: {report.config_file or 'none found'}", markup=False)
+    origin = config.ORIGINS.get(report.config_origin, report.config_origin)
+    found = f"{report.config_file} (from {origin})" if report.config_file else "none found"
+    out.print(f"config file: {found}", markup=False)
     out.print(f"python in the sandbox: {report.python}")
     for layer in report.layers:
         mark = "[green]✓[/green]" if layer.active else "[red]✗[/red]"

@@ -4,8 +4,21 @@ Precedence, highest first: the call's own argument (CLI flag, library argument) 
 `CODECAGE_*` environment variable > the TOML config file > the built-in default.
 
 The config file is the first of: the path given (`--config`, `Sandbox(config=...)`),
-`$CODECAGE_CONFIG`, `./codecage.toml`, `$XDG_CONFIG_HOME/codecage/config.toml` (default
-`~/.config/codecage/config.toml`), `/etc/codecage/config.toml`. None is needed.
+`$CODECAGE_CONFIG`, `$XDG_CONFIG_HOME/codecage/config.toml` (default
+`~/.config/codecage/config.toml`), `/etc/codecage/config.toml`. None is needed. Only places
+the operator controls are searched, never the current directory: the file can start host
+commands (`[mcpServers]`), turn scrubbing off and mount host directories (`[tools]`), so a
+`codecage.toml` that a project, or code run earlier with `--workspace .`, left in the
+current directory must not configure the next run.
+
+The file must be trusted (`_open_trusted`): a regular file owned by the effective user or
+root and not writable by group or others, and every directory a name on its path is looked
+up in (symbolic links included, followed by hand) owned by that user or root and not
+writable by group or others unless sticky (`/tmp`), as OpenSSH's StrictModes asks of
+`authorized_keys`. The checks are made on the descriptors the file is then read from, so
+nothing can be swapped between check and use. A file that fails is refused (`ConfigError`),
+never skipped. And no place the configuration is read from may lie inside a run's
+`--workspace` (`check_workspace`): code there could write the next run's configuration.
 
 ```toml
 [limits]                 # any field of Limits
@@ -51,7 +64,9 @@ Environment variables: `CODECAGE_<LIMIT>` for each limit, `CODECAGE_PROFILE`,
 
 from __future__ import annotations
 
+import logging
 import os
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -65,6 +80,19 @@ from codecage.models import SCRUB_CATEGORIES, Limits, PoolConfig, ScrubSettings
 from codecage.profiles import BUILTIN_PROFILES
 
 ENV_CONFIG = "CODECAGE_CONFIG"
+SYSTEM_CONFIG = Path("/etc/codecage/config.toml")
+# Where the file in force came from (`Settings.config_origin`, `codecage info`).
+ORIGINS = {
+    "argument": "--config / Sandbox(config=...)",
+    "env": f"${ENV_CONFIG}",
+    "user": "the user's config directory",
+    "system": "the system's config directory",
+    "none": "no config file",
+}
+_MAX_BYTES = 4 * 1024 * 1024  # a config file is a few KiB; this only bounds a mistake
+_MAX_LINKS = 40  # symbolic links followed on one path, as the kernel's MAXSYMLINKS
+
+log = logging.getLogger(__name__)
 
 
 class _FileModel(BaseModel):
@@ -121,6 +149,11 @@ class Settings:
     custom_profiles: dict[str, frozenset[str]]
     config_file: Path | None
     sources: dict[str, str] = field(default_factory=dict)
+    config_origin: str = "none"  # a key of ORIGINS
+    # Every real path the file's lookup went through (directories and the file), and the
+    # places a config file was searched: none may lie inside a run's workspace.
+    config_lookups: tuple[Path, ...] = ()
+    config_searched: tuple[Path, ...] = ()
     pool: PoolConfig = field(default_factory=PoolConfig)
     scrub: ScrubSettings = field(default_factory=ScrubSettings)
     tools: ToolsFile = field(default_factory=ToolsFile)
@@ -134,14 +167,16 @@ class Settings:
         return base / Path(path).expanduser()
 
 
-def candidate_paths(environ: Mapping[str, str]) -> list[Path]:
-    """Where a config file is looked for, in order (see the module docstring)."""
-    paths: list[Path] = []
+def candidate_paths(environ: Mapping[str, str]) -> list[tuple[str, Path]]:
+    """Where a config file is looked for when none is given, in order, with each place's
+    origin (see the module docstring). Never the current directory."""
+    paths: list[tuple[str, Path]] = []
     if environ.get(ENV_CONFIG):
-        paths.append(Path(environ[ENV_CONFIG]))
-    paths.append(Path.cwd() / "codecage.toml")
-    xdg = environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    paths += [Path(xdg) / "codecage" / "config.toml", Path("/etc/codecage/config.toml")]
+        paths.append(("env", Path(environ[ENV_CONFIG])))
+    xdg = environ.get("XDG_CONFIG_HOME", "")
+    if not Path(xdg).is_absolute():  # the XDG spec: a relative value is invalid, ignore it
+        xdg = str(Path.home() / ".config")
+    paths += [("user", Path(xdg) / "codecage" / "config.toml"), ("system", SYSTEM_CONFIG)]
     return paths
 
 
@@ -149,14 +184,24 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
     """Built-in defaults, then the config file, then the environment.
 
     Raises:
-        ConfigError: the file cannot be read or has a bad key or value (the message names
-            the file, the key and the reason), or an environment variable is invalid.
+        ConfigError: the file cannot be read, is not trusted (owner, mode, a directory on
+            its way: see the module docstring), or has a bad key or value (the message
+            names the file, the key and the reason), or an environment variable is invalid.
     """
     env = os.environ if environ is None else environ
-    chosen = path if path is not None else _first_existing(candidate_paths(env))
-    if path is not None and not path.is_file():
-        raise ConfigError(f"config file {path} does not exist", hint="check the --config path")
-    parsed = _read(chosen) if chosen is not None else ConfigFile()
+    searched = [*([("argument", path)] if path is not None else []), *candidate_paths(env)]
+    origin, chosen = "none", None
+    for where_from, candidate in searched:
+        # lexists: a dangling link or an unreadable file is refused below, not skipped.
+        if where_from == "argument" or os.path.lexists(candidate):
+            origin, chosen = where_from, candidate
+            break
+    lookups: tuple[Path, ...] = ()
+    if chosen is not None:
+        parsed, lookups = _read(chosen, explicit=origin == "argument")
+    else:
+        parsed = ConfigFile()
+    log.debug("config.file", extra={"path": str(chosen), "origin": origin})
     where = f"file {chosen}"
     sources: dict[str, str] = {}
     limits_data: dict[str, Any] = {}
@@ -190,6 +235,9 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
         custom_profiles=custom,
         config_file=chosen,
         sources=sources,
+        config_origin=origin,
+        config_lookups=lookups,
+        config_searched=tuple(p for _, p in searched),
         pool=pool,
         scrub=scrub,
         tools=parsed.tools,
@@ -197,19 +245,52 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
     )
 
 
-def _first_existing(paths: list[Path]) -> Path | None:
-    return next((p for p in paths if p.is_file()), None)
+def check_workspace(settings: Settings, workspace: str | Path | None) -> None:
+    """Refuse a workspace that holds a place this process's configuration is read from.
+
+    Code in the run can write its workspace, and what it writes stays: a config file there
+    (or a directory or link on the file's path, or a place a config file is searched) would
+    configure a later run, whose `[mcpServers]` commands run on the host.
+
+    Raises:
+        ConfigError: the workspace contains the config file in use or a place searched.
+    """
+    if workspace is None:
+        return
+    root = Path(workspace).resolve()
+    places = [*settings.config_lookups]
+    for searched in settings.config_searched:
+        places += [searched.resolve(), searched.absolute()]
+    for place in places:
+        if place.is_relative_to(root):
+            in_use = settings.config_file is not None and place in settings.config_lookups
+            what = f"the config file in use ({settings.config_file})" if in_use else place
+            raise ConfigError(
+                f"the workspace {workspace} contains {what}: code run there could write the "
+                "configuration of later runs, whose [mcpServers] commands run on this host",
+                hint="choose a workspace directory that holds no codecage config (not your "
+                "home, ~/.config or /etc), or keep the config file outside it",
+            )
 
 
-def _read(path: Path) -> ConfigFile:
+def _read(path: Path, *, explicit: bool) -> tuple[ConfigFile, tuple[Path, ...]]:
+    """The parsed file, and the real paths its lookup went through."""
+    fd, lookups = _open_trusted(path, explicit=explicit)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
+        with os.fdopen(fd, "rb") as handle:
+            raw = handle.read(_MAX_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    if len(raw) > _MAX_BYTES:
+        raise ConfigError(f"config file {path} is larger than {_MAX_BYTES} bytes")
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
     try:
-        return ConfigFile.model_validate(data)
+        return ConfigFile.model_validate(data), lookups
     except ValidationError as exc:
         err = exc.errors()[0]
         key = ".".join(str(p) for p in err["loc"])
@@ -217,6 +298,127 @@ def _read(path: Path) -> ConfigFile:
             f"{path}: bad key {key}: {err['msg']}",
             hint="see docs/configuration.md for the file's keys",
         ) from exc
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def _open_trusted(path: Path, *, explicit: bool) -> tuple[int, tuple[Path, ...]]:
+    """A descriptor of `path` for reading, and the real paths its lookup went through.
+
+    The path is resolved by hand, one name at a time from `/`, each directory opened with
+    O_NOFOLLOW and checked (`_untrusted`) through its descriptor before a name is looked up
+    in it, and symbolic links followed by reading them where they are: so every directory
+    and link that decided which file is read is one only root or this user can change, and
+    the file checked is the file read.
+
+    Raises:
+        ConfigError: the file does not exist, is not a regular file, or is not trusted.
+    """
+    pending = list(reversed(path.absolute().parts[1:]))
+    opened: list[tuple[int, Path, os.stat_result]] = []  # the directories from / down
+    lookups: list[Path] = []
+    links = 0
+    try:
+        root_fd = os.open("/", _DIR_FLAGS)
+        opened.append((root_fd, Path("/"), os.fstat(root_fd)))
+        _refuse_untrusted(path, Path("/"), opened[-1][2], explicit)
+        while pending:
+            name = pending.pop()
+            dir_fd, where, dir_stat = opened[-1]
+            lookups.append(where)
+            if name in ("", "."):
+                continue
+            if name == "..":
+                if len(opened) > 1:
+                    os.close(opened.pop()[0])
+                continue
+            here = where / name
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                links += 1
+                if links > _MAX_LINKS:
+                    raise ConfigError(f"config file {path}: too many levels of symbolic links")
+                if _sticky_shared(dir_stat) and not _trusted_owner(st.st_uid, dir_stat):
+                    # What fs.protected_symlinks enforces, which following by hand bypasses.
+                    raise _refusal(
+                        path, f"{here} is a link owned by uid {st.st_uid} in {where}", explicit
+                    )
+                target = os.readlink(name, dir_fd=dir_fd)
+                pending += reversed(Path(target).parts)
+                if Path(target).is_absolute():
+                    pending.pop()  # the "/" part: restart from the root
+                    while len(opened) > 1:
+                        os.close(opened.pop()[0])
+                continue
+            if pending:
+                if not stat.S_ISDIR(st.st_mode):
+                    raise ConfigError(f"config file {path}: {here} is not a directory")
+                fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+                opened.append((fd, here, os.fstat(fd)))
+                _refuse_untrusted(path, here, opened[-1][2], explicit)
+                continue
+            if not stat.S_ISREG(st.st_mode):  # checked before opening: a device is not opened
+                raise ConfigError(
+                    f"config file {path}: {here} is not a regular file",
+                    hint="give the path of a TOML file",
+                )
+            fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+            try:
+                _refuse_untrusted(path, here, os.fstat(fd), explicit)
+            except BaseException:
+                os.close(fd)
+                raise
+            lookups.append(here)
+            return fd, tuple(dict.fromkeys(lookups))
+        raise ConfigError(f"config file {path} is a directory", hint="give a TOML file")
+    except FileNotFoundError as exc:
+        raise ConfigError(
+            f"config file {path} does not exist",
+            hint="check the path, and where any symbolic link on it points",
+        ) from exc
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read config file {path}: {exc.strerror or exc}",
+            hint="check the path and its permissions",
+        ) from exc
+    finally:
+        for fd, _, _ in opened:
+            os.close(fd)
+
+
+def _refuse_untrusted(path: Path, here: Path, st: os.stat_result, explicit: bool) -> None:
+    """Raise if `here` (the file, or a directory on its way) can be changed by someone who
+    is neither root nor this user: then that someone would choose the configuration."""
+    kind = "directory" if stat.S_ISDIR(st.st_mode) else "file"
+    if st.st_uid not in (0, os.geteuid()):
+        raise _refusal(path, f"the {kind} {here} is owned by uid {st.st_uid}", explicit)
+    writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if writable and not (kind == "directory" and st.st_mode & stat.S_ISVTX):
+        who = " and ".join(
+            w for w, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if writable & bit
+        )
+        mode = stat.S_IMODE(st.st_mode)
+        raise _refusal(path, f"the {kind} {here} is writable by {who} (mode {mode:o})", explicit)
+
+
+def _sticky_shared(st: os.stat_result) -> bool:
+    return bool(st.st_mode & stat.S_ISVTX and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def _trusted_owner(uid: int, dir_stat: os.stat_result) -> bool:
+    return uid in (0, os.geteuid(), dir_stat.st_uid)
+
+
+def _refusal(path: Path, reason: str, explicit: bool) -> ConfigError:
+    hint = (
+        "only root or you may be able to change a config file and the directories on its "
+        "way: chown it to you or root and `chmod go-w` it (and them)"
+    )
+    if not explicit:
+        hint += ", or pass --config (CODECAGE_CONFIG) to a file you own"
+    return ConfigError(f"config file {path} is not trusted: {reason}", hint=hint)
 
 
 def _validated_limits(data: dict[str, Any], sources: dict[str, str]) -> Limits:

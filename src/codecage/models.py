@@ -422,6 +422,12 @@ class HostInfo(_Model):
     )
     profiles: list[ProfileInfo] = Field(description="Capability profiles (import policy).")
     config_file: str | None = Field(description="The config file in force; None = none found.")
+    config_origin: str = Field(
+        "none",
+        description="Where the config file came from: 'argument' (--config, "
+        "Sandbox(config=...)), 'env' (CODECAGE_CONFIG), 'user' ($XDG_CONFIG_HOME/codecage), "
+        "'system' (/etc/codecage) or 'none'. Never the current directory.",
+    )
     import_policy: str | None = Field(
         description="The profile(s) this Sandbox applies; None when the import policy is off."
     )

@@ -71,7 +71,9 @@ class Sandbox:
         allowed_imports: modules added to the profile's set (or replacing it, see below).
         replace_imports: `allowed_imports` replaces the profile's set instead of extending it.
         import_policy: False turns the import policy off (the OS layers still hold).
-        config: a TOML config file; by default the first found (see `codecage.config`).
+        config: a TOML config file; by default the first found (see `codecage.config`:
+            $CODECAGE_CONFIG, the user's, the system's; never the current directory).
+            Refused unless owned by you or root and not writable by others.
             Precedence: these arguments > CODECAGE_* variables > the file > built-ins.
         selftest: run the self-test before the first run (cached per boot); turning it off
             is for codecage's own tests of the self-test, not for production.
@@ -233,7 +235,8 @@ class Sandbox:
             limits: a full `Limits`, or a dict of fields overriding this Sandbox's defaults.
             filename: the name the code runs under (shows in tracebacks).
             workspace: a host directory to mount at /workspace instead of a fresh empty one;
-                its files stay after the run.
+                its files stay after the run. Refused (ConfigError) when it contains a place
+                the configuration is read from (`codecage.config.check_workspace`).
             cancel: set this event (from another thread) to kill the run; its status is then
                 `killed`, with a `cancelled` event.
             on_files: called with the workspace's host path and the files the run wrote,
@@ -245,6 +248,7 @@ class Sandbox:
             HostError: the host cannot provide the isolation (see `doctor()`).
             SandboxError: the sandbox itself failed.
         """
+        config.check_workspace(self.settings, workspace)
         run_limits = self._limits_for(limits)
         if strict:
             blocked = self._blocked_by_validation(code, run_limits)
@@ -398,6 +402,7 @@ class Sandbox:
                 enabled=self.settings.enabled_profiles,
             ),
             config_file=str(self.settings.config_file) if self.settings.config_file else None,
+            config_origin=self.settings.config_origin,
             import_policy=self.policy.profile if self.policy else None,
             ceilings=engine.ceilings(),
             pool=self.pool.state()

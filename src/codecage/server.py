@@ -158,6 +158,9 @@ def build_server(
             "max_concurrent": server_limits.max_concurrent,
             "max_queued": server_limits.max_queued,
             "tool_servers": sorted(base.tools.servers) if base.tools is not None else [],
+            "config_file": str(base.settings.config_file) if base.settings.config_file else None,
+            "config_origin": base.settings.config_origin,
+            "scrub": base.scrub_settings.enabled,
         },
     )
     return server
