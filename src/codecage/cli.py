@@ -345,7 +345,7 @@ def run(
             allowed_imports=[m for item in allow_import or [] for m in item.split(",") if m],
             replace_imports=replace_imports,
             import_policy=not no_import_policy,
-            config=config_file,
+            config=settings,
             scrub=_scrub_option(no_scrub, scrub_categories, settings),
             **tools.sandbox_options(),
         )
@@ -442,8 +442,8 @@ def info(
     """
     _configure_logging(verbose)
     try:
-        _load_config(config_file)
-        with Sandbox(backend=backend, config=config_file, pool=pool) as sb:
+        settings = _load_config(config_file)
+        with Sandbox(backend=backend, config=settings, pool=pool) as sb:
             if pool:
                 with _progress("warming the pool", enabled=not as_json):
                     sb.warm(timeout=sb.settings.pool.ready_timeout)
@@ -762,7 +762,9 @@ def serve(
         atexit.register(tools.close)
         options = {
             **tools.sandbox_options(),
-            "config": config_file,
+            # Every Sandbox of the server (one per profile, per call with extra imports)
+            # uses the settings loaded and logged now, not a file read again later.
+            "config": settings,
             "scrub": _scrub_option(no_scrub, scrub_categories, settings),
         }
         app_server = mcp_server.build_server(

@@ -73,7 +73,8 @@ class Sandbox:
         import_policy: False turns the import policy off (the OS layers still hold).
         config: a TOML config file; by default the first found (see `codecage.config`:
             $CODECAGE_CONFIG, the user's, the system's; never the current directory).
-            Refused unless owned by you or root and not writable by others.
+            Refused unless owned by you or root and not writable by others. Or the
+            `Settings` that `codecage.config.load()` returned, to use them as they are.
             Precedence: these arguments > CODECAGE_* variables > the file > built-ins.
         selftest: run the self-test before the first run (cached per boot); turning it off
             is for codecage's own tests of the self-test, not for production.
@@ -120,7 +121,7 @@ class Sandbox:
         allowed_imports: tuple[str, ...] | list[str] = (),
         replace_imports: bool = False,
         import_policy: bool = True,
-        config: str | Path | None = None,
+        config: str | Path | Settings | None = None,
         pool: bool | Pool | None = None,
         tools: Broker | None = None,
         allowed_tools: Iterable[str] | None = None,
@@ -130,7 +131,10 @@ class Sandbox:
         tokenize: bool | None = None,
         scrub: bool | ScrubSettings | None = None,
     ) -> None:
-        self.settings = load_settings(Path(config) if config is not None else None)
+        if isinstance(config, Settings):  # loaded once by the caller (the CLI, the server)
+            self.settings = config
+        else:
+            self.settings = load_settings(Path(config) if config is not None else None)
         self.limits = limits or self.settings.limits
         self.limit_sources = dict(self.settings.sources)
         if limits is not None:

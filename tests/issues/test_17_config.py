@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from codecage import ConfigError, Sandbox
-from codecage.config import load
+from codecage.config import candidate_paths, load
 
 CODECAGE = [sys.executable, "-m", "codecage.cli"]
 
@@ -237,3 +237,15 @@ def test_info_and_verbose_logging_show_the_config_file_and_where_it_came_from(
     assert f"config file: {user} (from the user's config directory)" in human.stdout
     verbose = cli("validate", "-v", "--code", "1", cwd=tmp_path, env=clean_env)
     assert f'INFO codecage.cli config.file path="{user}" origin="user"' in verbose.stderr
+
+
+def test_a_relative_xdg_config_home_does_not_bring_the_current_directory_back(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (project / "codecage").mkdir()
+    (project / "codecage" / "config.toml").write_text("[limits]\ntimeout = 7\n")
+    monkeypatch.chdir(project)
+    # The XDG spec: a relative value is invalid and ignored (the default ~/.config is used).
+    searched = [path for _, path in candidate_paths({"XDG_CONFIG_HOME": "."})]
+    assert all(path.is_absolute() for path in searched)
+    assert project / "codecage" / "config.toml" not in [p.resolve() for p in searched]
