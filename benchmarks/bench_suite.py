@@ -39,7 +39,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -52,6 +51,7 @@ from typing import Any
 from bench_cold_start import ROOT, SNIPPET, _python, _raw_bwrap_argv, _run, _timed, percentile
 
 from codecage import Sandbox
+from codecage import workspace as workspaces
 from codecage.backends.base import load_backend
 from codecage.engine import RUN_DIR_PREFIX
 from codecage.isolation import limits as cgroups
@@ -264,7 +264,7 @@ def leak_counts() -> dict[str, int]:
             children.update(int(p) for p in (task / "children").read_text().split())
         except OSError:
             continue
-    run_dirs = [p.name for p in Path(tempfile.gettempdir()).glob(f"{RUN_DIR_PREFIX}*")]
+    run_dirs = [p.name for p in workspaces.private_parent().glob(f"{RUN_DIR_PREFIX}*")]
     groups: list[str] = []
     support = cgroups.detect()
     for parent in support.parents.values() if support is not None else ():

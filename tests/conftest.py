@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from codecage import Sandbox
+from codecage import workspace as workspaces
 from codecage.bridge import channel as bridge_channel
 from codecage.isolation import limits as cgroups
 
@@ -194,7 +195,7 @@ _OWN = f"{os.getpid()}-"
 
 
 def _run_dirs() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob(f"codecage-run-{_OWN}*")}
+    return {p.name for p in workspaces.private_parent().glob(f"codecage-run-{_OWN}*")}
 
 
 def _cgroups() -> set[str]:

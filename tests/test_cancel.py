@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -13,13 +12,14 @@ from pathlib import Path
 import pytest
 
 from codecage import Sandbox
+from codecage import workspace as workspaces
 from codecage.engine import RUN_DIR_PREFIX
 
 SLEEPER = "import time\nprint('started', flush=True)\ntime.sleep(30)\n'finished'"
 
 
 def _own_run_dirs() -> list[Path]:
-    return list(Path(tempfile.gettempdir()).glob(f"{RUN_DIR_PREFIX}{os.getpid()}-*"))
+    return list(workspaces.private_parent().glob(f"{RUN_DIR_PREFIX}{os.getpid()}-*"))
 
 
 def _cancel_after(event: threading.Event, seconds: float) -> threading.Timer:

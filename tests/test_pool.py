@@ -13,7 +13,6 @@ import errno
 import json
 import os
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +23,7 @@ import pytest
 from tests._forking import in_forked_child
 
 from codecage import ExecutionResult, Sandbox
+from codecage import workspace as workspaces
 from codecage.backends.base import load_backend
 from codecage.engine import RunRequest, SandboxSpec, StartedSandbox, run_in
 from codecage.isolation import limits as cgroups
@@ -102,7 +102,7 @@ _OWN = f"{os.getpid()}-"
 
 
 def _own_run_dirs() -> set[Path]:
-    return set(Path(tempfile.gettempdir()).glob(f"codecage-run-{_OWN}*"))
+    return set(workspaces.private_parent().glob(f"codecage-run-{_OWN}*"))
 
 
 def _own_cgroups() -> set[Path]:

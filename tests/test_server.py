@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -36,6 +35,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, ImageContent, TextContent
 from mcp_types.version import LATEST_HANDSHAKE_VERSION
 
+from codecage import workspace as workspaces
 from codecage.isolation import limits as cgroups
 
 CODECAGE = str(Path(sys.executable).with_name("codecage"))
@@ -641,7 +641,7 @@ def stop(proc: subprocess.Popen[bytes], sig: signal.Signals = signal.SIGINT) -> 
 def left_behind(server_pid: int) -> dict[str, list[str]]:
     """The run dirs, mounts and cgroups a server process created (their names carry its pid)."""
     own = f"{server_pid}-"
-    run_dirs = [p.name for p in Path(tempfile.gettempdir()).glob(f"codecage-run-{own}*")]
+    run_dirs = [p.name for p in workspaces.private_parent().glob(f"codecage-run-{own}*")]
     mountinfo = Path("/proc/self/mountinfo").read_text(encoding="utf-8").splitlines()
     mounts = [line.split()[4] for line in mountinfo if f"codecage-run-{own}" in line]
     groups: list[str] = []

@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from codecage import scrub as scrubbing
 from codecage import workspace as workspaces
 from codecage.backends.base import Backend, LaunchSpec
 from codecage.bridge import channel as bridge
+from codecage.bridge.tooling import SERVERS_DIR_PREFIX
 from codecage.errors import ConfigError, SandboxError
 from codecage.guest.bootstrap import STOP_LINE
 from codecage.isolation import limits as cgroups
@@ -74,6 +75,8 @@ class RunRequest:
     filename: str
     limits: Limits
     workspace_dir: Path | None = None  # a host dir to mount instead of a fresh one
+    # Written into the fresh workspace (its tmpfs, within workspace_mb) before the code runs.
+    files: Mapping[str, bytes] | None = None
     degraded: tuple[str, ...] = ()  # layers known missing (only with allow_degraded)
     policy: ImportPolicy | None = None  # None: no import policy (the OS layers still hold)
     cancel: threading.Event | None = None  # set it to kill the run (status killed, cancelled)
@@ -96,12 +99,16 @@ def ceilings() -> Ceilings:
     )
 
 
-def check_request(code: str, filename: str, limits: Limits) -> None:
+def check_request(
+    code: str, filename: str, limits: Limits, files: Mapping[str, bytes] | None = None
+) -> None:
     """Refuse, before anything runs, what cannot be run.
 
     Raises:
-        ConfigError: the code, the file name or a limit is not acceptable.
+        ConfigError: the code, the file name, a limit or an input file is not acceptable.
     """
+    if files:
+        workspaces.check_files(files, limits.workspace_mb)
     if len(code.encode("utf-8", "surrogatepass")) > MAX_CODE_BYTES:
         raise ConfigError(
             f"the code is larger than {MAX_CODE_BYTES // (1024 * 1024)} MiB",
@@ -202,7 +209,12 @@ def execute(request: RunRequest, backend: Backend) -> ExecutionResult:
         HostError: this host cannot provide the isolation.
         SandboxError: the sandbox failed to start or broke down.
     """
-    check_request(request.code, request.filename, request.limits)
+    check_request(request.code, request.filename, request.limits, request.files)
+    if request.files and request.workspace_dir is not None:
+        raise ConfigError(
+            "input files and a workspace directory were both given",
+            hint="put the files in the workspace directory, or pass no workspace",
+        )
     sandbox = start(
         SandboxSpec.for_request(request),
         request.limits,
@@ -360,6 +372,14 @@ def run_in(sandbox: StartedSandbox, request: RunRequest, *, backend_name: str) -
     limits = request.limits
     baseline = _apply_late_limits(sandbox, limits)
     sandbox.used = True
+    if request.files:
+        if sandbox.workspace.owned is False:
+            raise ConfigError(
+                "input files go into a fresh workspace only, not into a workspace directory",
+                hint="put the files in the workspace directory, or pass no workspace",
+            )
+        # Nothing of the request has run yet: the guest waits for it (warm) or is starting.
+        workspaces.write_files(sandbox.workspace, request.files, sandbox.spec.workspace_mb)
     cgroup = sandbox.cgroup
     warm = sandbox.ready_pid is not None
     guest_request = GuestRequest(
@@ -494,23 +514,13 @@ def _apply_late_limits(sandbox: StartedSandbox, limits: Limits) -> _Baseline:
 
 def sweep_stale_runs() -> int:
     """Remove what runs of dead codecage processes left behind (a host process killed with
-    SIGKILL cannot clean up): their temp dirs, workspace mounts and cgroups. Returns how
-    many were removed. Runs of live processes are never touched."""
-    removed = 0
-    for run_dir in Path(tempfile.gettempdir()).glob(f"{RUN_DIR_PREFIX}*-*"):
-        if not _owned_by_dead_process(run_dir.name.removeprefix(RUN_DIR_PREFIX)):
-            continue
-        if run_dir.is_symlink():
-            continue
-        ws = run_dir / "workspace"
-        try:
-            workspaces.destroy(workspaces.Workspace(ws, tmpfs=os.path.ismount(ws), owned=True))
-            workspaces.destroy(workspaces.Workspace(run_dir, tmpfs=False, owned=True))
-            removed += 1
-        except SandboxError as exc:
-            log.warning(
-                "engine.stale_run_not_removed", extra={"dir": str(run_dir), "error": str(exc)}
-            )
+    SIGKILL cannot clean up): their run dirs, workspace mounts, generated tool trees and
+    cgroups. Returns how many were removed. Runs of live processes are never touched.
+
+    Run dirs and tool trees live in `workspaces.private_parent()` (0700, ours), and are
+    swept through descriptors (`workspaces.sweep_stale`): no other user can put a name
+    there, and a name swapped for a symlink is never followed."""
+    removed = workspaces.sweep_stale((RUN_DIR_PREFIX, SERVERS_DIR_PREFIX), _owned_by_dead_process)
     removed += cgroups.sweep_stale(_owned_by_dead_process)
     if removed:
         log.warning("engine.stale_runs_removed", extra={"count": removed})
@@ -569,8 +579,11 @@ def _tool_tree_mounts(spec: SandboxSpec) -> tuple[rootfs.Mount, ...]:
 
 
 def _make_run_dir(cleanup: contextlib.ExitStack) -> Path:
-    # The host pid in the name lets a later process clean up after one that was killed.
-    run_dir = Path(tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-"))  # mode 0700
+    # The host pid in the name lets a later process clean up after one that was killed; the
+    # private parent (not /tmp itself) keeps other users from planting names to be swept.
+    run_dir = Path(
+        tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-", dir=workspaces.private_parent())
+    )  # mode 0700
     cleanup.callback(shutil.rmtree, run_dir, ignore_errors=True)
     return run_dir
 
@@ -584,11 +597,21 @@ def _prepare_workspace(
         ws = workspaces.create_ephemeral(run_dir, size_mb)
     cleanup.callback(workspaces.destroy, ws)
     if not ws.owned:
-        # A user's directory outlives the run: no setuid/setgid file may be planted in it
-        # (seccomp refuses setting the bits; this is the second layer). ExitStack is LIFO,
-        # so this runs after the sandbox is reaped, on every exit path.
-        cleanup.callback(workspaces.strip_privilege_bits, ws.path)
+        # A user's directory outlives the run. ExitStack is LIFO, so this runs after the
+        # sandbox is reaped, on every exit path.
+        cleanup.callback(_hand_back, ws.path, workspaces.save_root(ws))
     return ws
+
+
+def _hand_back(path: Path, root: workspaces.RootState) -> None:
+    """Give a user's --workspace DIR back as it was lent: no setuid/setgid file planted in
+    it (seccomp refuses setting the bits; this is the second layer), and DIR itself with
+    its own mode and owner again (the code may chmod /workspace, e.g. to 01777). The bits
+    the operator had set on DIR are the operator's: neither step takes them away."""
+    try:
+        workspaces.strip_privilege_bits(path, keep_on_root=root.mode)
+    finally:
+        workspaces.restore_root(root)
 
 
 @dataclass(slots=True)

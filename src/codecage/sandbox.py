@@ -8,7 +8,7 @@ import json
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -228,6 +228,7 @@ class Sandbox:
         strict: bool = False,
         cancel: threading.Event | None = None,
         on_files: Callable[[Path, list[FileInfo]], None] | None = None,
+        files: Mapping[str, bytes | str] | None = None,
     ) -> ExecutionResult:
         """Run `code` in a new sandbox and return how it went.
 
@@ -246,6 +247,10 @@ class Sandbox:
             on_files: called with the workspace's host path and the files the run wrote,
                 after the run and before the workspace is removed (read them with
                 `codecage.workspace.read_file`, which never follows a link).
+            files: input files to put in the fresh /workspace before the code runs:
+                relative path (e.g. "input/data.csv") -> content (str is written as UTF-8).
+                They live in the workspace's size-limited tmpfs like everything the code
+                writes: more than `workspace_mb` in all is refused. Not with `workspace`.
 
         Raises:
             ConfigError: the request was refused before anything ran.
@@ -254,11 +259,12 @@ class Sandbox:
         """
         config.check_workspace(self.settings, workspace)
         run_limits = self._limits_for(limits)
+        inputs = _input_files(files, workspace)
         if strict:
             blocked = self._blocked_by_validation(code, run_limits)
             if blocked is not None:
                 return redaction.scrub_result(blocked, self.scrubber)
-        result = self._run(code, run_limits, filename, workspace, cancel, on_files)
+        result = self._run(code, run_limits, filename, workspace, cancel, on_files, inputs)
         return redaction.scrub_result(result, self.scrubber)
 
     def _run(
@@ -269,6 +275,7 @@ class Sandbox:
         workspace: str | Path | None,
         cancel: threading.Event | None,
         on_files: Callable[[Path, list[FileInfo]], None] | None,
+        files: dict[str, bytes] | None = None,
     ) -> ExecutionResult:
         tools = (
             self.tools.for_run(
@@ -284,6 +291,7 @@ class Sandbox:
             filename=filename,
             limits=run_limits,
             workspace_dir=Path(workspace) if workspace is not None else None,
+            files=files,
             degraded=self._missing_layers(),
             policy=self.policy,
             cancel=cancel,
@@ -309,7 +317,7 @@ class Sandbox:
     def _run_warm(self, pool: Pool, request: engine.RunRequest) -> ExecutionResult | None:
         """Run in a warm sandbox; None when there is none for this request (its sizes differ
         from the pool's, none is ready, or it cannot take the limits): then run cold."""
-        engine.check_request(request.code, request.filename, request.limits)
+        engine.check_request(request.code, request.filename, request.limits, request.files)
         sandbox = pool.take(self._warm_spec(request.limits))
         if sandbox is None:
             return None
@@ -346,6 +354,7 @@ class Sandbox:
         filename: str = "main.py",
         workspace: str | Path | None = None,
         strict: bool = False,
+        files: Mapping[str, bytes | str] | None = None,
     ) -> ExecutionResult:
         """`run()` for asyncio callers: the run happens in a worker thread. Cancelling the
         task kills the sandbox.
@@ -365,6 +374,7 @@ class Sandbox:
                 workspace=workspace,
                 strict=strict,
                 cancel=cancel,
+                files=files,
             )
         except asyncio.CancelledError:
             cancel.set()  # the task was cancelled: the worker thread kills the sandbox
@@ -518,6 +528,27 @@ class Sandbox:
                     _write_cached(key, report)
             _selftest_memo[key] = report
             return report
+
+
+def _input_files(
+    files: Mapping[str, bytes | str] | None, workspace: str | Path | None
+) -> dict[str, bytes] | None:
+    """`run`'s `files`, as bytes.
+
+    Raises:
+        ConfigError: files and a workspace directory were both given.
+    """
+    if not files:
+        return None
+    if workspace is not None:
+        raise ConfigError(
+            "input files and a workspace directory were both given",
+            hint="put the files in the workspace directory, or pass no workspace",
+        )
+    return {
+        name: data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+        for name, data in files.items()
+    }
 
 
 def load_settings(path: Path | None) -> Settings:

@@ -6,9 +6,9 @@ reaches the model; the *code's* failures (exceptions, timeouts, refused imports)
 results with a status, because the model must read them to fix its code.
 
 Executions run in worker threads, at most `max_concurrent` at once; up to `max_queued` more
-wait, and past that a call is refused with a clear "busy" error. Runs without uploaded
-files use the shared warm pool; runs with files get a fresh host workspace (cold start).
-Either way, images and asked-for files are read back before the workspace goes.
+wait, and past that a call is refused with a clear "busy" error. Uploaded files are written
+into the run's own size-limited workspace (warm or cold) before the code runs; images and
+asked-for files are read back before the workspace goes.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ import contextlib
 import hmac
 import json
 import logging
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -545,9 +543,10 @@ def _execute(
     return_files: list[str],
     cancel: threading.Event,
 ) -> tuple[ExecutionResult, list[ContentBlock]]:
-    """One run. Images and the asked-for files are read from the workspace after the run,
-    before it is removed (a warm sandbox's workspace too). Uploads need a host workspace,
-    so a run with files starts cold. Raises ToolError for what the caller must fix."""
+    """One run. Uploads go into the run's fresh workspace (its tmpfs, bounded by
+    workspace_mb, removed with it) before the code runs. Images and the asked-for files are
+    read from the workspace after the run, before it is removed (a warm sandbox's
+    workspace too). Raises ToolError for what the caller must fix."""
     blocks: list[ContentBlock] = []
     redacted: list[dict[str, int]] = []
 
@@ -563,27 +562,12 @@ def _execute(
         return result.model_copy(update={"redactions": merge_counts(result.redactions, *redacted)})
 
     try:
-        if not uploads:
-            result = sandbox.run(code, limits=limits, cancel=cancel, on_files=read_back)
-            return counted(result), blocks
-        workdir = Path(tempfile.mkdtemp(prefix="codecage-mcp-"))
-        try:
-            _write_uploads(workdir, uploads)
-            result = sandbox.run(
-                code, limits=limits, workspace=workdir, cancel=cancel, on_files=read_back
-            )
-            return counted(result), blocks
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+        result = sandbox.run(
+            code, limits=limits, cancel=cancel, on_files=read_back, files=uploads or None
+        )
+        return counted(result), blocks
     except CodecageError as exc:
         raise ToolError(f"{exc} ({exc.hint})" if exc.hint else str(exc)) from exc
-
-
-def _write_uploads(workdir: Path, uploads: dict[str, bytes]) -> None:
-    for name, data in uploads.items():
-        target = workdir / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
 
 
 def _files_back(

@@ -13,6 +13,11 @@ sequences or invalid UTF-8, and trees deeper than Python's recursion limit. So:
 - removal walks the tree itself (iteratively, fd-based, never following a symlink, taking
   back permissions the guest removed), because ``shutil.rmtree`` recurses once per level
   and so fails on a tree a few thousand directories deep, leaving it behind.
+
+Run directories (and other temp trees of one codecage process) live in a parent private to
+the effective uid (`private_parent`), never directly in a world-writable /tmp: nobody else
+can plant, swap or symlink an entry there, so sweeping what a killed process left cannot be
+turned against another directory or a live run's mount.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import mimetypes
 import os
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -38,14 +43,21 @@ from codecage.output import neutralise_text
 
 __all__ = [
     "MAX_DEPTH",
+    "RootState",
     "Workspace",
     "can_mount_tmpfs",
+    "check_files",
     "create_ephemeral",
     "destroy",
     "list_files",
+    "private_parent",
     "read_file",
+    "restore_root",
+    "save_root",
     "strip_privilege_bits",
+    "sweep_stale",
     "use_existing",
+    "write_files",
 ]
 
 log = logging.getLogger(__name__)
@@ -221,6 +233,157 @@ def can_mount_tmpfs() -> bool:
     return True
 
 
+# --- the private parent of run directories --------------------------------------------
+
+_SYSTEM_RUN_DIR = Path("/run")
+
+
+def private_parent() -> Path:
+    """The directory that holds this effective uid's run directories and temp trees,
+    created 0700 on first use: ``/run/codecage`` for root (only root can write /run),
+    else ``codecage-<euid>`` in the temp directory ($TMPDIR, else /tmp).
+
+    It is checked on every call, through an ``O_NOFOLLOW`` fd: a directory (not a symlink),
+    owned by the effective uid; a wider mode is narrowed to 0700. Another user who made
+    that name first (in a shared /tmp) gets codecage refused, never used.
+
+    Raises:
+        HostError: the directory cannot be created, or is not ours.
+    """
+    fd = _open_private_parent()
+    os.close(fd)
+    return _private_parent_path()
+
+
+def _private_parent_path() -> Path:
+    euid = os.geteuid()
+    if euid == 0:
+        try:
+            st = os.lstat(_SYSTEM_RUN_DIR)
+        except OSError:
+            pass
+        else:
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022:
+                return _SYSTEM_RUN_DIR / "codecage"
+    return Path(tempfile.gettempdir()) / f"codecage-{euid}"
+
+
+def _open_private_parent() -> int:
+    """`private_parent`, created if need be, as a checked directory fd."""
+    path = _private_parent_path()
+    euid = os.geteuid()
+    hint = (
+        f"{path} must be a directory owned by uid {euid} (not a symlink): remove what is "
+        "there if you do not know who made it, or set TMPDIR to a directory of your own"
+    )
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    try:
+        fd = os.open(path, _DIR_FLAGS)
+    except OSError as exc:
+        raise HostError(
+            f"cannot use {path} for codecage's run directories: {exc.strerror}", hint=hint
+        ) from exc
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != euid:
+            raise HostError(
+                f"{path} belongs to uid {st.st_uid}, not to this user (uid {euid}): codecage "
+                "will not keep its run directories there",
+                hint=hint,
+            )
+        if stat.S_IMODE(st.st_mode) != 0o700:
+            os.fchmod(fd, 0o700)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def sweep_stale(prefixes: tuple[str, ...], is_stale: Callable[[str], bool]) -> int:
+    """Remove the entries of `private_parent` whose name is a prefix of `prefixes` followed
+    by a string that `is_stale` says True of (e.g. "<pid of a dead process>-..."): what a
+    killed codecage process could not remove. Returns how many were removed.
+
+    Descriptors all the way: the parent is opened ``O_NOFOLLOW`` and checked as ours, each
+    entry is opened ``O_NOFOLLOW`` relative to it and must be a directory owned by the
+    effective uid, its workspace tmpfs is unmounted through the very directory fd that was
+    checked (never by a name that could be swapped meanwhile), and the tree is removed with
+    the fd-based walk of `destroy`. Anything else is left alone (and logged).
+
+    Raises:
+        Nothing: what cannot be removed is logged at WARNING as
+        ``workspace_stale_entry_not_removed``.
+    """
+    try:
+        parent_fd = _open_private_parent()
+    except HostError as exc:
+        log.warning("workspace_stale_sweep_skipped", extra={"error": str(exc)})
+        return 0
+    removed = 0
+    try:
+        with os.scandir(parent_fd) as entries:
+            names = sorted(entry.name for entry in entries)
+        for name in names:
+            prefix = next((p for p in prefixes if name.startswith(p)), None)
+            if prefix is None or not is_stale(name.removeprefix(prefix)):
+                continue
+            try:
+                removed += _remove_stale(parent_fd, name)
+            except OSError as exc:
+                log.warning(
+                    "workspace_stale_entry_not_removed",
+                    extra={"entry": neutralise_text(name), "error": neutralise_text(str(exc))},
+                )
+    finally:
+        os.close(parent_fd)
+    return removed
+
+
+def _remove_stale(parent_fd: int, name: str) -> bool:
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        log.warning("workspace_stale_entry_not_a_directory", extra={"entry": neutralise_text(name)})
+        return False
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            log.warning("workspace_stale_entry_not_ours", extra={"entry": neutralise_text(name)})
+            return False
+        _unmount_below(fd, "workspace", st.st_dev)
+    finally:
+        os.close(fd)
+    _remove_at(parent_fd, name)
+    return True
+
+
+def _unmount_below(dir_fd: int, name: str, dir_dev: int) -> None:
+    """Detach what is mounted on `name` in `dir_fd` (a directory we checked), if anything."""
+    for _ in range(8):  # a mount stacked on a mount: a few, never unbounded
+        try:
+            fd = os.open(name, _PATH_DIR_FLAGS, dir_fd=dir_fd)
+        except OSError:
+            return  # missing, a symlink or not a directory: nothing of ours is mounted there
+        try:
+            if os.fstat(fd).st_dev == dir_dev:
+                return  # not a mount point
+            # /proc/self/fd/N leads to exactly the mount and directory this fd holds (umount2
+            # follows that one link, as it must without UMOUNT_NOFOLLOW), so a name swapped
+            # meanwhile cannot make us detach anything else.
+            rc: int = _libc().umount2(f"/proc/self/fd/{fd}".encode("ascii"), _MNT_DETACH)
+            if rc != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err), name)
+            log.debug("workspace_stale_tmpfs_unmounted")
+        finally:
+            os.close(fd)
+
+
 # --- creating and destroying ------------------------------------------------------------
 
 
@@ -307,6 +470,164 @@ def use_existing(path: Path) -> Workspace:
     return Workspace(path=path.absolute(), tmpfs=False, owned=False)
 
 
+def check_files(files: Mapping[str, bytes], size_mb: int) -> None:
+    """Refuse, before any sandbox starts, files that cannot be put in a fresh workspace of
+    `size_mb` MiB: a name that is not a plain relative path, or more bytes than fit.
+
+    Raises:
+        ConfigError: the message names the file, or the sizes.
+    """
+    total = 0
+    for name, data in files.items():
+        _upload_parts(name)
+        total += len(data)
+    if total > size_mb * 2**20:
+        raise ConfigError(
+            f"the files are {total} bytes together, more than the workspace's {size_mb} MiB",
+            hint="upload less, or raise workspace_mb (--workspace-mb)",
+        )
+
+
+_UPLOAD_NAME_HINT = "name each file by a relative path inside /workspace, e.g. 'input/data.csv'"
+
+
+def _upload_parts(name: str) -> list[str]:
+    parts = _split_relpath(name, hint=_UPLOAD_NAME_HINT)
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(
+            f"the file name '{neutralise_text(name)}' is not valid text (a lone surrogate)",
+            hint=_UPLOAD_NAME_HINT,
+        ) from None
+    return parts
+
+
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def write_files(ws: Workspace, files: Mapping[str, bytes], size_mb: int) -> None:
+    """Write `files` (relative path -> content) into the fresh workspace `ws` before the
+    code runs: in its tmpfs when it has one, so they count against its `size_mb` MiB like
+    everything the code writes, and go with it.
+
+    Every component is created and opened relative to the previous one with
+    ``O_NOFOLLOW``, files with ``O_EXCL``: nothing is written through a link.
+
+    Raises:
+        ConfigError: a bad name, two names that collide (a file where another needs a
+            directory), or the files do not fit in the workspace.
+        SandboxError: writing failed otherwise.
+    """
+    root_fd = _open_workspace_root(ws.path, "write the files into")
+    try:
+        for name, data in files.items():
+            parts = _upload_parts(name)
+            try:
+                _write_one(root_fd, parts, data)
+            except OSError as exc:
+                raise _write_refusal(name, exc, size_mb) from exc
+    finally:
+        os.close(root_fd)
+
+
+def _write_one(root_fd: int, parts: list[str], data: bytes) -> None:
+    dir_fd = os.dup(root_fd)
+    try:
+        for part in parts[:-1]:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o755, dir_fd=dir_fd)
+            next_fd = os.open(part, _DIR_FLAGS, dir_fd=dir_fd)
+            os.close(dir_fd)
+            dir_fd = next_fd
+        fd = os.open(parts[-1], _CREATE_FLAGS, 0o644, dir_fd=dir_fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _write_refusal(name: str, exc: OSError, size_mb: int) -> ConfigError | SandboxError:
+    shown = neutralise_text(name)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return ConfigError(
+            f"the files do not fit in the workspace's {size_mb} MiB (writing '{shown}': "
+            f"{exc.strerror})",
+            hint="upload less, or raise workspace_mb (--workspace-mb)",
+        )
+    if exc.errno in (
+        errno.EEXIST,
+        errno.ENOTDIR,
+        errno.EISDIR,
+        errno.ELOOP,
+        errno.ENAMETOOLONG,
+        errno.EINVAL,
+    ):
+        return ConfigError(
+            f"cannot write '{shown}' into the workspace: {exc.strerror} (a file and a "
+            "directory of the same name, or a name too long)",
+            hint=_UPLOAD_NAME_HINT,
+        )
+    return SandboxError(
+        f"writing '{shown}' into the workspace failed: {exc.strerror}",
+        hint="run it again; if it persists, check the host's memory and mount table",
+    )
+
+
+@dataclass(slots=True)
+class RootState:
+    """A ``--workspace DIR``'s own mode and owner before a run, and an fd of DIR that
+    `restore_root` puts them back through (the path could name something else by then)."""
+
+    fd: int
+    mode: int
+    uid: int
+    gid: int
+
+
+def save_root(ws: Workspace) -> RootState:
+    """Record `ws`'s own mode and owner before a run (for `restore_root`).
+
+    Raises:
+        SandboxError: the directory is missing, a symlink or not a directory.
+    """
+    fd = _open_workspace_root(ws.path, "record the mode of")
+    st = os.fstat(fd)
+    return RootState(fd=fd, mode=stat.S_IMODE(st.st_mode), uid=st.st_uid, gid=st.st_gid)
+
+
+def restore_root(state: RootState) -> None:
+    """Give the workspace directory back the mode and owner `save_root` recorded, whatever
+    the code did to it (the code runs as the host uid, so it may chmod /workspace itself,
+    e.g. to 01777); then close the fd. Call it once, after the sandbox is gone.
+
+    Raises:
+        SandboxError: the mode or owner could not be restored.
+    """
+    try:
+        st = os.fstat(state.fd)
+        if (st.st_uid, st.st_gid) != (state.uid, state.gid):
+            os.fchown(state.fd, state.uid, state.gid)  # clears setid bits: chmod comes after
+            st = os.fstat(state.fd)
+        if stat.S_IMODE(st.st_mode) != state.mode:
+            os.fchmod(state.fd, state.mode)
+            log.warning(
+                "workspace_mode_restored",
+                extra={"was": oct(stat.S_IMODE(st.st_mode)), "restored": oct(state.mode)},
+            )
+    except OSError as exc:
+        raise SandboxError(
+            f"cannot restore the workspace directory's mode {oct(state.mode)}: {exc.strerror}",
+            hint="check its mode and owner by hand (`ls -ld`)",
+        ) from exc
+    finally:
+        os.close(state.fd)
+
+
 def destroy(ws: Workspace) -> None:
     """Unmount the workspace's tmpfs (if any) and remove the directory (if owned).
 
@@ -335,17 +656,22 @@ def _remove_tree(path: Path) -> None:
     except FileNotFoundError:
         return
     try:
-        try:
-            st = os.stat(path.name, dir_fd=parent_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return
-        if stat.S_ISDIR(st.st_mode):
-            _empty_dir(parent_fd, path.name)
-            _ignore_missing(os.rmdir, path.name, parent_fd)
-        else:
-            _ignore_missing(os.unlink, path.name, parent_fd)
+        _remove_at(parent_fd, path.name)
     finally:
         os.close(parent_fd)
+
+
+def _remove_at(parent_fd: int, name: str) -> None:
+    """Remove the entry `name` of `parent_fd`, and everything under it when a directory."""
+    try:
+        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        _empty_dir(parent_fd, name)
+        _ignore_missing(os.rmdir, name, parent_fd)
+    else:
+        _ignore_missing(os.unlink, name, parent_fd)
 
 
 def _ignore_missing(remove: Callable[..., object], name: str, dir_fd: int) -> None:
@@ -685,9 +1011,10 @@ def _open_workspace_root(ws_path: Path, action: str) -> int:
         ) from exc
 
 
-def strip_privilege_bits(ws_path: Path) -> int:
+def strip_privilege_bits(ws_path: Path, *, keep_on_root: int = 0) -> int:
     """Take S_ISUID and S_ISGID off every regular file and directory under `ws_path`,
-    `ws_path` itself included; return how many were changed.
+    `ws_path` itself included (except the bits of `keep_on_root` on it: those the operator
+    had set on the directory before the run); return how many were changed.
 
     Call it after every run on a workspace that outlives the run (``--workspace DIR``): the
     guest's uid is the host uid that started the sandbox, root included, so a setuid or
@@ -710,7 +1037,7 @@ def strip_privilege_bits(ws_path: Path) -> int:
     state = _Stripping()
     root_fd = _open_workspace_root(ws_path, "check for setuid files")
     try:
-        _strip_fd(root_fd, ".", state)
+        _strip_fd(root_fd, ".", state, keep=keep_on_root & _SETID_BITS)
         _strip_dir(root_fd, 0, state)
     finally:
         os.close(root_fd)
@@ -787,13 +1114,16 @@ def _strip_entry(dir_fd: int, name: str, flags: int, state: _Stripping) -> None:
         os.close(fd)
 
 
-def _strip_fd(fd: int, name: str, state: _Stripping, *, by_path_fd: bool = False) -> None:
+def _strip_fd(
+    fd: int, name: str, state: _Stripping, *, by_path_fd: bool = False, keep: int = 0
+) -> None:
     st = os.fstat(fd)
     if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
         return
-    if not st.st_mode & _SETID_BITS:
+    strip = _SETID_BITS & ~keep
+    if not st.st_mode & strip:
         return
-    mode = stat.S_IMODE(st.st_mode) & ~_SETID_BITS
+    mode = stat.S_IMODE(st.st_mode) & ~strip
     try:
         if by_path_fd:
             # fchmod refuses O_PATH fds; chmod through the fd's /proc link changes exactly
@@ -806,7 +1136,7 @@ def _strip_fd(fd: int, name: str, state: _Stripping, *, by_path_fd: bool = False
         # The name is the guest's: neutralised like any guest text, even at DEBUG.
         log.debug(
             "privilege_bits_not_stripped",
-            extra={"name": neutralise_text(name), "error": exc.strerror},
+            extra={"entry": neutralise_text(name), "error": exc.strerror},
         )
         state.missed("entries this user may not chmod")
         return
@@ -816,9 +1146,13 @@ def _strip_fd(fd: int, name: str, state: _Stripping, *, by_path_fd: bool = False
 # --- reading ----------------------------------------------------------------------------
 
 
-def _split_relpath(relpath: str) -> list[str]:
+def _split_relpath(
+    relpath: str,
+    *,
+    hint: str = "pass a path relative to the workspace, as `files` lists it "
+    "(e.g. 'out/report.csv')",
+) -> list[str]:
     shown = neutralise_text(relpath)
-    hint = "pass a path relative to the workspace, as `files` lists it (e.g. 'out/report.csv')"
     if not relpath:
         raise ConfigError("the file path is empty", hint=hint)
     if "\x00" in relpath:

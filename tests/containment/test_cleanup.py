@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from codecage import Sandbox
+from codecage import workspace as workspaces
 from codecage.isolation import limits as cgroups
 
 from ._support import Runner, guest, host_pids_with, kill_marked, report
@@ -118,7 +119,7 @@ def test_nothing_is_left_after_a_timeout(sandbox: Sandbox, marker: str) -> None:
     assert run_dir.startswith("codecage-run-"), r.stdout
     assert host_pids_with(marker) == []
     assert host_pids_with(run_dir) == []  # bwrap's argv names the run dir
-    assert not (Path("/tmp") / run_dir).exists()
+    assert not (workspaces.private_parent() / run_dir).exists()
     assert run_dir not in _host_mounts()
     support = cgroups.detect()
     if support is not None:

@@ -7,11 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from codecage import engine
+from codecage import workspace as workspaces
 from codecage.isolation import limits as cgroups
 
 HOST = """
@@ -24,7 +24,7 @@ sb.run("import time; print('started', flush=True); time.sleep(60)", limits={"tim
 
 
 def _leftovers(pid: int) -> list[str]:
-    found = [str(p) for p in Path(tempfile.gettempdir()).glob(f"codecage-run-{pid}-*")]
+    found = [str(p) for p in workspaces.private_parent().glob(f"codecage-run-{pid}-*")]
     support = cgroups.detect()
     if support is not None:
         for parent in support.parents.values():

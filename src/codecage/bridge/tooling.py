@@ -16,10 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from codecage import workspace as workspaces
 from codecage.bridge import upstreams
 from codecage.bridge.channel import BridgeLimits, CallFailed
 from codecage.config import Settings, ToolsFile
 from codecage.errors import ConfigError, SandboxError
+
+SERVERS_DIR_PREFIX = "codecage-servers-"
+"""Followed by the pid: the generated tree of a process that was killed is swept by the
+next one (`engine.sweep_stale_runs`)."""
 
 if TYPE_CHECKING:  # the MCP SDK (~0.5 s to import) loads only when there are servers
     import mcp_types
@@ -69,6 +74,7 @@ def prepare(
 
     Raises:
         ConfigError: a bad config file or directory.
+        HostError: no private temp directory for the generated tree.
         SandboxError: an upstream server could not be listed for generating the tree.
     """
     asked = servers_dir is not None or bool(allowed_tools) or bool(tokenize)
@@ -160,7 +166,17 @@ def generate(broker: Broker, servers: Sequence[str], out_dir: Path) -> list[Path
 
 
 def _temporary_tree() -> Path:
-    path = Path(tempfile.mkdtemp(prefix="codecage-servers-"))
+    """A temp dir for the generated tree, in the private parent of the run dirs (not
+    directly in /tmp), named with the pid so that it is swept if this process is killed.
+
+    Raises:
+        HostError: the private parent is not usable (see `workspace.private_parent`).
+    """
+    path = Path(
+        tempfile.mkdtemp(
+            prefix=f"{SERVERS_DIR_PREFIX}{os.getpid()}-", dir=workspaces.private_parent()
+        )
+    )
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path / "servers"
 
