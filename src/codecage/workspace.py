@@ -34,7 +34,7 @@ from pathlib import Path, PurePosixPath
 
 from codecage.errors import ConfigError, HostError, SandboxError
 from codecage.models import FileInfo, LayerStatus
-from codecage.output import neutralise_text
+from codecage.output import neutralise_line, neutralise_text
 
 __all__ = [
     "MAX_DEPTH",
@@ -473,8 +473,10 @@ def list_files(
     cannot be opened) and a MIME type: from the name's suffix (Python's built-in table, the
     same on every host), else from magic numbers (png, jpeg, gif, pdf, zip, gzip), else
     "text/plain" for a file of at most 64 KiB of NUL-free UTF-8, else
-    "application/octet-stream". Paths are relative, '/'-separated and neutralised
-    (`output.neutralise_text`), so a name cannot carry escape sequences into a result.
+    "application/octet-stream". Paths are relative and '/'-separated; `FileInfo` neutralises
+    each to one line (`output.neutralise_line`) and keeps the name as on disk aside
+    (`FileInfo.raw_path()`), so a name can neither carry escape sequences or line breaks
+    into a result nor stop the file from being read back.
 
     Returns:
         ``(files, truncated)``: `truncated` is True when files were left out (more than
@@ -513,7 +515,8 @@ def _list_dir(dir_fd: int, prefix: str, depth: int, state: _Listing) -> bool:
             is_file = not is_dir and entry.is_file(follow_symlinks=False)
         except OSError:
             continue
-        relpath = prefix + neutralise_text(entry.name)
+        # As on disk (surrogate-escaped where not UTF-8): FileInfo shows it neutralised.
+        relpath = prefix + entry.name
         if is_dir:
             if depth >= MAX_DEPTH:
                 state.truncated = True
@@ -817,7 +820,7 @@ def _strip_fd(fd: int, name: str, state: _Stripping, *, by_path_fd: bool = False
 
 
 def _split_relpath(relpath: str) -> list[str]:
-    shown = neutralise_text(relpath)
+    shown = neutralise_line(relpath)
     hint = "pass a path relative to the workspace, as `files` lists it (e.g. 'out/report.csv')"
     if not relpath:
         raise ConfigError("the file path is empty", hint=hint)
@@ -853,7 +856,7 @@ def read_file(ws_path: Path, relpath: str, *, max_bytes: int) -> bytes:
         SandboxError: the workspace itself cannot be opened, or reading failed.
     """
     parts = _split_relpath(relpath)
-    shown = neutralise_text(relpath)
+    shown = neutralise_line(relpath)
     try:
         dir_fd = os.open(ws_path, _PATH_DIR_FLAGS)
     except OSError as exc:
