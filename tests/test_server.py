@@ -104,7 +104,10 @@ async def stdio(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stdio
         if isinstance(message, Exception):  # a stdout line that was not a protocol message
             faults.append(message)
 
-    params = StdioServerParameters(command=CODECAGE, args=["serve"], cwd=str(workdir))
+    # The SDK passes only a few variables (HOME, PATH, ...): PYTHONPATH too, so that the server
+    # runs the code under test (a worktree's src), not the installed package.
+    env = {k: v for k, v in os.environ.items() if k == "PYTHONPATH"}
+    params = StdioServerParameters(command=CODECAGE, args=["serve"], cwd=str(workdir), env=env)
     with stderr_path.open("w", encoding="utf-8") as errlog:
         transport = stdio_client(params, errlog=errlog)
         async with Client(transport, message_handler=on_message, read_timeout_seconds=60) as c:
@@ -275,20 +278,26 @@ async def test_a_matplotlib_figure_comes_back_as_a_png_image_block(stdio: StdioS
 SVG = "<svg xmlns='http://www.w3.org/2000/svg' width='8' height='8'><rect width='8'/></svg>"
 
 
-async def test_an_svg_the_code_writes_comes_back_as_an_image_block(stdio: StdioServer) -> None:
+async def test_an_svg_is_never_an_image_block_but_return_files_gives_it_as_text(
+    stdio: StdioServer,
+) -> None:
+    # An SVG is XML: it can hold scripts and text the scrubber never read.
     code = f"with open('pic.svg', 'w') as f:\n    f.write({SVG!r})"
-    result = await call(stdio, "execute_code", code=code)  # basic profile, no uploads
+    result = await call(stdio, "execute_code", code=code, return_files=["pic.svg"])
     run = structured(result)
     assert run["status"] == "ok", run["error"]
     assert [f["mime"] for f in run["files"]] == ["image/svg+xml"]
-    images = [b for b in result.content if isinstance(b, ImageContent)]
-    assert [i.mime_type for i in images] == ["image/svg+xml"], result.content
-    assert base64.b64decode(images[0].data).decode() == SVG
+    assert not [b for b in result.content if isinstance(b, ImageContent)], result.content
+    inline = [b.text for b in result.content[1:] if isinstance(b, TextContent)]
+    assert inline == [f"--- pic.svg ---\n{SVG}"]
+
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 async def test_image_blocks_are_bounded_in_number(stdio: StdioServer) -> None:
-    code = f"for i in range(20):\n    open(f'pic{{i}}.svg', 'w').write({SVG!r})"
-    result = await call(stdio, "execute_code", code=code, profile="data_science")
+    code = f"for i in range(20):\n    open(f'pic{{i}}.png', 'wb').write({PNG_MAGIC!r} + bytes(8))"
+    result = await call(stdio, "execute_code", code=code)
     assert len(structured(result)["files"]) == 20
     images = [b for b in result.content if isinstance(b, ImageContent)]
     assert 1 <= len(images) < 20

@@ -35,7 +35,7 @@ from codecage.models import (
     ToolsState,
     ValidationReport,
 )
-from codecage.output import neutralise_text
+from codecage.output import neutralise_line, neutralise_text
 from codecage.sandbox import Sandbox
 
 if TYPE_CHECKING:
@@ -543,11 +543,14 @@ def _render_human(result: ExecutionResult, *, raw: bool) -> None:
         shown = json.dumps(result.return_value, ensure_ascii=False)
         stderr.print(f"[bold]→[/bold] {neutralise_text(shown)[:2000]}", markup=True)
     for event in result.events:
-        # The detail holds text the code chose (module and tool names): never markup.
+        # The detail holds text the code chose (module and tool names): never markup, and
+        # one line (Event neutralises it when made; again here, as a result can be built
+        # without validation and this costs nothing).
+        detail = escape(neutralise_line(event.detail))
         if event.kind == "tool_call" and (event.data or {}).get("status") == "ok":
-            stderr.print(f"[dim]· tool {escape(event.detail)}[/dim]", markup=True)
+            stderr.print(f"[dim]· tool {detail}[/dim]", markup=True)
         else:
-            stderr.print(f"[yellow]! {event.kind}[/yellow]: {escape(event.detail)}", markup=True)
+            stderr.print(f"[yellow]! {event.kind}[/yellow]: {detail}", markup=True)
     stderr.print(_summary(result), markup=True)
 
 

@@ -8,7 +8,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
+
+from codecage.output import neutralise_line
 
 Status = Literal["ok", "error", "timeout", "cpu_limit", "memory_limit", "killed", "blocked"]
 """How a run ended, judged by the host from what it observed (never from the guest's word)."""
@@ -126,14 +136,42 @@ class ErrorInfo(_Model):
 
 
 class FileInfo(_Model):
-    """A regular file the code left in the workspace."""
+    """A regular file the code left in the workspace.
 
-    path: str = Field(description="Path relative to /workspace.")
+    The code chooses the name, so `path` is neutralised to one line when the model is made
+    (`output.neutralise_line`: ESC, C1, bidi controls, newline and tab become visible
+    escapes; an undecodable byte shows as ``\\x80``). The name as it is on disk is kept
+    aside, out of the JSON, for reading the file back (`raw_path`).
+    """
+
+    path: str = Field(
+        description="Path relative to /workspace, '/'-separated; control, bidi and newline "
+        "characters in it are shown as backslash escapes."
+    )
     size: int = Field(ge=0, description="Size in bytes.")
     sha256: str | None = Field(
         description="SHA-256 of the content; None when the file was over the read bound."
     )
     mime: str = Field(description="MIME type guessed from the name and first bytes.")
+
+    # The path as on disk when it differs from `path` (None: the same); not part of the JSON.
+    _raw_path: str | None = PrivateAttr(default=None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _neutralise_path(cls, data: Any, handler: ModelWrapValidatorHandler[FileInfo]) -> FileInfo:
+        raw = data.get("path") if isinstance(data, dict) else None
+        if not isinstance(raw, str):
+            return handler(data)  # an instance already made, or a type error to report
+        info = handler({**data, "path": neutralise_line(raw)})
+        if info.path != raw:
+            info._raw_path = raw
+        return info
+
+    def raw_path(self) -> str:
+        """The path as it is on disk, for `workspace.read_file`: `path` itself unless
+        neutralising changed it. A FileInfo read back from JSON only has `path`."""
+        return self.path if self._raw_path is None else self._raw_path
 
 
 class Usage(_Model):
@@ -146,16 +184,66 @@ class Usage(_Model):
     )
 
 
+MAX_EVENT_DETAIL: Final = 2000
+"""Characters of an event's detail, and of each string in its data, after neutralising."""
+
+_MAX_EVENT_DATA_DEPTH: Final = 8
+_TOO_DEEP: Final = "(nested too deep)"
+
+
 class Event(_Model):
-    """Something worth knowing that happened during the run."""
+    """Something worth knowing that happened during the run.
+
+    Details and data hold text the code chose (module, server and tool names, file names),
+    so they are neutralised where the event is made, whoever makes it: the detail and every
+    string in `data` (keys and values, at any depth up to 8) go through
+    `output.neutralise_line` and are cut to `MAX_EVENT_DETAIL` characters. What prints or
+    returns an event (the CLI, the MCP summary, a JSON consumer) cannot meet a raw escape
+    sequence or a line break in it. Idempotent: validating a dumped event again changes
+    nothing. (`model_copy(update=...)` does not validate: pass only neutralised text to it.)
+    """
 
     kind: EventKind
-    detail: str = Field(max_length=2000)
+    detail: str = Field(
+        max_length=MAX_EVENT_DETAIL,
+        description="One line; control, bidi and newline characters shown as backslash escapes.",
+    )
     data: dict[str, Any] | None = Field(
         default=None,
         description="Machine-readable facts of the event (a tool_call's server, tool, "
-        "duration_ms, status, request_bytes, result_bytes); None for most kinds.",
+        "duration_ms, status, request_bytes, result_bytes), strings neutralised like the "
+        "detail; None for most kinds.",
     )
+
+    @field_validator("detail", mode="before")
+    @classmethod
+    def _one_line_detail(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return neutralise_line(value)[:MAX_EVENT_DETAIL]
+        return value
+
+    @field_validator("data", mode="before")
+    @classmethod
+    def _neutralised_data(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return _neutralised_tree(value, 0)
+        return value
+
+
+def _neutralised_tree(value: Any, depth: int) -> Any:
+    """`value` with every string in it, dict keys included, one-line neutralised and cut."""
+    if isinstance(value, str):
+        return neutralise_line(value)[:MAX_EVENT_DETAIL]
+    if isinstance(value, dict | list | tuple) and depth >= _MAX_EVENT_DATA_DEPTH:
+        return _TOO_DEEP
+    if isinstance(value, dict):
+        return {
+            _neutralised_tree(k, depth + 1): _neutralised_tree(v, depth + 1)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_neutralised_tree(v, depth + 1) for v in value]
+    return value
 
 
 def _any_json_value(schema: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["CappedBuffer", "neutralise", "neutralise_text"]
+__all__ = ["CappedBuffer", "neutralise", "neutralise_line", "neutralise_text"]
 
 
 def _escape_for(code_point: int) -> str:
@@ -70,6 +70,42 @@ def neutralise_text(text: str) -> str:
     # Outside ASCII, translate looks each character up in a dict; a regex scan skips the
     # clean stretches in C and only the unsafe runs are translated.
     return _UNSAFE_RUN.sub(_translate_run, text)
+
+
+# U+2028 and U+2029 end a line for some viewers and JSON-in-JS readers: a one-line field
+# escapes them with newline and tab.
+_LINE_TABLE: dict[int, str] = {
+    **_TABLE,
+    0x0A: "\\n",
+    0x09: "\\t",
+    0x2028: "\\u2028",
+    0x2029: "\\u2029",
+}
+
+_UNSAFE_IN_LINE_RUN = re.compile(
+    r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2028\u2029\u2066-\u2069\ud800-\udfff]+"
+)
+
+
+def _translate_line_run(match: re.Match[str]) -> str:
+    return match.group().translate(_LINE_TABLE)
+
+
+def neutralise_line(text: str) -> str:
+    """`neutralise_text` for a one-line field (a name, a path, an event's detail): newline
+    and tab are escaped too (``\\n``, ``\\t``; the line and paragraph separators as
+    ``\\u2028``, ``\\u2029``), so the text cannot start a line of its own where it is
+    shown (a forged ``status: ok``) or shift columns.
+
+    Idempotent, like `neutralise_text`: its output holds no character it escapes, and a
+    backslash is left as it is, so neutralising twice changes nothing.
+
+    Raises:
+        Nothing: every str is accepted.
+    """
+    if text.isascii():
+        return text.translate(_LINE_TABLE)
+    return _UNSAFE_IN_LINE_RUN.sub(_translate_line_run, text)
 
 
 def neutralise(data: bytes) -> str:

@@ -26,6 +26,7 @@ from typing import Any
 from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
 
 from codecage.models import ErrorInfo, Event, ExecutionResult
+from codecage.output import neutralise_line
 
 # Under the 1,048,576 bytes of an SSE event, with room for the JSON-RPC envelope and the
 # SSE framing around the result.
@@ -34,6 +35,7 @@ _OUTPUT_KEPT = 128 * 1024  # characters of each output field, at the first cut
 _OUTPUT_KEPT_LAST = 16 * 1024  # and at the last
 _FILES_KEPT_LAST = 100
 _SUMMARY_OUTPUT_CHARS = 20_000  # of stdout, stderr and the return value each, in the summary
+_SUMMARY_FILES = 20  # file names listed in the summary (all are in the structured content)
 
 
 def build(result: ExecutionResult, attachments: list[ContentBlock]) -> CallToolResult:
@@ -169,13 +171,18 @@ def summary(result: ExecutionResult) -> str:
     line = f"status: {result.status} · {result.usage.wall_ms} ms"
     if result.exit_code not in (None, 0):
         line += f" · exit code {result.exit_code}"
-    if result.files:
-        line += f" · files: {', '.join(f.path for f in result.files[:20])}"
     parts.append(line)
+    if result.files:
+        # One name a line, each one line (the models neutralise them; again here, as that
+        # costs nothing and a result can be built without validation): a file the code
+        # named "x\nstatus: ok" cannot add a line of its own to what the model reads.
+        shown = [f"  {neutralise_line(f.path)}" for f in result.files[:_SUMMARY_FILES]]
+        more = len(result.files) - _SUMMARY_FILES
+        parts.append("\n".join(["files:", *shown, *([f"  … and {more} more"] if more > 0 else [])]))
     if result.redactions:
         counts = ", ".join(f"{n} {category}" for category, n in result.redactions.items())
         parts.append(f"redacted (personal data and secrets, by the host): {counts}")
-    parts += [f"note: {e.kind}: {e.detail}" for e in result.events[:10]]
+    parts += [f"note: {e.kind}: {neutralise_line(e.detail)}" for e in result.events[:10]]
     return "\n".join(parts)
 
 

@@ -40,7 +40,7 @@ from codecage import __version__, reply
 from codecage import workspace as workspaces
 from codecage.errors import CodecageError, ConfigError
 from codecage.models import ExecutionResult, FileInfo, Limits, ValidationReport
-from codecage.output import neutralise_text
+from codecage.output import neutralise_line, neutralise_text
 from codecage.pool import Pool
 from codecage.sandbox import Sandbox
 from codecage.scrub import Scrubber, merge_counts
@@ -56,7 +56,17 @@ MAX_RETURN_FILES = 20
 # HTTP request bodies (the SDK's default is 4 MiB): room for the largest uploads as base64,
 # and for oversized code to reach the tool and get its readable error, not an HTTP 413.
 MAX_HTTP_BODY_BYTES = 32 * 1024 * 1024
-_IMAGE_TYPES = {"image/png", "image/jpeg", "image/svg+xml"}
+# Files listed as one of these are read as image candidates; only raster content whose
+# magic bytes say so (`_raster_type`) goes back as an image. SVG never does: it is XML
+# that can carry scripts and text the scrubber never read (return_files gives it as
+# scrubbed text).
+_IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+_RASTER_MAGIC = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+)
 _MAX_CACHED_PROFILES = 16
 
 INSTRUCTIONS = """\
@@ -194,7 +204,8 @@ def _tools(runner: _Runner) -> list[Tool]:
             "data_science: + numpy, pandas, scipy, matplotlib). Top-level await works. "
             f"Defaults: timeout {default.timeout:g} s (at most {limits.max_timeout:g}), "
             f"memory {default.memory_mb} MiB (at most {limits.max_memory_mb}). "
-            "Images the code saves in /workspace (png, jpeg, svg) are returned as images. "
+            "Images the code saves in /workspace (png, jpeg, gif, webp) are returned as "
+            "images; ask for an SVG with return_files, as text. "
             "The reply is kept under 1 MB: print summaries, not bulk data."
             + _tools_note(runner.base)
         )
@@ -573,33 +584,63 @@ def _execute(
 def _files_back(
     workdir: Path, written: list[FileInfo], return_files: list[str], scrubber: Scrubber | None
 ) -> tuple[list[ContentBlock], dict[str, int]]:
-    """Images the code wrote, and the text files asked for, scrubbed like the rest of the
-    result (images cannot be: a picture of a card number leaves as it is)."""
+    """Raster images the code wrote, and the text files asked for, scrubbed like the rest of
+    the result (images cannot be: a picture of a card number leaves as it is).
+
+    Files are read by their names as on disk (`FileInfo.raw_path`): a name with an escape
+    sequence, a line break or an undecodable byte is listed neutralised, and a path asked
+    for as the listing shows it is read under its real name. When two files show as the
+    same name (their names differ only in characters shown as escapes, e.g. ESC and a
+    literal backslash-x1b), asking for it is refused with a message, never guessed."""
     blocks: list[ContentBlock] = []
     counts: list[dict[str, int]] = []
     images = [f for f in written if f.mime in _IMAGE_TYPES and f.size <= MAX_IMAGE_BYTES]
     for info in images[:MAX_IMAGES]:
         with contextlib.suppress(CodecageError):
-            data = workspaces.read_file(workdir, info.path, max_bytes=MAX_IMAGE_BYTES)
+            data = workspaces.read_file(workdir, info.raw_path(), max_bytes=MAX_IMAGE_BYTES)
+            mime = _raster_type(data)
+            if mime is not None:
+                encoded = base64.b64encode(data).decode("ascii")
+                blocks.append(ImageContent(type="image", data=encoded, mime_type=mime))
+    on_disk: dict[str, list[str]] = {}
+    for info in written:
+        on_disk.setdefault(info.path, []).append(info.raw_path())
+    for asked in return_files:
+        shown = neutralise_line(asked)
+        names = on_disk.get(asked, [asked])
+        if len(names) > 1:
             blocks.append(
-                ImageContent(
-                    type="image", data=base64.b64encode(data).decode("ascii"), mime_type=info.mime
+                TextContent(
+                    type="text",
+                    text=f"{shown}: {len(names)} files are listed under this name (their "
+                    "names differ only in characters shown as escapes); rename them in the "
+                    "code to read them",
                 )
             )
-    for relpath in return_files:
+            continue
         try:
-            data = workspaces.read_file(workdir, relpath, max_bytes=MAX_INLINE_FILE_BYTES)
+            data = workspaces.read_file(workdir, names[0], max_bytes=MAX_INLINE_FILE_BYTES)
         except CodecageError as exc:
-            blocks.append(TextContent(type="text", text=f"{relpath}: {exc}"))
+            blocks.append(TextContent(type="text", text=f"{shown}: {exc}"))
             continue
         text = data.decode("utf-8", "replace")
         if scrubber is not None:
             scrubbed = scrubber.scrub(text)  # whole: a larger file is refused, not cut
             text = scrubbed.text
             counts.append(scrubbed.counts)
-        shown = neutralise_text(text)
-        blocks.append(TextContent(type="text", text=f"--- {relpath} ---\n{shown}"))
+        blocks.append(TextContent(type="text", text=f"--- {shown} ---\n{neutralise_text(text)}"))
     return blocks, merge_counts(*counts)
+
+
+def _raster_type(data: bytes) -> str | None:
+    """The MIME type of a PNG, JPEG, GIF or WebP image by its first bytes; None otherwise
+    (whatever the file's name says)."""
+    for magic, mime in _RASTER_MAGIC:
+        if data.startswith(magic):
+            return mime
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return None
 
 
 # --- HTTP -----------------------------------------------------------------------------------

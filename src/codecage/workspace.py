@@ -39,7 +39,7 @@ from pathlib import Path, PurePosixPath
 
 from codecage.errors import ConfigError, HostError, SandboxError
 from codecage.models import FileInfo, LayerStatus
-from codecage.output import neutralise_text
+from codecage.output import neutralise_line
 
 __all__ = [
     "MAX_DEPTH",
@@ -333,7 +333,7 @@ def sweep_stale(prefixes: tuple[str, ...], is_stale: Callable[[str], bool]) -> i
             except OSError as exc:
                 log.warning(
                     "workspace_stale_entry_not_removed",
-                    extra={"entry": neutralise_text(name), "error": neutralise_text(str(exc))},
+                    extra={"entry": neutralise_line(name), "error": neutralise_line(str(exc))},
                 )
     finally:
         os.close(parent_fd)
@@ -348,12 +348,12 @@ def _remove_stale(parent_fd: int, name: str) -> bool:
     except OSError as exc:
         if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
             raise
-        log.warning("workspace_stale_entry_not_a_directory", extra={"entry": neutralise_text(name)})
+        log.warning("workspace_stale_entry_not_a_directory", extra={"entry": neutralise_line(name)})
         return False
     try:
         st = os.fstat(fd)
         if st.st_uid != os.geteuid():
-            log.warning("workspace_stale_entry_not_ours", extra={"entry": neutralise_text(name)})
+            log.warning("workspace_stale_entry_not_ours", extra={"entry": neutralise_line(name)})
             return False
         _unmount_below(fd, "workspace", st.st_dev)
     finally:
@@ -444,7 +444,7 @@ def use_existing(path: Path) -> Workspace:
     Raises:
         ConfigError: `path` does not exist, is a symlink or is not a directory.
     """
-    shown = neutralise_text(str(path))
+    shown = neutralise_line(str(path))
     try:
         st = path.lstat()
     except FileNotFoundError as exc:
@@ -497,7 +497,7 @@ def _upload_parts(name: str) -> list[str]:
         name.encode("utf-8")
     except UnicodeEncodeError:
         raise ConfigError(
-            f"the file name '{neutralise_text(name)}' is not valid text (a lone surrogate)",
+            f"the file name '{neutralise_line(name)}' is not valid text (a lone surrogate)",
             hint=_UPLOAD_NAME_HINT,
         ) from None
     return parts
@@ -552,7 +552,7 @@ def _write_one(root_fd: int, parts: list[str], data: bytes) -> None:
 
 
 def _write_refusal(name: str, exc: OSError, size_mb: int) -> ConfigError | SandboxError:
-    shown = neutralise_text(name)
+    shown = neutralise_line(name)
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return ConfigError(
             f"the files do not fit in the workspace's {size_mb} MiB (writing '{shown}': "
@@ -645,7 +645,7 @@ def destroy(ws: Workspace) -> None:
     except OSError as exc:
         raise SandboxError(
             # The error may name a file the guest named: neutralise it like any guest text.
-            f"cannot remove the workspace {ws.path}: {neutralise_text(str(exc))}",
+            f"cannot remove the workspace {ws.path}: {neutralise_line(str(exc))}",
             hint=f"remove {ws.path} by hand (`umount -l` it first if it is still mounted)",
         ) from exc
 
@@ -799,8 +799,10 @@ def list_files(
     cannot be opened) and a MIME type: from the name's suffix (Python's built-in table, the
     same on every host), else from magic numbers (png, jpeg, gif, pdf, zip, gzip), else
     "text/plain" for a file of at most 64 KiB of NUL-free UTF-8, else
-    "application/octet-stream". Paths are relative, '/'-separated and neutralised
-    (`output.neutralise_text`), so a name cannot carry escape sequences into a result.
+    "application/octet-stream". Paths are relative and '/'-separated; `FileInfo` neutralises
+    each to one line (`output.neutralise_line`) and keeps the name as on disk aside
+    (`FileInfo.raw_path()`), so a name can neither carry escape sequences or line breaks
+    into a result nor stop the file from being read back.
 
     Returns:
         ``(files, truncated)``: `truncated` is True when files were left out (more than
@@ -839,7 +841,8 @@ def _list_dir(dir_fd: int, prefix: str, depth: int, state: _Listing) -> bool:
             is_file = not is_dir and entry.is_file(follow_symlinks=False)
         except OSError:
             continue
-        relpath = prefix + neutralise_text(entry.name)
+        # As on disk (surrogate-escaped where not UTF-8): FileInfo shows it neutralised.
+        relpath = prefix + entry.name
         if is_dir:
             if depth >= MAX_DEPTH:
                 state.truncated = True
@@ -1136,7 +1139,7 @@ def _strip_fd(
         # The name is the guest's: neutralised like any guest text, even at DEBUG.
         log.debug(
             "privilege_bits_not_stripped",
-            extra={"entry": neutralise_text(name), "error": exc.strerror},
+            extra={"entry": neutralise_line(name), "error": exc.strerror},
         )
         state.missed("entries this user may not chmod")
         return
@@ -1152,7 +1155,7 @@ def _split_relpath(
     hint: str = "pass a path relative to the workspace, as `files` lists it "
     "(e.g. 'out/report.csv')",
 ) -> list[str]:
-    shown = neutralise_text(relpath)
+    shown = neutralise_line(relpath)
     if not relpath:
         raise ConfigError("the file path is empty", hint=hint)
     if "\x00" in relpath:
@@ -1187,7 +1190,7 @@ def read_file(ws_path: Path, relpath: str, *, max_bytes: int) -> bytes:
         SandboxError: the workspace itself cannot be opened, or reading failed.
     """
     parts = _split_relpath(relpath)
-    shown = neutralise_text(relpath)
+    shown = neutralise_line(relpath)
     try:
         dir_fd = os.open(ws_path, _PATH_DIR_FLAGS)
     except OSError as exc:

@@ -19,7 +19,8 @@ await create_entities.call(entities=[...])          # the same, as keywords
 create_entities.call_sync({"entities": [...]})      # a plain dict is a Params too
 ```
 
-Public: `generate()`, `write_tree()`, `MARKER`, and the naming helpers `module_name()`,
+Public: `generate()`, `write_tree()`, `MARKER`, the bounds `MAX_TOOLS_PER_SERVER` and
+`MAX_TOOL_NAME`, and the naming helpers `module_name()`,
 `unique_module_names()` and `py_str()` (for the CLI and search, which must agree with
 the file names and literals written here).
 
@@ -90,6 +91,19 @@ _MAX_FIELD_DOC: Final = 600
 _MAX_DOC_TYPE: Final = 120
 _MAX_DEFAULT: Final = 80
 _MAX_NAME_INPUT: Final = 256
+
+MAX_TOOLS_PER_SERVER: Final = 1000
+"""Tools of one server that `generate()` writes modules for: past it, the first this many in
+code-point order of their names (a listing's order is not stable), and a warning. A server
+with thousands of tools is hostile or broken, and one module per tool would cost minutes of
+host CPU and a tree no model reads; the tools left out can still be called by name with
+`codecage.runtime.call_tool`."""
+
+MAX_TOOL_NAME: Final = 1024
+"""Characters of a tool name that `generate()` writes a module for (the MCP spec asks for at
+most 128; module names are made from the first 256): a longer one is left out with a
+warning, as it cannot be cut (the name is what the call sends). Descriptions and titles are
+bounded where they are written (`_MAX_DESCRIPTION`, `_MAX_SUMMARY`)."""
 _BUDGET: Final = 5000  # schema nodes read per module: bounds time and size on any schema
 _MAX_MARKER_BYTES: Final = 1 << 20
 
@@ -320,6 +334,9 @@ def unique_module_names(names: Sequence[str], prefix: str) -> list[str]:
 
     Deterministic: an original that already is its module name keeps it; the others that
     meet on a name take `_2`, `_3`... in code-point order of the originals (then position).
+
+    Linear in `len(names)` after the sort: each base name keeps the next suffix to try, so
+    30,000 tools of one name do not rescan `_2` ... `_29999` each (which took minutes).
     """
     bases = [module_name(n, prefix) for n in names]
     order = sorted(range(len(names)), key=lambda i: (names[i] != bases[i], names[i], i))
@@ -329,14 +346,19 @@ def unique_module_names(names: Sequence[str], prefix: str) -> list[str]:
         if bases[i] not in taken:
             result[i] = bases[i]
             taken.add(bases[i])
+    # The smallest free suffix of a base only grows (names are only ever added to `taken`),
+    # so each base resumes where it stopped: every suffix is tried at most once per base.
+    next_suffix: dict[str, int] = {}
     for i in order:
         if i in result:
             continue
-        n = 2
-        while f"{bases[i]}_{n}" in taken:
+        base = bases[i]
+        n = next_suffix.get(base, 2)
+        while f"{base}_{n}" in taken:
             n += 1
-        result[i] = f"{bases[i]}_{n}"
+        result[i] = f"{base}_{n}"
         taken.add(result[i])
+        next_suffix[base] = n + 1
     return [result[i] for i in range(len(names))]
 
 
@@ -1047,7 +1069,7 @@ def generate(servers: Mapping[str, Sequence[Tool]]) -> dict[str, str]:
     files: dict[str, str] = {}
     index: list[tuple[str, str, int]] = []
     for server, server_module in sorted(zip(names, modules, strict=True), key=lambda p: p[1]):
-        tools = list(servers[server])
+        tools = _bounded_tools(server, servers[server])
         tool_modules = unique_module_names([t.name for t in tools], "tool")
         generated = sorted(
             (_tool_module(server, tool, m) for tool, m in zip(tools, tool_modules, strict=True)),
@@ -1059,6 +1081,26 @@ def generate(servers: Mapping[str, Sequence[Tool]]) -> dict[str, str]:
         index.append((server, server_module, len(generated)))
     files["__init__.py"] = _servers_index(index)
     return dict(sorted(files.items()))
+
+
+def _bounded_tools(server: str, listed: Sequence[Tool]) -> list[Tool]:
+    """The tools of `server` to write modules for: names of at most `MAX_TOOL_NAME`
+    characters, at most `MAX_TOOLS_PER_SERVER` of them; a warning for any left out."""
+    tools = [t for t in listed if len(t.name) <= MAX_TOOL_NAME]
+    if len(tools) < len(listed):
+        log.warning(
+            "codegen_tools_left_out: tool names longer than the bound",
+            extra={"server": server, "left_out": len(listed) - len(tools), "max": MAX_TOOL_NAME},
+        )
+    if len(tools) > MAX_TOOLS_PER_SERVER:
+        log.warning(
+            "codegen_tools_left_out: more tools than the bound; the first by name are kept, "
+            "the others can be called by name with codecage.runtime.call_tool",
+            extra={"server": server, "listed": len(tools), "kept": MAX_TOOLS_PER_SERVER},
+        )
+        # Stable: tools of one name keep their listing order, as unique_module_names wants.
+        tools = sorted(tools, key=lambda t: t.name)[:MAX_TOOLS_PER_SERVER]
+    return tools
 
 
 # --- writing ---------------------------------------------------------------------------
