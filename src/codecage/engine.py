@@ -37,7 +37,7 @@ from codecage.bridge.tooling import SERVERS_DIR_PREFIX
 from codecage.errors import ConfigError, SandboxError
 from codecage.guest.bootstrap import STOP_LINE
 from codecage.isolation import limits as cgroups
-from codecage.isolation import rootfs, seccomp
+from codecage.isolation import rootfs, seccomp, shell
 from codecage.isolation.limits import CgroupHandle
 from codecage.models import (
     MAX_CODE_BYTES,
@@ -265,6 +265,7 @@ def start(
                 empty_dir=run_dir / "empty",
                 tmp_bytes=spec.tmp_mb * cgroups.MiB,
             )
+            + _shell_mounts(interpreter)
             + _package_mounts(spec.policy, interpreter)
             + _tool_tree_mounts(spec)
         )
@@ -301,6 +302,11 @@ def start(
         started_at=started_at,
         cleanup=cleanup,
     )
+
+
+def _shell_mounts(interpreter: rootfs.Interpreter) -> tuple[rootfs.Mount, ...]:
+    """The shell and command-line tools (isolation/shell.py), minus libraries already bound."""
+    return shell.mounts(shell.find(), already_bound=frozenset(map(str, interpreter.libraries)))
 
 
 @functools.cache
@@ -701,7 +707,7 @@ def _close_quietly(fd: int) -> None:
 def _sandbox_env(interpreter: rootfs.Interpreter) -> dict[str, str]:
     """The sandbox's whole environment: a fixed allow-list, nothing from the host."""
     env = {
-        "PATH": f"{rootfs.GUEST_PREFIX}/bin",
+        "PATH": f"{rootfs.GUEST_PREFIX}/bin:{shell.GUEST_BIN}:/bin",
         "HOME": rootfs.WORKSPACE,
         "LANG": "C.UTF-8",
         "TMPDIR": "/tmp",  # noqa: S108 - the sandbox's own private tmpfs

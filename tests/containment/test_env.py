@@ -51,7 +51,7 @@ print(json.dumps(dict(os.environ)))
     assert set(environ) <= ALLOWED_ENV, sorted(set(environ) - ALLOWED_ENV)
     assert environ["HOME"] == "/workspace"
     assert environ["TMPDIR"] == "/tmp"
-    assert environ["PATH"] == "/opt/python/bin"
+    assert environ["PATH"] == "/opt/python/bin:/usr/bin:/bin"  # the interpreter, then the tools
 
 
 @pytest.fixture

@@ -10,7 +10,8 @@ remounted read-only at the end) into which we bind, read-only and file by file:
 - /usr/share/zoneinfo (for `zoneinfo`), and a synthetic /etc (passwd, group, hosts).
 
 Then a private /proc and minimal /dev, a size-limited tmpfs /tmp, and /workspace read-write.
-There is no shell, no /home, no /root, no host /tmp, no /etc/shadow, no /var.
+The shell and the common command-line tools are bound beside it (`isolation/shell.py`).
+There is no /home, no /root, no host /tmp, no /etc/shadow, no /var.
 """
 
 from __future__ import annotations
