@@ -121,14 +121,15 @@ class HttpServer:
 
 @pytest.fixture(scope="module")
 def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
-    """`codecage serve --http` on a free loopback port (no token), until the module ends;
+    """`codecage serve --http --insecure-no-token` on a free loopback port (the Inspector and
+    the conformance suite send no token), until the module ends;
     then SIGTERM, and the server must have left no run dirs, mounts or cgroups."""
     workdir = tmp_path_factory.mktemp("serve-http")
     port = free_port()
     stderr_path = workdir / "stderr.log"
     with stderr_path.open("wb") as stderr:
         proc = subprocess.Popen(
-            [CODECAGE, "serve", "--http", "--port", str(port)],
+            [CODECAGE, "serve", "--http", "--port", str(port), "--insecure-no-token"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=stderr,
