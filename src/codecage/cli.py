@@ -728,10 +728,9 @@ def serve(
 
         codecage serve                                   # stdio, for Claude Desktop / Code
 
-        codecage serve --http --port 8765 --token "$(openssl rand -hex 16)"
-                                                         # http://127.0.0.1:8765/mcp
+        codecage serve --http --port 8765 --token "$TOKEN"   # http://127.0.0.1:8765/mcp
 
-        codecage serve --http --host 0.0.0.0 --token "$TOKEN"
+        codecage serve --http --host 0.0.0.0 --token "$(openssl rand -hex 16)"
 
         codecage serve --mcp-config mcp.json   # execute_code may call these servers' tools
     """
