@@ -71,8 +71,9 @@ def tool_entry(package: Path, name: str) -> Path:
 def allowed_env(home: Path) -> dict[str, str]:
     """An allow-listed environment, with the test's own HOME (the Inspector writes there)."""
     env = {"HOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
-    if "TMPDIR" in os.environ:
-        env["TMPDIR"] = os.environ["TMPDIR"]
+    for name in ("TMPDIR", "PYTHONPATH"):  # PYTHONPATH: the code under test, from a checkout
+        if name in os.environ:
+            env[name] = os.environ[name]
     return env
 
 
