@@ -414,6 +414,10 @@ def serve(app: Any, *, host: str, port: int, verbose: bool) -> None:
         ws="none",
         timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        # asyncio's accept loop makes up to `backlog` attempts per wake-up and, out of
+        # descriptors, logs and schedules a retry for each: uvicorn's 2048 made it spin
+        # (2 CPU-s per 5 s here); twice the cap is room enough for a burst of connects.
+        backlog=2 * cap,
     )
     limit_log_repeats()  # after uvicorn.Config: it sets up its loggers' handlers
     log.info("server.http", extra={"max_connections": cap, "fd_limit": fd_limit})
