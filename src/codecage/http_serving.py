@@ -100,6 +100,13 @@ class RepeatLimiter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:
             return True
+        decided = getattr(record, "_codecage_repeat", None)
+        if decided is not None:  # the same record, at a second handler
+            return bool(decided)
+        record._codecage_repeat = passed = self._passes(record)
+        return passed
+
+    def _passes(self, record: logging.LogRecord) -> bool:
         key = (record.name, str(record.msg)[:200])
         now = time.monotonic()
         last, suppressed = self._last.get(key, (-self.interval, 0))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import logging
 import os
 import resource
 import selectors
@@ -429,3 +430,27 @@ def test_running_out_of_descriptors_does_not_flood_the_log(tmp_path: Path) -> No
             sock.close()
         assert server.proc.poll() is None
     assert grown < 64 * 1024, f"{grown} bytes of log in 5 s"
+
+
+def test_repeated_warnings_pass_once_per_interval_with_a_count_and_info_always_passes() -> None:
+    limiter = http_serving.RepeatLimiter(interval=3600)
+
+    def record(level: int, msg: str) -> logging.LogRecord:
+        return logging.LogRecord("asyncio", level, __file__, 1, msg, None, None)
+
+    first = record(logging.ERROR, "socket.accept() out of system resource")
+    assert limiter.filter(first)
+    assert limiter.filter(first)  # the same record at a second handler: the same answer
+    assert not any(limiter.filter(record(logging.ERROR, first.msg)) for _ in range(1000))
+    assert limiter.filter(record(logging.ERROR, "another message"))
+    assert all(limiter.filter(record(logging.INFO, "server.call")) for _ in range(10))
+    limiter.interval = 0
+    later = record(logging.ERROR, first.msg)
+    assert limiter.filter(later)
+    assert "1000 more like this" in later.getMessage()
+
+
+def test_the_connection_cap_stays_under_the_descriptor_limit() -> None:
+    assert http_serving.connection_cap(20_000) == http_serving.MAX_CONNECTIONS
+    assert http_serving.connection_cap(300) == 300 - http_serving.FD_RESERVE
+    assert http_serving.connection_cap(100) == 8
