@@ -600,7 +600,11 @@ class HttpServer:
 
 @contextlib.contextmanager
 def serving_http(workdir: Path, *args: str, **env: str) -> Iterator[HttpServer]:
-    """`codecage serve --http` on a free loopback port, until the block ends (then killed)."""
+    """`codecage serve --http` on a free loopback port, until the block ends (then killed).
+    Without a token (--token or CODECAGE_TOKEN) it is started with --insecure-no-token, the
+    loopback opt-out, for clients that send no Authorization."""
+    if not {"--token", "--insecure-no-token"} & set(args) and "CODECAGE_TOKEN" not in env:
+        args = (*args, "--insecure-no-token")
     port = free_port()
     stderr_path = workdir / f"stderr-{port}.log"
     with stderr_path.open("wb") as stderr:
@@ -778,10 +782,10 @@ async def test_over_http_large_uploads_work_and_20_mb_of_code_is_a_readable_tool
     assert structured(sized)["return_value"] == len(upload)
 
 
-async def test_http_on_loopback_without_a_token_serves_without_authorization(
+async def test_http_on_loopback_with_the_insecure_opt_out_serves_without_authorization(
     tmp_path: Path,
 ) -> None:
-    with serving_http(tmp_path) as server:
+    with serving_http(tmp_path, "--insecure-no-token") as server:
         result = await execute_over_http(server.url, {}, "6 * 7")
     assert structured(result)["return_value"] == 42
 

@@ -71,8 +71,9 @@ def tool_entry(package: Path, name: str) -> Path:
 def allowed_env(home: Path) -> dict[str, str]:
     """An allow-listed environment, with the test's own HOME (the Inspector writes there)."""
     env = {"HOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
-    if "TMPDIR" in os.environ:
-        env["TMPDIR"] = os.environ["TMPDIR"]
+    for name in ("TMPDIR", "PYTHONPATH"):  # PYTHONPATH: the code under test, from a checkout
+        if name in os.environ:
+            env[name] = os.environ[name]
     return env
 
 
@@ -121,14 +122,15 @@ class HttpServer:
 
 @pytest.fixture(scope="module")
 def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
-    """`codecage serve --http` on a free loopback port (no token), until the module ends;
+    """`codecage serve --http --insecure-no-token` on a free loopback port (the Inspector and
+    the conformance suite send no token), until the module ends;
     then SIGTERM, and the server must have left no run dirs, mounts or cgroups."""
     workdir = tmp_path_factory.mktemp("serve-http")
     port = free_port()
     stderr_path = workdir / "stderr.log"
     with stderr_path.open("wb") as stderr:
         proc = subprocess.Popen(
-            [CODECAGE, "serve", "--http", "--port", str(port)],
+            [CODECAGE, "serve", "--http", "--port", str(port), "--insecure-no-token"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=stderr,

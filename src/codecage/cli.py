@@ -683,18 +683,26 @@ def serve(
         bool, typer.Option("--http", help="Serve streamable HTTP at /mcp instead of stdio.")
     ] = False,
     host: Annotated[
-        str, typer.Option("--host", help="HTTP: address to bind; not loopback needs --token.")
+        str, typer.Option("--host", help="HTTP: address to bind (a token is always required).")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="HTTP: port to listen on.")] = 8000,
     token: Annotated[
         str | None,
         typer.Option(
             "--token",
-            help="HTTP: require 'Authorization: Bearer TOKEN' on every request.",
+            help="HTTP: require 'Authorization: Bearer TOKEN' on every request (required).",
             envvar="CODECAGE_TOKEN",
             show_default=False,
         ),
     ] = None,
+    insecure_no_token: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-no-token",
+            help="HTTP on loopback without a token. INSECURE: every local user of this "
+            "machine can then run code, and call the upstream tools with your credentials.",
+        ),
+    ] = False,
     max_timeout: Annotated[
         float, typer.Option("--max-timeout", help="Largest timeout a call may ask for (s).")
     ] = 120.0,
@@ -731,18 +739,18 @@ def serve(
 
         codecage serve                                   # stdio, for Claude Desktop / Code
 
-        codecage serve --http --port 8765                # http://127.0.0.1:8765/mcp
+        codecage serve --http --port 8765 --token "$TOKEN"   # http://127.0.0.1:8765/mcp
 
         codecage serve --http --host 0.0.0.0 --token "$(openssl rand -hex 16)"
 
         codecage serve --mcp-config mcp.json   # execute_code may call these servers' tools
     """
+    from codecage import http_serving, stdio
     from codecage import server as mcp_server  # the MCP SDK loads only for this command
-    from codecage import stdio
 
     _configure_logging(verbose)
     if not verbose:  # the settings at start and one line per call, even when quiet
-        for module in (mcp_server, stdio):
+        for module in (mcp_server, stdio, http_serving):
             logging.getLogger(module.__name__).setLevel(logging.INFO)
     _exit_on_sigterm()
     limits = mcp_server.ServerLimits(
@@ -776,13 +784,13 @@ def serve(
         if not http:
             stdio.serve(app_server)
             return
-        asgi = mcp_server.http_app(app_server, host=host, token=token)
+        asgi = mcp_server.http_app(
+            app_server, host=host, token=token, insecure_no_token=insecure_no_token
+        )
     except CodecageError as exc:
         _fail(exc, as_json=False, verbose=verbose)
-    import uvicorn
-
     stderr.print(f"codecage MCP server on http://{host}:{port}/mcp", markup=False)
-    uvicorn.run(asgi, host=host, port=port, log_level="debug" if verbose else "warning")
+    http_serving.serve(asgi, host=host, port=port, verbose=verbose)
 
 
 _MAX_TOOL_CALLS = 100_000  # as [tools] max_calls allows

@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import hmac
 import json
 import logging
 import threading
@@ -36,7 +35,7 @@ from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase
 from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
 from pydantic import ConfigDict, Field, ValidationError
 
-from codecage import __version__, reply
+from codecage import __version__, http_serving, reply
 from codecage import workspace as workspaces
 from codecage.errors import CodecageError, ConfigError
 from codecage.models import ExecutionResult, FileInfo, Limits, ValidationReport
@@ -648,50 +647,40 @@ def _raster_type(data: bytes) -> str | None:
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 
 
-class BearerTokenGate:
-    """ASGI middleware: every HTTP request must carry `Authorization: Bearer <token>`."""
+def http_app(
+    server: MCPServer, *, host: str, token: str | None, insecure_no_token: bool = False
+) -> Any:
+    """The streamable HTTP app at /mcp (DNS-rebinding protection from the SDK), behind
+    `http_serving.RequestGate`: the bearer token checked before any body is read, and
+    bounded bodies. Sessions are capped (the idle longest is closed for a new one).
 
-    def __init__(self, app: Any, token: str) -> None:
-        self.app = app
-        self._expected = f"Bearer {token}".encode()
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            given = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self._expected):
-                await _refuse(send)
-                return
-        await self.app(scope, receive, send)
-
-
-async def _refuse(send: Any) -> None:
-    body = b'{"error": "unauthorized: send Authorization: Bearer <token>"}'
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 401,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"www-authenticate", b"Bearer"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
-
-
-def http_app(server: MCPServer, *, host: str, token: str | None) -> Any:
-    """The streamable HTTP app at /mcp (DNS-rebinding protection from the SDK), behind a
-    bearer token when one is given.
+    A token is required: on loopback too, any local user could otherwise run code, and call
+    the upstream tools with the operator's credentials. `insecure_no_token` (the CLI's
+    `--insecure-no-token`) waives it on loopback only.
 
     Raises:
-        ConfigError: `host` is not loopback and no token was given.
+        ConfigError: no token, and not waived (or not on loopback).
     """
-    if host not in LOOPBACK_HOSTS and not token:
-        raise ConfigError(
-            f"refusing to serve on {host} without a token: anyone who reaches it could run "
-            "code here",
-            hint="pass --token (or set CODECAGE_TOKEN), or bind 127.0.0.1",
-        )
-    app = server.streamable_http_app(host=host, max_request_body_size=MAX_HTTP_BODY_BYTES)
-    return BearerTokenGate(app, token) if token else app
+    if not token:
+        if host not in LOOPBACK_HOSTS:
+            raise ConfigError(
+                f"refusing to serve on {host} without a token: anyone who reaches it could "
+                "run code here",
+                hint="pass --token (or set CODECAGE_TOKEN), or bind 127.0.0.1",
+            )
+        if not insecure_no_token:
+            raise ConfigError(
+                "refusing to serve HTTP without a token: every local user of this machine "
+                "could run code and call the upstream tools with your credentials",
+                hint='pass --token "$(openssl rand -hex 16)" (or set CODECAGE_TOKEN) and send '
+                "'Authorization: Bearer <token>'; or --insecure-no-token to accept the risk",
+            )
+        log.warning("server.http_without_token", extra={"host": host})
+    app = server.streamable_http_app(
+        host=host,
+        max_request_body_size=MAX_HTTP_BODY_BYTES,
+        max_sessions=http_serving.MAX_SESSIONS,
+        session_idle_timeout=http_serving.SESSION_IDLE_TIMEOUT,
+    )
+    http_serving.evict_idle_sessions_at_cap(server.session_manager)
+    return http_serving.RequestGate(app, token=token, max_body_bytes=MAX_HTTP_BODY_BYTES)
