@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+import codecage
 from codecage import Sandbox
 from codecage.bridge import upstreams
 from codecage.bridge.broker import Broker
@@ -153,6 +154,35 @@ httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
 with open(sys.argv[1], "w") as f:
     f.write(str(httpd.server_address[1]))
 httpd.serve_forever()
+"""
+
+# Over stdio: tools/call is answered with one line of `sys.argv[1]` MiB.
+HUGE_STDIO_SERVER = """
+import json, sys
+MIB = int(sys.argv[1])
+out = sys.stdout.buffer
+for line in sys.stdin:
+    msg = json.loads(line)
+    method, mid = msg.get("method"), msg.get("id")
+    if mid is None:
+        continue
+    if method == "tools/call":
+        head = json.dumps({"jsonrpc": "2.0", "id": mid}).encode()[:-1]
+        out.write(head + b', "result": {"content": [{"type": "text", "text": "')
+        for _ in range(MIB):
+            out.write(b"x" * (1 << 20))
+        out.write(b'"}]}}\\n')
+        out.flush()
+        continue
+    if method == "initialize":
+        result = {"protocolVersion": msg["params"]["protocolVersion"],
+                  "capabilities": {"tools": {}}, "serverInfo": {"name": "huge", "version": "1"}}
+    elif method == "tools/list":
+        result = {"tools": [{"name": "huge", "inputSchema": {"type": "object"}}]}
+    else:
+        result = {}
+    out.write(json.dumps({"jsonrpc": "2.0", "id": mid, "result": result}).encode() + b"\\n")
+    out.flush()
 """
 
 ATTEMPT = """
@@ -296,7 +326,7 @@ import json, resource, sys
 from codecage.bridge import upstreams
 from codecage.bridge.broker import Broker
 from codecage.bridge.channel import CallFailed
-config = {"mcpServers": {"huge": {"url": sys.argv[1], "timeout": 120}}}
+config = {"mcpServers": {"huge": json.loads(sys.argv[1])}}
 with Broker(upstreams.parse(config, source="probe", environ={})) as broker:
     tools = broker.for_run()
     try:
@@ -307,6 +337,12 @@ with Broker(upstreams.parse(config, source="probe", environ={})) as broker:
     tools.close()
 print(json.dumps([outcome, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024]))
 """
+
+
+def probe_outcome(probe: subprocess.CompletedProcess[str]) -> tuple[list[str], int]:
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    outcome, peak_mib = json.loads(probe.stdout.strip().splitlines()[-1])
+    return outcome, peak_mib
 
 
 def test_a_huge_http_answer_is_cut_while_it_is_read(tmp_path: Path) -> None:
@@ -320,17 +356,16 @@ def test_a_huge_http_answer_is_cut_while_it_is_read(tmp_path: Path) -> None:
         assert wait_for(lambda: port_file.exists() and port_file.read_text() != "")
         url = f"http://127.0.0.1:{port_file.read_text()}/mcp"
         probe = subprocess.run(
-            [sys.executable, "-c", HOST_PROBE, url],
+            [sys.executable, "-c", HOST_PROBE, json.dumps({"url": url, "timeout": 120})],
             capture_output=True,
             text=True,
             timeout=300,
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")},
+            env={**os.environ, "PYTHONPATH": str(Path(codecage.__file__).parents[1])},
         )
     finally:
         server.kill()
         server.wait(timeout=10)
-    assert probe.returncode == 0, probe.stderr[-3000:]
-    (kind, message), peak_mib = json.loads(probe.stdout.strip().splitlines()[-1])
+    (kind, message), peak_mib = probe_outcome(probe)
     assert kind == "upstream_error", message
     assert "over 65 MiB" in message
     assert peak_mib < 300, f"the host peaked at {peak_mib} MiB"
@@ -454,3 +489,21 @@ def test_a_servers_own_allow_list_wildcard_matches_only_plain_names(tmp_path: Pa
             tools.close()
     assert refused[0] == "not_allowed"
     assert not calls.exists()
+
+
+def test_a_huge_stdio_line_is_cut_while_it_is_read(tmp_path: Path) -> None:
+    """The SDK's stdio client gathers a line whole (copying it at each chunk); the
+    broker's stops at `_MAX_MESSAGE_BYTES`, ends the session, and says why."""
+    (tmp_path / "server.py").write_text(HUGE_STDIO_SERVER, encoding="utf-8")
+    server = {"command": sys.executable, "args": [str(tmp_path / "server.py"), "200"]}
+    probe = subprocess.run(
+        [sys.executable, "-c", HOST_PROBE, json.dumps({**server, "timeout": 60})],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(Path(codecage.__file__).parents[1])},
+    )
+    (kind, message), peak_mib = probe_outcome(probe)
+    assert kind == "upstream_error", message
+    assert "over 65 MiB" in message
+    assert peak_mib < 300, f"the host peaked at {peak_mib} MiB"

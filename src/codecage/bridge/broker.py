@@ -33,12 +33,13 @@ from typing import Any, TextIO
 import httpx2
 import mcp_types
 from mcp import Client
-from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from codecage import scrub as scrubbing
 from codecage.bridge.channel import CallFailed, ToolAnswer
+from codecage.bridge.stdio_client import bounded_stdio_client
 from codecage.bridge.tooling import ToolPattern, allow_patterns, name_matches
 from codecage.bridge.upstreams import Upstream
 from codecage.errors import ConfigError
@@ -317,6 +318,7 @@ class _Upstream:
         self._listed: frozenset[str] | None = None
         self._listed_by: Client | None = None
         self._listing: asyncio.Lock | None = None
+        self._overflow = False  # this session's server sent a line over the bound
         self._client: Client | None = None
         self._task: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
@@ -419,6 +421,7 @@ class _Upstream:
         if self._task is not None:
             log.warning("broker.upstream_restart", extra={"server": self.name})
         self._client = None
+        self._overflow = False
         self._stop = asyncio.Event()
         started: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
         self._task = asyncio.create_task(self._hold(started, self._stop))
@@ -485,7 +488,19 @@ class _Upstream:
             env=config.env or None,
             cwd=config.cwd,
         )
-        return stdio_client(params, errlog=self._stderr)
+        return bounded_stdio_client(
+            params,
+            self._stderr,
+            max_line_bytes=_MAX_MESSAGE_BYTES,
+            on_overflow=self._overflowed,
+        )
+
+    def _overflowed(self) -> None:
+        self._overflow = True
+        log.warning(
+            "broker.upstream_message_too_large",
+            extra={"server": self.name, "limit_bytes": _MAX_MESSAGE_BYTES},
+        )
 
     def _roots_callback(self) -> Any:
         if not self.config.roots:
@@ -502,6 +517,11 @@ class _Upstream:
 
     def _failure(self, what: str, exc: BaseException, *, died: bool = False) -> str:
         message = _describe(exc)
+        if self._overflow:
+            message = (
+                f"it sent a message over {_MAX_MESSAGE_BYTES // (1024 * 1024)} MiB, which the"
+                f" broker does not read; the connection was ended ({message})"
+            )
         if died or (self._task is not None and self._task.done()):
             tail = self._stderr_tail()
             message = f"the upstream server {self.name!r} died ({message})" + (
