@@ -24,6 +24,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import Future
@@ -55,6 +56,7 @@ _WIND_DOWN_S = 1.0
 _MAX_MESSAGE_BYTES = 65 * 1024 * 1024
 # The longest server or tool name passed on (MCP recommends at most 128 characters).
 _MAX_NAME_CHARS = 256
+_RELIST_S = 30.0  # a name the upstream did not list lists its tools again, at most this often
 _LOG_CHARS = 300  # of a text from the guest or an upstream, in a log record
 _live_brokers: weakref.WeakSet[Broker] = weakref.WeakSet()
 
@@ -317,6 +319,7 @@ class _Upstream:
         # answers). Per session: a restarted server is listed again.
         self._listed: frozenset[str] | None = None
         self._listed_by: Client | None = None
+        self._listed_at = 0.0
         self._listing: asyncio.Lock | None = None
         self._overflow = False  # this session's server sent a line over the bound
         self._client: Client | None = None
@@ -328,16 +331,28 @@ class _Upstream:
     async def list_tools(self) -> list[mcp_types.Tool]:
         client = await self._session()
         tools = await self._list_pages(client)
-        self._listed, self._listed_by = frozenset(tool.name for tool in tools), client
+        self._remember(tools, client)
         return tools
 
-    async def _listed_names(self, client: Client) -> frozenset[str]:
+    def _remember(self, tools: list[mcp_types.Tool], client: Client) -> frozenset[str]:
+        self._listed = listed = frozenset(tool.name for tool in tools)
+        self._listed_by, self._listed_at = client, time.monotonic()
+        return listed
+
+    async def _listed_names(self, client: Client, tool: str) -> frozenset[str]:
+        """The tool names this session listed. A name not among them lists the tools again
+        if the listing is older than `_RELIST_S` (a server may add tools): at most that
+        often, whatever names the code tries."""
         if self._listing is None:
             self._listing = asyncio.Lock()
         async with self._listing:
-            if self._listed is None or self._listed_by is not client:
-                tools = await self._list_pages(client)
-                self._listed, self._listed_by = frozenset(t.name for t in tools), client
+            stale = time.monotonic() - self._listed_at > _RELIST_S
+            if (
+                self._listed is None
+                or self._listed_by is not client
+                or (tool not in self._listed and stale)
+            ):
+                return self._remember(await self._list_pages(client), client)
             return self._listed
 
     async def _list_pages(self, client: Client) -> list[mcp_types.Tool]:
@@ -358,7 +373,7 @@ class _Upstream:
             raise CallFailed("bad_request", f"a tool name is over {_MAX_NAME_CHARS} characters")
         client = await self._session()
         try:
-            listed = await self._listed_names(client)
+            listed = await self._listed_names(client, tool)
             if tool not in listed:
                 raise CallFailed(
                     "not_allowed",
