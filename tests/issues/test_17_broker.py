@@ -99,7 +99,7 @@ for line in sys.stdin:
 # Streamable HTTP without sessions: tools/call is answered with a JSON body of
 # `sys.argv[2]` MiB, streamed (the server never holds it).
 HUGE_HTTP_SERVER = """
-import json, sys
+import json, sys, zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MIB = int(sys.argv[2])
@@ -118,6 +118,20 @@ class Handler(BaseHTTPRequestHandler):
         mid, method = msg.get("id"), msg.get("method")
         if mid is None:
             self.send_response(202); self.send_header("Content-Length", "0"); self.end_headers()
+            return
+        if method == "tools/call" and msg["params"]["name"] == "bomb":
+            head = json.dumps({"jsonrpc": "2.0", "id": mid}).encode()[:-1]
+            packer = zlib.compressobj(wbits=31)  # gzip
+            body = packer.compress(head + b', "result": {"content": [{"type": "text", "text": "')
+            for _ in range(MIB):
+                body += packer.compress(b"x" * (1 << 20))
+            body += packer.compress(b'"}]}}') + packer.flush()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
             return
         if method == "tools/call":
             head = json.dumps({"jsonrpc": "2.0", "id": mid}).encode()[:-1]
@@ -140,7 +154,8 @@ class Handler(BaseHTTPRequestHandler):
             result = {"protocolVersion": msg["params"]["protocolVersion"],
                       "capabilities": {"tools": {}}, "serverInfo": {"name": "huge", "version": "1"}}
         elif method == "tools/list":
-            result = {"tools": [{"name": "huge", "inputSchema": {"type": "object"}}]}
+            result = {"tools": [{"name": "huge", "inputSchema": {"type": "object"}},
+                                {"name": "bomb", "inputSchema": {"type": "object"}}]}
         else:
             result = {}
         body = json.dumps({"jsonrpc": "2.0", "id": mid, "result": result}).encode()
@@ -330,7 +345,7 @@ config = {"mcpServers": {"huge": json.loads(sys.argv[1])}}
 with Broker(upstreams.parse(config, source="probe", environ={})) as broker:
     tools = broker.for_run()
     try:
-        answer = tools.call_tool("huge", "huge", {}).result(timeout=180)
+        answer = tools.call_tool("huge", sys.argv[2], {}).result(timeout=180)
         outcome = ["ok", len(answer.text)]
     except CallFailed as exc:
         outcome = [exc.kind, exc.message]
@@ -345,7 +360,10 @@ def probe_outcome(probe: subprocess.CompletedProcess[str]) -> tuple[list[str], i
     return outcome, peak_mib
 
 
-def test_a_huge_http_answer_is_cut_while_it_is_read(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("tool", "refusal"), [("huge", "over 65 MiB"), ("bomb", "compressed")])
+def test_a_huge_http_answer_is_cut_while_it_is_read(
+    tmp_path: Path, tool: str, refusal: str
+) -> None:
     """The host (a fresh process, so that its peak RSS is this call's) reads at most
     `_MAX_MESSAGE_BYTES` of a 400 MiB answer. Before: the whole body, then its copies
     (~1.3 GB peak)."""
@@ -356,7 +374,7 @@ def test_a_huge_http_answer_is_cut_while_it_is_read(tmp_path: Path) -> None:
         assert wait_for(lambda: port_file.exists() and port_file.read_text() != "")
         url = f"http://127.0.0.1:{port_file.read_text()}/mcp"
         probe = subprocess.run(
-            [sys.executable, "-c", HOST_PROBE, json.dumps({"url": url, "timeout": 120})],
+            [sys.executable, "-c", HOST_PROBE, json.dumps({"url": url, "timeout": 120}), tool],
             capture_output=True,
             text=True,
             timeout=300,
@@ -367,7 +385,7 @@ def test_a_huge_http_answer_is_cut_while_it_is_read(tmp_path: Path) -> None:
         server.wait(timeout=10)
     (kind, message), peak_mib = probe_outcome(probe)
     assert kind == "upstream_error", message
-    assert "over 65 MiB" in message
+    assert refusal in message
     assert peak_mib < 300, f"the host peaked at {peak_mib} MiB"
 
 
@@ -497,7 +515,7 @@ def test_a_huge_stdio_line_is_cut_while_it_is_read(tmp_path: Path) -> None:
     (tmp_path / "server.py").write_text(HUGE_STDIO_SERVER, encoding="utf-8")
     server = {"command": sys.executable, "args": [str(tmp_path / "server.py"), "200"]}
     probe = subprocess.run(
-        [sys.executable, "-c", HOST_PROBE, json.dumps({**server, "timeout": 60})],
+        [sys.executable, "-c", HOST_PROBE, json.dumps({**server, "timeout": 60}), "huge"],
         capture_output=True,
         text=True,
         timeout=300,

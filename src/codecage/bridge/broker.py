@@ -485,11 +485,11 @@ class _Upstream:
         config = self.config
         if config.url is not None:
             # Uncompressed answers only: a body's size must be counted as it will be held
-            # (a few MiB of gzip inflate to gigabytes). `_BoundedTransport` bounds them.
-            http = httpx2.AsyncClient(
+            # (a few MiB of gzip inflate to gigabytes). `_BoundedClient` bounds them.
+            http = _BoundedClient(
+                limit=_MAX_MESSAGE_BYTES,
                 headers={"Accept-Encoding": "identity", **config.headers},
                 timeout=config.timeout,
-                transport=_BoundedTransport(_MAX_MESSAGE_BYTES),
             )
             return streamable_http_client(
                 config.url, http_client=http, max_sse_event_size=_MAX_MESSAGE_BYTES
@@ -562,43 +562,41 @@ class UpstreamTooLarge(httpx2.StreamError):
     """An upstream's HTTP answer was over the size the broker reads, or compressed."""
 
 
-class _BoundedTransport(httpx2.AsyncBaseTransport):
-    """httpx's transport, with each response body bounded while it is read.
+class _BoundedClient(httpx2.AsyncClient):
+    """httpx's client, with each response body bounded while it is read.
 
     The SDK reads a JSON answer whole (`response.aread()`) before anything checks its
     size: an upstream answering with 1.5 GB took the host to 4.75 GB. Here a body stops
     at `limit` bytes: the read fails with `UpstreamTooLarge` (an `httpx.StreamError`, which
     the SDK turns into an error answer to that one request). An SSE stream is exempt from
     the total (it lives as long as the session) but not from the bound on each of its
-    events (`max_sse_event_size`). A compressed body is refused: what counts is what
-    it inflates to."""
+    events (`max_sse_event_size`). A compressed body is refused: what counts is what it
+    inflates to. Bounding at `send` covers every transport the client picks (a proxy's
+    from the environment too)."""
 
-    def __init__(self, limit: int) -> None:
-        self._inner = httpx2.AsyncHTTPTransport()
+    def __init__(self, *, limit: int, **options: Any) -> None:
+        super().__init__(**options)
         self._limit = limit
 
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        response = await self._inner.handle_async_request(request)
+    async def send(
+        self, request: httpx2.Request, *, stream: bool = False, **options: Any
+    ) -> httpx2.Response:
+        response = await super().send(request, stream=True, **options)
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
         content_type = response.headers.get("content-type", "").lower()
         if encoding not in ("", "identity"):
-            stream: httpx2.AsyncByteStream = _RefusedStream(
+            response.stream = _RefusedStream(
                 response.stream, f"a compressed answer ({encoding[:40]!r}) was refused"
             )
-        elif content_type.startswith("text/event-stream"):
-            return response
-        else:
-            stream = _BoundedStream(response.stream, self._limit)
-        return httpx2.Response(
-            status_code=response.status_code,
-            headers=response.headers,
-            stream=stream,
-            extensions=response.extensions,
-            request=request,
-        )
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
+        elif not content_type.startswith("text/event-stream"):
+            response.stream = _BoundedStream(response.stream, self._limit)
+        if not stream:
+            try:
+                await response.aread()
+            except BaseException:
+                await response.aclose()
+                raise
+        return response
 
 
 class _BoundedStream(httpx2.AsyncByteStream):
