@@ -154,8 +154,9 @@ def test_a_result_over_the_size_limit_is_refused_and_the_next_call_works(
 def test_unknown_servers_and_tools_are_clear_errors(sandbox: Sandbox) -> None:
     server, tool = value(sandbox, '[attempt("x", server="nope"), attempt("no_such_tool")]')
     assert server == ["unknown_server", "no upstream server 'nope' (known: flaky)"]
-    assert tool[0] == "tool_error"
-    assert "no_such_tool" in tool[1]
+    # Refused by the broker: the server did not list it, so it never goes upstream.
+    assert tool[0] == "not_allowed"
+    assert "lists no tool 'no_such_tool'" in tool[1]
 
 
 def test_the_servers_allow_list_refuses_other_tools(marker: str) -> None:

@@ -221,7 +221,8 @@ AllowToolOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--allow-tool",
-        help="Only these tools may be called: 'server.tool', wildcards allowed (repeat).",
+        help="Only these tools may be called: SERVER.TOOL, split at the first dot; a wildcard"
+        " (*, ?) matches only plain names (letters, digits, _ - .) (repeat).",
         show_default=False,
     ),
 ]

@@ -86,8 +86,10 @@ class Sandbox:
         tools: a `Broker` holding sessions to upstream MCP servers: the code's tool calls
             (`codecage.runtime.call_tool`, `servers.<server>.<tool>.call`) go to it over the
             sandbox's private bridge (docs/tool-bridge.md). None: tool calls fail clearly.
-        allowed_tools: "server.tool" patterns (`*` wildcards) the code may call; None: all
-            that the servers' own allow-lists permit.
+        allowed_tools: "server.tool" patterns the code may call, split at the first dot and
+            matched per half (`*` wildcards match only plain names, see
+            `codecage.bridge.tooling`); None: all that the servers' own allow-lists permit.
+            Raises ConfigError for a pattern without a dot.
         tool_limits: bounds of each run's tool calls (count, in flight, result size);
             by default 200 calls, 16 at once, 4 MiB per result.
         servers_dir: the tree `codecage gen` wrote, mounted read-only at /servers and
@@ -147,6 +149,7 @@ class Sandbox:
         self.tools = tools
         self.tokenize = tokenize
         self.allowed_tools = tuple(allowed_tools) if allowed_tools is not None else None
+        tooling.allow_patterns(self.allowed_tools)  # a malformed one fails here, not in a run
         self.tool_limits = tool_limits or tooling.bridge_limits(self.settings.tools)
         self.servers_dir = Path(servers_dir).resolve() if servers_dir is not None else None
         self.skills_dir = Path(skills_dir).resolve() if skills_dir is not None else None
@@ -312,7 +315,8 @@ class Sandbox:
                 tools.close()  # the run's token vault goes with it
 
     def _scrub_asked(self, text: str) -> str:
-        return self._asked_scrubber.scrub(text).text
+        # Detectors only: the configured secrets would make it an oracle on them.
+        return self._asked_scrubber.without_secrets().scrub(text).text
 
     def _run_warm(self, pool: Pool, request: engine.RunRequest) -> ExecutionResult | None:
         """Run in a warm sandbox; None when there is none for this request (its sizes differ

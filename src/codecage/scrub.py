@@ -1172,6 +1172,7 @@ class Scrubber:
         self._region = self.config.phone_region
         self._forms = _secret_forms(self.config.secrets)
         self._detectors = self._plan()
+        self._detectors_only: Scrubber | None = None
 
     def _plan(self) -> list[Callable[[_View], Iterable[Span]]]:
         """The detectors in force, in the order they run (the order does not change the
@@ -1200,6 +1201,25 @@ class Scrubber:
         if "ip" in wanted:
             detectors.append(_find_ips)
         return detectors
+
+    def without_secrets(self) -> Scrubber:
+        """This scrubber without its configured secrets: its detectors only.
+
+        What code in the sandbox may run on its own text (`codecage.runtime.scrub`). With
+        the configured secrets, that would be an oracle: the code sends guesses (all one
+        million 6-digit numbers in one text) and sees which one comes back as
+        ``[SECRET]``, so it learns a credential it was never given. The configured secrets
+        still leave every result: the host scrubs them from what the run returns.
+
+        Raises:
+            Nothing.
+        """
+        if not self.config.secrets:
+            return self
+        if self._detectors_only is None:
+            config = ScrubConfig(categories=self._wanted, phone_region=self._region)
+            self._detectors_only = Scrubber(config)
+        return self._detectors_only
 
     @property
     def active(self) -> bool:

@@ -7,6 +7,12 @@ broker. The broker holds one session per upstream server, on one asyncio loop in
 of its own: started at the first call, reused across runs, started again when it died.
 A hung call times out; a failing server's error reaches the agent's code as a
 `ToolCallError`; neither stops the host.
+
+What the guest sends is checked before any library sees it: a server or tool name must be
+short, allowed, and one the upstream listed in this session (the SDK would otherwise send
+it upstream and log it). What an upstream sends is bounded while it is read (HTTP bodies
+and SSE events, stdio lines: `_MAX_MESSAGE_BYTES`), and every outcome of a call, answer or
+failure, passes one point (`RunTools._deliver`) on its way to the code.
 """
 
 from __future__ import annotations
@@ -14,13 +20,13 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import fnmatch
 import logging
 import os
 import tempfile
 import threading
+import time
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TextIO
@@ -28,21 +34,30 @@ from typing import Any, TextIO
 import httpx2
 import mcp_types
 from mcp import Client
-from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from codecage import scrub as scrubbing
 from codecage.bridge.channel import CallFailed, ToolAnswer
+from codecage.bridge.stdio_client import bounded_stdio_client
+from codecage.bridge.tooling import ToolPattern, allow_patterns, name_matches
 from codecage.bridge.upstreams import Upstream
 from codecage.errors import ConfigError
+from codecage.output import neutralise_text
 
 log = logging.getLogger(__name__)
 
 _START_TIMEOUT_S = 30.0
 _STDERR_TAIL_BYTES = 2000
 _WIND_DOWN_S = 1.0
-_MAX_SSE_EVENT_BYTES = 16 * 1024 * 1024
+# The largest message read from an upstream (an HTTP body, an SSE event, a stdio line):
+# a result may be up to 64 MiB ([tools] max_result_mb's ceiling), plus its envelope.
+_MAX_MESSAGE_BYTES = 65 * 1024 * 1024
+# The longest server or tool name passed on (MCP recommends at most 128 characters).
+_MAX_NAME_CHARS = 256
+_RELIST_S = 30.0  # a name the upstream did not list lists its tools again, at most this often
+_LOG_CHARS = 300  # of a text from the guest or an upstream, in a log record
 _live_brokers: weakref.WeakSet[Broker] = weakref.WeakSet()
 
 
@@ -57,7 +72,19 @@ class Broker:
             target=self._loop.run_forever, name="codecage-broker", daemon=True
         )
         self._thread.start()
-        self._upstreams = {name: _Upstream(name, cfg) for name, cfg in self.servers.items()}
+        # The credentials are scrubbed from the failures the broker words itself (an
+        # upstream's exception, its stderr's last words): the code was never given them.
+        credentials = scrubbing.Scrubber(
+            scrubbing.ScrubConfig(
+                categories=frozenset(),
+                secrets=tuple(
+                    s for s in self.secrets() if len(s.strip()) >= scrubbing.MIN_SECRET_CHARS
+                ),
+            )
+        )
+        self._upstreams = {
+            name: _Upstream(name, cfg, credentials) for name, cfg in self.servers.items()
+        }
         self._closed = False
         _live_brokers.add(self)
 
@@ -96,10 +123,17 @@ class Broker:
         scrubber: scrubbing.Scrubber | None = None,
         tokenize: bool | None = None,
     ) -> RunTools:
-        """The tools one run may use. `allowed_tools` ("server.tool" patterns, * allowed)
-        narrows the servers' own allow-lists; `tokenize` (default: per server's config)
-        swaps personal data in results for tokens that only this run's vault resolves."""
-        return RunTools(self, allowed_tools, scrubber or scrubbing.Scrubber(), tokenize)
+        """The tools one run may use. `allowed_tools` ("server.tool" patterns, see
+        `codecage.bridge.tooling.ToolPattern`) narrows the servers' own allow-lists;
+        `tokenize` (default: per server's config) swaps personal data in results for
+        tokens that only this run's vault resolves.
+
+        Raises:
+            ConfigError: an allow-list pattern that does not name a server and a tool.
+        """
+        return RunTools(
+            self, allow_patterns(allowed_tools), scrubber or scrubbing.Scrubber(), tokenize
+        )
 
     def close(self) -> None:
         """End every session (stdio servers exit) and stop the loop; idempotent. (In a
@@ -149,12 +183,13 @@ class Broker:
 
 
 class RunTools:
-    """One run's view of the broker: its allow-list, its token vault, its scrubber."""
+    """One run's view of the broker: its allow-list, its token vault, its scrubber, and its
+    calls still running upstream (cancelled when the run ends)."""
 
     def __init__(
         self,
         broker: Broker,
-        allowed_tools: Sequence[str] | None,
+        allowed_tools: Sequence[ToolPattern] | None,
         scrubber: scrubbing.Scrubber,
         tokenize: bool | None,
     ) -> None:
@@ -164,6 +199,9 @@ class RunTools:
         self._tokenize = tokenize
         self._vault = scrubbing.Vault(scrubber)
         self._vault_lock = threading.Lock()
+        self._pending: set[Future[ToolAnswer]] = set()
+        self._pending_lock = threading.Lock()
+        self._closed = False
 
     def call_tool(self, server: str, tool: str, arguments: dict[str, Any]) -> Future[ToolAnswer]:
         refusal = self._refusal(server, tool)
@@ -173,34 +211,54 @@ class RunTools:
         if tokenizing:
             with self._vault_lock:
                 arguments = dict(self._vault.detokenize(arguments))  # type: ignore[call-overload]
-        future = self._broker.call(server, tool, arguments)
-        if not tokenizing:
-            return future
+        with self._pending_lock:
+            if self._closed:
+                return _failed(CallFailed("upstream_error", "the run is over"))
+            upstream = self._broker.call(server, tool, arguments)
+            self._pending.add(upstream)
         result: Future[ToolAnswer] = Future()
-        future.add_done_callback(lambda done: self._tokenized(done, result))
+        upstream.add_done_callback(lambda done: self._deliver(done, result, tokenizing))
         return result
 
     def scrub(self, text: str) -> str:
-        return self._scrubber.scrub(text).text
+        # The detectors only, never the configured secrets: `without_secrets` says why.
+        return self._scrubber.without_secrets().scrub(text).text
 
     def close(self) -> None:
-        """Drop the run's token vault (its real values live nowhere else)."""
+        """The run is over: cancel its calls still running upstream (the SDK tells the
+        server with `notifications/cancelled`) and drop its token vault (its real values
+        live nowhere else)."""
+        with self._pending_lock:
+            self._closed = True
+            pending, self._pending = self._pending, set()
+        for future in pending:
+            future.cancel()
         with self._vault_lock:
             self._vault.clear()
 
     def _refusal(self, server: str, tool: str) -> CallFailed | None:
+        """Checks made before anything reaches the broker (whose upstream then checks that
+        the tool is one the server listed)."""
+        if len(server) > _MAX_NAME_CHARS or len(tool) > _MAX_NAME_CHARS:
+            return CallFailed(
+                "bad_request", f"a server or tool name is over {_MAX_NAME_CHARS} characters"
+            )
         config = self._broker.servers.get(server)
         if config is None:
             known = ", ".join(sorted(self._broker.servers)) or "none"
-            return CallFailed("unknown_server", f"no upstream server {server!r} (known: {known})")
-        name = f"{server}.{tool}"
-        if config.allow_tools is not None and not _matches(tool, config.allow_tools):
+            return CallFailed(
+                "unknown_server", f"no upstream server '{_shown(server)}' (known: {known})"
+            )
+        name = f"{server}.{_shown(tool)}"
+        if config.allow_tools is not None and not any(
+            name_matches(tool, pattern) for pattern in config.allow_tools
+        ):
             return CallFailed(
                 "not_allowed",
                 f"{name} is not on the server's allow-list ({', '.join(config.allow_tools)})",
             )
-        if self._allowed is not None and not _matches(name, self._allowed):
-            allowed = ", ".join(self._allowed) or "none"
+        if self._allowed is not None and not any(p.matches(server, tool) for p in self._allowed):
+            allowed = ", ".join(map(str, self._allowed)) or "none"
             return CallFailed(
                 "not_allowed", f"{name} is not among the tools this run may call ({allowed})"
             )
@@ -212,24 +270,58 @@ class RunTools:
         config = self._broker.servers.get(server)
         return config is not None and config.tokenize
 
-    def _tokenized(self, done: Future[ToolAnswer], result: Future[ToolAnswer]) -> None:
-        try:
-            answer = done.result()
-        except BaseException as exc:
-            result.set_exception(exc)
-            return
-        with self._vault_lock:
-            structured = self._vault.tokenize(answer.structured)
-            text = self._vault.tokenize(answer.text)
-        result.set_result(ToolAnswer(structured=structured, text=str(text)))
+    def _deliver(
+        self, done: Future[ToolAnswer], result: Future[ToolAnswer], tokenizing: bool
+    ) -> None:
+        """The one point where an upstream's outcome becomes what the code receives:
+        an answer and a failure alike. A failure's message can hold what the call's
+        arguments held (a tool that says "no such user alice@example.com"), and the
+        arguments carried the real values in place of the tokens; so, when tokenizing,
+        the message passes the vault as an answer does, or the error path would hand the
+        code the personal data the tokens stand for."""
+        with self._pending_lock:
+            self._pending.discard(done)
+        outcome: ToolAnswer | CallFailed
+        if done.cancelled():
+            outcome = CallFailed("upstream_error", "the call was cancelled: the run is over")
+        else:
+            try:
+                outcome = done.result()
+            except CallFailed as exc:
+                outcome = exc
+            except Exception as exc:  # a broker bug: still an answer, never a raw message
+                log.exception("broker.call_failed")
+                outcome = CallFailed("upstream_error", f"the call failed ({type(exc).__name__})")
+        if tokenizing:
+            with self._vault_lock:
+                if isinstance(outcome, ToolAnswer):
+                    outcome = ToolAnswer(
+                        structured=self._vault.tokenize(outcome.structured),
+                        text=str(self._vault.tokenize(outcome.text)),
+                    )
+                else:
+                    outcome = CallFailed(outcome.kind, str(self._vault.tokenize(outcome.message)))
+        if isinstance(outcome, CallFailed):
+            result.set_exception(outcome)
+        else:
+            result.set_result(outcome)
 
 
 class _Upstream:
     """One upstream server's session, on the broker's loop."""
 
-    def __init__(self, name: str, config: Upstream) -> None:
+    def __init__(self, name: str, config: Upstream, credentials: scrubbing.Scrubber) -> None:
         self.name = name
         self.config = config
+        self._credentials = credentials
+        # The names of the tools this session listed: a call to any other name is refused
+        # before the SDK sees it (it would send it upstream, and log it when the server
+        # answers). Per session: a restarted server is listed again.
+        self._listed: frozenset[str] | None = None
+        self._listed_by: Client | None = None
+        self._listed_at = 0.0
+        self._listing: asyncio.Lock | None = None
+        self._overflow = False  # this session's server sent a line over the bound
         self._client: Client | None = None
         self._task: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
@@ -238,6 +330,32 @@ class _Upstream:
 
     async def list_tools(self) -> list[mcp_types.Tool]:
         client = await self._session()
+        tools = await self._list_pages(client)
+        self._remember(tools, client)
+        return tools
+
+    def _remember(self, tools: list[mcp_types.Tool], client: Client) -> frozenset[str]:
+        self._listed = listed = frozenset(tool.name for tool in tools)
+        self._listed_by, self._listed_at = client, time.monotonic()
+        return listed
+
+    async def _listed_names(self, client: Client, tool: str) -> frozenset[str]:
+        """The tool names this session listed. A name not among them lists the tools again
+        if the listing is older than `_RELIST_S` (a server may add tools): at most that
+        often, whatever names the code tries."""
+        if self._listing is None:
+            self._listing = asyncio.Lock()
+        async with self._listing:
+            stale = time.monotonic() - self._listed_at > _RELIST_S
+            if (
+                self._listed is None
+                or self._listed_by is not client
+                or (tool not in self._listed and stale)
+            ):
+                return self._remember(await self._list_pages(client), client)
+            return self._listed
+
+    async def _list_pages(self, client: Client) -> list[mcp_types.Tool]:
         tools: list[mcp_types.Tool] = []
         cursor: str | None = None
         for _ in range(1000):  # a server that pages forever is cut off
@@ -251,8 +369,18 @@ class _Upstream:
         return tools
 
     async def call(self, tool: str, arguments: dict[str, Any]) -> ToolAnswer:
+        if len(tool) > _MAX_NAME_CHARS:
+            raise CallFailed("bad_request", f"a tool name is over {_MAX_NAME_CHARS} characters")
         client = await self._session()
         try:
+            listed = await self._listed_names(client, tool)
+            if tool not in listed:
+                raise CallFailed(
+                    "not_allowed",
+                    f"{self.name!r} lists no tool '{_shown(tool)}' (it lists "
+                    f"{len(listed)}: {', '.join(sorted(listed)[:20])}"
+                    f"{', ...' if len(listed) > 20 else ''})",
+                )
             result = await asyncio.wait_for(
                 client.call_tool(tool, arguments, read_timeout_seconds=self.config.timeout),
                 self.config.timeout,
@@ -260,7 +388,7 @@ class _Upstream:
         except TimeoutError as exc:
             raise CallFailed(
                 "timeout",
-                f"{self.name}.{tool} did not answer within {self.config.timeout:g} s",
+                f"{self.name}.{_shown(tool)} did not answer within {self.config.timeout:g} s",
             ) from exc
         except CallFailed:
             raise
@@ -268,7 +396,7 @@ class _Upstream:
             died = _connection_closed(exc)
             if died:
                 await self._end_session(client)
-            message = self._failure(f"{self.name}.{tool}", exc, died=died)
+            message = self._failure(f"{self.name}.{_shown(tool)}", exc, died=died)
             raise CallFailed("upstream_error", message) from exc
         return _answer(self.name, tool, result)
 
@@ -308,6 +436,7 @@ class _Upstream:
         if self._task is not None:
             log.warning("broker.upstream_restart", extra={"server": self.name})
         self._client = None
+        self._overflow = False
         self._stop = asyncio.Event()
         started: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
         self._task = asyncio.create_task(self._hold(started, self._stop))
@@ -343,7 +472,8 @@ class _Upstream:
             if not started.done():
                 started.set_exception(exc if isinstance(exc, Exception) else RuntimeError(exc))
             log.warning(
-                "broker.upstream_ended", extra={"server": self.name, "error": repr(exc)[:300]}
+                "broker.upstream_ended",
+                extra={"server": self.name, "error": _for_log(self._credentials_out(repr(exc)))},
             )
             if isinstance(exc, asyncio.CancelledError):
                 raise
@@ -354,9 +484,15 @@ class _Upstream:
     def _transport(self) -> Any:
         config = self.config
         if config.url is not None:
-            http = httpx2.AsyncClient(headers=config.headers, timeout=config.timeout)
+            # Uncompressed answers only: a body's size must be counted as it will be held
+            # (a few MiB of gzip inflate to gigabytes). `_BoundedClient` bounds them.
+            http = _BoundedClient(
+                limit=_MAX_MESSAGE_BYTES,
+                headers={"Accept-Encoding": "identity", **config.headers},
+                timeout=config.timeout,
+            )
             return streamable_http_client(
-                config.url, http_client=http, max_sse_event_size=_MAX_SSE_EVENT_BYTES
+                config.url, http_client=http, max_sse_event_size=_MAX_MESSAGE_BYTES
             )
         if self._stderr is None:
             # The server's stderr goes to a file: its tail explains a crash to the caller.
@@ -367,7 +503,19 @@ class _Upstream:
             env=config.env or None,
             cwd=config.cwd,
         )
-        return stdio_client(params, errlog=self._stderr)
+        return bounded_stdio_client(
+            params,
+            self._stderr,
+            max_line_bytes=_MAX_MESSAGE_BYTES,
+            on_overflow=self._overflowed,
+        )
+
+    def _overflowed(self) -> None:
+        self._overflow = True
+        log.warning(
+            "broker.upstream_message_too_large",
+            extra={"server": self.name, "limit_bytes": _MAX_MESSAGE_BYTES},
+        )
 
     def _roots_callback(self) -> Any:
         if not self.config.roots:
@@ -384,12 +532,20 @@ class _Upstream:
 
     def _failure(self, what: str, exc: BaseException, *, died: bool = False) -> str:
         message = _describe(exc)
+        if self._overflow:
+            message = (
+                f"it sent a message over {_MAX_MESSAGE_BYTES // (1024 * 1024)} MiB, which the"
+                f" broker does not read; the connection was ended ({message})"
+            )
         if died or (self._task is not None and self._task.done()):
             tail = self._stderr_tail()
             message = f"the upstream server {self.name!r} died ({message})" + (
                 f"; its last words: {tail}" if tail else ""
             )
-        return f"{what} failed: {message}"[:4000]
+        return self._credentials_out(f"{what} failed: {message}"[:4000])
+
+    def _credentials_out(self, text: str) -> str:
+        return self._credentials.scrub(text).text if self._credentials.active else text
 
     def _stderr_tail(self) -> str:
         if self._stderr is None:
@@ -400,6 +556,79 @@ class _Upstream:
             self._stderr.seek(max(0, size - _STDERR_TAIL_BYTES))
             return " ".join(self._stderr.read().split())[-_STDERR_TAIL_BYTES:]
         return ""
+
+
+class UpstreamTooLarge(httpx2.StreamError):
+    """An upstream's HTTP answer was over the size the broker reads, or compressed."""
+
+
+class _BoundedClient(httpx2.AsyncClient):
+    """httpx's client, with each response body bounded while it is read.
+
+    The SDK reads a JSON answer whole (`response.aread()`) before anything checks its
+    size: an upstream answering with 1.5 GB took the host to 4.75 GB. Here a body stops
+    at `limit` bytes: the read fails with `UpstreamTooLarge` (an `httpx.StreamError`, which
+    the SDK turns into an error answer to that one request). An SSE stream is exempt from
+    the total (it lives as long as the session) but not from the bound on each of its
+    events (`max_sse_event_size`). A compressed body is refused: what counts is what it
+    inflates to. Bounding at `send` covers every transport the client picks (a proxy's
+    from the environment too)."""
+
+    def __init__(self, *, limit: int, **options: Any) -> None:
+        super().__init__(**options)
+        self._limit = limit
+
+    async def send(
+        self, request: httpx2.Request, *, stream: bool = False, **options: Any
+    ) -> httpx2.Response:
+        response = await super().send(request, stream=True, **options)
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        content_type = response.headers.get("content-type", "").lower()
+        if encoding not in ("", "identity"):
+            response.stream = _RefusedStream(
+                response.stream, f"a compressed answer ({encoding[:40]!r}) was refused"
+            )
+        elif not content_type.startswith("text/event-stream"):
+            response.stream = _BoundedStream(response.stream, self._limit)
+        if not stream:
+            try:
+                await response.aread()
+            except BaseException:
+                await response.aclose()
+                raise
+        return response
+
+
+class _BoundedStream(httpx2.AsyncByteStream):
+    def __init__(self, inner: Any, limit: int) -> None:
+        self._inner = inner
+        self._limit = limit
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        read = 0
+        async for chunk in self._inner:
+            read += len(chunk)
+            if read > self._limit:
+                raise UpstreamTooLarge(
+                    f"the upstream's answer is over {self._limit // (1024 * 1024)} MiB"
+                )
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _RefusedStream(httpx2.AsyncByteStream):
+    def __init__(self, inner: Any, reason: str) -> None:
+        self._inner = inner
+        self._reason = reason
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        raise UpstreamTooLarge(self._reason)
+        yield b""  # pragma: no cover - makes this an async generator
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 def _answer(server: str, tool: str, result: mcp_types.CallToolResult) -> ToolAnswer:
@@ -430,8 +659,15 @@ def _connection_closed(exc: BaseException) -> bool:
     return isinstance(exc, MCPError) and exc.error.code == mcp_types.CONNECTION_CLOSED
 
 
-def _matches(name: str, patterns: Iterable[str]) -> bool:
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+def _shown(name: str) -> str:
+    """A guest-chosen name as a message shows it: bounded, on one line, neutralised."""
+    return _for_log(name[:100]) + ("..." if len(name) > 100 else "")
+
+
+def _for_log(text: str) -> str:
+    """A text from the guest or an upstream as a log record holds it: bounded, and no
+    character (a newline, an escape) that could forge a line or act on a terminal."""
+    return neutralise_text(text[:_LOG_CHARS]).replace("\n", "\\n").replace("\t", "\\t")
 
 
 def _failed(error: BaseException) -> Future[Any]:

@@ -3,12 +3,22 @@
 `codecage run` and `codecage serve` take `--mcp-config FILE` (upstream servers),
 `--servers-dir DIR` (the tree `codecage gen` wrote; generated into a temp dir when omitted),
 `--skills-dir DIR` and `--allow-tool PATTERN`. `codecage gen` writes the tree.
+
+Allow-list patterns (`--allow-tool`, `[tools] allow`, `Sandbox(allowed_tools=...)`) name a
+(server, tool) pair: `SERVER.TOOL`, split at the first dot (server names have none), each
+half matched on its own with shell wildcards (`*`, `?`, `[...]`). A wildcard matches only
+names made of the characters the MCP spec recommends for tool names (letters, digits,
+`_`, `-`, `.`): a name with any other character (`/`, a space, a newline) is allowed only
+by a pattern that spells it exactly. A server's own `allow_tools` are tool patterns of the
+same kind.
 """
 
 from __future__ import annotations
 
 import atexit
+import fnmatch
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -25,6 +35,10 @@ from codecage.errors import ConfigError, SandboxError
 SERVERS_DIR_PREFIX = "codecage-servers-"
 """Followed by the pid: the generated tree of a process that was killed is swept by the
 next one (`engine.sweep_stale_runs`)."""
+
+# The characters the MCP spec recommends for tool names; only such names match a wildcard.
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+_WILDCARD = re.compile(r"[*?\[]")
 
 if TYPE_CHECKING:  # the MCP SDK (~0.5 s to import) loads only when there are servers
     import mcp_types
@@ -87,6 +101,8 @@ def prepare(
     file = settings.tools if settings is not None else ToolsFile()
     where = settings.config_relative if settings is not None else _as_path
     skills_dir = skills_dir or where(file.skills_dir)
+    allowed = allowed_tools or file.allow
+    allow_patterns(allowed)  # a malformed pattern is the operator's error: said before any start
     servers = configured_servers(mcp_config, settings)
     if servers is None:
         return ToolSetup(skills_dir=_existing_dir(skills_dir, "--skills-dir"))
@@ -99,7 +115,6 @@ def prepare(
             servers_dir = _temporary_tree()
             progress(f"listing the tools of {len(broker.servers)} upstream server(s)")
             generate(broker, list(broker.servers), servers_dir)
-        allowed = allowed_tools or file.allow
         return ToolSetup(
             broker=broker,
             servers_dir=_existing_dir(servers_dir, "--servers-dir"),
@@ -111,6 +126,55 @@ def prepare(
     except BaseException:
         broker.close()
         raise
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPattern:
+    """One allow-list entry: a server pattern and a tool pattern, matched separately."""
+
+    server: str
+    tool: str
+
+    @classmethod
+    def parse(cls, text: str) -> ToolPattern:
+        """`SERVER.TOOL`, split at the first dot.
+
+        Raises:
+            ConfigError: no dot, or an empty half.
+        """
+        server, dot, tool = text.partition(".")
+        if not dot or not server or not tool:
+            raise ConfigError(
+                f"the allow-list pattern {text!r} does not name a server and a tool",
+                hint="write SERVER.TOOL, e.g. memory.read_graph, memory.read_* or memory.*",
+            )
+        return cls(server, tool)
+
+    def matches(self, server: str, tool: str) -> bool:
+        return name_matches(server, self.server) and name_matches(tool, self.tool)
+
+    def __str__(self) -> str:
+        return f"{self.server}.{self.tool}"
+
+
+def allow_patterns(patterns: Sequence[str] | None) -> tuple[ToolPattern, ...] | None:
+    """The parsed allow-list; None (no allow-list: every listed tool) stays None.
+
+    Raises:
+        ConfigError: a pattern that does not name a server and a tool.
+    """
+    if patterns is None:
+        return None
+    return tuple(ToolPattern.parse(pattern) for pattern in patterns)
+
+
+def name_matches(name: str, pattern: str) -> bool:
+    """Whether one name (a server's or a tool's) matches one half of a pattern. Without
+    wildcards, only the same name. With them, only a name of plain characters: `read_*`
+    must not grant `read_/../admin_delete` or a name with a newline in it."""
+    if not _WILDCARD.search(pattern):
+        return name == pattern
+    return _PLAIN_NAME.fullmatch(name) is not None and fnmatch.fnmatchcase(name, pattern)
 
 
 def bridge_limits(file: ToolsFile) -> BridgeLimits:

@@ -100,6 +100,13 @@ def parse(raw: Any, *, source: str, environ: dict[str, str]) -> dict[str, Upstre
 def _parse_one(name: str, entry: dict[str, Any], source: str) -> Upstream:
     if not name or len(name) > 100:
         raise ConfigError(f"{source}: a server name must have 1 to 100 characters: {name!r}")
+    if "." in name:
+        # An allow-list pattern SERVER.TOOL splits at its first dot: a server named
+        # `evil.echo` would make `evil.*` grant its tools as well as those of `evil`.
+        raise ConfigError(
+            f"{source}: the server name {name!r} has a dot, which codecage does not accept",
+            hint="rename it (e.g. with - or _): allow-list patterns are SERVER.TOOL",
+        )
     transport = entry.get("type") or entry.get("transport")
     if transport == "sse":
         raise ConfigError(
