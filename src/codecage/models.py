@@ -182,6 +182,12 @@ class Usage(_Model):
     peak_memory_mb: float | None = Field(
         description="Peak memory in MiB from the cgroup; None where no cgroup was used."
     )
+    waited_ms: int = Field(
+        0,
+        ge=0,
+        description="Milliseconds the call waited for a warm sandbox (one the pool was still "
+        "starting) before the run began; not part of wall_ms. 0 when it did not wait.",
+    )
 
 
 MAX_EVENT_DETAIL: Final = 2000

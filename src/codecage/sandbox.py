@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -305,11 +306,12 @@ class Sandbox:
             skills_dir=self.skills_dir,
         )
         try:
+            waited_ms = 0
             if self.pool is not None and request.workspace_dir is None:
-                result = self._run_warm(self.pool, request)
+                result, waited_ms = self._run_warm(self.pool, request)
                 if result is not None:
-                    return result
-            return engine.execute(request, self.backend)
+                    return _with_wait(result, waited_ms)
+            return _with_wait(engine.execute(request, self.backend), waited_ms)
         finally:
             if tools is not None:
                 tools.close()  # the run's token vault goes with it
@@ -318,20 +320,25 @@ class Sandbox:
         # Detectors only: the configured secrets would make it an oracle on them.
         return self._asked_scrubber.without_secrets().scrub(text).text
 
-    def _run_warm(self, pool: Pool, request: engine.RunRequest) -> ExecutionResult | None:
-        """Run in a warm sandbox; None when there is none for this request (its sizes differ
-        from the pool's, none is ready, or it cannot take the limits): then run cold."""
+    def _run_warm(
+        self, pool: Pool, request: engine.RunRequest
+    ) -> tuple[ExecutionResult | None, int]:
+        """Run in a warm sandbox, and the ms spent waiting for one; no result when there is
+        none for this request (its sizes differ from the pool's, none became ready in time,
+        or it cannot take the limits): then run cold."""
         engine.check_request(request.code, request.filename, request.limits, request.files)
+        asked = time.monotonic()
         sandbox = pool.take(self._warm_spec(request.limits))
+        waited_ms = int((time.monotonic() - asked) * 1000)
         if sandbox is None:
-            return None
+            return None, waited_ms
         ran = True
         try:
-            return engine.run_in(sandbox, request, backend_name=self.backend.name)
+            return engine.run_in(sandbox, request, backend_name=self.backend.name), waited_ms
         except engine.LimitsNotApplicable as exc:
             log.info("sandbox.warm_refused_limits", extra={"error": str(exc)})
             ran = False
-            return None
+            return None, waited_ms
         finally:
             pool.release(sandbox, ran=ran)
 
@@ -598,3 +605,12 @@ def _describe_validation(exc: ValidationError) -> str:
         field = ".".join(str(p) for p in err["loc"])
         parts.append(f"{field}={err.get('input')!r}: {err['msg']}")
     return "invalid limits: " + "; ".join(parts)
+
+
+def _with_wait(result: ExecutionResult, waited_ms: int) -> ExecutionResult:
+    """`result` with the time its call waited for a warm sandbox (`Usage.waited_ms`)."""
+    if not waited_ms:
+        return result
+    return result.model_copy(
+        update={"usage": result.usage.model_copy(update={"waited_ms": waited_ms})}
+    )
