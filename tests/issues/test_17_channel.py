@@ -17,6 +17,7 @@ import select
 import socket
 import threading
 import time
+import tracemalloc
 from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
@@ -84,15 +85,25 @@ NO_VERSION = """b'{"id":%d}\\n'"""
 def test_answers_the_code_never_reads_do_not_grow_the_host(box: Sandbox, request_line: str) -> None:
     box.run("1")  # the sandbox's own first-run costs are not the flood's
     before = _host_rss_mb()
-    result = box.run(
-        FLOOD.format(seconds=6, request=request_line), limits={"timeout": 30, "cpu_seconds": 30}
-    )
+    # What the host allocates during the run, at its peak (RSS alone can hide it when an
+    # earlier test's freed memory is reused).
+    tracemalloc.start()
+    try:
+        result = box.run(
+            FLOOD.format(seconds=6, request=request_line),
+            limits={"timeout": 30, "cpu_seconds": 30},
+        )
+        peak = tracemalloc.get_traced_memory()[1] / (1024 * 1024)
+    finally:
+        tracemalloc.stop()
     grown = _host_rss_mb() - before
     assert result.status == "ok", (result.error, result.stderr)
     sent = result.return_value
     assert isinstance(sent, int)
     # Unbounded, the host queued every answer: ~110 MB/s of scrub answers for 60 kB texts.
     assert grown < 40, f"the host grew by {grown:.0f} MB while the code sent {sent} bytes"
+    # The bound: 1 MiB of unread answers, a partial line, one request and one answer.
+    assert peak < 8, f"the host held {peak:.1f} MiB at once while the code sent {sent} bytes"
     # The host stopped reading once the unread answers reached its bound: the code's
     # writes were refused (would block), not taken by the megabyte.
     assert sent < 16 * 1024 * 1024
