@@ -119,7 +119,7 @@ class ToolsFile(_FileModel):
     skills_dir: str | None = Field(None, description="Reusable functions, read-only at /skills.")
     allow: list[str] | None = Field(None, description='"server.tool" patterns code may call.')
     tokenize: bool | None = Field(None, description="Tokenize personal data in tool results.")
-    max_calls: int = Field(200, ge=1, le=100_000, description="Tool calls per run.")
+    max_calls: int = Field(200, ge=1, le=100_000, description="Tool calls and scrub()s per run.")
     max_in_flight: int = Field(16, ge=1, le=1000, description="Tool calls running at once.")
     max_result_mb: float = Field(4, gt=0, le=64, description="Size of one tool result (MiB).")
 

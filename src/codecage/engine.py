@@ -397,7 +397,10 @@ def run_in(sandbox: StartedSandbox, request: RunRequest, *, backend_name: str) -
         allowed_modules=sorted(request.policy.modules) if request.policy else None,
     )
     tool_bridge = bridge.Channel(
-        sandbox.channel.host_bridge, request.tools or _no_servers(), request.tool_limits
+        sandbox.channel.host_bridge,
+        request.tools or _no_servers(),
+        request.tool_limits,
+        cpu_seconds=limits.cpu_seconds,
     )
     tool_bridge.start()
     try:

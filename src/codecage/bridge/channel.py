@@ -6,15 +6,25 @@ broker, or `NoServers` when no upstream servers are configured) and a writer thr
 the answers back. Nothing the guest sends is trusted: a malformed or oversized line ends
 the channel for this run (the code's next call fails with `channel_closed`), and no
 guest behaviour can block the responder, which may be shared by many runs.
+
+What one run can cost the host is bounded, whatever its code does with the socket:
+memory (a request line, and the answers the code has not read yet: past
+`max_unread_bytes` the reader stops reading until the writer drains them, so code that
+never reads its answers blocks itself, not the host), work (every request is one of the
+run's `max_calls`, a scrub's text is at most `max_scrub_bytes`) and host CPU (what the
+channel's threads spend on the run's requests is metered against its budget; past it
+the request is refused and the channel closed). A request the host fails on, however it
+fails, is answered with an error or ends the channel with a `bridge_closed` event: the
+reader never dies silently, leaving the code's calls waiting.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
 import os
-import queue
 import select
 import socket
 import threading
@@ -25,11 +35,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from codecage.models import Event
+from codecage.output import neutralise_text
 
 log = logging.getLogger(__name__)
 
 WIRE_VERSION = 1
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
+MAX_DEPTH = 64  # nesting of a request's JSON: tool arguments are shallow; walkers recurse
 _MAX_EVENTS = 200  # tool_call events kept per run; the rest are counted in one more event
 
 ErrorKind = Literal[
@@ -76,11 +88,17 @@ class Responder(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class BridgeLimits:
-    """Bounds of one run's tool calls."""
+    """Bounds of one run's use of its tool bridge."""
 
-    max_calls: int = 200
+    max_calls: int = 200  # requests of every op: tool calls and scrubs
     max_in_flight: int = 16
     max_result_bytes: int = 4 * 1024 * 1024
+    max_scrub_bytes: int = 1024 * 1024  # ~0.3 s of host CPU for text dense in personal data
+    # Answers queued for the code and not read yet: past this, the host reads no request.
+    max_unread_bytes: int = 1024 * 1024
+    # Host CPU the channel may spend on the run's requests (parsing, scrubbing, putting
+    # real values back in place of tokens, encoding answers); None: the run's cpu_seconds.
+    host_cpu_seconds: float | None = None
 
 
 class NoServers:
@@ -113,16 +131,37 @@ class _Call:
 
 
 class Channel:
-    """Serves one run's bridge socket from `start()` until `stop()`."""
+    """Serves one run's bridge socket from `start()` until `stop()`. `cpu_seconds` is the
+    run's CPU limit: the host CPU budget of its requests unless `limits` sets one."""
 
-    def __init__(self, sock: socket.socket, responder: Responder, limits: BridgeLimits) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        responder: Responder,
+        limits: BridgeLimits,
+        *,
+        cpu_seconds: float | None = None,
+    ) -> None:
         self._sock = sock
         self._responder = responder
         self._limits = limits
-        self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        budget = limits.host_cpu_seconds
+        self._cpu_budget_s = budget if budget is not None else (cpu_seconds or 30.0)
+        self._cpu_spent = f"{_CPU_SPENT} ({self._cpu_budget_s:g} s" + (
+            ")" if budget is not None else ", as much as the run's CPU limit)"
+        )
+        # The answers to send, their size in bytes, and whether the writer should end
+        # (after sending what is queued, when closing). `_outbox_changed` wakes the writer
+        # (a line queued) and the reader (the queue drained below its bound).
+        self._outbox: collections.deque[bytes] = collections.deque()
+        self._unread_bytes = 0
+        self._peak_unread_bytes = 0
+        self._writer_ends = False
+        self._outbox_changed = threading.Condition()
         self._lock = threading.Lock()
         self._in_flight = 0
         self._calls = 0
+        self._cpu_s = 0.0  # host CPU spent on this run's requests (all of the channel's threads)
         self._events: list[Event] = []
         self._dropped_events = 0
         self._closed_reason: str | None = None
@@ -149,7 +188,10 @@ class Channel:
             watcher().forget(self._sock.fileno(), self._serve)
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
-        self._outbox.put(None)
+        with self._outbox_changed:
+            self._writer_ends = True
+            self._outbox.clear()
+            self._outbox_changed.notify_all()
         for thread in self._threads if served else ():
             thread.join(timeout=5)
         with self._lock:
@@ -164,6 +206,18 @@ class Channel:
             if self._closed_reason is not None:
                 events.append(Event(kind="bridge_closed", detail=self._closed_reason[:2000]))
         return events
+
+    @property
+    def peak_unread_bytes(self) -> int:
+        """The most bytes of answers this channel held for the guest at once."""
+        with self._outbox_changed:
+            return self._peak_unread_bytes
+
+    @property
+    def host_cpu_seconds(self) -> float:
+        """Host CPU spent so far on this run's requests."""
+        with self._lock:
+            return self._cpu_s
 
     def _serve(self) -> None:
         """The guest wrote (or hung up): start the reader and the writer, unless the run
@@ -185,7 +239,19 @@ class Channel:
     # --- reading ----------------------------------------------------------------------
 
     def _read_loop(self) -> None:
+        started = time.thread_time()
+        try:
+            self._read_requests(started)
+        except Exception as exc:  # a host bug: the code's calls must not wait forever
+            log.warning("bridge.reader_failed", extra={"error": _log_field(repr(exc))})
+            self._close(f"the host's bridge reader failed ({type(exc).__name__})")
+
+    def _read_requests(self, started: float) -> None:
+        """Read and handle requests until the channel ends. The partial line in `buffer`
+        is at most MAX_REQUEST_BYTES + one chunk; the answers queued, at most
+        `max_unread_bytes` + one answer before the next request is read."""
         buffer = bytearray()
+        charged = started
         while not self._stopped.is_set():
             try:
                 chunk = self._sock.recv(1 << 16)
@@ -194,42 +260,119 @@ class Channel:
             if not chunk:
                 return
             buffer += chunk
-            while (newline := buffer.find(b"\n")) >= 0:
-                line = bytes(buffer[:newline])
-                del buffer[: newline + 1]
+            start = 0
+            while (newline := buffer.find(b"\n", start)) >= 0:
+                line = bytes(buffer[start:newline])
+                start = newline + 1
+                if not self._wait_for_room():
+                    return
                 if not self._take(line):
                     return
+                now = time.thread_time()
+                self._charge(now - charged)
+                charged = now
+            del buffer[:start]
             if len(buffer) > MAX_REQUEST_BYTES:
-                self._close(f"a request over {MAX_REQUEST_BYTES // (1024 * 1024)} MiB")
+                self._close(f"the sandbox sent a request over {_mib(MAX_REQUEST_BYTES)} MiB")
                 return
+
+    def _wait_for_room(self) -> bool:
+        """Back-pressure: wait until the guest has read its answers down to the bound.
+        False: the channel ended meanwhile."""
+        with self._outbox_changed:
+            while self._unread_bytes > self._limits.max_unread_bytes:
+                if self._writer_ends or self._stopped.is_set():
+                    return False
+                self._outbox_changed.wait(timeout=1.0)
+            return not self._writer_ends
 
     def _take(self, line: bytes) -> bool:
         """Handle one request line; False when the channel had to be closed."""
         if len(line) > MAX_REQUEST_BYTES:
-            self._close(f"a request over {MAX_REQUEST_BYTES // (1024 * 1024)} MiB")
+            self._close(f"the sandbox sent a request over {_mib(MAX_REQUEST_BYTES)} MiB")
             return False
         try:
             request = json.loads(line)
+        except RecursionError:
+            self._close("the sandbox sent a request nested too deeply to parse")
+            return False
         except ValueError:
-            self._close("a request that is not JSON")
+            self._close("the sandbox sent a request that is not JSON")
             return False
         request_id = request.get("id") if isinstance(request, dict) else None
         if type(request_id) is not int:
-            self._close("a request without an integer id")
+            self._close("the sandbox sent a request without an integer id")
             return False
-        self._dispatch(request_id, request, len(line))
+        refusal = self._admit_request()
+        if refusal is not None:
+            self._answer_error(request_id, refusal)
+            if refusal.message.startswith(_CPU_SPENT):
+                self._close(self._cpu_spent)
+                return False
+            return True
+        if _deeper_than(request, MAX_DEPTH):
+            self._answer_error(
+                request_id,
+                CallFailed("bad_request", f"the request is nested deeper than {MAX_DEPTH} levels"),
+            )
+            return True
+        try:
+            self._dispatch(request_id, request, len(line))
+        except Exception as exc:  # a responder bug: answer, and keep serving
+            log.warning("bridge.request_failed", extra={"error": _log_field(repr(exc))})
+            self._answer_error(
+                request_id,
+                CallFailed(
+                    "upstream_error", f"the host failed on this request ({type(exc).__name__})"
+                ),
+            )
         return True
+
+    def _admit_request(self) -> CallFailed | None:
+        """Count the request against the run's budgets: calls, and host CPU."""
+        with self._lock:
+            if self._cpu_s >= self._cpu_budget_s:
+                return CallFailed("limit", f"{self._cpu_spent}; its later calls fail")
+            if self._calls >= self._limits.max_calls:
+                return CallFailed(
+                    "limit",
+                    f"this run made its {self._limits.max_calls} tool bridge requests"
+                    " (tool calls and scrubs) already",
+                )
+            self._calls += 1
+        return None
+
+    def _charge(self, seconds: float) -> None:
+        with self._lock:
+            self._cpu_s += seconds
 
     def _dispatch(self, request_id: int, request: dict[str, Any], size: int) -> None:
         op = request.get("op")
         if request.get("v") != WIRE_VERSION:
             self._answer_error(request_id, CallFailed("bad_request", "unknown wire version"))
         elif op == "scrub" and isinstance(request.get("text"), str):
-            self._answer(request_id, self._responder.scrub(request["text"]))
+            self._scrub(request_id, request["text"])
         elif op == "call_tool":
             self._start_call(request_id, request, size)
         else:
-            self._answer_error(request_id, CallFailed("bad_request", f"unknown op {op!r}"))
+            shown = repr(op)[:200] if isinstance(op, str) else type(op).__name__
+            self._answer_error(request_id, CallFailed("bad_request", f"unknown op {shown}"))
+
+    def _scrub(self, request_id: int, text: str) -> None:
+        limit = self._limits.max_scrub_bytes
+        if len(text) > limit or (
+            not text.isascii() and len(text.encode("utf-8", "surrogatepass")) > limit
+        ):
+            self._answer_error(
+                request_id,
+                CallFailed(
+                    "limit",
+                    f"scrub() takes at most {_mib(self._limits.max_scrub_bytes)} MiB of text"
+                    " per call; scrub it in parts",
+                ),
+            )
+            return
+        self._answer(request_id, self._responder.scrub(text))
 
     def _start_call(self, request_id: int, request: dict[str, Any], size: int) -> None:
         server, tool = request.get("server"), request.get("tool")
@@ -247,24 +390,24 @@ class Channel:
             return
         try:
             future = self._responder.call_tool(server, tool, arguments)
-        except CallFailed as exc:
+        except Exception as exc:  # CallFailed, or a responder bug: the call ends here
             self._release()
+            if not isinstance(exc, CallFailed):
+                log.warning("bridge.responder_failed", extra={"error": _log_field(repr(exc))})
+                exc = CallFailed(
+                    "upstream_error", f"the host failed on this call ({type(exc).__name__})"
+                )
             self._finish(request_id, call, exc)
             return
         future.add_done_callback(lambda done: self._on_done(request_id, call, done))
 
     def _admit(self) -> CallFailed | None:
         with self._lock:
-            if self._calls >= self._limits.max_calls:
-                return CallFailed(
-                    "limit", f"this run made its {self._limits.max_calls} tool calls already"
-                )
             if self._in_flight >= self._limits.max_in_flight:
                 return CallFailed(
                     "limit",
                     f"{self._limits.max_in_flight} tool calls are running already; await some",
                 )
-            self._calls += 1
             self._in_flight += 1
         return None
 
@@ -274,16 +417,18 @@ class Channel:
 
     def _on_done(self, request_id: int, call: _Call, done: Future[ToolAnswer]) -> None:
         # Runs on the responder's thread: do no I/O here, only queue the answer.
+        started = time.thread_time()
         self._release()
         try:
             answer = done.result()
         except CallFailed as exc:
             self._finish(request_id, call, exc)
         except Exception as exc:  # a responder bug must not kill the channel
-            log.exception("bridge.responder_failed")
+            log.warning("bridge.responder_failed", extra={"error": _log_field(repr(exc))})
             self._finish(request_id, call, CallFailed("upstream_error", str(exc)[:500]))
         else:
             self._finish(request_id, call, answer)
+        self._charge(time.thread_time() - started)  # encoding the answer: this run's work
 
     # --- answering --------------------------------------------------------------------
 
@@ -316,22 +461,64 @@ class Channel:
         self._send(_error_line(request_id, error))
 
     def _send(self, line: bytes) -> None:
-        if not self._stopped.is_set():
-            self._outbox.put(line)
+        with self._outbox_changed:
+            if self._writer_ends or self._stopped.is_set():
+                return
+            self._outbox.append(line)
+            self._unread_bytes += len(line)
+            self._peak_unread_bytes = max(self._peak_unread_bytes, self._unread_bytes)
+            self._outbox_changed.notify_all()
 
     def _write_loop(self) -> None:
-        while (line := self._outbox.get()) is not None:
+        started = time.thread_time()
+        try:
+            self._write_answers()
+        finally:
+            self._charge(time.thread_time() - started)
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)  # the guest's reader sees the end
+            with self._outbox_changed:
+                self._writer_ends = True  # and the reader stops waiting for room
+                self._outbox.clear()
+                self._unread_bytes = 0
+                self._outbox_changed.notify_all()
+
+    def _write_answers(self) -> None:
+        """Send queued answers in order until the channel ends (after the queued ones,
+        when it is closed; at once, when it is stopped)."""
+        while True:
+            with self._outbox_changed:
+                while not self._outbox and not self._writer_ends:
+                    self._outbox_changed.wait()
+                if not self._outbox:
+                    return
+                line = self._outbox[0]
             try:
                 self._sock.sendall(line)
             except OSError:
                 return
+            with self._outbox_changed:
+                if self._outbox and self._outbox[0] is line:
+                    self._outbox.popleft()
+                    self._unread_bytes -= len(line)
+                self._outbox_changed.notify_all()
 
     def _close(self, reason: str) -> None:
+        """End the channel for this run: the guest gets the answers already queued, then
+        a last line saying why, then the end of the stream (at once, if it reads them)."""
         log.info("bridge.closed", extra={"reason": reason})
+        closed = f"the tool bridge was closed: {reason}"
         with self._lock:
-            self._closed_reason = f"the tool bridge was closed: the sandbox sent {reason}"
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
+            if self._closed_reason is not None:
+                return
+            self._closed_reason = closed
+        notice = _line({"v": WIRE_VERSION, "closed": closed[:2000]})
+        with self._outbox_changed:
+            if not self._writer_ends:
+                self._outbox.append(notice)
+                self._unread_bytes += len(notice)
+            self._writer_ends = True
+            self._outbox_changed.notify_all()
 
     def _record(self, call: _Call, outcome: ToolAnswer | CallFailed, answer_bytes: int) -> None:
         status = "ok" if isinstance(outcome, ToolAnswer) else outcome.kind
@@ -418,6 +605,34 @@ def _forget_watcher_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_watcher_in_child)
+
+
+_CPU_SPENT = "this run's tool bridge used its budget of host CPU"
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1024 * 1024):g}"
+
+
+def _log_field(text: str, limit: int = 300) -> str:
+    """Guest-influenced text for one field of one log line: bounded, and with every
+    character that could forge a line or act on a terminal escaped."""
+    return neutralise_text(text[:limit]).replace("\n", "\\n").replace("\t", "\\t")
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether `value` (parsed JSON) nests containers deeper than `limit` (iteratively: the
+    point is not to recurse)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth >= limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
 
 
 def _line(message: dict[str, Any]) -> bytes:

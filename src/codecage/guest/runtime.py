@@ -234,6 +234,9 @@ class _Bridge:
             answer = json.loads(line)
         except (ValueError, RecursionError):
             return f"the host sent a line that is not JSON: {line[:80]!r}"
+        if isinstance(answer, dict) and isinstance(answer.get("closed"), str):
+            closed: str = answer["closed"]  # the host's last line: why it ends the channel
+            return closed[:2000]
         request_id = answer.get("id") if isinstance(answer, dict) else None
         ok = answer.get("ok") if isinstance(answer, dict) else None
         if type(request_id) is not int or not isinstance(ok, bool):
@@ -453,7 +456,8 @@ def scrub(text: str) -> str:
     turned that off: use this for text the code keeps or passes on.)
 
     Raises:
-        ToolCallError: no bridge (`channel_closed`) or `text` is over 4 MiB (`limit`).
+        ToolCallError: no bridge (`channel_closed`), `text` is over the host's limit
+            (1 MiB by default: `limit`), or the run used its tool bridge budget (`limit`).
         TypeError: `text` is not a string.
     """
     if not isinstance(text, str):
