@@ -3,6 +3,8 @@ Python snippets run, the CLI reference matches --help, and the example programs 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import subprocess
 import sys
@@ -48,14 +50,34 @@ def test_the_security_model_names_what_is_not_isolated() -> None:
         assert test_file.name in SECURITY, f"{test_file.name} is not cited"
 
 
-def _python_blocks(markdown: str) -> list[str]:
-    return re.findall(r"```python\n(.*?)```", markdown, re.DOTALL)
+def _python_blocks(markdown: str) -> list[tuple[str, str | None]]:
+    """Each ```python block, and the ```text block of its "Real output" when the prose right
+    after it (before any other block) says "Real output"."""
+    blocks = []
+    for found in re.finditer(r"```python\n(.*?)```\n", markdown, re.DOTALL):
+        rest = markdown[found.end() :]
+        between, _, after = rest.partition("```")
+        shown = None
+        if "Real output" in between and after.startswith("text\n"):
+            shown = after[len("text\n") :].partition("```")[0]
+        blocks.append((found.group(1), shown))
+    return blocks
+
+
+def _shape(text: str) -> list[str]:
+    """Lines with every number as N: timings and counts vary from run to run, the words and
+    the fields that are printed must not."""
+    return [re.sub(r"\d+(?:\.\d+)?", "N", line.rstrip()) for line in text.strip().splitlines()]
 
 
 @pytest.mark.parametrize("index", range(len(_python_blocks(README))))
-def test_readme_python_snippets_run(index: int) -> None:
-    code = _python_blocks(README)[index]
-    exec(compile(code, f"README.md snippet {index}", "exec"), {"__name__": "__readme__"})  # noqa: S102
+def test_readme_python_snippets_run_and_print_what_the_readme_shows(index: int) -> None:
+    code, shown = _python_blocks(README)[index]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code, f"README.md snippet {index}", "exec"), {"__name__": "__readme__"})  # noqa: S102
+    if shown is not None:
+        assert _shape(printed.getvalue()) == _shape(shown)
 
 
 # Programs that call MCP tools need upstream servers: test_runtime_in_sandbox runs those.
