@@ -80,20 +80,27 @@ seen
     }
 
 
-def test_the_mount_plan_binds_each_tool_and_skips_libraries_already_bound() -> None:
+def test_the_mount_plan_binds_the_gathered_tools_and_skips_libraries_already_bound() -> None:
     tools = shell.ShellTools(
         binaries=(("ls", Path("/usr/bin/ls")), ("sh", Path("/usr/bin/dash"))),
         libraries=(Path("/lib/libc.so.6"), Path("/lib/libselinux.so.1")),
         missing=(),
+        directory=Path("/cache/shell-abc"),
     )
     plan = shell.mounts(tools, already_bound=frozenset({"/lib/libc.so.6"}))
     assert plan == (
         rootfs.Mount("ro-bind", "/lib/libselinux.so.1", "/lib/libselinux.so.1"),
-        rootfs.Mount("ro-bind", "/usr/bin/ls", "/usr/bin/ls"),
-        rootfs.Mount("ro-bind", "/usr/bin/sh", "/usr/bin/dash"),
+        rootfs.Mount("ro-bind", "/usr/bin", "/cache/shell-abc"),
         rootfs.Mount("symlink", "/bin", "usr/bin"),
     )
 
 
-def test_a_host_without_tools_gets_no_bin_symlink() -> None:
+def test_a_host_without_tools_gets_no_bin_directory() -> None:
     assert shell.mounts(shell.ShellTools((), (), ("sh",)), already_bound=frozenset()) == ()
+
+
+def test_the_gathered_directory_holds_the_host_binaries_under_their_command_names() -> None:
+    tools = shell.find()
+    assert tools.directory is not None
+    for name, path in tools.binaries:
+        assert (tools.directory / name).read_bytes() == path.read_bytes(), name
