@@ -804,6 +804,7 @@ packages_app = typer.Typer(
     help="Packages the operator adds for the sandboxes (scikit-learn, seaborn, openpyxl...): "
     "installed with this environment's pip into codecage's packages directory, pinned and "
     "recorded, and bound read-only at /opt/packages for the profiles that allow them.",
+    short_help="Add packages for the sandboxes (the operator's): add, list, remove.",
     no_args_is_help=True,
 )
 app.add_typer(packages_app, name="packages")
@@ -841,7 +842,12 @@ IgnoreHostVersionsOpt = Annotated[
 @packages_app.command("add")
 def packages_add(
     names: Annotated[
-        list[str], typer.Argument(help="NAME or NAME==VERSION (extras allowed), one or more.")
+        list[str],
+        typer.Argument(
+            help="NAME or NAME==VERSION (extras allowed), one or more.",
+            metavar="NAME[==VERSION]",
+            show_default=False,
+        ),
     ],
     packages_dir: PackagesDirOpt = None,
     allow_source: AllowSourceOpt = False,
@@ -876,7 +882,10 @@ def packages_add(
 
 @packages_app.command("remove")
 def packages_remove(
-    names: Annotated[list[str], typer.Argument(help="Names of added packages.")],
+    names: Annotated[
+        list[str],
+        typer.Argument(help="Names of added packages.", metavar="NAME", show_default=False),
+    ],
     packages_dir: PackagesDirOpt = None,
     allow_source: AllowSourceOpt = False,
     ignore_host_versions: IgnoreHostVersionsOpt = False,
