@@ -154,13 +154,43 @@ def location(
         return path.absolute(), f"file {settings.config_file}"
     if os.geteuid() == 0:
         return SYSTEM_DIR, "default"
-    xdg = env.get("XDG_DATA_HOME", "")
-    if not Path(xdg).is_absolute():  # the XDG spec: a relative value is invalid, ignore it
-        xdg = str(Path.home() / ".local" / "share")
-    user = Path(xdg) / "codecage" / "packages"
+    user = _user_dir(env)
     if for_writing or os.path.lexists(user) or not os.path.lexists(SYSTEM_DIR):
         return user, "default"
     return SYSTEM_DIR, "default"
+
+
+def _user_dir(env: Mapping[str, str]) -> Path:
+    xdg = env.get("XDG_DATA_HOME", "")
+    if not Path(xdg).is_absolute():  # the XDG spec: a relative value is invalid, ignore it
+        xdg = str(Path.home() / ".local" / "share")
+    return Path(xdg) / "codecage" / "packages"
+
+
+def check_workspace(
+    directory: Path, workspace: str | Path | None, environ: Mapping[str, str] | None = None
+) -> None:
+    """Refuse a workspace that holds a packages directory a later run could read, or lies
+    inside one: code in the run writes its workspace as this user, so what it wrote there
+    would pass the trust check and run in later sandboxes (as `config.check_workspace`
+    refuses a workspace holding the configuration).
+
+    Raises:
+        ConfigError: the workspace and a packages directory overlap.
+    """
+    if workspace is None:
+        return
+    root = Path(workspace).resolve()
+    env = os.environ if environ is None else environ
+    for place in dict.fromkeys((directory, _user_dir(env), SYSTEM_DIR)):
+        for form in (place.absolute(), place.resolve()):
+            if form.is_relative_to(root) or root.is_relative_to(form):
+                raise ConfigError(
+                    f"the workspace {workspace} and the packages directory {place} overlap: "
+                    "code run there could change the packages of later runs",
+                    hint="choose a workspace directory apart from codecage's packages "
+                    "directory (not your home, ~/.local or /var/lib)",
+                )
 
 
 def check_trusted(directory: Path) -> Path:

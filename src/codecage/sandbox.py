@@ -268,6 +268,7 @@ class Sandbox:
             SandboxError: the sandbox itself failed.
         """
         config.check_workspace(self.settings, workspace)
+        packages.check_workspace(self.packages_dir, workspace)
         run_limits = self._limits_for(limits)
         inputs = _input_files(files, workspace)
         if strict:

@@ -285,3 +285,24 @@ def test_add_list_replace_remove_from_the_registry(registry: None, private_tmp: 
     r = Sandbox(packages_dir=directory, import_policy=False).run("import tabulate")
     assert r.error is not None
     assert "`codecage packages add tabulate`" in r.error.message
+
+
+def test_a_workspace_overlapping_the_packages_dir_is_refused(private_tmp: Path) -> None:
+    """Code writes its workspace as this user, so a module it planted in the packages tree
+    would pass the trust check and run in every later sandbox that imports it."""
+    directory = handmade_dir(private_tmp)
+    sandbox = Sandbox(packages_dir=directory, import_policy=False)
+    plant = f"open('trees/{TREE_ID}/cc_added_pkg/__init__.py', 'w').write('planted = 1')"
+    with pytest.raises(ConfigError, match="overlap"):
+        sandbox.run(plant, workspace=directory)
+    with pytest.raises(ConfigError, match="overlap"):
+        sandbox.run("1", workspace=private_tmp)  # holds it
+    with pytest.raises(ConfigError, match="overlap"):
+        sandbox.run("1", workspace=directory / "trees" / TREE_ID)  # inside it
+    assert (
+        "planted"
+        not in (directory / "trees" / TREE_ID / "cc_added_pkg" / "__init__.py").read_text()
+    )
+    elsewhere = private_tmp / "work"
+    elsewhere.mkdir()
+    assert sandbox.run("1", workspace=elsewhere).return_value == 1
