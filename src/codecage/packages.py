@@ -37,6 +37,7 @@ import contextlib
 import fcntl
 import functools
 import json
+import logging
 import os
 import re
 import shutil
@@ -61,6 +62,8 @@ from codecage.models import AddedPackage
 if TYPE_CHECKING:
     from codecage.config import Settings
     from codecage.profiles import ImportPolicy
+
+log = logging.getLogger(__name__)
 
 ENV_DIR = "CODECAGE_PACKAGES_DIR"
 SYSTEM_DIR = Path("/var/lib/codecage/packages")
@@ -662,6 +665,8 @@ def mounts(
     record = read_record(real)
     if record.tree is None:
         return ()
+    if record.python != _python_version():
+        _warn_other_python(str(real), record.python)
     if policy is not None and not any(policy.allows(name) for name in record.top_level()):
         return ()
     tree = real / TREES / record.tree
@@ -677,6 +682,20 @@ def mounts(
     return (
         rootfs.Mount("ro-bind", GUEST_DIR, str(tree)),
         *(rootfs.Mount("ro-bind", lib, lib) for lib in libraries if lib not in known),
+    )
+
+
+@functools.cache
+def _warn_other_python(directory: str, python: str) -> None:
+    """Once per directory: pure-Python packages still work, compiled ones fail to import."""
+    log.warning(
+        "packages.other_python",
+        extra={
+            "directory": directory,
+            "installed_for": python,
+            "running": _python_version(),
+            "hint": "`codecage packages add NAME` (any added one) reinstalls the set for it",
+        },
     )
 
 
