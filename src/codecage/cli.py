@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from codecage import config, profiles
+from codecage import packages as added
 from codecage import validate as validation
 from codecage.errors import CodecageError, ConfigError
 from codecage.models import (
@@ -797,6 +798,198 @@ def serve(
 _MAX_TOOL_CALLS = 100_000  # as [tools] max_calls allows
 
 
+# --- packages ------------------------------------------------------------------------------
+
+packages_app = typer.Typer(
+    help="Packages the operator adds for the sandboxes (scikit-learn, seaborn, openpyxl...): "
+    "installed with this environment's pip into codecage's packages directory, pinned and "
+    "recorded, and bound read-only at /opt/packages for the profiles that allow them.",
+    short_help="Add packages for the sandboxes (the operator's): add, list, remove.",
+    no_args_is_help=True,
+)
+app.add_typer(packages_app, name="packages")
+
+PackagesDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--packages-dir",
+        help="The packages directory (default: CODECAGE_PACKAGES_DIR, else the config's "
+        "\\[packages] dir, else /var/lib/codecage/packages for root and "
+        "$XDG_DATA_HOME/codecage/packages for others). Owned by you or root, not "
+        "group/world-writable.",
+        envvar=added.ENV_DIR,
+        file_okay=False,
+        show_default=False,
+    ),
+]
+AllowSourceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-source",
+        help="Build a package from source when it has no wheel (its build runs on this host).",
+    ),
+]
+IgnoreHostVersionsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--ignore-host-versions",
+        help="Resolve without pinning the dependencies the host already has to its versions "
+        "(the added versions then shadow the host's in the sandbox).",
+    ),
+]
+
+
+@packages_app.command("add")
+def packages_add(
+    names: Annotated[
+        list[str],
+        typer.Argument(
+            help="NAME or NAME==VERSION (extras allowed), one or more.",
+            metavar="NAME[==VERSION]",
+            show_default=False,
+        ),
+    ],
+    packages_dir: PackagesDirOpt = None,
+    allow_source: AllowSourceOpt = False,
+    ignore_host_versions: IgnoreHostVersionsOpt = False,
+    config_file: ConfigOpt = None,
+    as_json: JsonOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Install packages (and what they need) for the sandboxes; a package already added is
+    replaced by the version given.
+
+    Examples:
+
+        codecage packages add scikit-learn seaborn openpyxl
+
+        codecage packages add tabulate==0.9.0
+    """
+    _configure_logging(verbose)
+    try:
+        directory = _packages_dir(packages_dir, config_file, for_writing=True)
+        with _progress("installing with pip", enabled=not as_json):
+            change = added.add(
+                directory,
+                names,
+                allow_source=allow_source,
+                host_versions=not ignore_host_versions,
+            )
+    except CodecageError as exc:
+        _fail(exc, as_json=as_json, verbose=verbose)
+    _render_package_change(change, as_json=as_json)
+
+
+@packages_app.command("remove")
+def packages_remove(
+    names: Annotated[
+        list[str],
+        typer.Argument(help="Names of added packages.", metavar="NAME", show_default=False),
+    ],
+    packages_dir: PackagesDirOpt = None,
+    allow_source: AllowSourceOpt = False,
+    ignore_host_versions: IgnoreHostVersionsOpt = False,
+    config_file: ConfigOpt = None,
+    as_json: JsonOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Remove added packages and what only they needed (the rest is installed again at the
+    recorded versions).
+
+    Example:
+
+        codecage packages remove seaborn
+    """
+    _configure_logging(verbose)
+    try:
+        directory = _packages_dir(packages_dir, config_file, for_writing=True)
+        with _progress("reinstalling the rest with pip", enabled=not as_json):
+            change = added.remove(
+                directory,
+                names,
+                allow_source=allow_source,
+                host_versions=not ignore_host_versions,
+            )
+    except CodecageError as exc:
+        _fail(exc, as_json=as_json, verbose=verbose)
+    _render_package_change(change, as_json=as_json)
+
+
+@packages_app.command("list")
+def packages_list(
+    packages_dir: PackagesDirOpt = None,
+    config_file: ConfigOpt = None,
+    as_json: JsonOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """List the added packages with their versions (the record, packages.lock.json).
+
+    Example:
+
+        codecage packages list --json
+    """
+    _configure_logging(verbose)
+    try:
+        directory = _packages_dir(packages_dir, config_file, for_writing=False)
+        record = added.installed(directory)
+    except CodecageError as exc:
+        _fail(exc, as_json=as_json, verbose=verbose)
+    if as_json:
+        _print_json({"directory": str(directory), **record.model_dump(mode="json")})
+        return
+    out = Console(highlight=False, soft_wrap=True)
+    out.print(f"packages directory: {directory}", markup=False)
+    if not record.packages:
+        out.print("no packages added (codecage packages add NAME)", markup=False)
+        return
+    for entry in record.packages:
+        why = "" if entry.requested else "  (dependency)"
+        out.print(f"  {entry.name}=={entry.version}{why}", markup=False)
+
+
+def _packages_dir(argument: Path | None, config_file: Path | None, *, for_writing: bool) -> Path:
+    settings = None if argument is not None else _load_config(config_file)
+    return added.location(argument, settings, for_writing=for_writing)[0]
+
+
+def _render_package_change(change: added.Change, *, as_json: bool) -> None:
+    before = {added.canonical(e.name): e for e in change.before.packages}
+    after = {added.canonical(e.name): e for e in change.after.packages}
+    installed = [after[k] for k in sorted(after) if k not in before]
+    removed = [before[k] for k in sorted(before) if k not in after]
+    changed = [
+        (before[k], after[k])
+        for k in sorted(after)
+        if k in before and before[k].version != after[k].version
+    ]
+    if as_json:
+        _print_json(
+            {
+                "directory": str(change.directory),
+                "notes": list(change.notes),
+                "installed": [f"{e.name}=={e.version}" for e in installed],
+                "removed": [f"{e.name}=={e.version}" for e in removed],
+                "changed": [f"{a.name}=={a.version} -> {b.version}" for a, b in changed],
+                **change.after.model_dump(mode="json"),
+            }
+        )
+        return
+    for note in change.notes:
+        stderr.print(note, markup=False)
+    for entry in installed:
+        stderr.print(f"+ {entry.name}=={entry.version}", markup=False)
+    for old, new in changed:
+        stderr.print(f"~ {old.name}=={old.version} -> {new.version}", markup=False)
+    for entry in removed:
+        stderr.print(f"- {entry.name}=={entry.version}", markup=False)
+    count = len(change.after.requested())
+    stderr.print(
+        f"{count} package(s) added in {change.directory}; sandboxes started from now on see "
+        "them (a running `codecage serve` keeps its warm sandboxes until they are used)",
+        markup=False,
+    )
+
+
 def _load_config(config_file: Path | None) -> config.Settings:
     """The settings, with the config file in force logged (INFO, shown by -v).
 
@@ -928,6 +1121,12 @@ def _render_info(report: HostInfo) -> None:
         _render_scrub(out, report.scrub)
     if report.tools is not None:
         _render_tools(out, report.tools)
+    if report.packages:
+        listed = ", ".join(f"{p.name}=={p.version}" for p in report.packages if p.requested)
+        extra = sum(1 for p in report.packages if not p.requested)
+        out.print(f"added packages: {listed} (+{extra} dependencies)", markup=False)
+    else:
+        out.print("added packages: none (`codecage packages add NAME`)", markup=False)
 
 
 def _render_tools(out: Console, tools: ToolsState) -> None:

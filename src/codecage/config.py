@@ -54,12 +54,17 @@ servers_dir = "servers"               # relative to this file's directory
 skills_dir = "skills"
 allow = ["memory.read_*", "memory.search_nodes"]
 max_calls = 200                       # tool calls per run (also max_in_flight, max_result_mb)
+
+[packages]                            # packages the operator added (`codecage packages`)
+dir = "/srv/codecage/packages"        # default: /var/lib/codecage/packages (root), else
+                                      # $XDG_DATA_HOME/codecage/packages
 ```
 
 Environment variables: `CODECAGE_<LIMIT>` for each limit, `CODECAGE_PROFILE`,
 `CODECAGE_ALLOWED_IMPORTS`, `CODECAGE_ENABLED_PROFILES`, `CODECAGE_POOL` (1/0),
 `CODECAGE_POOL_MIN_IDLE`, `CODECAGE_POOL_MAX_IDLE`, `CODECAGE_SCRUB` (1/0),
-`CODECAGE_SCRUB_CATEGORIES` (comma-separated: the categories to redact).
+`CODECAGE_SCRUB_CATEGORIES` (comma-separated: the categories to redact),
+`CODECAGE_PACKAGES_DIR` (read by `codecage.packages`).
 """
 
 from __future__ import annotations
@@ -124,6 +129,13 @@ class ToolsFile(_FileModel):
     max_result_mb: float = Field(4, gt=0, le=64, description="Size of one tool result (MiB).")
 
 
+class PackagesFile(_FileModel):
+    dir: str | None = Field(
+        None,
+        description="Where `codecage packages` installs (relative: to the file's directory).",
+    )
+
+
 class ConfigFile(_FileModel):
     """The TOML file's shape; unknown keys are refused with their name."""
 
@@ -133,6 +145,7 @@ class ConfigFile(_FileModel):
     pool: PoolConfig = Field(PoolConfig(), description="The warm pool.")
     scrub: ScrubSettings = Field(ScrubSettings(), description="Scrubbing of results.")
     tools: ToolsFile = Field(ToolsFile(), description="Tool trees and allow-list.")
+    packages: PackagesFile = Field(PackagesFile(), description="Packages the operator added.")
     mcp_servers: dict[str, Any] = Field(
         {}, alias="mcpServers", description="Upstream MCP servers, as in an MCP host's JSON."
     )
@@ -157,6 +170,7 @@ class Settings:
     pool: PoolConfig = field(default_factory=PoolConfig)
     scrub: ScrubSettings = field(default_factory=ScrubSettings)
     tools: ToolsFile = field(default_factory=ToolsFile)
+    packages: PackagesFile = field(default_factory=PackagesFile)
     mcp_servers: dict[str, Any] = field(default_factory=dict)  # the file's [mcpServers.*]
 
     def config_relative(self, path: str | None) -> Path | None:
@@ -241,6 +255,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
         pool=pool,
         scrub=scrub,
         tools=parsed.tools,
+        packages=parsed.packages,
         mcp_servers=parsed.mcp_servers,
     )
 
@@ -391,16 +406,27 @@ def _open_trusted(path: Path, *, explicit: bool) -> tuple[int, tuple[Path, ...]]
 def _refuse_untrusted(path: Path, here: Path, st: os.stat_result, explicit: bool) -> None:
     """Raise if `here` (the file, or a directory on its way) can be changed by someone who
     is neither root nor this user: then that someone would choose the configuration."""
+    reason = untrusted_reason(here, st)
+    if reason is not None:
+        raise _refusal(path, reason, explicit)
+
+
+def untrusted_reason(here: Path, st: os.stat_result, *, sticky_ok: bool = True) -> str | None:
+    """Why `here` (status `st`) could be changed by someone who is neither root nor this
+    user, or None: the trust rule of the config file, which the operator's package
+    directory (`codecage.packages`) follows too. A sticky shared directory (`/tmp`) passes
+    when `sticky_ok`: others may add names to it, not replace ours."""
     kind = "directory" if stat.S_ISDIR(st.st_mode) else "file"
     if st.st_uid not in (0, os.geteuid()):
-        raise _refusal(path, f"the {kind} {here} is owned by uid {st.st_uid}", explicit)
+        return f"the {kind} {here} is owned by uid {st.st_uid}"
     writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    if writable and not (kind == "directory" and st.st_mode & stat.S_ISVTX):
+    if writable and not (sticky_ok and kind == "directory" and st.st_mode & stat.S_ISVTX):
         who = " and ".join(
             w for w, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if writable & bit
         )
         mode = stat.S_IMODE(st.st_mode)
-        raise _refusal(path, f"the {kind} {here} is writable by {who} (mode {mode:o})", explicit)
+        return f"the {kind} {here} is writable by {who} (mode {mode:o})"
+    return None
 
 
 def _sticky_shared(st: os.stat_result) -> bool:

@@ -29,6 +29,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from codecage import packages
 from codecage import scrub as scrubbing
 from codecage import workspace as workspaces
 from codecage.backends.base import Backend, LaunchSpec
@@ -88,6 +89,7 @@ class RunRequest:
     tool_limits: bridge.BridgeLimits = field(default_factory=bridge.BridgeLimits)
     servers_dir: Path | None = None  # see SandboxSpec
     skills_dir: Path | None = None
+    packages_dir: Path | None = None
 
 
 def ceilings() -> Ceilings:
@@ -162,6 +164,7 @@ class SandboxSpec:
     preload: tuple[str, ...] = ()  # modules the guest imports before it says it is ready
     servers_dir: Path | None = None  # `codecage gen`'s tree, read-only at /servers
     skills_dir: Path | None = None  # reusable functions, read-only at /skills
+    packages_dir: Path | None = None  # the operator's added packages, at /opt/packages
 
     @classmethod
     def for_request(cls, request: RunRequest) -> SandboxSpec:
@@ -171,6 +174,7 @@ class SandboxSpec:
             tmp_mb=request.limits.tmp_mb,
             servers_dir=request.servers_dir,
             skills_dir=request.skills_dir,
+            packages_dir=request.packages_dir,
         )
 
 
@@ -267,6 +271,7 @@ def start(
             )
             + _shell_mounts(interpreter)
             + _package_mounts(spec.policy, interpreter)
+            + _added_package_mounts(spec, interpreter)
             + _tool_tree_mounts(spec)
         )
         channel = _Channels.open(cleanup, bpf)
@@ -564,6 +569,17 @@ def _package_mounts(
     return tuple(
         m for m in rootfs.package_mounts(packages) if m.kind != "ro-bind" or m.dest not in known
     )
+
+
+def _added_package_mounts(
+    spec: SandboxSpec, interpreter: rootfs.Interpreter
+) -> tuple[rootfs.Mount, ...]:
+    """The packages the operator added (`codecage packages`), read-only at /opt/packages
+    when the policy allows any of them (codecage.packages.mounts)."""
+    if spec.packages_dir is None:
+        return ()
+    known = frozenset(map(str, interpreter.libraries))
+    return packages.mounts(spec.packages_dir, spec.policy, known=known)
 
 
 def _tool_tree_mounts(spec: SandboxSpec) -> tuple[rootfs.Mount, ...]:

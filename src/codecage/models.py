@@ -500,6 +500,14 @@ class PoolState(_Model):
     host_rss_mb: float | None = Field(description="Resident memory of this (host) process.")
 
 
+class AddedPackage(_Model):
+    """A distribution the operator added with `codecage packages add` (or pulled in by one)."""
+
+    name: str
+    version: str
+    requested: bool = Field(True, description="Named by the operator, not only a dependency.")
+
+
 class HostInfo(_Model):
     """What `codecage info` reports: backend, mechanisms in force, defaults and ceilings."""
 
@@ -530,6 +538,11 @@ class HostInfo(_Model):
     scrub: ScrubState | None = Field(None, description="What results are scrubbed of.")
     tools: ToolsState | None = Field(
         None, description="Upstream MCP tools the code may call, and the bounds of its calls."
+    )
+    packages: list[AddedPackage] = Field(
+        [],
+        description="Packages the operator added (`codecage packages add`), importable where "
+        "the profile allows them.",
     )
 
 

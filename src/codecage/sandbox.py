@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from codecage import config, engine, profiles, redaction, selftest
+from codecage import config, engine, packages, profiles, redaction, selftest
 from codecage import scrub as scrubbing
 from codecage import validate as validation
 from codecage import workspace as workspaces
@@ -97,6 +97,10 @@ class Sandbox:
             importable as `servers.<server>.<tool>`.
         skills_dir: a directory of reusable functions, read-only at /skills, importable as
             `skills.<module>`.
+        packages_dir: the packages the operator added (`codecage packages add`), bound
+            read-only at /opt/packages for profiles that allow them; default: the
+            CODECAGE_PACKAGES_DIR variable, the config's `[packages] dir`, else
+            /var/lib/codecage/packages (root) or $XDG_DATA_HOME/codecage/packages.
         tokenize: replace personal data (emails, phones, ...) in tool results with tokens
             such as [EMAIL_1] before the code sees them, and put the real values back when
             the code passes the tokens to another tool; the values stay in the host, per
@@ -131,6 +135,7 @@ class Sandbox:
         tool_limits: bridge.BridgeLimits | None = None,
         servers_dir: str | Path | None = None,
         skills_dir: str | Path | None = None,
+        packages_dir: str | Path | None = None,
         tokenize: bool | None = None,
         scrub: bool | ScrubSettings | None = None,
     ) -> None:
@@ -154,6 +159,7 @@ class Sandbox:
         self.tool_limits = tool_limits or tooling.bridge_limits(self.settings.tools)
         self.servers_dir = Path(servers_dir).resolve() if servers_dir is not None else None
         self.skills_dir = Path(skills_dir).resolve() if skills_dir is not None else None
+        self.packages_dir = packages.location(packages_dir, self.settings)[0]
         self.policy: ImportPolicy | None = (
             self._policy(profile, allowed_imports, replace_imports) if import_policy else None
         )
@@ -199,6 +205,7 @@ class Sandbox:
             preload=self._preload,
             servers_dir=self.servers_dir,
             skills_dir=self.skills_dir,
+            packages_dir=self.packages_dir,
         )
 
     def _profile_name(self) -> str:
@@ -262,6 +269,7 @@ class Sandbox:
             SandboxError: the sandbox itself failed.
         """
         config.check_workspace(self.settings, workspace)
+        packages.check_workspace(self.packages_dir, workspace)
         run_limits = self._limits_for(limits)
         inputs = _input_files(files, workspace)
         if strict:
@@ -304,6 +312,7 @@ class Sandbox:
             tool_limits=self.tool_limits,
             servers_dir=self.servers_dir,
             skills_dir=self.skills_dir,
+            packages_dir=self.packages_dir,
         )
         try:
             waited_ms = 0
@@ -440,6 +449,7 @@ class Sandbox:
             ),
             scrub=redaction.state(self.scrub_settings, self.scrubber, self._scrub_source),
             tools=self._tools_state(),
+            packages=packages.added_packages(self.packages_dir),
         )
 
     def _tools_state(self) -> ToolsState:

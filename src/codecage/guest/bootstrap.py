@@ -59,6 +59,7 @@ def main(argv: list[str]) -> int:
     request = _receive(control)
     _apply_limits(request["limits"])
     sys.addaudithook(_audit)
+    _explain_missing_modules()  # before the policy: its refusals pass through untouched
     if request.get("allowed_modules") is not None:
         _install_import_policy(request["allowed_modules"], str(request.get("profile", "")))
     gc.freeze()  # what exists now is ours: the collections at the end skip it
@@ -110,6 +111,7 @@ def _preload(modules: list[str]) -> None:
     """
     if not modules:
         return
+    _add_added_packages()
     if os.path.isdir(SITE_PACKAGES) and SITE_PACKAGES not in sys.path:
         sys.path.append(SITE_PACKAGES)
     saved = [os.dup(1), os.dup(2)]
@@ -255,8 +257,102 @@ def _family_name(family: Any) -> str:
         return str(family)
 
 
-_TRUSTED_PREFIXES = ("/opt/python/", "/opt/codecage/", "/opt/site-packages/", "<frozen ")
+_TRUSTED_PREFIXES = (
+    "/opt/python/",
+    "/opt/codecage/",
+    "/opt/site-packages/",
+    "/opt/packages/",
+    "<frozen ",
+)
 SITE_PACKAGES = "/opt/site-packages"
+# The packages the operator added (`codecage packages add`, codecage.packages), read-only;
+# bound only when the profile allows one of them.
+PACKAGES_DIR = "/opt/packages"
+# Import names whose distribution is named otherwise, for the operator's command in the
+# ModuleNotFoundError (codecage.packages maps `packages add sklearn` with the same table).
+DISTRIBUTIONS = {
+    "sklearn": "scikit-learn",
+    "skimage": "scikit-image",
+    "cv2": "opencv-python-headless",
+    "PIL": "pillow",
+    "yaml": "pyyaml",
+    "bs4": "beautifulsoup4",
+    "dateutil": "python-dateutil",
+    "docx": "python-docx",
+    "pptx": "python-pptx",
+    "dotenv": "python-dotenv",
+    "jwt": "pyjwt",
+    "Crypto": "pycryptodome",
+    "fitz": "pymupdf",
+    "attr": "attrs",
+    "serial": "pyserial",
+    "usb": "pyusb",
+    "magic": "python-magic",
+    "Levenshtein": "levenshtein",
+}
+
+
+def _add_added_packages() -> None:
+    """The operator's packages go before the host's: a version the operator pinned there
+    wins, and the tree was resolved as a whole (against the host's versions)."""
+    if os.path.isdir(PACKAGES_DIR) and PACKAGES_DIR not in sys.path:
+        at = sys.path.index(SITE_PACKAGES) if SITE_PACKAGES in sys.path else len(sys.path)
+        sys.path.insert(at, PACKAGES_DIR)
+
+
+def _explain_missing_modules() -> None:
+    """Say, in the ModuleNotFoundError of a module the code imports, that it is not
+    installed here and how the operator adds it: an agent reading it knows it cannot
+    install it itself (no network, read-only packages) and need not try.
+
+    Only the code's own `import X` of a missing top-level name: library code's optional
+    imports keep their plain error, and so do modules of the standard library. Wrapped
+    inside the import policy (installed after this), which refuses what the profile does not
+    allow before any lookup, with its own message.
+    """
+    import builtins
+
+    original_import = builtins.__import__
+
+    def import_explaining(
+        name: str,
+        globals: Any = None,
+        locals: Any = None,
+        fromlist: Any = (),
+        level: int = 0,
+    ) -> Any:
+        try:
+            return original_import(name, globals, locals, fromlist, level)
+        except ModuleNotFoundError as exc:
+            missing = exc.name
+            if (
+                level != 0
+                or not isinstance(missing, str)
+                or missing != name.partition(".")[0]
+                or missing in sys.stdlib_module_names
+                or not _called_from_user_code()
+            ):
+                raise
+            raise ModuleNotFoundError(_missing_message(missing), name=missing) from None
+
+    builtins.__import__ = import_explaining
+
+
+def _called_from_user_code() -> bool:
+    frame: types.FrameType | None = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename == _OWN_FILE:
+        frame = frame.f_back  # the import policy's wrapper, when it is on
+    return frame is not None and not frame.f_code.co_filename.startswith(_TRUSTED_PREFIXES)
+
+
+def _missing_message(name: str) -> str:
+    distribution = DISTRIBUTIONS.get(name, name)
+    return (
+        f"No module named {name!r}. It is not installed on this host; the operator can add "
+        f"it with `codecage packages add {distribution}`. Code in the sandbox cannot install "
+        "packages (no network, read-only package directories): use what is installed, or "
+        "ask the operator"
+    )
 
 
 def _install_import_policy(allowed: list[str], profile: str) -> None:
@@ -351,6 +447,7 @@ def _fresh_main_module(filename: str) -> types.ModuleType:
     sys.path.insert(0, "/workspace")
     sys.path.append(GUEST_PACKAGE_ROOT)  # codecage.runtime, servers.*, skills.*
     # The profile's third-party packages, read-only (already on the path when preloaded).
+    _add_added_packages()
     if os.path.isdir(SITE_PACKAGES) and SITE_PACKAGES not in sys.path:
         sys.path.append(SITE_PACKAGES)
     return module
