@@ -9,19 +9,21 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import inspect
 import json
 import logging
 import os
 import signal
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from codecage import config, profiles
+from codecage import __version__, config, profiles
 from codecage import validate as validation
 from codecage.errors import CodecageError, ConfigError
 from codecage.models import (
@@ -38,17 +40,76 @@ from codecage.models import (
 from codecage.output import neutralise_line, neutralise_text
 from codecage.sandbox import Sandbox
 
+try:  # typer 0.2x carries its own copy of click; older ones use click itself
+    from typer._click.exceptions import ClickException
+except ImportError:  # pragma: no cover
+    from click.exceptions import ClickException  # type: ignore[assignment]
+
 if TYPE_CHECKING:
+    from codecage.bridge.hosts import HostServers
     from codecage.bridge.tooling import ToolSetup
+    from codecage.bridge.upstreams import Upstream
 
 app = typer.Typer(
     help="Run code written by AI agents with real OS isolation, and get a structured result.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+    # Inherited by every command's context: `codecage run -h` as well as --help.
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 log = logging.getLogger("codecage.cli")  # also when run as `python -m codecage.cli`
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _command(**kwargs: Any) -> Callable[[_F], _F]:
+    """`app.command()` with the docstring reflowed into the help: typer keeps the source's
+    line breaks inside a paragraph, which at 80 columns leave one word on a line."""
+
+    def register(function: _F) -> _F:
+        return app.command(help=reflow(function.__doc__ or ""), **kwargs)(function)
+
+    return register
+
+
+def reflow(doc: str) -> str:
+    """`doc` with the lines of each prose paragraph joined, for the terminal to wrap.
+    Indented lines (examples) stay one to a line, as written."""
+    paragraphs = []
+    for paragraph in inspect.cleandoc(doc).split("\n\n"):
+        lines: list[str] = []
+        for line in paragraph.splitlines():
+            if lines and not line.startswith(" ") and not lines[-1].startswith(" "):
+                lines[-1] += " " + line.strip()
+            else:
+                lines.append(line.rstrip())
+        paragraphs.append("\n".join(lines))
+    return "\n\n".join(paragraphs)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"codecage {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            "-V",
+            help="Print codecage's version and exit.",
+            is_eager=True,
+            callback=_show_version,
+        ),
+    ] = False,
+) -> None:
+    pass
 
 
 def _default(name: str) -> str:
@@ -136,9 +197,9 @@ ConfigOpt = Annotated[
     typer.Option(
         "--config",
         help="TOML config file (default: $CODECAGE_CONFIG, else "
-        "$XDG_CONFIG_HOME/codecage/config.toml (~/.config/...), else "
-        "/etc/codecage/config.toml; never the current directory). It must be owned by "
-        "you or root and not group/world-writable.",
+        "~/.config/codecage/config.toml ($XDG_CONFIG_HOME), else "
+        "/etc/codecage/config.toml; never the current directory), owned by you or root, "
+        "not group/world-writable.",
         dir_okay=False,
         show_default=False,
     ),
@@ -161,6 +222,16 @@ McpConfigOpt = Annotated[
         "whose tools the code may call, through codecage, without network or credentials.",
         dir_okay=False,
         exists=True,
+        show_default=False,
+    ),
+]
+McpHostOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--mcp-host",
+        help="Use the MCP servers already configured for this host, from its user-level "
+        "file: claude-code, cursor, vscode or claude-desktop (repeat). A project's own "
+        "file (.mcp.json, .cursor/, .vscode/) is never read.",
         show_default=False,
     ),
 ]
@@ -228,7 +299,7 @@ AllowToolOpt = Annotated[
 ]
 
 
-@app.command()
+@_command()
 def run(
     source: Annotated[
         str | None, typer.Argument(help="'-' to read the code from stdin.", show_default=False)
@@ -286,6 +357,7 @@ def run(
     allow_degraded: DegradedOpt = False,
     backend: BackendOpt = "auto",
     mcp_config: McpConfigOpt = None,
+    mcp_host: McpHostOpt = None,
     servers_dir: ServersDirOpt = None,
     skills_dir: SkillsDirOpt = None,
     allow_tool: AllowToolOpt = None,
@@ -309,7 +381,7 @@ def run(
 
         echo 'print("hi")' | codecage run -
 
-        codecage run --mcp-config mcp.json --file agent.py   # code that calls MCP tools
+        codecage run --mcp-host claude-code --file agent.py  # calls MCP tools
     """
     _configure_logging(verbose)
     overrides: dict[str, Any] = {
@@ -329,6 +401,10 @@ def run(
         # Before any upstream server starts: code in the workspace may have written there.
         config.check_workspace(settings, workspace)
         _refuse_mcp_config_in(workspace, mcp_config)
+        host_servers, host_reports = _host_servers(mcp_host)
+        for report in host_reports:
+            for host_file in report.files:
+                _refuse_mcp_config_in(workspace, host_file)
         with _progress("connecting to the upstream MCP servers", enabled=not as_json):
             tools = _tool_setup(
                 mcp_config,
@@ -338,6 +414,7 @@ def run(
                 tokenize,
                 settings,
                 max_tool_calls=max_tool_calls,
+                host_servers=host_servers,
             )
         sandbox = Sandbox(
             backend=backend,
@@ -361,13 +438,16 @@ def run(
     except CodecageError as exc:
         _fail(exc, as_json=as_json, verbose=verbose)
     if as_json:
-        _print_json(result.model_dump(mode="json"))
+        data = result.model_dump(mode="json")
+        if host_reports:  # which servers --mcp-host found, beside the result
+            data["mcp_hosts"] = [report.as_json() for report in host_reports]
+        _print_json(data)
     else:
         _render_human(result, raw=raw)
     raise typer.Exit(0 if result.ok else 1)
 
 
-@app.command()
+@_command()
 def validate(
     source: Annotated[
         str | None, typer.Argument(help="'-' to read the code from stdin.", show_default=False)
@@ -417,7 +497,7 @@ def validate(
     raise typer.Exit(0 if report.valid else 1)
 
 
-@app.command()
+@_command()
 def info(
     as_json: JsonOpt = False,
     backend: BackendOpt = "auto",
@@ -457,7 +537,7 @@ def info(
         _render_info(report)
 
 
-@app.command()
+@_command()
 def doctor(
     as_json: JsonOpt = False, backend: BackendOpt = "auto", verbose: VerboseOpt = False
 ) -> None:
@@ -497,7 +577,12 @@ def _read_code(source: str | None, code: str | None, file: Path | None) -> tuple
     if code is not None:
         return code, "main.py"
     if file is not None:
-        return _read_text(file.read_bytes() if file.is_file() else None, str(file)), file.name
+        try:
+            data = file.read_bytes()
+        except OSError as exc:
+            # The reason is the message; no hint says more than "No such file or directory".
+            raise ConfigError(f"cannot read {file}: {exc.strerror or exc}", hint="") from exc
+        return _read_text(data, str(file)), file.name
     if source != "-":
         raise ConfigError(
             f"unexpected argument {source!r}",
@@ -506,9 +591,7 @@ def _read_code(source: str | None, code: str | None, file: Path | None) -> tuple
     return _read_text(sys.stdin.buffer.read(), "stdin"), "main.py"
 
 
-def _read_text(data: bytes | None, where: str) -> str:
-    if data is None:
-        raise ConfigError(f"cannot read {where}", hint="check the path")
+def _read_text(data: bytes, where: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -596,7 +679,7 @@ def _render_validation(report: ValidationReport) -> None:
     out.print(f"{verdict}: {report.message}")
 
 
-@app.command()
+@_command()
 def gen(
     mcp_config: Annotated[
         Path | None,
@@ -626,7 +709,9 @@ def gen(
             show_default=False,
         ),
     ] = None,
+    mcp_host: McpHostOpt = None,
     config_file: ConfigOpt = None,
+    as_json: JsonOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
     """Write typed Python modules for the tools of upstream MCP servers.
@@ -642,43 +727,58 @@ def gen(
         codecage gen --mcp-config mcp.json --all
 
         codecage gen --mcp-config mcp.json --server memory --out ./servers
+
+        codecage gen --mcp-host claude-code --all   # the servers Claude Code has
     """
     from codecage.bridge import tooling
     from codecage.bridge.broker import Broker
 
     _configure_logging(verbose)
-    if bool(server) == all_servers:
-        _fail(
-            ConfigError("name the servers with --server NAME, or pass --all", hint=""),
-            as_json=False,
-            verbose=verbose,
-        )
     try:
+        if bool(server) == all_servers:
+            raise ConfigError(
+                "name the servers with --server NAME, or pass --all",
+                hint="--all generates the tools of every server configured",
+            )
         settings = _load_config(config_file)
-        servers = tooling.configured_servers(mcp_config, settings)
+        host_servers, host_reports = _host_servers(mcp_host)
+        servers = tooling.configured_servers(mcp_config, settings, host_servers)
         if servers is None:
             raise ConfigError(
                 "no upstream MCP servers to generate",
-                hint="pass --mcp-config FILE, or add [mcpServers.NAME] tables to the config file",
+                hint="pass --mcp-config FILE or --mcp-host HOST, or add [mcpServers.NAME] "
+                "tables to the config file",
             )
         out = out or settings.config_relative(settings.tools.servers_dir) or Path("servers")
         with Broker(servers) as broker:
             names = list(broker.servers) if all_servers else list(server or [])
-            with _progress(f"listing the tools of {', '.join(names)}", enabled=True):
+            with _progress(f"listing the tools of {', '.join(names)}", enabled=not as_json):
                 written = tooling.generate(broker, names, out)
     except CodecageError as exc:
-        _fail(exc, as_json=False, verbose=verbose)
+        _fail(exc, as_json=as_json, verbose=verbose)
     modules = sorted(p for p in out.rglob("*.py") if p.name != "__init__.py")
+    packages = sorted(p.name for p in out.iterdir() if (p / "__init__.py").is_file())
+    if as_json:
+        _print_json(
+            {
+                "out": str(out),
+                "servers": names,
+                "modules": [str(m.relative_to(out)) for m in modules],
+                "written": len(written),
+                "mcp_hosts": [report.as_json() for report in host_reports],
+            }
+        )
+        return
     stderr.print(
         f"{len(modules)} tool modules of {len(names)} server(s) in {out}/"
         f" ({len(written)} file(s) written or changed)",
         markup=False,
     )
-    for package in sorted(p.name for p in out.iterdir() if (p / "__init__.py").is_file()):
+    for package in packages:
         stderr.print(f"  from servers.{package} import ...", markup=False)
 
 
-@app.command()
+@_command()
 def serve(
     http: Annotated[
         bool, typer.Option("--http", help="Serve streamable HTTP at /mcp instead of stdio.")
@@ -721,6 +821,7 @@ def serve(
         bool, typer.Option("--no-pool", help="Cold-start every sandbox (no warm pool).")
     ] = False,
     mcp_config: McpConfigOpt = None,
+    mcp_host: McpHostOpt = None,
     servers_dir: ServersDirOpt = None,
     skills_dir: SkillsDirOpt = None,
     allow_tool: AllowToolOpt = None,
@@ -738,13 +839,13 @@ def serve(
 
     Examples:
 
-        codecage serve                                   # stdio, for Claude Desktop / Code
+        codecage serve        # stdio: for Claude Code, Cursor, VS Code
 
-        codecage serve --http --port 8765 --token "$TOKEN"   # http://127.0.0.1:8765/mcp
+        codecage serve --http --port 8765 --token "$TOKEN"   # at :8765/mcp
 
         codecage serve --http --host 0.0.0.0 --token "$(openssl rand -hex 16)"
 
-        codecage serve --mcp-config mcp.json   # execute_code may call these servers' tools
+        codecage serve --mcp-host cursor   # code may call Cursor's MCP servers
     """
     from codecage import http_serving, stdio
     from codecage import server as mcp_server  # the MCP SDK loads only for this command
@@ -762,6 +863,7 @@ def serve(
     )
     try:
         settings = _load_config(config_file)
+        host_servers, _ = _host_servers(mcp_host)
         tools = _tool_setup(
             mcp_config,
             servers_dir,
@@ -770,6 +872,7 @@ def serve(
             tokenize,
             settings,
             max_tool_calls=max_tool_calls,
+            host_servers=host_servers,
         )
         atexit.register(tools.close)
         options = {
@@ -815,6 +918,24 @@ def _load_config(config_file: Path | None) -> config.Settings:
     return settings
 
 
+def _host_servers(
+    names: list[str] | None,
+) -> tuple[dict[str, Upstream] | None, list[HostServers]]:
+    """The servers of the --mcp-host hosts, each host's finding said on stderr.
+
+    Raises:
+        ConfigError: an unknown host, an untrusted or malformed file, or no server found.
+    """
+    if not names:
+        return None, []
+    from codecage.bridge import hosts
+
+    servers, reports = hosts.load([n.strip() for item in names for n in item.split(",") if n])
+    for report in reports:
+        stderr.print(f"codecage: {report.describe()}", markup=False)
+    return servers, reports
+
+
 def _refuse_mcp_config_in(workspace: Path | None, mcp_config: Path | None) -> None:
     """Refuse an --mcp-config inside the workspace: like the config file, it names the
     commands the host starts, and code in the run could rewrite it for the next run.
@@ -843,6 +964,7 @@ def _tool_setup(
     settings: config.Settings,
     *,
     max_tool_calls: int | None = None,
+    host_servers: Mapping[str, Upstream] | None = None,
 ) -> ToolSetup:
     """The tool flags, with the config file's [mcpServers.*] and [tools] for what they
     leave out."""
@@ -855,6 +977,7 @@ def _tool_setup(
         allowed_tools=[t for item in allow_tool or [] for t in item.split(",") if t],
         tokenize=True if tokenize else None,
         settings=settings,
+        host_servers=host_servers,
     )
     if max_tool_calls is None:
         return setup
@@ -1003,7 +1126,9 @@ def _render_doctor(report: DoctorReport) -> None:
 def _fail(exc: CodecageError, *, as_json: bool, verbose: bool) -> NoReturn:
     code = 2 if isinstance(exc, ConfigError) else 1
     if as_json:
-        _print_json({"error": {"type": type(exc).__name__, "message": str(exc), "hint": exc.hint}})
+        _print_json(
+            {"error": {"type": type(exc).__name__, "message": str(exc), "hint": exc.hint or None}}
+        )
     stderr.print(f"[red]Error:[/red] {escape(str(exc))}", markup=True)
     if exc.hint:
         stderr.print(f"Hint: {exc.hint}", markup=False)  # a hint may name [tables]
@@ -1052,8 +1177,54 @@ def _configure_logging(verbose: bool) -> None:
     logging.getLogger("stevedore").setLevel(logging.CRITICAL)
 
 
-def main() -> None:
-    app(prog_name="codecage")
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """Run the CLI. Usage errors (a bad flag or value) exit 2 as click's do, and with
+    --json they are one JSON object on stdout like every other error."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        code = _click_command().main(args=args, prog_name="codecage", standalone_mode=False)
+    except ClickException as exc:
+        _usage_error(exc, as_json=_wants_json(args))
+    except typer.Abort:
+        stderr.print("Aborted.", markup=False)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _click_command() -> Any:
+    """The click command typer builds, with the type column of the help trimmed: a flag
+    shows no `<bool>` and a repeatable option its element type, so the help text keeps
+    the width of an 80-column terminal."""
+    command = typer.main.get_command(app)
+    pending = [command]
+    while pending:
+        current = pending.pop()
+        pending += getattr(current, "commands", {}).values()
+        for param in current.params:
+            if getattr(param, "is_flag", False):
+                param.metavar = ""
+            elif getattr(param, "multiple", False) and param.metavar is None:
+                param.metavar = "<str>"
+    return command
+
+
+def _wants_json(args: list[str]) -> bool:
+    return "--json" in args[: args.index("--")] if "--" in args else "--json" in args
+
+
+def _usage_error(exc: ClickException, *, as_json: bool) -> NoReturn:
+    context = getattr(exc, "ctx", None)
+    command = context.command_path if context is not None else "codecage"
+    hint = f"`{command} --help` lists its options and arguments"
+    if as_json:
+        message = exc.format_message()
+        _print_json({"error": {"type": "UsageError", "message": message, "hint": hint}})
+        stderr.print(f"Error: {message}", markup=False)
+    else:
+        from typer import rich_utils
+
+        rich_utils.rich_format_error(exc)
+    sys.exit(exc.exit_code)
 
 
 if __name__ == "__main__":
