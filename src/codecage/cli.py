@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from codecage.bridge.tooling import ToolSetup
     from codecage.bridge.upstreams import Upstream
 
+_HELP_NAMES = ["-h", "--help"]
 app = typer.Typer(
     help="Run code written by AI agents with real OS isolation, and get a structured result.",
     no_args_is_help=True,
@@ -57,7 +58,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
     # Inherited by every command's context: `codecage run -h` as well as --help.
-    context_settings={"help_option_names": ["-h", "--help"]},
+    context_settings={"help_option_names": _HELP_NAMES},
 )
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 log = logging.getLogger("codecage.cli")  # also when run as `python -m codecage.cli`
@@ -196,10 +197,9 @@ ConfigOpt = Annotated[
     Path | None,
     typer.Option(
         "--config",
-        help="TOML config file (default: $CODECAGE_CONFIG, else "
-        "~/.config/codecage/config.toml ($XDG_CONFIG_HOME), else "
-        "/etc/codecage/config.toml; never the current directory), owned by you or root, "
-        "not group/world-writable.",
+        help="TOML config file (default: $CODECAGE_CONFIG, else config.toml in "
+        "~/.config/codecage or /etc/codecage; never the current directory), owned by you "
+        "or root, not group/world-writable.",
         dir_okay=False,
         show_default=False,
     ),
@@ -1200,7 +1200,9 @@ def _click_command() -> Any:
     while pending:
         current = pending.pop()
         pending += getattr(current, "commands", {}).values()
-        for param in current.params:
+        help_names = _HELP_NAMES
+        help_option = current.get_help_option(typer.Context(current, help_option_names=help_names))
+        for param in [*current.params, *([help_option] if help_option else [])]:
             if getattr(param, "is_flag", False):
                 param.metavar = ""
             elif getattr(param, "multiple", False) and param.metavar is None:

@@ -43,7 +43,9 @@ _MAX_BYTES = 64 * 1024 * 1024
 _IGNORED_KEYS = ("type", "transport", "description", "dev", "gallery", "version", "name")
 _DEFAULTED = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*):-([^}]*)\}")
 _ENV = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
-_EDITOR_ONLY = re.compile(r"\$\{(input|workspaceFolder|workspaceFolderBasename|command|config)\b")
+_EDITOR_ONLY = re.compile(
+    r"\$\{(?:input|workspaceFolder|workspaceFolderBasename|command|config)\b[^}]*\}"
+)
 
 
 @dataclass
@@ -210,7 +212,7 @@ def _expand(value: Any, env: dict[str, str], home: str) -> Any:
     if isinstance(value, str):
         editor = _EDITOR_ONLY.search(value)
         if editor:
-            raise _Skip(f"${{{editor.group(1)}...}}, which only the editor can fill in")
+            raise _Skip(f"{editor.group(0)}, which only the editor can fill in")
         value = value.replace("${userHome}", home)
         value = _ENV.sub(lambda m: "${" + m.group(1) + "}", value)
         return _DEFAULTED.sub(lambda m: env.get(m.group(1), m.group(2)), value)
