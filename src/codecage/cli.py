@@ -15,9 +15,9 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -62,18 +62,6 @@ app = typer.Typer(
 )
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 log = logging.getLogger("codecage.cli")  # also when run as `python -m codecage.cli`
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def _command(**kwargs: Any) -> Callable[[_F], _F]:
-    """`app.command()` with the docstring reflowed into the help: typer keeps the source's
-    line breaks inside a paragraph, which at 80 columns leave one word on a line."""
-
-    def register(function: _F) -> _F:
-        return app.command(help=reflow(function.__doc__ or ""), **kwargs)(function)
-
-    return register
 
 
 def reflow(doc: str) -> str:
@@ -299,7 +287,7 @@ AllowToolOpt = Annotated[
 ]
 
 
-@_command()
+@app.command()
 def run(
     source: Annotated[
         str | None, typer.Argument(help="'-' to read the code from stdin.", show_default=False)
@@ -447,7 +435,7 @@ def run(
     raise typer.Exit(0 if result.ok else 1)
 
 
-@_command()
+@app.command()
 def validate(
     source: Annotated[
         str | None, typer.Argument(help="'-' to read the code from stdin.", show_default=False)
@@ -497,7 +485,7 @@ def validate(
     raise typer.Exit(0 if report.valid else 1)
 
 
-@_command()
+@app.command()
 def info(
     as_json: JsonOpt = False,
     backend: BackendOpt = "auto",
@@ -537,7 +525,7 @@ def info(
         _render_info(report)
 
 
-@_command()
+@app.command()
 def doctor(
     as_json: JsonOpt = False, backend: BackendOpt = "auto", verbose: VerboseOpt = False
 ) -> None:
@@ -679,7 +667,7 @@ def _render_validation(report: ValidationReport) -> None:
     out.print(f"{verdict}: {report.message}")
 
 
-@_command()
+@app.command()
 def gen(
     mcp_config: Annotated[
         Path | None,
@@ -778,7 +766,7 @@ def gen(
         stderr.print(f"  from servers.{package} import ...", markup=False)
 
 
-@_command()
+@app.command()
 def serve(
     http: Annotated[
         bool, typer.Option("--http", help="Serve streamable HTTP at /mcp instead of stdio.")
@@ -1192,14 +1180,17 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 
 
 def _click_command() -> Any:
-    """The click command typer builds, with the type column of the help trimmed: a flag
-    shows no `<bool>` and a repeatable option its element type, so the help text keeps
-    the width of an 80-column terminal."""
+    """The click command typer builds, with its help fitted to an 80-column terminal: each
+    command's docstring reflowed (typer keeps the source's line breaks inside a paragraph,
+    which leave one word on a line), a flag shown without `<bool>` and a repeatable option
+    with its element type. Sub-apps added with `app.add_typer` get the same."""
     command = typer.main.get_command(app)
     pending = [command]
     while pending:
         current = pending.pop()
         pending += getattr(current, "commands", {}).values()
+        if current.help:
+            current.help = reflow(current.help)
         help_names = _HELP_NAMES
         help_option = current.get_help_option(typer.Context(current, help_option_names=help_names))
         for param in [*current.params, *([help_option] if help_option else [])]:
