@@ -389,7 +389,7 @@ def run(
         # Before any upstream server starts: code in the workspace may have written there.
         config.check_workspace(settings, workspace)
         _refuse_mcp_config_in(workspace, mcp_config)
-        host_servers, host_reports = _host_servers(mcp_host)
+        host_servers, host_reports = _host_servers(mcp_host, mcp_config)
         for report in host_reports:
             for host_file in report.files:
                 _refuse_mcp_config_in(workspace, host_file)
@@ -729,7 +729,7 @@ def gen(
                 hint="--all generates the tools of every server configured",
             )
         settings = _load_config(config_file)
-        host_servers, host_reports = _host_servers(mcp_host)
+        host_servers, host_reports = _host_servers(mcp_host, mcp_config)
         servers = tooling.configured_servers(mcp_config, settings, host_servers)
         if servers is None:
             raise ConfigError(
@@ -851,7 +851,7 @@ def serve(
     )
     try:
         settings = _load_config(config_file)
-        host_servers, _ = _host_servers(mcp_host)
+        host_servers, _ = _host_servers(mcp_host, mcp_config)
         tools = _tool_setup(
             mcp_config,
             servers_dir,
@@ -907,18 +907,24 @@ def _load_config(config_file: Path | None) -> config.Settings:
 
 
 def _host_servers(
-    names: list[str] | None,
+    names: list[str] | None, mcp_config: Path | None
 ) -> tuple[dict[str, Upstream] | None, list[HostServers]]:
-    """The servers of the --mcp-host hosts, each host's finding said on stderr.
+    """The servers of the --mcp-host hosts, each host's finding said on stderr. A server
+    the --mcp-config file names too is the file's (`tooling.configured_servers`): the
+    report says so.
 
     Raises:
         ConfigError: an unknown host, an untrusted or malformed file, or no server found.
     """
     if not names:
         return None, []
-    from codecage.bridge import hosts
+    from codecage.bridge import hosts, upstreams
 
     servers, reports = hosts.load([n.strip() for item in names for n in item.split(",") if n])
+    for name in upstreams.load(mcp_config) if mcp_config is not None else {}:
+        for report in reports:
+            if report.servers.pop(name, None) is not None:
+                report.skipped[name] = "--mcp-config names a server of that name, used instead"
     for report in reports:
         stderr.print(f"codecage: {report.describe()}", markup=False)
     return servers, reports

@@ -400,3 +400,18 @@ def test_an_unknown_host_names_the_known_ones() -> None:
     with pytest.raises(ConfigError) as caught:
         hosts.read("emacs")
     assert caught.value.hint is not None and "claude-code" in caught.value.hint
+
+
+def test_a_server_in_both_mcp_config_and_the_host_is_the_files_and_said(tmp_path: Path) -> None:
+    home = _home(tmp_path)
+    entry = {"mcpServers": {"time": {"command": TIME_SERVER}}}
+    _write(home / ".cursor" / "mcp.json", json.dumps(entry))
+    mine = _write(tmp_path / "mine.json", json.dumps(entry))
+    out = tmp_path / "servers"
+    p = cli(
+        "gen", "--mcp-config", str(mine), "--mcp-host", "cursor", "--all", "--out", str(out),
+        "--json", env=_env(home),
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    cursor = json.loads(p.stdout)["mcp_hosts"][0]
+    assert cursor["servers"] == [] and "--mcp-config" in cursor["skipped"]["time"]
