@@ -206,8 +206,8 @@ McpConfigOpt = Annotated[
     Path | None,
     typer.Option(
         "--mcp-config",
-        help="Upstream MCP servers (the mcpServers JSON of Claude Desktop / Claude Code) "
-        "whose tools the code may call, through codecage, without network or credentials.",
+        help="Upstream MCP servers whose tools the code may call, through codecage, without "
+        "network or credentials: a JSON file with mcpServers, as MCP hosts write them.",
         dir_okay=False,
         exists=True,
         show_default=False,
@@ -673,7 +673,7 @@ def gen(
         Path | None,
         typer.Option(
             "--mcp-config",
-            help="Upstream MCP servers: the mcpServers JSON of Claude Desktop / Claude Code "
+            help="Upstream MCP servers: a JSON file with mcpServers, as MCP hosts write them "
             "(default: the config file's \\[mcpServers.*] tables).",
             dir_okay=False,
             exists=True,
