@@ -9,11 +9,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import inspect
 import json
 import logging
 import os
 import signal
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -21,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from codecage import config, profiles
+from codecage import __version__, config, profiles
 from codecage import packages as added
 from codecage import validate as validation
 from codecage.errors import CodecageError, ConfigError
@@ -39,17 +41,65 @@ from codecage.models import (
 from codecage.output import neutralise_line, neutralise_text
 from codecage.sandbox import Sandbox
 
-if TYPE_CHECKING:
-    from codecage.bridge.tooling import ToolSetup
+try:  # typer 0.2x carries its own copy of click; older ones use click itself
+    from typer._click.exceptions import ClickException
+except ImportError:  # pragma: no cover
+    from click.exceptions import ClickException  # type: ignore[assignment]
 
+if TYPE_CHECKING:
+    from codecage.bridge.hosts import HostServers
+    from codecage.bridge.tooling import ToolSetup
+    from codecage.bridge.upstreams import Upstream
+
+_HELP_NAMES = ["-h", "--help"]
 app = typer.Typer(
     help="Run code written by AI agents with real OS isolation, and get a structured result.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+    # Inherited by every command's context: `codecage run -h` as well as --help.
+    context_settings={"help_option_names": _HELP_NAMES},
 )
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 log = logging.getLogger("codecage.cli")  # also when run as `python -m codecage.cli`
+
+
+def reflow(doc: str) -> str:
+    """`doc` with the lines of each prose paragraph joined, for the terminal to wrap.
+    Indented lines (examples) stay one to a line, as written."""
+    paragraphs = []
+    for paragraph in inspect.cleandoc(doc).split("\n\n"):
+        lines: list[str] = []
+        for line in paragraph.splitlines():
+            if lines and not line.startswith(" ") and not lines[-1].startswith(" "):
+                lines[-1] += " " + line.strip()
+            else:
+                lines.append(line.rstrip())
+        paragraphs.append("\n".join(lines))
+    return "\n\n".join(paragraphs)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"codecage {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            "-V",
+            help="Print codecage's version and exit.",
+            is_eager=True,
+            callback=_show_version,
+        ),
+    ] = False,
+) -> None:
+    pass
 
 
 def _default(name: str) -> str:
@@ -136,10 +186,9 @@ ConfigOpt = Annotated[
     Path | None,
     typer.Option(
         "--config",
-        help="TOML config file (default: $CODECAGE_CONFIG, else "
-        "$XDG_CONFIG_HOME/codecage/config.toml (~/.config/...), else "
-        "/etc/codecage/config.toml; never the current directory). It must be owned by "
-        "you or root and not group/world-writable.",
+        help="TOML config file (default: $CODECAGE_CONFIG, else config.toml in "
+        "~/.config/codecage or /etc/codecage; never the current directory), owned by you "
+        "or root, not group/world-writable.",
         dir_okay=False,
         show_default=False,
     ),
@@ -158,10 +207,20 @@ McpConfigOpt = Annotated[
     Path | None,
     typer.Option(
         "--mcp-config",
-        help="Upstream MCP servers (the mcpServers JSON of Claude Desktop / Claude Code) "
-        "whose tools the code may call, through codecage, without network or credentials.",
+        help="Upstream MCP servers whose tools the code may call, through codecage, without "
+        "network or credentials: a JSON file with mcpServers, as MCP hosts write them.",
         dir_okay=False,
         exists=True,
+        show_default=False,
+    ),
+]
+McpHostOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--mcp-host",
+        help="Use the MCP servers already configured for this host, from its user-level "
+        "file: claude-code, cursor, vscode or claude-desktop (repeat). A project's own "
+        "file (.mcp.json, .cursor/, .vscode/) is never read.",
         show_default=False,
     ),
 ]
@@ -287,6 +346,7 @@ def run(
     allow_degraded: DegradedOpt = False,
     backend: BackendOpt = "auto",
     mcp_config: McpConfigOpt = None,
+    mcp_host: McpHostOpt = None,
     servers_dir: ServersDirOpt = None,
     skills_dir: SkillsDirOpt = None,
     allow_tool: AllowToolOpt = None,
@@ -310,7 +370,7 @@ def run(
 
         echo 'print("hi")' | codecage run -
 
-        codecage run --mcp-config mcp.json --file agent.py   # code that calls MCP tools
+        codecage run --mcp-host claude-code --file agent.py  # calls MCP tools
     """
     _configure_logging(verbose)
     overrides: dict[str, Any] = {
@@ -330,6 +390,10 @@ def run(
         # Before any upstream server starts: code in the workspace may have written there.
         config.check_workspace(settings, workspace)
         _refuse_mcp_config_in(workspace, mcp_config)
+        host_servers, host_reports = _host_servers(mcp_host, mcp_config)
+        for report in host_reports:
+            for host_file in report.files:
+                _refuse_mcp_config_in(workspace, host_file)
         with _progress("connecting to the upstream MCP servers", enabled=not as_json):
             tools = _tool_setup(
                 mcp_config,
@@ -339,6 +403,7 @@ def run(
                 tokenize,
                 settings,
                 max_tool_calls=max_tool_calls,
+                host_servers=host_servers,
             )
         sandbox = Sandbox(
             backend=backend,
@@ -362,7 +427,10 @@ def run(
     except CodecageError as exc:
         _fail(exc, as_json=as_json, verbose=verbose)
     if as_json:
-        _print_json(result.model_dump(mode="json"))
+        data = result.model_dump(mode="json")
+        if host_reports:  # which servers --mcp-host found, beside the result
+            data["mcp_hosts"] = [report.as_json() for report in host_reports]
+        _print_json(data)
     else:
         _render_human(result, raw=raw)
     raise typer.Exit(0 if result.ok else 1)
@@ -498,7 +566,12 @@ def _read_code(source: str | None, code: str | None, file: Path | None) -> tuple
     if code is not None:
         return code, "main.py"
     if file is not None:
-        return _read_text(file.read_bytes() if file.is_file() else None, str(file)), file.name
+        try:
+            data = file.read_bytes()
+        except OSError as exc:
+            # The reason is the message; no hint says more than "No such file or directory".
+            raise ConfigError(f"cannot read {file}: {exc.strerror or exc}", hint="") from exc
+        return _read_text(data, str(file)), file.name
     if source != "-":
         raise ConfigError(
             f"unexpected argument {source!r}",
@@ -507,9 +580,7 @@ def _read_code(source: str | None, code: str | None, file: Path | None) -> tuple
     return _read_text(sys.stdin.buffer.read(), "stdin"), "main.py"
 
 
-def _read_text(data: bytes | None, where: str) -> str:
-    if data is None:
-        raise ConfigError(f"cannot read {where}", hint="check the path")
+def _read_text(data: bytes, where: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -603,7 +674,7 @@ def gen(
         Path | None,
         typer.Option(
             "--mcp-config",
-            help="Upstream MCP servers: the mcpServers JSON of Claude Desktop / Claude Code "
+            help="Upstream MCP servers: a JSON file with mcpServers, as MCP hosts write them "
             "(default: the config file's \\[mcpServers.*] tables).",
             dir_okay=False,
             exists=True,
@@ -627,7 +698,9 @@ def gen(
             show_default=False,
         ),
     ] = None,
+    mcp_host: McpHostOpt = None,
     config_file: ConfigOpt = None,
+    as_json: JsonOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
     """Write typed Python modules for the tools of upstream MCP servers.
@@ -643,39 +716,54 @@ def gen(
         codecage gen --mcp-config mcp.json --all
 
         codecage gen --mcp-config mcp.json --server memory --out ./servers
+
+        codecage gen --mcp-host claude-code --all   # the servers Claude Code has
     """
     from codecage.bridge import tooling
     from codecage.bridge.broker import Broker
 
     _configure_logging(verbose)
-    if bool(server) == all_servers:
-        _fail(
-            ConfigError("name the servers with --server NAME, or pass --all", hint=""),
-            as_json=False,
-            verbose=verbose,
-        )
     try:
+        if bool(server) == all_servers:
+            raise ConfigError(
+                "name the servers with --server NAME, or pass --all",
+                hint="--all generates the tools of every server configured",
+            )
         settings = _load_config(config_file)
-        servers = tooling.configured_servers(mcp_config, settings)
+        host_servers, host_reports = _host_servers(mcp_host, mcp_config)
+        servers = tooling.configured_servers(mcp_config, settings, host_servers)
         if servers is None:
             raise ConfigError(
                 "no upstream MCP servers to generate",
-                hint="pass --mcp-config FILE, or add [mcpServers.NAME] tables to the config file",
+                hint="pass --mcp-config FILE or --mcp-host HOST, or add [mcpServers.NAME] "
+                "tables to the config file",
             )
         out = out or settings.config_relative(settings.tools.servers_dir) or Path("servers")
         with Broker(servers) as broker:
             names = list(broker.servers) if all_servers else list(server or [])
-            with _progress(f"listing the tools of {', '.join(names)}", enabled=True):
+            with _progress(f"listing the tools of {', '.join(names)}", enabled=not as_json):
                 written = tooling.generate(broker, names, out)
     except CodecageError as exc:
-        _fail(exc, as_json=False, verbose=verbose)
+        _fail(exc, as_json=as_json, verbose=verbose)
     modules = sorted(p for p in out.rglob("*.py") if p.name != "__init__.py")
+    packages = sorted(p.name for p in out.iterdir() if (p / "__init__.py").is_file())
+    if as_json:
+        _print_json(
+            {
+                "out": str(out),
+                "servers": names,
+                "modules": [str(m.relative_to(out)) for m in modules],
+                "written": len(written),
+                "mcp_hosts": [report.as_json() for report in host_reports],
+            }
+        )
+        return
     stderr.print(
         f"{len(modules)} tool modules of {len(names)} server(s) in {out}/"
         f" ({len(written)} file(s) written or changed)",
         markup=False,
     )
-    for package in sorted(p.name for p in out.iterdir() if (p / "__init__.py").is_file()):
+    for package in packages:
         stderr.print(f"  from servers.{package} import ...", markup=False)
 
 
@@ -722,6 +810,7 @@ def serve(
         bool, typer.Option("--no-pool", help="Cold-start every sandbox (no warm pool).")
     ] = False,
     mcp_config: McpConfigOpt = None,
+    mcp_host: McpHostOpt = None,
     servers_dir: ServersDirOpt = None,
     skills_dir: SkillsDirOpt = None,
     allow_tool: AllowToolOpt = None,
@@ -739,13 +828,13 @@ def serve(
 
     Examples:
 
-        codecage serve                                   # stdio, for Claude Desktop / Code
+        codecage serve        # stdio: for Claude Code, Cursor, VS Code
 
-        codecage serve --http --port 8765 --token "$TOKEN"   # http://127.0.0.1:8765/mcp
+        codecage serve --http --port 8765 --token "$TOKEN"   # at :8765/mcp
 
         codecage serve --http --host 0.0.0.0 --token "$(openssl rand -hex 16)"
 
-        codecage serve --mcp-config mcp.json   # execute_code may call these servers' tools
+        codecage serve --mcp-host cursor   # code may call Cursor's MCP servers
     """
     from codecage import http_serving, stdio
     from codecage import server as mcp_server  # the MCP SDK loads only for this command
@@ -763,6 +852,7 @@ def serve(
     )
     try:
         settings = _load_config(config_file)
+        host_servers, _ = _host_servers(mcp_host, mcp_config)
         tools = _tool_setup(
             mcp_config,
             servers_dir,
@@ -771,6 +861,7 @@ def serve(
             tokenize,
             settings,
             max_tool_calls=max_tool_calls,
+            host_servers=host_servers,
         )
         atexit.register(tools.close)
         options = {
@@ -1008,6 +1099,30 @@ def _load_config(config_file: Path | None) -> config.Settings:
     return settings
 
 
+def _host_servers(
+    names: list[str] | None, mcp_config: Path | None
+) -> tuple[dict[str, Upstream] | None, list[HostServers]]:
+    """The servers of the --mcp-host hosts, each host's finding said on stderr. A server
+    the --mcp-config file names too is the file's (`tooling.configured_servers`): the
+    report says so.
+
+    Raises:
+        ConfigError: an unknown host, an untrusted or malformed file, or no server found.
+    """
+    if not names:
+        return None, []
+    from codecage.bridge import hosts, upstreams
+
+    servers, reports = hosts.load([n.strip() for item in names for n in item.split(",") if n])
+    for name in upstreams.load(mcp_config) if mcp_config is not None else {}:
+        for report in reports:
+            if report.servers.pop(name, None) is not None:
+                report.skipped[name] = "--mcp-config names a server of that name, used instead"
+    for report in reports:
+        stderr.print(f"codecage: {report.describe()}", markup=False)
+    return servers, reports
+
+
 def _refuse_mcp_config_in(workspace: Path | None, mcp_config: Path | None) -> None:
     """Refuse an --mcp-config inside the workspace: like the config file, it names the
     commands the host starts, and code in the run could rewrite it for the next run.
@@ -1036,6 +1151,7 @@ def _tool_setup(
     settings: config.Settings,
     *,
     max_tool_calls: int | None = None,
+    host_servers: Mapping[str, Upstream] | None = None,
 ) -> ToolSetup:
     """The tool flags, with the config file's [mcpServers.*] and [tools] for what they
     leave out."""
@@ -1048,6 +1164,7 @@ def _tool_setup(
         allowed_tools=[t for item in allow_tool or [] for t in item.split(",") if t],
         tokenize=True if tokenize else None,
         settings=settings,
+        host_servers=host_servers,
     )
     if max_tool_calls is None:
         return setup
@@ -1202,7 +1319,9 @@ def _render_doctor(report: DoctorReport) -> None:
 def _fail(exc: CodecageError, *, as_json: bool, verbose: bool) -> NoReturn:
     code = 2 if isinstance(exc, ConfigError) else 1
     if as_json:
-        _print_json({"error": {"type": type(exc).__name__, "message": str(exc), "hint": exc.hint}})
+        _print_json(
+            {"error": {"type": type(exc).__name__, "message": str(exc), "hint": exc.hint or None}}
+        )
     stderr.print(f"[red]Error:[/red] {escape(str(exc))}", markup=True)
     if exc.hint:
         stderr.print(f"Hint: {exc.hint}", markup=False)  # a hint may name [tables]
@@ -1251,8 +1370,59 @@ def _configure_logging(verbose: bool) -> None:
     logging.getLogger("stevedore").setLevel(logging.CRITICAL)
 
 
-def main() -> None:
-    app(prog_name="codecage")
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """Run the CLI. Usage errors (a bad flag or value) exit 2 as click's do, and with
+    --json they are one JSON object on stdout like every other error."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        code = _click_command().main(args=args, prog_name="codecage", standalone_mode=False)
+    except ClickException as exc:
+        _usage_error(exc, as_json=_wants_json(args))
+    except typer.Abort:
+        stderr.print("Aborted.", markup=False)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _click_command() -> Any:
+    """The click command typer builds, with its help fitted to an 80-column terminal: each
+    command's docstring reflowed (typer keeps the source's line breaks inside a paragraph,
+    which leave one word on a line), a flag shown without `<bool>` and a repeatable option
+    with its element type. Sub-apps added with `app.add_typer` get the same."""
+    command = typer.main.get_command(app)
+    pending = [command]
+    while pending:
+        current = pending.pop()
+        pending += getattr(current, "commands", {}).values()
+        if current.help:
+            current.help = reflow(current.help)
+        help_names = _HELP_NAMES
+        help_option = current.get_help_option(typer.Context(current, help_option_names=help_names))
+        for param in [*current.params, *([help_option] if help_option else [])]:
+            if getattr(param, "is_flag", False):
+                param.metavar = ""
+            elif getattr(param, "multiple", False) and param.metavar is None:
+                param.metavar = "<str>"
+    return command
+
+
+def _wants_json(args: list[str]) -> bool:
+    return "--json" in args[: args.index("--")] if "--" in args else "--json" in args
+
+
+def _usage_error(exc: ClickException, *, as_json: bool) -> NoReturn:
+    context = getattr(exc, "ctx", None)
+    command = context.command_path if context is not None else "codecage"
+    hint = f"`{command} --help` lists its options and arguments"
+    if as_json:
+        message = exc.format_message()
+        _print_json({"error": {"type": "UsageError", "message": message, "hint": hint}})
+        stderr.print(f"Error: {message}", markup=False)
+    else:
+        from typer import rich_utils
+
+        rich_utils.rich_format_error(exc)
+    sys.exit(exc.exit_code)
 
 
 if __name__ == "__main__":

@@ -295,15 +295,18 @@ def _read(path: Path, *, explicit: bool) -> tuple[ConfigFile, tuple[Path, ...]]:
         with os.fdopen(fd, "rb") as handle:
             raw = handle.read(_MAX_BYTES + 1)
     except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+        raise ConfigError(f"cannot read config file {path}: {exc}", hint="") from exc
     if len(raw) > _MAX_BYTES:
-        raise ConfigError(f"config file {path} is larger than {_MAX_BYTES} bytes")
+        raise ConfigError(
+            f"config file {path} is larger than {_MAX_BYTES} bytes",
+            hint="a codecage config file is a few kilobytes of TOML: check which file this is",
+        )
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+        raise ConfigError(f"cannot read config file {path}: {exc}", hint="") from exc
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+        raise ConfigError(f"{path}: not valid TOML: {exc}", hint="") from exc
     try:
         return ConfigFile.model_validate(data), lookups
     except ValidationError as exc:
@@ -313,6 +316,26 @@ def _read(path: Path, *, explicit: bool) -> tuple[ConfigFile, tuple[Path, ...]]:
             f"{path}: bad key {key}: {err['msg']}",
             hint="see docs/configuration.md for the file's keys",
         ) from exc
+
+
+def read_trusted(path: Path, *, max_bytes: int = _MAX_BYTES) -> bytes:
+    """The bytes of `path`, opened and checked as the config file is (`_open_trusted`):
+    for other files whose content starts host commands, such as an MCP host's list of
+    servers (`codecage.bridge.hosts`).
+
+    Raises:
+        ConfigError: the file is missing, not a regular file, not trusted, unreadable, or
+            larger than `max_bytes`.
+    """
+    fd, _ = _open_trusted(path, explicit=True)
+    try:
+        with os.fdopen(fd, "rb") as handle:
+            data = handle.read(max_bytes + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}", hint="") from exc
+    if len(data) > max_bytes:
+        raise ConfigError(f"{path} is larger than {max_bytes} bytes", hint="")
+    return data
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -354,7 +377,9 @@ def _open_trusted(path: Path, *, explicit: bool) -> tuple[int, tuple[Path, ...]]
             if stat.S_ISLNK(st.st_mode):
                 links += 1
                 if links > _MAX_LINKS:
-                    raise ConfigError(f"config file {path}: too many levels of symbolic links")
+                    raise ConfigError(
+                        f"config file {path}: too many levels of symbolic links", hint=""
+                    )
                 if _sticky_shared(dir_stat) and not _trusted_owner(st.st_uid, dir_stat):
                     # What fs.protected_symlinks enforces, which following by hand bypasses.
                     raise _refusal(
@@ -369,7 +394,7 @@ def _open_trusted(path: Path, *, explicit: bool) -> tuple[int, tuple[Path, ...]]
                 continue
             if pending:
                 if not stat.S_ISDIR(st.st_mode):
-                    raise ConfigError(f"config file {path}: {here} is not a directory")
+                    raise ConfigError(f"config file {path}: {here} is not a directory", hint="")
                 fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
                 opened.append((fd, here, os.fstat(fd)))
                 _refuse_untrusted(path, here, opened[-1][2], explicit)

@@ -159,7 +159,9 @@ class Broker:
         upstream = self._upstreams.get(server)
         if upstream is None:
             known = ", ".join(sorted(self.servers)) or "none"
-            raise ConfigError(f"no upstream server {server!r} is configured (known: {known})")
+            raise ConfigError(
+                f"no upstream server {server!r} is configured (known: {known})", hint=""
+            )
         return upstream
 
     def _forked(self) -> bool:

@@ -21,7 +21,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -82,6 +82,7 @@ def prepare(
     tokenize: bool | None = None,
     settings: Settings | None = None,
     progress: Callable[[str], None] = lambda _message: None,
+    host_servers: Mapping[str, upstreams.Upstream] | None = None,
 ) -> ToolSetup:
     """Load the upstream servers and find (or generate) their tool tree. What the flags
     leave out comes from `settings` (the config file's [mcpServers.*] and [tools]).
@@ -92,7 +93,8 @@ def prepare(
         SandboxError: an upstream server could not be listed for generating the tree.
     """
     asked = servers_dir is not None or bool(allowed_tools) or bool(tokenize)
-    if asked and mcp_config is None and not (settings and settings.mcp_servers):
+    configured = mcp_config is not None or bool(host_servers)
+    if asked and not configured and not (settings and settings.mcp_servers):
         raise ConfigError(
             "--servers-dir, --allow-tool and --tokenize need upstream servers",
             hint="pass --mcp-config FILE (the mcpServers JSON of your MCP host), or add "
@@ -103,7 +105,7 @@ def prepare(
     skills_dir = skills_dir or where(file.skills_dir)
     allowed = allowed_tools or file.allow
     allow_patterns(allowed)  # a malformed pattern is the operator's error: said before any start
-    servers = configured_servers(mcp_config, settings)
+    servers = configured_servers(mcp_config, settings, host_servers)
     if servers is None:
         return ToolSetup(skills_dir=_existing_dir(skills_dir, "--skills-dir"))
     from codecage.bridge.broker import Broker
@@ -187,15 +189,19 @@ def bridge_limits(file: ToolsFile) -> BridgeLimits:
 
 
 def configured_servers(
-    mcp_config: Path | None, settings: Settings | None
+    mcp_config: Path | None,
+    settings: Settings | None,
+    host_servers: Mapping[str, upstreams.Upstream] | None = None,
 ) -> dict[str, upstreams.Upstream] | None:
-    """The upstream servers of `--mcp-config`, else of the config file; None: neither has any.
+    """The upstream servers of `--mcp-config` and of `--mcp-host` (`host_servers`; the
+    file's win a name both have), else of the config file; None: none has any.
 
     Raises:
         ConfigError: the JSON file or the config's table is not a valid `mcpServers`.
     """
-    if mcp_config is not None:
-        return upstreams.load(mcp_config)
+    if mcp_config is not None or host_servers:
+        from_file = upstreams.load(mcp_config) if mcp_config is not None else {}
+        return {**(host_servers or {}), **from_file}
     if settings is None or not settings.mcp_servers:
         return None
     source = f"{settings.config_file} [mcpServers]"
@@ -218,7 +224,9 @@ def generate(broker: Broker, servers: Sequence[str], out_dir: Path) -> list[Path
     for name in servers:
         if name not in broker.servers:
             known = ", ".join(sorted(broker.servers)) or "none"
-            raise ConfigError(f"no upstream server {name!r} in the MCP config (known: {known})")
+            raise ConfigError(
+                f"no upstream server {name!r} in the MCP config (known: {known})", hint=""
+            )
         try:
             listed[name] = broker.list_tools(name)
         except CallFailed as exc:
@@ -253,5 +261,5 @@ def _existing_dir(path: Path | None, option: str) -> Path | None:
     if path is None:
         return None
     if not path.is_dir():
-        raise ConfigError(f"{option} {path}: not a directory")
+        raise ConfigError(f"{option} {path}: not a directory", hint="")
     return path.resolve()

@@ -73,9 +73,9 @@ def load(path: Path, environ: dict[str, str] | None = None) -> dict[str, Upstrea
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise ConfigError(f"cannot read the MCP config {path}: {exc.strerror}") from exc
+        raise ConfigError(f"cannot read the MCP config {path}: {exc.strerror}", hint="") from exc
     except ValueError as exc:
-        raise ConfigError(f"the MCP config {path} is not JSON: {exc}") from exc
+        raise ConfigError(f"the MCP config {path} is not JSON: {exc}", hint="") from exc
     return parse(raw, source=str(path), environ=dict(os.environ) if environ is None else environ)
 
 
@@ -90,7 +90,10 @@ def parse(raw: Any, *, source: str, environ: dict[str, str]) -> dict[str, Upstre
     servers: dict[str, Upstream] = {}
     for name, entry in table.items():
         if not isinstance(entry, dict):
-            raise ConfigError(f"{source}: mcpServers.{name} must be an object")
+            raise ConfigError(
+                f"{source}: mcpServers.{name} must be an object",
+                hint='write {"command": ..., "args": [...]} or {"url": ...}',
+            )
         server = _parse_one(name, _expand(entry, f"{source}: mcpServers.{name}", environ), source)
         if not server.disabled:
             servers[name] = server
@@ -99,7 +102,9 @@ def parse(raw: Any, *, source: str, environ: dict[str, str]) -> dict[str, Upstre
 
 def _parse_one(name: str, entry: dict[str, Any], source: str) -> Upstream:
     if not name or len(name) > 100:
-        raise ConfigError(f"{source}: a server name must have 1 to 100 characters: {name!r}")
+        raise ConfigError(
+            f"{source}: a server name must have 1 to 100 characters: {name!r}", hint=""
+        )
     if "." in name:
         # An allow-list pattern SERVER.TOOL splits at its first dot: a server named
         # `evil.echo` would make `evil.*` grant its tools as well as those of `evil`.
@@ -121,7 +126,10 @@ def _parse_one(name: str, entry: dict[str, Any], source: str) -> Upstream:
             f"{'.'.join(str(p) for p in error['loc']) or 'entry'}: {error['msg']}"
             for error in exc.errors()
         )
-        raise ConfigError(f"{source}: mcpServers.{name}: {problems}") from exc
+        raise ConfigError(
+            f"{source}: mcpServers.{name}: {problems}",
+            hint="docs/tool-bridge.md lists the keys of a server entry",
+        ) from exc
 
 
 def _expand(value: Any, where: str, environ: dict[str, str]) -> Any:
