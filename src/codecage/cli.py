@@ -1002,11 +1002,12 @@ def _render_doctor(report: DoctorReport) -> None:
 
 def _fail(exc: CodecageError, *, as_json: bool, verbose: bool) -> NoReturn:
     code = 2 if isinstance(exc, ConfigError) else 1
+    hint = exc.hint_for("cli")  # flags, not keyword arguments (errors.render_hint)
     if as_json:
-        _print_json({"error": {"type": type(exc).__name__, "message": str(exc), "hint": exc.hint}})
+        _print_json({"error": {"type": type(exc).__name__, "message": str(exc), "hint": hint}})
     stderr.print(f"[red]Error:[/red] {escape(str(exc))}", markup=True)
-    if exc.hint:
-        stderr.print(f"Hint: {exc.hint}", markup=False)  # a hint may name [tables]
+    if hint:
+        stderr.print(f"Hint: {hint}", markup=False)  # a hint may name [tables]
     if verbose:
         stderr.print_exception()
     raise typer.Exit(code)
