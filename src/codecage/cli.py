@@ -720,6 +720,18 @@ def serve(
     no_pool: Annotated[
         bool, typer.Option("--no-pool", help="Cold-start every sandbox (no warm pool).")
     ] = False,
+    reply_max_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--reply-max-tokens",
+            help="Estimated tokens one tool reply may take (env CODECAGE_REPLY_MAX_TOKENS, "
+            "config [serve] reply_max_tokens; default 20000). Longer output keeps its head "
+            "and tail.",
+            min=2_000,
+            max=240_000,
+            show_default=False,
+        ),
+    ] = None,
     mcp_config: McpConfigOpt = None,
     servers_dir: ServersDirOpt = None,
     skills_dir: SkillsDirOpt = None,
@@ -759,6 +771,7 @@ def serve(
         max_memory_mb=max_memory_mb,
         max_concurrent=max_concurrent,
         max_queued=max_queued,
+        reply_max_tokens=reply_max_tokens,  # None: env, then the config file, then 20000
     )
     try:
         settings = _load_config(config_file)

@@ -63,6 +63,9 @@ _EVENT_DETAIL_CHARS = 500
 _VALUE_TEXT_CHARS = 2_000  # of the return value's repr in the text (all of it: structured)
 _MESSAGE_CHARS = 2_000
 _FITTING_ROUNDS = 8
+ENVELOPE_TOKENS = 100
+"""Room for what the SDK adds to a result after the tool returns it (`_meta` with the
+server's name and version, `resultType`): measured at ~25 tokens."""
 _NOTE_TOKENS = (_EVENT_DETAIL_CHARS + 50) // 4
 OUTPUT_CUT_WHY = (
     " to fit the reply; to get all of it, write the output to a file in /workspace and "
@@ -162,8 +165,16 @@ def measure(reply: CallToolResult) -> ReplySize:
 
 
 def fits(reply: CallToolResult, budget_tokens: int) -> bool:
+    """Whether `reply`, with what the SDK adds around it, is within the budget and bound.
+
+    Raises:
+        Nothing.
+    """
     size = measure(reply)
-    return size.tokens <= budget_tokens and size.bytes <= MAX_REPLY_BYTES
+    return (
+        size.tokens + ENVELOPE_TOKENS <= budget_tokens
+        and size.bytes + 4 * ENVELOPE_TOKENS <= MAX_REPLY_BYTES
+    )
 
 
 # --- cutting --------------------------------------------------------------------------------
@@ -255,8 +266,14 @@ class _Execution:
             redactions=result.redactions,
         )
         text = _text(result, self.pieces, events)
+        attachments = [
+            TextContent(type="text", text=self.pieces[f"file{i}"])
+            if isinstance(block, TextContent) and f"file{i}" in self.pieces
+            else block
+            for i, block in enumerate(self.attachments)
+        ]
         return CallToolResult(
-            content=[TextContent(type="text", text=text), *self.attachments],
+            content=[TextContent(type="text", text=text), *attachments],
             structured_content=structured.model_dump(mode="json"),
             is_error=False,
         )
@@ -417,7 +434,10 @@ def _fit_pieces(reply: _Execution) -> None:
             keep = len(text) if share >= cost else int(len(text) * share / max(cost, 1))
             reply.pieces[name] = cut_middle(text, keep, _why(name))
         size = measure(reply.assemble())
-        over = max(size.tokens - reply.budget, math.ceil((size.bytes - MAX_REPLY_BYTES) / 4))
+        over = max(
+            size.tokens + ENVELOPE_TOKENS - reply.budget,
+            math.ceil((size.bytes - MAX_REPLY_BYTES) / 4) + ENVELOPE_TOKENS,
+        )
         if over <= 0:
             break
         available -= over + 16
@@ -479,20 +499,34 @@ def _water_fill(costs: dict[str, int], available: int) -> dict[str, int]:
     return shares
 
 
+def _limit_images(reply: _Execution) -> None:
+    """Images take at most half the budget (the text is what says how the run went)."""
+    while _image_count(reply) * IMAGE_TOKENS > reply.budget // 2:
+        _drop_last_image(reply)
+
+
 def _drop_images(reply: _Execution) -> None:
-    """Images, the last first, until the reply fits."""
-    while not fits(reply.assemble(), reply.budget):
-        images = [b for b in reply.attachments if isinstance(b, ImageContent)]
-        if not images:
-            return
-        block = images[-1]
-        index = reply.attachments.index(block)
-        reply.attachments[index] = TextContent(
-            type="text",
-            text=f"[an image ({block.mime_type}, {len(block.data) * 3 // 4:,} bytes) was left "
-            "out to fit the reply: save fewer or smaller images]",
-        )
-        reply.cuts.append("an image left out")
+    """Images, the last first, until the reply fits; then the text pieces refitted to the
+    room the images left."""
+    while not fits(reply.assemble(), reply.budget) and _image_count(reply):
+        _drop_last_image(reply)
+        _fit_pieces(reply)
+
+
+def _image_count(reply: _Execution) -> int:
+    return sum(isinstance(b, ImageContent) for b in reply.attachments)
+
+
+def _drop_last_image(reply: _Execution) -> None:
+    images = [(i, b) for i, b in enumerate(reply.attachments) if isinstance(b, ImageContent)]
+    index, block = images[-1]
+    # Replaced, not removed: the pieces of inline files are known by their index.
+    reply.attachments[index] = TextContent(
+        type="text",
+        text=f"[an image ({block.mime_type}, {len(block.data) * 3 // 4:,} bytes) was left "
+        "out to fit the reply: save fewer or smaller images]",
+    )
+    reply.cuts.append("an image left out")
 
 
 def _last_resort(reply: _Execution) -> None:
@@ -502,15 +536,21 @@ def _last_resort(reply: _Execution) -> None:
     if reply.result.return_value is not None:
         reply.value_cut = "[cut to fit the reply]"
     reply.files_kept, reply.events_kept = 0, 1
-    reply.attachments = [b for b in reply.attachments if not isinstance(b, ImageContent)]
+    # Replaced, not removed: the pieces of inline files are known by their index.
+    reply.attachments = [
+        TextContent(type="text", text="[an image was left out to fit the reply]")
+        if isinstance(b, ImageContent)
+        else b
+        for b in reply.attachments
+    ]
     reply.cuts.append("everything but the status cut")
 
 
 _STEPS: tuple[Callable[[_Execution], None], ...] = (
     _cut_lists,
+    _limit_images,
     _fit_pieces,
     _drop_images,
-    _fit_pieces,
     _last_resort,
 )
 
@@ -531,7 +571,7 @@ def for_data(text: str, data: dict[str, Any], budget_tokens: int) -> CallToolRes
     for _ in range(_FITTING_ROUNDS):
         if fits(reply, budget_tokens):
             return reply
-        over = measure(reply).tokens - budget_tokens
+        over = measure(reply).tokens + ENVELOPE_TOKENS - budget_tokens
         text = cut_middle(text, max(len(text) - 4 * over, len(text) // 2), " to fit the reply")
         data = _shrunk(data)
         reply = CallToolResult(
