@@ -1029,8 +1029,8 @@ def _limit_events(seen: Observation, files_truncated: bool, limits: Limits) -> l
             events.append(
                 Event(
                     kind="output_truncated",
-                    detail=f"{name}: kept the first and last {limits.max_output_bytes // 2} "
-                    f"bytes of {buf.total_bytes}; {buf.cut_lines} lines between were cut",
+                    detail=f"{name}: kept {limits.max_output_bytes} of {buf.total_bytes} bytes "
+                    "(head and tail, the middle cut)",
                 )
             )
     if files_truncated:

@@ -161,14 +161,15 @@ _HOST_CUT_WHY = (
 
 @dataclass(slots=True)
 class CappedBuffer:
-    """Keeps the first bytes appended and, with `tail_bytes`, the last ones: at most
-    `cap_bytes` in all, of which the last `tail_bytes`. What falls between is discarded and
-    counted (bytes and lines); `data` puts a marker line where it was.
+    """Keeps the first `cap_bytes` bytes appended and, with `tail_bytes`, the last ones too:
+    what `data` shows is at most `cap_bytes`, the last `tail_bytes` of them from the end of
+    the stream. What falls between is discarded and counted (bytes and lines), and `data`
+    puts a marker line where it was.
 
     The tail matters because the end of a program's output is where its result and its
     errors usually are. The host reader appends each chunk it reads from a guest stream and
     keeps reading after the cap (so the child never blocks on a full pipe); the tail keeps
-    moving then, and the memory held stays under twice the cap.
+    moving then, and the memory held stays under three times the cap.
 
     Raises:
         ValueError: `cap_bytes` is negative, or `tail_bytes` is not within 0..`cap_bytes`
@@ -177,17 +178,15 @@ class CappedBuffer:
 
     cap_bytes: int
     tail_bytes: int = 0
-    """Of `cap_bytes`, how many are kept from the end (0: only a head is kept)."""
+    """Of `cap_bytes`, how many `data` shows from the end (0: only the first bytes)."""
     total_bytes: int = 0
     """Every byte appended, kept or not."""
     truncated: bool = False
-    """True once any byte was discarded."""
-    cut_bytes: int = 0
-    """Bytes discarded between the head and the tail."""
-    cut_lines: int = 0
-    """Line breaks among the bytes discarded."""
+    """True once more than `cap_bytes` were appended (some were discarded)."""
     _head: bytearray = field(default_factory=bytearray, repr=False)
     _tail: bytearray = field(default_factory=bytearray, repr=False)
+    _dropped_bytes: int = 0
+    _dropped_lines: int = 0
 
     def __post_init__(self) -> None:
         if self.cap_bytes < 0:
@@ -196,71 +195,60 @@ class CappedBuffer:
             raise ValueError(f"tail_bytes must be in 0..{self.cap_bytes}, got {self.tail_bytes}")
 
     def append(self, chunk: bytes) -> None:
-        """Keep what belongs to the head or the tail of everything appended; count all.
+        """Keep what belongs to the first `cap_bytes` or to the tail; count all of it.
 
         Raises:
             Nothing.
         """
-        size = len(chunk)
-        self.total_bytes += size
-        room = self.cap_bytes - self.tail_bytes - len(self._head)
+        position = self.total_bytes
+        self.total_bytes += len(chunk)
+        room = self.cap_bytes - len(self._head)
         if room > 0:
             self._head += chunk[:room]
-            chunk = chunk[room:]
-        if not chunk:
+        if self.total_bytes > self.cap_bytes:
+            self.truncated = True
+        if self.tail_bytes == 0:
             return
-        self._tail += chunk
-        excess = len(self._tail) - self.tail_bytes
-        # Trim in batches (when the tail holds twice its share, or at once when it is only
-        # a few bytes), so that a stream of small chunks costs linear time, not quadratic.
-        if excess > 0 and (excess >= self.tail_bytes or len(self._tail) > 2 * self.tail_bytes):
-            self._drop(excess)
-
-    def _drop(self, count: int) -> None:
-        dropped = memoryview(self._tail)[:count]
-        self.cut_lines += bytes(dropped).count(b"\n")
-        dropped.release()
-        del self._tail[:count]
-        self.cut_bytes += count
-        self.truncated = True
+        # The tail is everything after the head's share (cap_bytes - tail_bytes), of which
+        # the last tail_bytes are kept; trimmed in batches, when it holds twice its share,
+        # so that a stream of small chunks costs linear time, not quadratic.
+        start = max(self.cap_bytes - self.tail_bytes - position, 0)
+        if start < len(chunk):
+            self._tail += chunk[start:]
+            if len(self._tail) >= 2 * self.tail_bytes:
+                self._settle()
 
     def _settle(self) -> None:
         excess = len(self._tail) - self.tail_bytes
         if excess > 0:
-            self._drop(excess)
-
-    @property
-    def head(self) -> bytes:
-        """The first bytes kept."""
-        return bytes(self._head)
-
-    @property
-    def tail(self) -> bytes:
-        """The last bytes kept (empty unless bytes were cut, or `tail_bytes` is 0)."""
-        self._settle()
-        return bytes(self._tail)
+            self._dropped_lines += self._tail.count(b"\n", 0, excess)
+            del self._tail[:excess]
+            self._dropped_bytes += excess
 
     @property
     def data(self) -> bytes:
-        """What was kept, at most `cap_bytes`: the head, then (when anything was cut
-        between) a marker line saying how much was cut and what to do, then the tail.
+        """What was kept, at most `cap_bytes`. Without a tail, or when nothing was cut:
+        the first bytes. With a tail, once bytes were cut: the head, a marker line saying
+        how much was cut and what to do, then the tail.
 
         Both cuts fall on line breaks: the head's unfinished last line and the tail's
         unfinished first line are cut too (and counted), so no line, and no value on it
         (an address, a card number, a key), is shown in part; the marker is a line of its
         own. When the head or the tail holds no line break (output of one endless line),
-        or the cap leaves no room for the marker, only the head is kept, cut where the cap
-        fell, as without a tail (the scrubber then knows the text's end was cut).
+        or the cap leaves no room for the marker, only the first `cap_bytes` are kept, cut
+        where the cap fell, as without a tail (the scrubber then knows the text's end was
+        cut).
         """
-        self._settle()
-        head, tail = bytes(self._head), bytes(self._tail)
         if self.tail_bytes == 0 or not self.truncated:
-            return head + tail
+            return bytes(self._head)
+        self._settle()
+        head = bytes(self._head[: self.cap_bytes - self.tail_bytes])
+        tail = bytes(self._tail)
         head_end, tail_start = head.rfind(b"\n") + 1, _tail_start(tail)
         while head_end > 0 and tail_start > 0:
             cut = head[head_end:] + tail[:tail_start]
-            lines = self.cut_lines + cut.count(b"\n")
-            marker = cut_marker(lines, self.cut_bytes + len(cut), _HOST_CUT_WHY).encode()
+            lines = self._dropped_lines + cut.count(b"\n")
+            marker = cut_marker(lines, self._dropped_bytes + len(cut), _HOST_CUT_WHY).encode()
             kept = head[:head_end] + marker + b"\n" + tail[tail_start:]
             if len(kept) <= self.cap_bytes:
                 return kept
@@ -269,4 +257,4 @@ class CappedBuffer:
                 head_end = shorter
             else:
                 tail_start = tail.find(b"\n", tail_start) + 1
-        return head
+        return bytes(self._head)

@@ -47,6 +47,7 @@ from codecage.models import (
     Limits,
     Status,
     Usage,
+    _any_json_value,
 )
 from codecage.output import cut_marker, neutralise_line
 
@@ -107,7 +108,9 @@ class ExecutionReply(BaseModel):
     )
     stderr_truncated: bool = Field(description="True when stderr was cut.")
     return_value: Any = Field(
-        None, description="Value of the code's last expression, as JSON; None if there was none."
+        description="Value of the code's last expression, as JSON (else its repr as a "
+        "string; a large one cut in the middle, as a string, to fit the reply); null if none.",
+        json_schema_extra=_any_json_value,
     )
     error: ReplyError | None = Field(description="The code's exception; None if none.")
     files: list[FileInfo] = Field(description="Files in /workspace after the run.")
@@ -387,11 +390,14 @@ def summary(result: ExecutionResult) -> str:
 
 
 def _short_event(event: Event) -> Event:
-    if len(event.detail) <= _EVENT_DETAIL_CHARS and event.data is None:
+    """The event with its detail clipped, and its data left out when that is large."""
+    large_data = event.data is not None and len(json.dumps(event.data, default=repr)) > 2_000
+    if len(event.detail) <= _EVENT_DETAIL_CHARS and not large_data:
         return event
-    return event.model_copy(
-        update={"detail": _clip(event.detail, _EVENT_DETAIL_CHARS), "data": None}
-    )
+    changes: dict[str, Any] = {"detail": _clip(event.detail, _EVENT_DETAIL_CHARS)}
+    if large_data:
+        changes["data"] = None
+    return event.model_copy(update=changes)
 
 
 def _clip(text: str, chars: int) -> str:
@@ -506,7 +512,7 @@ def _limit_images(reply: _Execution) -> None:
 
 
 def _drop_images(reply: _Execution) -> None:
-    """Images, the last first, until the reply fits; then the text pieces refitted to the
+    """Images, the largest first, until the reply fits; then the text pieces refitted to the
     room the images left."""
     while not fits(reply.assemble(), reply.budget) and _image_count(reply):
         _drop_last_image(reply)
@@ -518,15 +524,16 @@ def _image_count(reply: _Execution) -> int:
 
 
 def _drop_last_image(reply: _Execution) -> None:
+    """The largest image (the last of those as large) out, a line saying so in its place."""
     images = [(i, b) for i, b in enumerate(reply.attachments) if isinstance(b, ImageContent)]
-    index, block = images[-1]
+    index, block = max(reversed(images), key=lambda pair: len(pair[1].data))
+    described = f"an image ({block.mime_type}, {len(block.data) * 3 // 4} bytes)"
     # Replaced, not removed: the pieces of inline files are known by their index.
     reply.attachments[index] = TextContent(
         type="text",
-        text=f"[an image ({block.mime_type}, {len(block.data) * 3 // 4:,} bytes) was left "
-        "out to fit the reply: save fewer or smaller images]",
+        text=f"[{described} was left out to fit the reply: save fewer or smaller images]",
     )
-    reply.cuts.append("an image left out")
+    reply.cuts.append(f"{described} left out")
 
 
 def _last_resort(reply: _Execution) -> None:
