@@ -725,10 +725,8 @@ def serve(
         typer.Option(
             "--reply-max-tokens",
             help="Estimated tokens one tool reply may take (env CODECAGE_REPLY_MAX_TOKENS, "
-            "config [serve] reply_max_tokens; default 20000). Longer output keeps its head "
-            "and tail.",
-            min=2_000,
-            max=240_000,
+            "config key serve.reply_max_tokens; 2000 to 240000, default 20000). Longer output "
+            "keeps its head and tail.",
             show_default=False,
         ),
     ] = None,

@@ -68,6 +68,9 @@ SETTINGS: dict[str, Spelling] = {
     "workspace": Spelling(cli="--workspace", library="workspace", mcp=None),
     "allow_degraded": Spelling(cli="--allow-degraded", library="allow_degraded", mcp=None),
     "config": Spelling(cli="--config", library="config", mcp=None),
+    "reply_max_tokens": Spelling(
+        cli="--reply-max-tokens", library="ServerLimits(reply_max_tokens=...)", mcp=None
+    ),
 }
 """Every setting a hint may name, by its field name (STYLE: one name in four spellings)."""
 

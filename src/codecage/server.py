@@ -45,6 +45,7 @@ from codecage.models import (
     FileInfo,
     HostInfo,
     Limits,
+    ServeSettings,
     ValidationReport,
 )
 from codecage.output import neutralise_line, neutralise_text
@@ -141,16 +142,24 @@ def build_server(
     """The MCP server, ready for `run()` (stdio) or `streamable_http_app()`.
 
     Raises:
-        ConfigError: the config file or environment is invalid.
+        ConfigError: the config file or environment is invalid, or reply_max_tokens is out
+            of its bounds.
         HostError: this host cannot run sandboxes.
     """
     server_limits = limits or ServerLimits()
     options = dict(sandbox_options or {})  # e.g. ToolSetup.sandbox_options()
     base = Sandbox(pool=pool, **options)
-    if server_limits.reply_max_tokens is None:
-        server_limits = dataclasses.replace(
-            server_limits, reply_max_tokens=base.settings.serve.reply_max_tokens
-        )
+    budget = server_limits.reply_max_tokens
+    if budget is None:
+        budget = base.settings.serve.reply_max_tokens
+    try:
+        ServeSettings(reply_max_tokens=budget)
+    except ValidationError as exc:
+        raise ConfigError(
+            f"reply_max_tokens={budget}: {exc.errors()[0]['msg']}",
+            hint="set {reply_max_tokens} from 2000 to 240000 (the default is 20000)",
+        ) from exc
+    server_limits = dataclasses.replace(server_limits, reply_max_tokens=budget)
     runner = _Runner(
         base=base,
         limits=server_limits,
