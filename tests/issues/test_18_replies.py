@@ -25,8 +25,8 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult, ImageContent, TextContent
 
-from codecage import config
-from codecage.errors import ConfigError, render_hint
+from codecage import config, errors
+from codecage.errors import ConfigError
 from codecage.models import Limits
 from codecage.output import CappedBuffer
 from codecage.sandbox import Sandbox
@@ -293,6 +293,7 @@ async def test_tools_carry_truthful_annotations(client: Client) -> None:
 
 
 def test_a_hint_template_is_spelled_per_face() -> None:
+    render_hint = errors.render_hint
     template = "pass {memory_mb=256} or less, or raise {workspace_mb}; {info} lists them"
     assert render_hint(template, "cli") == (
         "pass --memory-mb 256 or less, or raise --workspace-mb; `codecage info` lists them"
