@@ -236,6 +236,21 @@ async def test_validate_code_of_huge_code_stays_within_the_budget(small_client: 
     assert tokens(result) <= 4000, tokens(result)
 
 
+async def test_a_2000_token_budget_holds_for_the_other_tools_too() -> None:
+    server = build_server(pool=False, limits=ServerLimits(reply_max_tokens=2000))
+    risky = "\n".join(f"import subprocess\nsubprocess.run('x{i}', shell=True)" for i in range(500))
+    async with Client(server, read_timeout_seconds=120) as c:
+        tools = {t.name: t for t in (await c.list_tools()).tools}
+        for name, arguments in (
+            ("get_sandbox_info", {"detail": True}),
+            ("validate_code", {"code": risky}),
+        ):
+            result = await c.call_tool(name, arguments)
+            assert not result.is_error, text_of(result)
+            assert tokens(result) <= 2000, (name, tokens(result))
+            jsonschema.validate(result.structured_content, tools[name].output_schema or {})
+
+
 def _host_paths() -> list[str]:
     home = str(Path.home())
     return [p for p in {sys.executable, sys.prefix, home, os.getcwd()} if len(p) > 1]
