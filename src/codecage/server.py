@@ -356,7 +356,9 @@ def _short_info(runner: _Runner, info: HostInfo, tools: list[str], budget: int) 
     limits = runner.limits
     active = [layer.name for layer in info.layers if layer.active]
     missing = [layer.name for layer in info.layers if not layer.active]
-    isolation = "in force: " + ", ".join(active) + "; no network"
+    isolation = "in force: " + ", ".join(active)
+    if "network" in active:
+        isolation += " (no network)"
     if missing:
         isolation += "; missing: " + ", ".join(missing)
     defaults = info.default_limits
