@@ -168,3 +168,67 @@ def test_a_utf8_sequence_cut_at_the_cap_becomes_an_escaped_byte() -> None:
 def test_capped_buffer_refuses_a_negative_cap() -> None:
     with pytest.raises(ValueError, match="cap_bytes"):
         CappedBuffer(-1)
+    with pytest.raises(ValueError, match="tail_bytes"):
+        CappedBuffer(10, tail_bytes=11)
+
+
+# With a tail (what the host reader uses for stdout and stderr): head and tail, a marker.
+
+lines_st = st.lists(
+    st.text(st.sampled_from("ab \u00e9"), max_size=30).map(lambda t: (t + "\n").encode()),
+    max_size=200,
+)
+
+
+@given(
+    st.integers(min_value=0, max_value=2000),
+    st.integers(min_value=0, max_value=1000),
+    lines_st,
+    st.integers(min_value=1, max_value=50),
+)
+def test_with_a_tail_the_buffer_shows_a_prefix_and_a_suffix_within_the_cap(
+    cap: int, tail: int, lines: list[bytes], chunk: int
+) -> None:
+    tail = min(tail, cap)
+    buf = CappedBuffer(cap, tail_bytes=tail)
+    everything = b"".join(lines)
+    for start in range(0, len(everything), chunk):
+        buf.append(everything[start : start + chunk])
+    data = buf.data
+    assert len(data) <= cap
+    assert buf.total_bytes == len(everything)
+    assert buf.truncated == (len(everything) > cap)
+    if not buf.truncated:
+        assert data == everything
+        return
+    if b"cut here" not in data:
+        assert data == everything[:cap]  # one long line, or no room for a marker
+        return
+    head, _, rest = data.partition(b"[... ")
+    marker, _, shown_tail = rest.partition(b"\n")
+    assert everything.startswith(head) and everything.endswith(shown_tail)
+    assert head.endswith(b"\n") and (not shown_tail or everything.endswith(b"\n"))
+    cut = everything[len(head) : len(everything) - len(shown_tail)]
+    newlines = cut.count(b"\n")
+    assert f"[... {newlines:,} line".encode() in b"[... " + marker, (marker, cut)
+
+
+def test_the_tail_holds_the_end_of_a_long_output_and_says_how_much_was_cut() -> None:
+    buf = CappedBuffer(1000, tail_bytes=500)
+    for i in range(10_000):
+        buf.append(f"row {i}\n".encode())
+    text = buf.data.decode()
+    assert text.startswith("row 0\n") and text.endswith("row 9999\n")
+    marker = next(line for line in text.splitlines() if line.startswith("[... "))
+    assert "cut here" in marker and "write the output to a file" in marker
+    shown = [line for line in text.splitlines() if line.startswith("row ")]
+    assert f"{10_000 - len(shown):,} lines" in marker
+
+
+def test_a_tail_never_starts_inside_a_private_key_block() -> None:
+    key_body = b"".join(b"QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0MTIz\n" for _ in range(40))
+    stream = b"a\n" * 500 + b"-----BEGIN RSA PRIVATE KEY-----\n" + key_body
+    stream += b"-----END RSA PRIVATE KEY-----\nafter\n" + b"z\n" * 30
+    buf = CappedBuffer(1200, tail_bytes=600)
+    buf.append(stream)
+    assert b"QUJD" not in buf.data.partition(b"cut here")[2]

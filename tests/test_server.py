@@ -151,7 +151,7 @@ async def test_the_server_lists_three_tools_with_descriptions_and_parameter_sche
     }
     assert tools["execute_code"].input_schema.get("required") == ["code"]
     assert set(tools["validate_code"].input_schema["properties"]) >= {"code", "profile"}
-    assert set(tools["get_sandbox_info"].input_schema.get("properties", {})) == set()
+    assert set(tools["get_sandbox_info"].input_schema.get("properties", {})) == {"detail"}
 
 
 async def test_execute_code_returns_the_output_and_the_last_expression_value(
@@ -161,7 +161,7 @@ async def test_execute_code_returns_the_output_and_the_last_expression_value(
     run = structured(result)
     assert run["status"] == "ok"
     assert run["exit_code"] == 0
-    assert run["stdout"] == "hi\n"
+    assert run["stdout"] == "in the text"  # not repeated in the structured content
     assert run["return_value"] == 42
     assert run["error"] is None
     assert {"wall_ms", "cpu_ms", "peak_memory_mb"} <= set(run["usage"])
@@ -211,7 +211,7 @@ async def test_what_execute_code_returns_is_scrubbed_inline_files_too(stdio: Std
     )
     result = await call(stdio, "execute_code", code=code, return_files=["crm.txt"])
     run = structured(result)
-    assert run["stdout"] == "customer [EMAIL]\n"
+    assert text_of(result).startswith("customer [EMAIL]\n")
     assert run["return_value"] == {"owner": "[EMAIL]"}
     assert run["redactions"] == {"email": 3, "phone": 1}
     inline = [b.text for b in result.content[1:] if isinstance(b, TextContent)]
@@ -308,19 +308,22 @@ def reply_bytes(result: CallToolResult) -> int:
     return len(result.model_dump_json(by_alias=True, exclude_none=True))
 
 
-async def test_a_reply_over_1_mb_is_cut_to_fit_and_says_what_was_cut(stdio: StdioServer) -> None:
+async def test_a_reply_over_the_budget_is_cut_to_fit_and_says_what_was_cut(
+    stdio: StdioServer,
+) -> None:
     code = "print('x' * 3_000_000)\n'v' * 900_000"
     result = await call(stdio, "execute_code", code=code)
     run = structured(result)
     assert run["status"] == "ok"
-    assert reply_bytes(result) <= 1_000_000
-    assert run["stdout"] == "x" * (128 * 1024) and run["stdout_truncated"]
-    assert run["return_value"].startswith('"vvv') and run["return_value"].endswith("…")
+    assert reply_bytes(result) <= 20_000 * 4  # the default budget: 20,000 tokens of ASCII
+    assert run["stdout"] == "in the text" and run["stdout_truncated"]
+    assert text_of(result).startswith("xxxx")
+    assert run["return_value"].startswith('"vvv') and run["return_value"].endswith('vvv"')
+    assert "cut here" in run["return_value"]
     trimmed = run["events"][0]
     assert trimmed["kind"] == "reply_trimmed", run["events"]
-    assert "stdout cut to its first 131072 of 1048576 characters" in trimmed["detail"]
-    assert "the return value cut" in trimmed["detail"]
-    assert "note: reply_trimmed: to keep the reply under 1 MB" in text_of(result)
+    assert "stdout" in trimmed["detail"] and "the structured return value" in trimmed["detail"]
+    assert "note: reply_trimmed: to keep the reply within 20,000 tokens" in text_of(result)
 
 
 async def test_images_that_do_not_fit_in_the_reply_are_left_out_largest_first(
@@ -432,7 +435,7 @@ async def test_an_unknown_argument_is_refused_not_ignored_by_every_tool(
     assert "timout: not an argument of execute_code" in text_of(slow)
     info = await stdio.client.call_tool("get_sandbox_info", {"verbose": True})
     assert text_of(info).splitlines()[1:] == [
-        "verbose: not an argument of get_sandbox_info; it takes no arguments"
+        "verbose: not an argument of get_sandbox_info; it takes detail"
     ]
     check = await stdio.client.call_tool("validate_code", {"code": "1", "strict": True})
     assert "it takes code, profile" in text_of(check)
@@ -515,15 +518,16 @@ async def test_validate_code_finds_a_refused_import_and_passes_clean_code(
 
 
 async def test_get_sandbox_info_lists_profiles_limits_and_the_pool(stdio: StdioServer) -> None:
-    info = structured(await call(stdio, "get_sandbox_info"))
+    short = structured(await call(stdio, "get_sandbox_info"))
+    assert {"basic", "data_science"} <= set(short["profiles"])
+    assert "timeout" in short["default_limits"]
+    assert short["call_maximums"] == {"timeout": 120, "memory_limit_mb": 2048}  # the defaults
+    info = structured(await call(stdio, "get_sandbox_info", detail=True))["detail"]
     names = {p["name"] for p in info["profiles"]}
     assert {"basic", "data_science"} <= names
     assert info["pool"] is not None  # the server runs with the warm pool
-    assert info["layers"] and info["backends"]
-    assert "timeout" in info["default_limits"]
+    assert info["layers"]
     assert info["tools"]["max_calls"] == 200  # the bounds of the code's tool calls
-    maxima = json.dumps(info)
-    assert "120" in maxima and "2048" in maxima  # the server's call maximums (defaults)
 
 
 async def test_the_stdio_server_wrote_only_protocol_messages_to_stdout(
@@ -531,7 +535,7 @@ async def test_the_stdio_server_wrote_only_protocol_messages_to_stdout(
 ) -> None:
     # Output from the sandboxed code must not reach the server's own stdout either.
     result = await call(stdio, "execute_code", code="for i in range(200):\n    print('x' * 80)")
-    assert structured(result)["stdout"].count("\n") == 200
+    assert text_of(result).count("x" * 80 + "\n") == 200
     assert stdio.transport_faults == []
     # Refusals and failed runs before this one are results, not crashes in the server.
     assert "Traceback" not in stdio.stderr_path.read_text(encoding="utf-8", errors="replace")

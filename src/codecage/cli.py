@@ -809,6 +809,16 @@ def serve(
     no_pool: Annotated[
         bool, typer.Option("--no-pool", help="Cold-start every sandbox (no warm pool).")
     ] = False,
+    reply_max_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--reply-max-tokens",
+            help="Estimated tokens one tool reply may take (env CODECAGE_REPLY_MAX_TOKENS, "
+            "config key serve.reply_max_tokens; 2000 to 240000, default 20000). Longer output "
+            "keeps its head and tail.",
+            show_default=False,
+        ),
+    ] = None,
     mcp_config: McpConfigOpt = None,
     mcp_host: McpHostOpt = None,
     servers_dir: ServersDirOpt = None,
@@ -849,6 +859,7 @@ def serve(
         max_memory_mb=max_memory_mb,
         max_concurrent=max_concurrent,
         max_queued=max_queued,
+        reply_max_tokens=reply_max_tokens,  # None: env, then the config file, then 20000
     )
     try:
         settings = _load_config(config_file)
@@ -1318,13 +1329,14 @@ def _render_doctor(report: DoctorReport) -> None:
 
 def _fail(exc: CodecageError, *, as_json: bool, verbose: bool) -> NoReturn:
     code = 2 if isinstance(exc, ConfigError) else 1
+    hint = exc.hint_for("cli")  # flags, not keyword arguments (errors.render_hint)
     if as_json:
         _print_json(
-            {"error": {"type": type(exc).__name__, "message": str(exc), "hint": exc.hint or None}}
+            {"error": {"type": type(exc).__name__, "message": str(exc), "hint": hint or None}}
         )
     stderr.print(f"[red]Error:[/red] {escape(str(exc))}", markup=True)
-    if exc.hint:
-        stderr.print(f"Hint: {exc.hint}", markup=False)  # a hint may name [tables]
+    if hint:
+        stderr.print(f"Hint: {hint}", markup=False)  # a hint may name [tables]
     if verbose:
         stderr.print_exception()
     raise typer.Exit(code)

@@ -44,6 +44,9 @@ ip = false                            # a switch per category: email, phone, ssn
                                       # credit_card, iban, ip, secret
 secrets_env = ["GITHUB_TOKEN"]        # values of these variables are redacted as [SECRET]
 
+[serve]                               # codecage serve (MCP)
+reply_max_tokens = 20000              # estimated tokens a tool reply may take at most
+
 [mcpServers.memory]                   # upstream MCP servers, as in an MCP host's JSON
 command = "npx"                       # (used when no --mcp-config is given)
 args = ["-y", "@modelcontextprotocol/server-memory"]
@@ -64,7 +67,7 @@ Environment variables: `CODECAGE_<LIMIT>` for each limit, `CODECAGE_PROFILE`,
 `CODECAGE_ALLOWED_IMPORTS`, `CODECAGE_ENABLED_PROFILES`, `CODECAGE_POOL` (1/0),
 `CODECAGE_POOL_MIN_IDLE`, `CODECAGE_POOL_MAX_IDLE`, `CODECAGE_SCRUB` (1/0),
 `CODECAGE_SCRUB_CATEGORIES` (comma-separated: the categories to redact),
-`CODECAGE_PACKAGES_DIR` (read by `codecage.packages`).
+`CODECAGE_PACKAGES_DIR` (read by `codecage.packages`), `CODECAGE_REPLY_MAX_TOKENS`.
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from codecage.errors import ConfigError
-from codecage.models import SCRUB_CATEGORIES, Limits, PoolConfig, ScrubSettings
+from codecage.models import SCRUB_CATEGORIES, Limits, PoolConfig, ScrubSettings, ServeSettings
 from codecage.profiles import BUILTIN_PROFILES
 
 ENV_CONFIG = "CODECAGE_CONFIG"
@@ -144,6 +147,7 @@ class ConfigFile(_FileModel):
     profiles: dict[str, ProfileFile] = Field({}, description="Operator-defined profiles.")
     pool: PoolConfig = Field(PoolConfig(), description="The warm pool.")
     scrub: ScrubSettings = Field(ScrubSettings(), description="Scrubbing of results.")
+    serve: ServeSettings = Field(ServeSettings(), description="Settings of `codecage serve`.")
     tools: ToolsFile = Field(ToolsFile(), description="Tool trees and allow-list.")
     packages: PackagesFile = Field(PackagesFile(), description="Packages the operator added.")
     mcp_servers: dict[str, Any] = Field(
@@ -169,6 +173,7 @@ class Settings:
     config_searched: tuple[Path, ...] = ()
     pool: PoolConfig = field(default_factory=PoolConfig)
     scrub: ScrubSettings = field(default_factory=ScrubSettings)
+    serve: ServeSettings = field(default_factory=ServeSettings)
     tools: ToolsFile = field(default_factory=ToolsFile)
     packages: PackagesFile = field(default_factory=PackagesFile)
     mcp_servers: dict[str, Any] = field(default_factory=dict)  # the file's [mcpServers.*]
@@ -241,6 +246,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
     custom = _custom_profiles(parsed.profiles, chosen)
     pool, sources["pool"] = _pool_settings(parsed.pool, where, env)
     scrub, sources["scrub"] = _scrub_settings(parsed.scrub, where, env)
+    serve, sources["reply_max_tokens"] = _serve_settings(parsed.serve, where, env)
     return Settings(
         limits=limits,
         profile=profile,
@@ -254,6 +260,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
         config_searched=tuple(p for _, p in searched),
         pool=pool,
         scrub=scrub,
+        serve=serve,
         tools=parsed.tools,
         packages=parsed.packages,
         mcp_servers=parsed.mcp_servers,
@@ -480,7 +487,7 @@ def _validated_limits(data: dict[str, Any], sources: dict[str, str]) -> Limits:
         name = str(err["loc"][0])
         raise ConfigError(
             f"{name}={err.get('input')!r} from {sources.get(name, 'default')}: {err['msg']}",
-            hint="fix that value; `codecage info` lists the defaults and bounds",
+            hint=f"fix {{{name}}}; {{info}} lists the defaults and bounds",
         ) from exc
 
 
@@ -564,6 +571,23 @@ def _pool_settings(
         raise ConfigError(
             f"pool.{field_name}={err.get('input')!r} from {source}: {err['msg']}",
             hint="fix that value; `codecage info` shows the pool settings",
+        ) from exc
+
+
+def _serve_settings(
+    from_file: ServeSettings, where: str, env: Mapping[str, str]
+) -> tuple[ServeSettings, str]:
+    """The file's [serve] table, overridden by CODECAGE_REPLY_MAX_TOKENS."""
+    key = "CODECAGE_REPLY_MAX_TOKENS"
+    if key not in env:
+        source = where if "reply_max_tokens" in from_file.model_fields_set else "default"
+        return from_file, source
+    try:
+        return ServeSettings.model_validate({"reply_max_tokens": env[key]}), f"env {key}"
+    except ValidationError as exc:
+        raise ConfigError(
+            f"{key}={env[key]!r}: {exc.errors()[0]['msg']}",
+            hint="give a number of tokens from 2000 to 240000 (the default is 20000)",
         ) from exc
 
 

@@ -132,7 +132,7 @@ def check_request(
     if limits.memory_mb > top.memory_mb:
         raise ConfigError(
             f"memory_mb={limits.memory_mb} is above this host's ceiling of {top.memory_mb}",
-            hint=f"pass --memory-mb {top.memory_mb} or less; `codecage info` lists the ceilings",
+            hint=f"pass {{memory_mb={top.memory_mb}}} or less; {{info}} lists the ceilings",
         )
 
 
@@ -421,7 +421,7 @@ def run_in(sandbox: StartedSandbox, request: RunRequest, *, backend_name: str) -
         raise SandboxError(
             "the sandbox failed to start: "
             + (neutralise(seen.stderr.data).strip()[:2000] or f"exit {seen.returncode}"),
-            hint="run `codecage doctor` to check this host's isolation layers",
+            hint="run {doctor} to check this host's isolation layers",
         )
     usage = _usage(seen, cgroup, baseline)
     oom = cgroup is not None and cgroups.oom_kills(cgroup) > baseline.oom_kills
@@ -1048,7 +1048,8 @@ def _limit_events(seen: Observation, files_truncated: bool, limits: Limits) -> l
             events.append(
                 Event(
                     kind="output_truncated",
-                    detail=f"{name}: kept {limits.max_output_bytes} of {buf.total_bytes} bytes",
+                    detail=f"{name}: kept {limits.max_output_bytes} of {buf.total_bytes} bytes "
+                    "(head and tail, the middle cut)",
                 )
             )
     if files_truncated:

@@ -13,20 +13,142 @@ CodecageError            anything codecage could not do; `.hint` says what to do
 
 The agent's code failing is *not* an exception: it is an `ExecutionResult` whose
 status is not "ok". An exception means codecage could not do what it was asked.
+
+Hints are written once and read through three faces, each in its own terms: the CLI
+(`--memory-mb 256`), the library (`limits={"memory_mb": 256}`) and the MCP tools (their
+argument `memory_limit_mb=256`, or "ask the operator" for a setting no argument reaches). A
+hint names a setting by its field name in braces, `{memory_mb}` or `{memory_mb=256}`, and
+`{info}` / `{doctor}` for the commands that list the settings and the host's layers;
+`err.hint_for(face)` renders it (`SETTINGS` says how each setting is spelled where), and
+`err.hint` is the library's rendering. Braces around anything else are left as they are.
 """
 
 from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+Face = Literal["cli", "library", "mcp"]
+"""Who reads a hint: `codecage` on a terminal, Python code, or a model over MCP."""
+
+
+@dataclass(frozen=True, slots=True)
+class Spelling:
+    """How one setting is named on each face (None: that face cannot set it)."""
+
+    cli: str | None
+    """The flag, e.g. "--memory-mb"."""
+    library: str
+    """A keyword argument (`Sandbox(...)`/`run(...)`) or "limits." + a `Limits` field."""
+    mcp: str | None
+    """The argument of the MCP tool `execute_code`, if one reaches the setting."""
+
+
+def _limit(name: str, mcp: str | None = None) -> Spelling:
+    return Spelling(cli="--" + name.replace("_", "-"), library="limits." + name, mcp=mcp)
+
+
+SETTINGS: dict[str, Spelling] = {
+    "timeout": _limit("timeout", mcp="timeout"),
+    "cpu_seconds": _limit("cpu_seconds"),
+    "memory_mb": _limit("memory_mb", mcp="memory_limit_mb"),
+    "max_processes": _limit("max_processes"),
+    "max_open_files": _limit("max_open_files"),
+    "max_file_size_mb": _limit("max_file_size_mb"),
+    "workspace_mb": _limit("workspace_mb"),
+    "tmp_mb": _limit("tmp_mb"),
+    "max_output_bytes": _limit("max_output_bytes"),
+    "profile": Spelling(cli="--profile", library="profile", mcp="profile"),
+    "allowed_imports": Spelling(
+        cli="--allow-import", library="allowed_imports", mcp="allowed_imports"
+    ),
+    "files": Spelling(cli=None, library="files", mcp="files"),
+    "return_files": Spelling(cli=None, library="on_files", mcp="return_files"),
+    "workspace": Spelling(cli="--workspace", library="workspace", mcp=None),
+    "allow_degraded": Spelling(cli="--allow-degraded", library="allow_degraded", mcp=None),
+    "config": Spelling(cli="--config", library="config", mcp=None),
+    "reply_max_tokens": Spelling(
+        cli="--reply-max-tokens", library="ServerLimits(reply_max_tokens=...)", mcp=None
+    ),
+}
+"""Every setting a hint may name, by its field name (STYLE: one name in four spellings)."""
+
+_COMMANDS: dict[str, dict[Face, str]] = {
+    "info": {
+        "cli": "`codecage info`",
+        "library": "`Sandbox().info()`",
+        "mcp": "the get_sandbox_info tool",
+    },
+    "doctor": {
+        "cli": "`codecage doctor`",
+        "library": "`Sandbox().doctor()`",
+        "mcp": "`codecage doctor` (ask the operator)",
+    },
+}
+
+_PLACEHOLDER = re.compile(r"\{([a-z_]+)(?:=([^{}\n]*))?\}")
+
+
+def render_hint(template: str, face: Face) -> str:
+    """`template` with each `{setting}`, `{setting=value}`, `{info}` and `{doctor}` spelled
+    for `face`; anything else in braces is left as it is.
+
+    Raises:
+        Nothing: every str is accepted.
+    """
+
+    def spell(match: re.Match[str]) -> str:
+        name, value = match.group(1), match.group(2)
+        if name in _COMMANDS and value is None:
+            return _COMMANDS[name][face]
+        spelling = SETTINGS.get(name)
+        if spelling is None:
+            return match.group()
+        return _spelled(name, value, spelling, face)
+
+    return _PLACEHOLDER.sub(spell, template)
+
+
+def _spelled(name: str, value: str | None, spelling: Spelling, face: Face) -> str:
+    if face == "cli":
+        if spelling.cli is None:
+            return f"{name} (not a flag of the CLI)" if value is None else f"{name}={value}"
+        return spelling.cli if value is None else f"{spelling.cli} {value}"
+    if face == "mcp":
+        if spelling.mcp is None:
+            shown = name if value is None else f"{name}={value}"
+            return f"the operator's setting {shown} (not an argument of this tool)"
+        return spelling.mcp if value is None else f"{spelling.mcp}={value}"
+    if spelling.library.startswith("limits."):
+        field = spelling.library.removeprefix("limits.")
+        return f'limits={{"{field}": {value if value is not None else "…"}}}'
+    return spelling.library if value is None else f"{spelling.library}={value}"
 
 
 class CodecageError(Exception):
     """Base of every codecage error: `str(err)` says what happened, `err.hint` what to do."""
 
-    default_hint = "run `codecage doctor` to see what this host provides"
+    default_hint = "run {doctor} to see what this host provides"
 
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)
         self.message = message
-        self.hint = hint if hint is not None else self.default_hint
+        self.hint_template = hint if hint is not None else self.default_hint
+        """The hint as written, with `{setting}` placeholders (see the module docstring)."""
+
+    @property
+    def hint(self) -> str:
+        """What to do, in the library's terms (keyword arguments)."""
+        return render_hint(self.hint_template, "library")
+
+    def hint_for(self, face: Face) -> str:
+        """What to do, in the terms of `face`: flags, keyword arguments or tool arguments.
+
+        Raises:
+            Nothing.
+        """
+        return render_hint(self.hint_template, face)
 
     def __str__(self) -> str:
         return self.message
@@ -35,15 +157,15 @@ class CodecageError(Exception):
 class ConfigError(CodecageError):
     """A request or setting was refused before anything ran."""
 
-    default_hint = "`codecage info` lists the defaults and the ceilings of this host"
+    default_hint = "{info} lists the defaults and the ceilings of this host"
 
 
 class HostError(CodecageError):
     """This host cannot provide the isolation that was asked for."""
 
     default_hint = (
-        "run `codecage doctor` to see which layer is missing; "
-        "pass --allow-degraded to run without it (the result will say so)"
+        "run {doctor} to see which layer is missing; "
+        "pass {allow_degraded} to run without it (the result will say so)"
     )
 
 

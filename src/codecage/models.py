@@ -127,6 +127,23 @@ class Limits(_Model):
         return Limits.model_validate(data)
 
 
+DEFAULT_REPLY_MAX_TOKENS = 20_000
+
+
+class ServeSettings(_Model):
+    """Settings of `codecage serve` (the config file's [serve] table)."""
+
+    reply_max_tokens: int = Field(
+        DEFAULT_REPLY_MAX_TOKENS,
+        ge=2_000,
+        le=240_000,
+        description="Estimated tokens one MCP tool reply may take at most, text and "
+        "structured content together (estimated high: 4 ASCII characters or 1 byte of "
+        "other UTF-8 a token; an image 1,600). Claude Code refuses replies over 25,000 by "
+        "default. Longer output is cut in the middle, head and tail kept.",
+    )
+
+
 class ErrorInfo(_Model):
     """An exception raised by the user's code."""
 

@@ -2,9 +2,9 @@
 
 Guest output is untrusted: it can hold terminal escape sequences (which can rewrite a
 reviewer's screen or a log viewer's lines), bidi controls (which make text read differently
-from what it is), invalid UTF-8 and any amount of it. `CappedBuffer` keeps a bounded prefix
-and counts the rest; `neutralise` turns what was kept into text that shows every such
-character as a visible escape instead of acting on it or dropping it.
+from what it is), invalid UTF-8 and any amount of it. `CappedBuffer` keeps a bounded head
+and tail and counts what falls between; `neutralise` turns what was kept into text that
+shows every such character as a visible escape instead of acting on it or dropping it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["CappedBuffer", "neutralise", "neutralise_line", "neutralise_text"]
+__all__ = [
+    "CappedBuffer",
+    "cut_marker",
+    "neutralise",
+    "neutralise_line",
+    "neutralise_text",
+    "size_text",
+]
 
 
 def _escape_for(code_point: int) -> str:
@@ -120,45 +127,134 @@ def neutralise(data: bytes) -> str:
     return neutralise_text(data.decode("utf-8", errors="backslashreplace"))
 
 
+def size_text(n: int) -> str:
+    """A byte count for people: "812 B", "12.3 KB", "1.2 MB" (decimal units)."""
+    if n < 1000:
+        return f"{n} B"
+    if n < 1_000_000:
+        return f"{n / 1000:.1f} KB"
+    return f"{n / 1_000_000:.1f} MB"
+
+
+def cut_marker(lines: int, cut_bytes: int, why: str) -> str:
+    """The one line that stands where output was cut: how much, and what to do instead."""
+    plural = "" if lines == 1 else "s"
+    return f"[... {lines:,} line{plural} / {size_text(cut_bytes)} cut here{why} ...]"
+
+
+def _tail_start(tail: bytes) -> int:
+    """Where a shown tail may start: after its first line break, and after the END line of
+    a PEM block (a private key) that the cut fell inside, so that no key's body is shown
+    without the BEGIN line the scrubber knows it by. 0: nowhere (no line break)."""
+    start = tail.find(b"\n") + 1
+    end = tail.find(b"-----END ", start)
+    if start > 0 and end >= 0 and tail.find(b"-----BEGIN ", start, end) < 0:
+        start = tail.find(b"\n", end) + 1
+    return start
+
+
+_HOST_CUT_WHY = (
+    " (the host keeps the head and the tail of each stream, max_output_bytes in all); "
+    "to get all of it, write the output to a file in the workspace, or print less"
+)
+
+
 @dataclass(slots=True)
 class CappedBuffer:
-    """Keeps the first `cap_bytes` bytes appended, discards the rest and counts everything.
+    """Keeps the first `cap_bytes` bytes appended and, with `tail_bytes`, the last ones too:
+    what `data` shows is at most `cap_bytes`, the last `tail_bytes` of them from the end of
+    the stream. What falls between is discarded and counted (bytes and lines), and `data`
+    puts a marker line where it was.
 
-    The host reader appends each chunk it reads from a guest stream and keeps reading after
-    the cap (so the child never blocks on a full pipe); only the count grows then.
+    The tail matters because the end of a program's output is where its result and its
+    errors usually are. The host reader appends each chunk it reads from a guest stream and
+    keeps reading after the cap (so the child never blocks on a full pipe); the tail keeps
+    moving then, and the memory held stays under three times the cap.
 
     Raises:
-        ValueError: `cap_bytes` is negative (a caller's bug: limits are validated earlier).
+        ValueError: `cap_bytes` is negative, or `tail_bytes` is not within 0..`cap_bytes`
+            (a caller's bug: limits are validated earlier).
     """
 
     cap_bytes: int
+    tail_bytes: int = 0
+    """Of `cap_bytes`, how many `data` shows from the end (0: only the first bytes)."""
     total_bytes: int = 0
     """Every byte appended, kept or not."""
     truncated: bool = False
-    """True once any byte was discarded."""
-    _kept: bytearray = field(default_factory=bytearray, repr=False)
+    """True once more than `cap_bytes` were appended (some were discarded)."""
+    _head: bytearray = field(default_factory=bytearray, repr=False)
+    _tail: bytearray = field(default_factory=bytearray, repr=False)
+    _dropped_bytes: int = 0
+    _dropped_lines: int = 0
 
     def __post_init__(self) -> None:
         if self.cap_bytes < 0:
             raise ValueError(f"cap_bytes must be >= 0, got {self.cap_bytes}")
+        if not 0 <= self.tail_bytes <= self.cap_bytes:
+            raise ValueError(f"tail_bytes must be in 0..{self.cap_bytes}, got {self.tail_bytes}")
 
     def append(self, chunk: bytes) -> None:
-        """Keep as much of `chunk` as fits under the cap; count all of it.
+        """Keep what belongs to the first `cap_bytes` or to the tail; count all of it.
 
         Raises:
             Nothing.
         """
-        size = len(chunk)
-        self.total_bytes += size
-        room = self.cap_bytes - len(self._kept)
-        if size <= room:
-            self._kept += chunk
-            return
+        position = self.total_bytes
+        self.total_bytes += len(chunk)
+        room = self.cap_bytes - len(self._head)
         if room > 0:
-            self._kept += chunk[:room]
-        self.truncated = True
+            self._head += chunk[:room]
+        if self.total_bytes > self.cap_bytes:
+            self.truncated = True
+        if self.tail_bytes == 0:
+            return
+        # The tail is everything after the head's share (cap_bytes - tail_bytes), of which
+        # the last tail_bytes are kept; trimmed in batches, when it holds twice its share,
+        # so that a stream of small chunks costs linear time, not quadratic.
+        start = max(self.cap_bytes - self.tail_bytes - position, 0)
+        if start < len(chunk):
+            self._tail += chunk[start:]
+            if len(self._tail) >= 2 * self.tail_bytes:
+                self._settle()
+
+    def _settle(self) -> None:
+        excess = len(self._tail) - self.tail_bytes
+        if excess > 0:
+            self._dropped_lines += self._tail.count(b"\n", 0, excess)
+            del self._tail[:excess]
+            self._dropped_bytes += excess
 
     @property
     def data(self) -> bytes:
-        """The bytes kept (at most `cap_bytes`)."""
-        return bytes(self._kept)
+        """What was kept, at most `cap_bytes`. Without a tail, or when nothing was cut:
+        the first bytes. With a tail, once bytes were cut: the head, a marker line saying
+        how much was cut and what to do, then the tail.
+
+        Both cuts fall on line breaks: the head's unfinished last line and the tail's
+        unfinished first line are cut too (and counted), so no line, and no value on it
+        (an address, a card number, a key), is shown in part; the marker is a line of its
+        own. When the head or the tail holds no line break (output of one endless line),
+        or the cap leaves no room for the marker, only the first `cap_bytes` are kept, cut
+        where the cap fell, as without a tail (the scrubber then knows the text's end was
+        cut).
+        """
+        if self.tail_bytes == 0 or not self.truncated:
+            return bytes(self._head)
+        self._settle()
+        head = bytes(self._head[: self.cap_bytes - self.tail_bytes])
+        tail = bytes(self._tail)
+        head_end, tail_start = head.rfind(b"\n") + 1, _tail_start(tail)
+        while head_end > 0 and tail_start > 0:
+            cut = head[head_end:] + tail[:tail_start]
+            lines = self._dropped_lines + cut.count(b"\n")
+            marker = cut_marker(lines, self._dropped_bytes + len(cut), _HOST_CUT_WHY).encode()
+            kept = head[:head_end] + marker + b"\n" + tail[tail_start:]
+            if len(kept) <= self.cap_bytes:
+                return kept
+            # Make room for the marker: a line less of the head, else of the tail.
+            if head_end > 1 and (shorter := head.rfind(b"\n", 0, head_end - 1) + 1) > 0:
+                head_end = shorter
+            else:
+                tail_start = tail.find(b"\n", tail_start) + 1
+        return bytes(self._head)

@@ -127,7 +127,7 @@ def resolve(
     if unknown:
         raise ConfigError(
             f"unknown profile {', '.join(map(repr, unknown))}",
-            hint=f"choose from: {', '.join(sorted(known))} (combine with commas)",
+            hint=f"pass {{profile}} as one of: {', '.join(sorted(known))} (combine with commas)",
         )
     extra = frozenset(_checked_module(m) for m in allowed_imports)
     modules: frozenset[str] = frozenset()
@@ -142,7 +142,7 @@ def _checked_module(name: str) -> str:
     if not name or not all(part.isidentifier() for part in name.split(".")):
         raise ConfigError(
             f"{name!r} is not a module name",
-            hint="give dotted module names, e.g. --allow-import xml.dom.minidom",
+            hint="give dotted module names in {allowed_imports}, e.g. xml.dom.minidom",
         )
     return name
 

@@ -1,192 +1,627 @@
-"""What `execute_code` hands back over MCP: a summary a model reads, the ExecutionResult as
-structured content, and images and asked-for text files, all in one message of at most
-`MAX_REPLY_BYTES`.
+"""What the MCP tools hand back: replies sized for a model's context.
 
-Why a bound: clients of the protocols before 2026-07-28 read a streamable-HTTP reply as one
-server-sent event and refuse an event over 1 MiB (the SDK's client does), and a model gains
-nothing from megabytes of output in its context. A reply over the bound is cut in steps,
-least useful first, each step only when the reply is still too large:
+Every reply (text and structured content together) stays within a budget of estimated
+tokens, `reply_max_tokens` (default 20,000: Claude Code refuses an MCP reply over 25,000
+by default and warns over 10,000), and within `MAX_REPLY_BYTES` (clients of the protocols
+before 2026-07-28 read a streamable-HTTP reply as one server-sent event and refuse one over
+1 MiB).
 
-1. stdout, stderr, the traceback and the return value in the structured result, down to
-   `_OUTPUT_KEPT` each (what a program prints in bulk is rarely what the model needs);
-2. the attached text files and images, the largest first (a plot is worth more than a log);
-3. the same fields down to `_OUTPUT_KEPT_LAST`, the files list to its first entries.
+Tokens are estimated, never counted with a model's tokenizer, and on the high side: one
+token per 4 ASCII characters, and one per UTF-8 byte of every other character (a CJK
+character is 3, an emoji 4; byte-level tokenizers never need more), of the reply's JSON as
+sent. An image counts as `IMAGE_TOKENS` (what a model spends on an image after the API's
+resizing), not by its base64 size; its bytes count towards `MAX_REPLY_BYTES`.
 
-What was cut is said in a `reply_trimmed` event, first among the events so that the summary
-shows it; the cut fields carry their `*_truncated` flags.
+`execute_code`: the text (content[0]) holds what a model reads: stdout, stderr, the return
+value, the traceback, then how the run ended, the files written and notes. The structured
+content (`ExecutionReply`) holds the rest of the `ExecutionResult` for programs and
+displays, and does not repeat the text: its `stdout`, `stderr` and `error.traceback` say
+"in the text" (or are empty). A client that reads only the structured content still learns
+the status, exit code, return value, error type and message, files, usage and events, and
+where the output is; the MCP spec's advice that the text repeat the structured content as
+JSON is not followed, on purpose: it would double every reply.
+
+Over the budget, the largest pieces (stdout, stderr, traceback, return value, inline
+files) are cut in the middle, head and tail kept, each with a marker line saying how much
+was cut and how to get all of it; then the files and events lists, then images, are cut.
+A `reply_trimmed` event, first among the events, says what was cut.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
+from pydantic import BaseModel, ConfigDict, Field
 
-from codecage.models import ErrorInfo, Event, ExecutionResult
-from codecage.output import neutralise_line
+from codecage.models import (
+    DEFAULT_REPLY_MAX_TOKENS,
+    Event,
+    ExecutionResult,
+    FileInfo,
+    Limits,
+    Status,
+    Usage,
+    _any_json_value,
+)
+from codecage.output import cut_marker, neutralise_line
 
 # Under the 1,048,576 bytes of an SSE event, with room for the JSON-RPC envelope and the
 # SSE framing around the result.
 MAX_REPLY_BYTES = 1_000_000
-_OUTPUT_KEPT = 128 * 1024  # characters of each output field, at the first cut
-_OUTPUT_KEPT_LAST = 16 * 1024  # and at the last
-_FILES_KEPT_LAST = 100
-_SUMMARY_OUTPUT_CHARS = 20_000  # of stdout, stderr and the return value each, in the summary
-_SUMMARY_FILES = 20  # file names listed in the summary (all are in the structured content)
+IMAGE_TOKENS = 1_600
+"""What one image is counted as (Claude: about width x height / 750 after resizing to at
+most ~1.15 megapixels, so at most ~1,600)."""
+IN_TEXT = "in the text"
+_SUMMARY_FILES = 20  # file names listed in the text (more are in the structured content)
+_SUMMARY_EVENTS = 10
+_EVENT_DETAIL_CHARS = 500
+_VALUE_TEXT_CHARS = 2_000  # of the return value's repr in the text (all of it: structured)
+_MESSAGE_CHARS = 2_000
+_FITTING_ROUNDS = 8
+ENVELOPE_TOKENS = 100
+"""Room for what the SDK adds to a result after the tool returns it (`_meta` with the
+server's name and version, `resultType`): measured at ~25 tokens."""
+_NOTE_TOKENS = (_EVENT_DETAIL_CHARS + 50) // 4
+OUTPUT_CUT_WHY = (
+    " to fit the reply; to get all of it, write the output to a file in /workspace and "
+    "pass its name in return_files, or print less"
+)
+_FILE_CUT_WHY = " to fit the reply; read the file in parts, or return a summary of it"
+_VALUE_CUT_WHY = " of the value's JSON to fit the reply; return less, or write it to a file"
 
 
-def build(result: ExecutionResult, attachments: list[ContentBlock]) -> CallToolResult:
-    """The reply for `result`, with `attachments` (images, inline text files) after the
-    summary, cut to at most MAX_REPLY_BYTES as the module says."""
-    reply = _Reply(result, list(attachments))
-    assembled = reply.assemble()
-    for step in _STEPS:
-        if _size(assembled) <= MAX_REPLY_BYTES:
-            break
-        step(reply)
-        assembled = reply.assemble()
-    return assembled
+class ReplyError(BaseModel):
+    """The code's exception, without its traceback (which is in the text)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    type: str = Field(description="Exception class name, e.g. 'ZeroDivisionError'.")
+    message: str = Field(description="str() of the exception.")
+    traceback: Literal["", "in the text"] = Field(
+        description="'in the text': the traceback is in the text content, not repeated here."
+    )
 
 
-def _size(reply: CallToolResult) -> int:
-    """Bytes of the reply as the SDK sends it (the JSON of the CallToolResult)."""
-    return len(reply.model_dump_json(by_alias=True, exclude_none=True))
+class ExecutionReply(BaseModel):
+    """The structured content of `execute_code`: the `ExecutionResult` without what the
+    text content already holds (stdout, stderr, the traceback)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    execution_id: str = Field(description="Unique id of this run.")
+    status: Status = Field(description="How the run ended.")
+    exit_code: int | None = Field(description="Exit code of the program, None if signalled.")
+    signal: str | None = Field(description="Name of the signal that ended it, e.g. 'SIGKILL'.")
+    stdout: Literal["", "in the text"] = Field(
+        description="'in the text': what the code printed is in the text content (content[0]), "
+        "first, head and tail kept if it was cut; '': it printed nothing."
+    )
+    stderr: Literal["", "in the text"] = Field(
+        description="'in the text': stderr is in the text content after 'stderr:'; '': empty."
+    )
+    stdout_truncated: bool = Field(
+        description="True when stdout was cut (by max_output_bytes or to fit the reply)."
+    )
+    stderr_truncated: bool = Field(description="True when stderr was cut.")
+    return_value: Any = Field(
+        description="Value of the code's last expression, as JSON (else its repr as a "
+        "string; a large one cut in the middle, as a string, to fit the reply); null if none.",
+        json_schema_extra=_any_json_value,
+    )
+    error: ReplyError | None = Field(description="The code's exception; None if none.")
+    files: list[FileInfo] = Field(description="Files in /workspace after the run.")
+    files_total: int = Field(ge=0, description="How many files there were (the list may be cut).")
+    usage: Usage = Field(description="Time and memory the run used.")
+    limits: Limits = Field(description="The limits the run had.")
+    events: list[Event] = Field(description="What happened, e.g. reply_trimmed, output_truncated.")
+    backend: str = Field(description="The isolation backend that ran the code.")
+    redactions: dict[str, int] = Field(description="Redactions made, by category.")
+
+
+# --- estimating -----------------------------------------------------------------------------
+
+
+def estimate_tokens(text: str) -> int:
+    """Tokens `text` may cost a model, estimated high (see the module docstring).
+
+    Raises:
+        Nothing.
+    """
+    if text.isascii():
+        return math.ceil(len(text) / 4)
+    encoded = text.encode("utf-8", "surrogatepass")
+    ascii_count = len(text.encode("ascii", "ignore"))
+    return math.ceil(ascii_count / 4) + (len(encoded) - ascii_count)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplySize:
+    """How large a reply is as sent, and what it may cost a model."""
+
+    bytes: int
+    tokens: int
+
+
+def measure(reply: CallToolResult) -> ReplySize:
+    """The size of `reply` as the SDK sends it (the JSON of the CallToolResult), and its
+    estimated tokens (images at IMAGE_TOKENS each).
+
+    Raises:
+        Nothing.
+    """
+    dumped = reply.model_dump(mode="json", by_alias=True, exclude_none=True)
+    sent = json.dumps(dumped, ensure_ascii=False, separators=(",", ":"))
+    images = 0
+    for block in dumped.get("content", []):
+        if block.get("type") == "image":
+            images += 1
+            block["data"] = ""
+    counted = json.dumps(dumped, ensure_ascii=False, separators=(",", ":"))
+    return ReplySize(
+        bytes=len(sent.encode("utf-8", "surrogatepass")),
+        tokens=estimate_tokens(counted) + images * IMAGE_TOKENS,
+    )
+
+
+def fits(reply: CallToolResult, budget_tokens: int) -> bool:
+    """Whether `reply`, with what the SDK adds around it, is within the budget and bound.
+
+    Raises:
+        Nothing.
+    """
+    size = measure(reply)
+    return (
+        size.tokens + ENVELOPE_TOKENS <= budget_tokens
+        and size.bytes + 4 * ENVELOPE_TOKENS <= MAX_REPLY_BYTES
+    )
+
+
+# --- cutting --------------------------------------------------------------------------------
+
+
+def cut_middle(text: str, keep_chars: int, why: str) -> str:
+    """`text` with its middle cut so that about `keep_chars` characters remain, head and
+    tail, on line breaks where one is near; a marker line stands where the cut was.
+
+    Raises:
+        Nothing.
+    """
+    if len(text) <= keep_chars:
+        return text
+    keep_chars = max(keep_chars, 0)
+    head_end = keep_chars // 2
+    tail_start = len(text) - (keep_chars - head_end)
+    # Snap to line breaks within the last / first fifth of each part.
+    newline = text.rfind("\n", head_end - head_end // 5, head_end)
+    if newline >= 0:
+        head_end = newline + 1
+    newline = text.find("\n", tail_start, tail_start + (len(text) - tail_start) // 5 + 1)
+    if newline >= 0:
+        tail_start = newline + 1
+    head, cut, tail = text[:head_end], text[head_end:tail_start], text[tail_start:]
+    marker = cut_marker(cut.count("\n"), len(cut.encode("utf-8", "surrogatepass")), why)
+    before = "\n" if head and not head.endswith("\n") else ""
+    after = "\n" if tail else ""
+    return head + before + marker + after + tail
+
+
+# --- execute_code ---------------------------------------------------------------------------
 
 
 @dataclass
-class _Reply:
+class _Execution:
+    """One reply being fitted: its pieces, and what was cut so far."""
+
     result: ExecutionResult
     attachments: list[ContentBlock]
+    pieces: dict[str, str]
+    budget: int
     cuts: list[str] = field(default_factory=list)
+    files_kept: int | None = None
+    events_kept: int | None = None
+    value_cut: str | None = None  # set by the last resort: the return value left out
+    originals: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.originals = dict(self.pieces)
 
     def assemble(self) -> CallToolResult:
         result = self.result
+        events = result.events
         if self.cuts:
             note = Event(
                 kind="reply_trimmed",
-                detail=("to keep the reply under 1 MB: " + "; ".join(self.cuts))[:2000],
+                detail=(
+                    f"to keep the reply within {self.budget:,} tokens: " + "; ".join(self.cuts)
+                )[:_EVENT_DETAIL_CHARS],
             )
-            result = result.model_copy(update={"events": [note, *result.events]})
+            events = [note, *events]
+        events = [_short_event(e) for e in events[: self.events_kept]]
+        files = result.files[: self.files_kept]
+        error = None
+        if result.error is not None:
+            error = ReplyError(
+                type=result.error.type,
+                message=_clip(result.error.message, _MESSAGE_CHARS),
+                traceback=IN_TEXT if self.pieces.get("traceback") else "",
+            )
+        structured = ExecutionReply(
+            execution_id=result.execution_id,
+            status=result.status,
+            exit_code=result.exit_code,
+            signal=result.signal,
+            stdout=IN_TEXT if result.stdout else "",
+            stderr=IN_TEXT if result.stderr else "",
+            stdout_truncated=result.stdout_truncated or "stdout" in self.cut_pieces(),
+            stderr_truncated=result.stderr_truncated or "stderr" in self.cut_pieces(),
+            return_value=self.return_value(),
+            error=error,
+            files=files,
+            files_total=len(result.files),
+            usage=result.usage,
+            limits=result.limits,
+            events=events,
+            backend=result.backend,
+            redactions=result.redactions,
+        )
+        text = _text(result, self.pieces, events)
+        attachments = [
+            TextContent(type="text", text=self.pieces[f"file{i}"])
+            if isinstance(block, TextContent) and f"file{i}" in self.pieces
+            else block
+            for i, block in enumerate(self.attachments)
+        ]
         return CallToolResult(
-            content=[TextContent(type="text", text=summary(result)), *self.attachments],
-            structured_content=result.model_dump(mode="json"),
+            content=[TextContent(type="text", text=text), *attachments],
+            structured_content=structured.model_dump(mode="json"),
             is_error=False,
         )
 
-    def size(self) -> int:
-        return _size(self.assemble())
+    def return_value(self) -> Any:
+        """The return value as JSON, or, once cut to fit, its JSON cut as a string."""
+        if self.value_cut is not None:
+            return self.value_cut
+        shown = self.pieces.get("value_json")
+        if shown is None or shown == self.originals.get("value_json"):
+            return self.result.return_value
+        return shown
+
+    def cut_pieces(self) -> set[str]:
+        return {name for name, text in self.pieces.items() if text != self.full(name)}
+
+    def full(self, name: str) -> str:
+        return self.originals.get(name, "")
 
 
-def _cut_output_to(kept: int) -> Callable[[_Reply], None]:
-    def cut(reply: _Reply) -> None:
-        result = reply.result
-        changes: dict[str, Any] = {}
-        for name in ("stdout", "stderr"):
-            text: str = getattr(result, name)
-            if len(text) > kept:
-                changes[name] = text[:kept]
-                changes[f"{name}_truncated"] = True
-                reply.cuts.append(f"{name} cut to its first {kept} of {len(text)} characters")
-        value_json = json.dumps(result.return_value, ensure_ascii=False, default=repr)
-        if len(value_json) > kept:
-            changes["return_value"] = value_json[:kept] + "…"
-            reply.cuts.append(
-                f"the return value cut to the first {kept} of the {len(value_json)} "
-                "characters of its JSON, as a string"
-            )
-        if result.error is not None and len(result.error.traceback) > kept:
-            traceback = "…" + result.error.traceback[-kept:]  # its end says what failed
-            changes["error"] = ErrorInfo(
-                type=result.error.type, message=result.error.message[:kept], traceback=traceback
-            )
-            reply.cuts.append(f"the traceback cut to its last {kept} characters")
-        if changes:
-            reply.result = result.model_copy(update=changes)  # keeps the raw output too
+def build(
+    result: ExecutionResult,
+    attachments: list[ContentBlock],
+    budget_tokens: int = DEFAULT_REPLY_MAX_TOKENS,
+) -> CallToolResult:
+    """The reply for `result`, with `attachments` (images, inline text files) after the
+    text, within `budget_tokens` and MAX_REPLY_BYTES as the module says.
 
-    return cut
-
-
-def _drop_attachments(reply: _Reply) -> None:
-    """The largest attachments first, until the reply fits."""
-    excess = reply.size() - MAX_REPLY_BYTES
-    while excess > 0 and reply.attachments:
-        largest = max(reply.attachments, key=_block_size)
-        reply.attachments.remove(largest)
-        reply.cuts.append(f"{_describe(largest)} left out")
-        excess -= _block_size(largest)
-        if excess <= 0:  # by the estimate: measure
-            excess = reply.size() - MAX_REPLY_BYTES
+    Raises:
+        Nothing.
+    """
+    reply = _Execution(
+        result=result,
+        attachments=list(attachments),
+        pieces=_pieces_of(result, attachments),
+        budget=budget_tokens,
+    )
+    assembled = reply.assemble()
+    if fits(assembled, budget_tokens):
+        return assembled
+    for step in _STEPS:
+        step(reply)
+        assembled = reply.assemble()
+        if fits(assembled, budget_tokens):
+            return assembled
+    return assembled
 
 
-def _cut_files_list(reply: _Reply) -> None:
-    files = reply.result.files
-    if len(files) > _FILES_KEPT_LAST:
-        reply.result = reply.result.model_copy(update={"files": files[:_FILES_KEPT_LAST]})
-        reply.cuts.append(f"the files list cut to its first {_FILES_KEPT_LAST} of {len(files)}")
-
-
-def _cut_last(reply: _Reply) -> None:
-    _cut_output_to(_OUTPUT_KEPT_LAST)(reply)
-    _cut_files_list(reply)
-
-
-_STEPS: tuple[Callable[[_Reply], None], ...] = (
-    _cut_output_to(_OUTPUT_KEPT),
-    _drop_attachments,
-    _cut_last,
-)
-
-
-def _block_size(block: ContentBlock) -> int:
-    if isinstance(block, ImageContent):
-        return len(block.data)
-    if isinstance(block, TextContent):
-        return len(block.text)
-    return 0
-
-
-def _describe(block: ContentBlock) -> str:
-    if isinstance(block, ImageContent):
-        return f"an image ({block.mime_type}, {len(block.data) * 3 // 4} bytes)"
-    if isinstance(block, TextContent):
-        name = block.text.split("\n", 1)[0].strip("- ")  # "--- name ---"
-        return f"the file {name} ({len(block.text)} characters)"
-    return "an attachment"
-
-
-def summary(result: ExecutionResult) -> str:
-    """What a model reads first: the output, then how the run ended."""
-    parts: list[str] = []
-    if result.stdout:
-        parts.append(_clip(result.stdout))
-    if result.stderr:
-        parts.append("stderr:\n" + _clip(result.stderr))
+def _pieces_of(result: ExecutionResult, attachments: list[ContentBlock]) -> dict[str, str]:
+    pieces = {"stdout": result.stdout, "stderr": result.stderr}
     if result.return_value is not None:
-        parts.append(f"→ {_clip(repr(result.return_value))}")
+        pieces["value"] = _clip(repr(result.return_value), _VALUE_TEXT_CHARS)
+        # Not shown in the text: the structured return_value, cut when large.
+        pieces["value_json"] = json.dumps(result.return_value, ensure_ascii=False, default=repr)
     if result.error is not None:
-        parts.append(result.error.traceback or f"{result.error.type}: {result.error.message}")
-    line = f"status: {result.status} · {result.usage.wall_ms} ms"
-    if result.exit_code not in (None, 0):
-        line += f" · exit code {result.exit_code}"
-    parts.append(line)
-    if result.files:
-        # One name a line, each one line (the models neutralise them; again here, as that
-        # costs nothing and a result can be built without validation): a file the code
-        # named "x\nstatus: ok" cannot add a line of its own to what the model reads.
-        shown = [f"  {neutralise_line(f.path)}" for f in result.files[:_SUMMARY_FILES]]
-        more = len(result.files) - _SUMMARY_FILES
-        parts.append("\n".join(["files:", *shown, *([f"  … and {more} more"] if more > 0 else [])]))
-    if result.redactions:
-        counts = ", ".join(f"{n} {category}" for category, n in result.redactions.items())
-        parts.append(f"redacted (personal data and secrets, by the host): {counts}")
-    parts += [f"note: {e.kind}: {neutralise_line(e.detail)}" for e in result.events[:10]]
+        pieces["traceback"] = result.error.traceback
+    for index, block in enumerate(attachments):
+        if isinstance(block, TextContent):
+            pieces[f"file{index}"] = block.text
+    return pieces
+
+
+def _text(result: ExecutionResult, pieces: dict[str, str], events: list[Event]) -> str:
+    parts: list[str] = []
+    if pieces.get("stdout"):
+        parts.append(pieces["stdout"])
+    if pieces.get("stderr"):
+        parts.append("stderr:\n" + pieces["stderr"])
+    if pieces.get("value"):
+        parts.append(f"→ {pieces['value']}")
+    if result.error is not None:
+        parts.append(
+            pieces.get("traceback")
+            or f"{result.error.type}: {_clip(result.error.message, _MESSAGE_CHARS)}"
+        )
+    parts.append(_status_line(result))
+    parts += _files_lines(result.files)
+    parts += _redaction_lines(result.redactions)
+    parts += [f"note: {e.kind}: {neutralise_line(e.detail)}" for e in events[:_SUMMARY_EVENTS]]
     return "\n".join(parts)
 
 
-def _clip(text: str) -> str:
-    if len(text) <= _SUMMARY_OUTPUT_CHARS:
+def _status_line(result: ExecutionResult) -> str:
+    line = f"status: {result.status} · {result.usage.wall_ms} ms"
+    if result.exit_code not in (None, 0):
+        line += f" · exit code {result.exit_code}"
+    return line
+
+
+def _files_lines(files: list[FileInfo]) -> list[str]:
+    if not files:
+        return []
+    # One name a line, each one line (the models neutralise them; again here, as that costs
+    # nothing and a result can be built without validation): a file the code named
+    # "x\nstatus: ok" cannot add a line of its own to what the model reads.
+    shown = [f"  {neutralise_line(f.path)}" for f in files[:_SUMMARY_FILES]]
+    more = len(files) - _SUMMARY_FILES
+    return ["\n".join(["files:", *shown, *([f"  … and {more} more"] if more > 0 else [])])]
+
+
+def _redaction_lines(redactions: dict[str, int]) -> list[str]:
+    if not redactions:
+        return []
+    counts = ", ".join(f"{n} {category}" for category, n in redactions.items())
+    return [f"redacted (personal data and secrets, by the host): {counts}"]
+
+
+def summary(result: ExecutionResult) -> str:
+    """The text a model reads for `result`, uncut: the output, then how the run ended."""
+    return _text(result, _pieces_of(result, []), result.events)
+
+
+def _short_event(event: Event) -> Event:
+    """The event with its detail clipped, and its data left out when that is large."""
+    large_data = event.data is not None and len(json.dumps(event.data, default=repr)) > 2_000
+    if len(event.detail) <= _EVENT_DETAIL_CHARS and not large_data:
+        return event
+    changes: dict[str, Any] = {"detail": _clip(event.detail, _EVENT_DETAIL_CHARS)}
+    if large_data:
+        changes["data"] = None
+    return event.model_copy(update=changes)
+
+
+def _clip(text: str, chars: int) -> str:
+    if len(text) <= chars:
         return text
-    return text[:_SUMMARY_OUTPUT_CHARS] + f"\n… ({len(text) - _SUMMARY_OUTPUT_CHARS} more chars)"
+    return text[:chars] + f"… ({len(text) - chars:,} more characters)"
+
+
+# The steps, each taken only while the reply is still over: the lists first (cheap to cut,
+# rarely read in full), then the big text pieces, then images.
+
+
+def _cut_lists(reply: _Execution) -> None:
+    files, events = reply.result.files, reply.result.events
+    if len(files) > 100:
+        reply.files_kept = 100
+        reply.cuts.append(f"the files list cut to its first 100 of {len(files)}")
+    if len(events) > 20:
+        reply.events_kept = 20
+        reply.cuts.append(f"the events cut to the first 20 of {len(events)}")
+
+
+def _fit_pieces(reply: _Execution) -> None:
+    """Cut the text pieces (and the return value's JSON), head and tail kept, so that they
+    share what the rest of the reply leaves of the budget: each small piece whole, the
+    large ones an equal share. Measured again after each round, the share made smaller by
+    what the estimate missed."""
+    originals = reply.originals
+    reply.pieces = dict.fromkeys(originals, "")
+    overhead = measure(reply.assemble())
+    costs = {name: _json_tokens(text) for name, text in originals.items() if text}
+    # Room for a marker line per piece, and for the reply_trimmed note (in the text and in
+    # the events) that is added once the cuts are known.
+    available = reply.budget - overhead.tokens - 80 * len(costs) - 2 * _NOTE_TOKENS
+    available = min(available, (MAX_REPLY_BYTES - overhead.bytes) // 4)
+    for _ in range(_FITTING_ROUNDS):
+        shares = _water_fill(costs, max(available, 0))
+        for name, text in originals.items():
+            share, cost = shares.get(name, 0), costs.get(name, 0)
+            keep = len(text) if share >= cost else int(len(text) * share / max(cost, 1))
+            reply.pieces[name] = cut_middle(text, keep, _why(name))
+        size = measure(reply.assemble())
+        over = max(
+            size.tokens + ENVELOPE_TOKENS - reply.budget,
+            math.ceil((size.bytes - MAX_REPLY_BYTES) / 4) + ENVELOPE_TOKENS,
+        )
+        if over <= 0:
+            break
+        available -= over + 16
+    note = _pieces_note(reply)
+    if note and note not in reply.cuts:
+        reply.cuts.append(note)
+
+
+def _json_tokens(text: str) -> int:
+    """Estimated tokens of `text` as a JSON string (escapes included)."""
+    return estimate_tokens(json.dumps(text, ensure_ascii=False))
+
+
+def _pieces_note(reply: _Execution) -> str:
+    cut = sorted(reply.cut_pieces())
+    names = [_piece_name(name, reply) for name in cut]
+    return ", ".join(names) + " cut in the middle (head and tail kept)" if names else ""
+
+
+def _piece_name(name: str, reply: _Execution) -> str:
+    if name.startswith("file"):
+        block = reply.attachments[int(name[4:])]
+        if isinstance(block, TextContent):
+            return "the file " + block.text.split("\n", 1)[0].strip("- ")
+    names = {
+        "value": "the return value",
+        "value_json": "the structured return value",
+        "traceback": "the traceback",
+    }
+    return names.get(name, name)
+
+
+def _why(name: str) -> str:
+    if name.startswith("file"):
+        return _FILE_CUT_WHY
+    if name == "value":
+        return " of the value's repr to fit the reply"
+    if name == "value_json":
+        return _VALUE_CUT_WHY
+    return OUTPUT_CUT_WHY
+
+
+def _water_fill(costs: dict[str, int], available: int) -> dict[str, int]:
+    """Share `available` among pieces: each small one keeps all it has, the rest split
+    what is left equally."""
+    shares: dict[str, int] = {}
+    left = dict(costs)
+    budget = available
+    while left:
+        equal = budget // len(left)
+        small = {name: cost for name, cost in left.items() if cost <= equal}
+        if not small:
+            shares.update(dict.fromkeys(left, equal))
+            break
+        for name, cost in small.items():
+            shares[name] = cost
+            budget -= cost
+            del left[name]
+    return shares
+
+
+def _limit_images(reply: _Execution) -> None:
+    """Images take at most half the budget (the text is what says how the run went)."""
+    while _image_count(reply) * IMAGE_TOKENS > reply.budget // 2:
+        _drop_last_image(reply)
+
+
+def _drop_images(reply: _Execution) -> None:
+    """Images, the largest first, until the reply fits; then the text pieces refitted to the
+    room the images left."""
+    while not fits(reply.assemble(), reply.budget) and _image_count(reply):
+        _drop_last_image(reply)
+        _fit_pieces(reply)
+
+
+def _image_count(reply: _Execution) -> int:
+    return sum(isinstance(b, ImageContent) for b in reply.attachments)
+
+
+def _drop_last_image(reply: _Execution) -> None:
+    """The largest image (the last of those as large) out, a line saying so in its place."""
+    images = [(i, b) for i, b in enumerate(reply.attachments) if isinstance(b, ImageContent)]
+    index, block = max(reversed(images), key=lambda pair: len(pair[1].data))
+    described = f"an image ({block.mime_type}, {len(block.data) * 3 // 4} bytes)"
+    # Replaced, not removed: the pieces of inline files are known by their index.
+    reply.attachments[index] = TextContent(
+        type="text",
+        text=f"[{described} was left out to fit the reply: save fewer or smaller images]",
+    )
+    reply.cuts.append(f"{described} left out")
+
+
+def _last_resort(reply: _Execution) -> None:
+    """Only what says how the run ended: the pieces emptied to their markers, no files."""
+    for name, text in list(reply.pieces.items()):
+        reply.pieces[name] = cut_middle(text, 0, _why(name))
+    if reply.result.return_value is not None:
+        reply.value_cut = "[cut to fit the reply]"
+    reply.files_kept, reply.events_kept = 0, 1
+    # Replaced, not removed: the pieces of inline files are known by their index.
+    reply.attachments = [
+        TextContent(type="text", text="[an image was left out to fit the reply]")
+        if isinstance(b, ImageContent)
+        else b
+        for b in reply.attachments
+    ]
+    reply.cuts.append("everything but the status cut")
+
+
+_STEPS: tuple[Callable[[_Execution], None], ...] = (
+    _cut_lists,
+    _limit_images,
+    _fit_pieces,
+    _drop_images,
+    _last_resort,
+)
+
+
+# --- the other tools ------------------------------------------------------------------------
+
+
+def for_data(text: str, data: dict[str, Any], budget_tokens: int) -> CallToolResult:
+    """A reply of a short `text` and `data` as structured content; when over the budget,
+    the text is cut in the middle and the data's longest lists and strings are cut.
+
+    Raises:
+        Nothing.
+    """
+    reply = CallToolResult(
+        content=[TextContent(type="text", text=text)], structured_content=data, is_error=False
+    )
+    for _ in range(_FITTING_ROUNDS):
+        if fits(reply, budget_tokens):
+            return reply
+        over = measure(reply).tokens + ENVELOPE_TOKENS - budget_tokens
+        text = cut_middle(text, max(len(text) - 4 * over, len(text) // 2), " to fit the reply")
+        data = _shrunk(data)
+        reply = CallToolResult(
+            content=[TextContent(type="text", text=text)], structured_content=data, is_error=False
+        )
+    return reply
+
+
+def _shrunk(value: Any) -> Any:
+    """`value` with every list and string over a few items halved (for `for_data`)."""
+    if isinstance(value, dict):
+        return {k: _shrunk(v) for k, v in value.items()}
+    if isinstance(value, list):
+        kept = value[: max(len(value) // 2, 1)] if len(value) > 4 else value
+        return [_shrunk(v) for v in kept]
+    if isinstance(value, str) and len(value) > 200:
+        return cut_middle(value, len(value) // 2, " to fit the reply")
+    return value
+
+
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/-])/(?:[\w.+@-]+/?)+")
+_SANDBOX_PATHS = ("/workspace", "/servers", "/skills")
+
+
+def without_host_paths(value: Any) -> Any:
+    """`value` with every absolute path of the host in its strings replaced by
+    "[host path]" (paths inside the sandbox, such as /workspace, are kept): a model needs
+    none of them, and they tell whoever reads the reply about the host.
+
+    Raises:
+        Nothing.
+    """
+    if isinstance(value, dict):
+        return {k: without_host_paths(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_host_paths(v) for v in value]
+    if isinstance(value, str):
+        return _ABSOLUTE_PATH.sub(_path_or_mark, value)
+    return value
+
+
+def _path_or_mark(match: re.Match[str]) -> str:
+    path = match.group()
+    if any(path == p or path.startswith(p + "/") for p in _SANDBOX_PATHS):
+        return path
+    return "[host path]"

@@ -220,7 +220,8 @@ class Sandbox:
         if refused:
             raise ConfigError(
                 f"profile {', '.join(map(repr, refused))} is not enabled on this host",
-                hint=f"enabled profiles: {', '.join(enabled or ())} (the operator's config)",
+                hint=f"pass one of the enabled profiles as {{profile}}: "
+                f"{', '.join(enabled or ())} (the operator's config enables them)",
             )
         return profiles.resolve(
             names,
@@ -483,7 +484,7 @@ class Sandbox:
         try:
             return self.limits.merged(limits or {})
         except ValidationError as exc:
-            raise ConfigError(_describe_validation(exc)) from exc
+            raise ConfigError(_describe_validation(exc), hint=_limits_hint(exc)) from exc
 
     def _blocked_by_validation(self, code: str, limits: Limits) -> ExecutionResult | None:
         report = self.validate(code, strict=True)
@@ -607,6 +608,15 @@ def _version() -> str:
     from codecage import __version__
 
     return __version__
+
+
+def _limits_hint(exc: ValidationError) -> str:
+    """Name the first bad limit the way the reader's face spells it (errors.render_hint)."""
+    fields = [str(err["loc"][0]) for err in exc.errors() if err["loc"]]
+    named = next((f for f in fields if f in Limits.model_fields), None)
+    if named is None:
+        return "{info} lists the limits, their defaults and bounds"
+    return f"pass {{{named}}} within its bounds; {{info}} lists the defaults and bounds"
 
 
 def _describe_validation(exc: ValidationError) -> str:

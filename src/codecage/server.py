@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import dataclasses
 import json
 import logging
 import threading
@@ -32,13 +33,21 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase
-from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
-from pydantic import ConfigDict, Field, ValidationError
+from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent, ToolAnnotations
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from codecage import __version__, http_serving, reply
 from codecage import workspace as workspaces
 from codecage.errors import CodecageError, ConfigError
-from codecage.models import ExecutionResult, FileInfo, Limits, ValidationReport
+from codecage.models import (
+    DEFAULT_REPLY_MAX_TOKENS,
+    ExecutionResult,
+    FileInfo,
+    HostInfo,
+    Limits,
+    ServeSettings,
+    ValidationReport,
+)
 from codecage.output import neutralise_line, neutralise_text
 from codecage.pool import Pool
 from codecage.sandbox import Sandbox
@@ -85,6 +94,8 @@ class ServerLimits:
     max_memory_mb: int = 2048
     max_concurrent: int = 4
     max_queued: int = 32
+    reply_max_tokens: int | None = None
+    """Estimated tokens a reply may take (None: the config's [serve] reply_max_tokens)."""
 
 
 @dataclass(slots=True)
@@ -131,12 +142,24 @@ def build_server(
     """The MCP server, ready for `run()` (stdio) or `streamable_http_app()`.
 
     Raises:
-        ConfigError: the config file or environment is invalid.
+        ConfigError: the config file or environment is invalid, or reply_max_tokens is out
+            of its bounds.
         HostError: this host cannot run sandboxes.
     """
     server_limits = limits or ServerLimits()
     options = dict(sandbox_options or {})  # e.g. ToolSetup.sandbox_options()
     base = Sandbox(pool=pool, **options)
+    budget = server_limits.reply_max_tokens
+    if budget is None:
+        budget = base.settings.serve.reply_max_tokens
+    try:
+        ServeSettings(reply_max_tokens=budget)
+    except ValidationError as exc:
+        raise ConfigError(
+            f"reply_max_tokens={budget}: {exc.errors()[0]['msg']}",
+            hint="set {reply_max_tokens} from 2000 to 240000 (the default is 20000)",
+        ) from exc
+    server_limits = dataclasses.replace(server_limits, reply_max_tokens=budget)
     runner = _Runner(
         base=base,
         limits=server_limits,
@@ -164,6 +187,7 @@ def build_server(
             "max_memory_mb": server_limits.max_memory_mb,
             "max_concurrent": server_limits.max_concurrent,
             "max_queued": server_limits.max_queued,
+            "reply_max_tokens": server_limits.reply_max_tokens,
             "tool_servers": sorted(base.tools.servers) if base.tools is not None else [],
             "config_file": str(base.settings.config_file) if base.settings.config_file else None,
             "config_origin": base.settings.config_origin,
@@ -187,27 +211,62 @@ def _tools_note(sandbox: Sandbox) -> str:
     )
 
 
+# The tools' hints for clients (MCP ToolAnnotations), true of this server: a run touches
+# nothing outside its throwaway sandbox, so nothing of the caller's is destroyed, but each
+# run is new (not idempotent: the code may be random or time-dependent) and, with upstream
+# tools configured, the code may reach the world through them.
+def _annotations(title: str, *, read_only: bool, open_world: bool) -> ToolAnnotations:
+    return ToolAnnotations(
+        title=title,
+        read_only_hint=read_only,
+        destructive_hint=False,
+        idempotent_hint=read_only,
+        open_world_hint=open_world,
+    )
+
+
+class SandboxInfoReply(BaseModel):
+    """The structured content of get_sandbox_info (no host paths in it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    backend: str = Field(description="The isolation backend runs use.")
+    isolation: str = Field(description="The isolation layers in force, in one line.")
+    default_limits: dict[str, Any] = Field(description="Limits of a run that asks for none.")
+    call_maximums: dict[str, Any] = Field(description="The most a call may ask for.")
+    profiles: list[str] = Field(description="Import profiles a call may pick.")
+    default_profile: str = Field(description="The profile of a call that names none.")
+    tools: list[str] = Field(description="This server's tools.")
+    tool_servers: list[str] = Field(description="Upstream MCP servers the code may call.")
+    reply_max_tokens: int = Field(description="Estimated tokens a reply takes at most.")
+    detail: dict[str, Any] | None = Field(
+        None, description="With detail=true: modules per profile, layers, pool, scrub, tools."
+    )
+
+
 def _tools(runner: _Runner) -> list[Tool]:
     limits = runner.limits
+    budget = limits.reply_max_tokens or DEFAULT_REPLY_MAX_TOKENS
     default = runner.base.limits
     tools: list[Tool] = []
     tool = _registrar(tools)
+    upstream = runner.base.tools is not None
 
     @tool(
         description=(
             "Run Python 3.11 code in a fresh isolated sandbox and return what happened: "
-            "status (ok, error, timeout, memory_limit, cpu_limit, killed), stdout, stderr, "
-            "the value of the last expression, the error with a traceback of your code, "
-            "the files written to /workspace, and resource usage. No network; only the "
-            "profile's modules may be imported (basic: stdlib for data and text; "
-            "data_science: + numpy, pandas, scipy, matplotlib). Top-level await works. "
+            "stdout, stderr, the value of the last expression and the traceback in the text; "
+            "status (ok, error, timeout, memory_limit, cpu_limit, killed), exit code, files "
+            "written to /workspace and resource usage in the structured content. No network; "
+            "only the profile's modules may be imported (get_sandbox_info lists them). "
+            "Top-level await works. "
             f"Defaults: timeout {default.timeout:g} s (at most {limits.max_timeout:g}), "
             f"memory {default.memory_mb} MiB (at most {limits.max_memory_mb}). "
             "Images the code saves in /workspace (png, jpeg, gif, webp) are returned as "
             "images; ask for an SVG with return_files, as text. "
-            "The reply is kept under 1 MB: print summaries, not bulk data."
-            + _tools_note(runner.base)
-        )
+            f"The reply is kept within about {budget:,} tokens: long output keeps its head "
+            "and tail; print summaries, not bulk data." + _tools_note(runner.base)
+        ),
+        annotations=_annotations("Run Python in a sandbox", read_only=False, open_world=upstream),
     )
     async def execute_code(
         code: Annotated[str, Field(description="Python source to run.")],
@@ -236,11 +295,11 @@ def _tools(runner: _Runner) -> list[Tool]:
             Field(
                 description="Text files (paths in /workspace) to return inline, up to "
                 f"{MAX_RETURN_FILES} files of {MAX_INLINE_FILE_BYTES // 1024} KiB each; "
-                "the whole reply stays under 1 MB.",
+                "they count towards the reply's size (a long one keeps head and tail).",
                 max_length=MAX_RETURN_FILES,
             ),
         ] = None,
-    ) -> Annotated[CallToolResult, ExecutionResult]:
+    ) -> Annotated[CallToolResult, reply.ExecutionReply]:
         run_limits = _call_limits(runner, timeout, memory_limit_mb)
         uploads = _decode_uploads(files or {})
         sandbox = _sandbox(runner, profile, allowed_imports)
@@ -250,40 +309,130 @@ def _tools(runner: _Runner) -> list[Tool]:
             lambda: _execute(sandbox, code, run_limits, uploads, return_files or [], cancel),
             cancel,
         )
-        return reply.build(result, extra)
+        return reply.build(result, extra, budget)
 
     @tool(
         description=(
             "Check Python code without running it: syntax, imports outside the profile, "
             "and risky constructs. Returns valid, the findings (line, rule, severity, "
             "message) and a one-line verdict."
-        )
+        ),
+        annotations=_annotations("Check Python code", read_only=True, open_world=False),
     )
     def validate_code(
         code: Annotated[str, Field(description="Python source to check.")],
         profile: Annotated[str | None, Field(description="Import profile(s).")] = None,
-    ) -> ValidationReport:
+    ) -> Annotated[CallToolResult, ValidationReport]:
         sandbox = _sandbox(runner, profile, None)
-        return sandbox.validate(code)
+        report = sandbox.validate(code)
+        return reply.for_data(_validation_text(report), report.model_dump(mode="json"), budget)
 
     @tool(
         description=(
-            "What this sandbox offers: the profiles and their modules, the default limits "
-            "and the maximums a call may ask for, the isolation layers in force, the "
-            "warm pool's state, and the upstream tools the code may call with their bounds."
-        )
+            "What this sandbox offers, in short: backend, isolation in force, default "
+            "limits and the most a call may ask for, profiles, tools. detail=true adds the "
+            "modules of each profile, every isolation layer, the warm pool, scrubbing and "
+            "the bounds of upstream tool calls."
+        ),
+        annotations=_annotations("Describe the sandbox", read_only=True, open_world=False),
     )
-    def get_sandbox_info() -> dict[str, Any]:
-        info = runner.base.info().model_dump(mode="json")
-        info["call_maximums"] = {
-            "timeout": limits.max_timeout,
-            "memory_limit_mb": limits.max_memory_mb,
-            "concurrent_executions": limits.max_concurrent,
-            "queued_executions": limits.max_queued,
-        }
-        return info
+    def get_sandbox_info(
+        detail: Annotated[
+            bool, Field(description="Add the modules per profile, layers, pool, scrub, tools.")
+        ] = False,
+    ) -> Annotated[CallToolResult, SandboxInfoReply]:
+        info = runner.base.info()
+        data = _short_info(runner, info, [t.name for t in tools], budget)
+        if not detail:
+            return reply.for_data(_info_text(data), data, budget)
+        data["detail"] = _info_detail(info)
+        text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+        return reply.for_data(text, data, budget)
 
     return tools
+
+
+def _short_info(runner: _Runner, info: HostInfo, tools: list[str], budget: int) -> dict[str, Any]:
+    limits = runner.limits
+    active = [layer.name for layer in info.layers if layer.active]
+    missing = [layer.name for layer in info.layers if not layer.active]
+    isolation = "in force: " + ", ".join(active)
+    if "network" in active:
+        isolation += " (no network)"
+    if missing:
+        isolation += "; missing: " + ", ".join(missing)
+    defaults = info.default_limits
+    return SandboxInfoReply(
+        backend=info.backend,
+        isolation=isolation,
+        default_limits={
+            "timeout": defaults.timeout,
+            "memory_limit_mb": defaults.memory_mb,
+            "cpu_seconds": defaults.cpu_seconds,
+            "max_processes": defaults.max_processes,
+            "workspace_mb": defaults.workspace_mb,
+            "max_output_bytes": defaults.max_output_bytes,
+        },
+        call_maximums={"timeout": limits.max_timeout, "memory_limit_mb": limits.max_memory_mb},
+        profiles=[p.name for p in info.profiles],
+        default_profile=runner.base.settings.profile,
+        tools=tools,
+        tool_servers=info.tools.servers if info.tools is not None else [],
+        reply_max_tokens=budget,
+    ).model_dump(mode="json", exclude_none=True)
+
+
+def _info_text(data: dict[str, Any]) -> str:
+    limits = data["default_limits"]
+    maximums = data["call_maximums"]
+    profiles = [
+        p + (" (default)" if p == data["default_profile"] else "") for p in data["profiles"]
+    ]
+    return "\n".join(
+        [
+            f"backend: {data['backend']}",
+            f"isolation: {data['isolation']}",
+            f"default limits: timeout {limits['timeout']:g} s (at most {maximums['timeout']:g}), "
+            f"memory_limit_mb {limits['memory_limit_mb']} (at most {maximums['memory_limit_mb']}), "
+            f"cpu {limits['cpu_seconds']} s, {limits['max_processes']} processes, "
+            f"workspace {limits['workspace_mb']} MiB, output {limits['max_output_bytes']:,} "
+            "bytes per stream (head and tail kept)",
+            "profiles: " + ", ".join(profiles),
+            "tools: " + ", ".join(data["tools"]),
+            "upstream MCP servers the code may call: "
+            + (", ".join(data["tool_servers"]) or "none"),
+            f"replies: at most about {data['reply_max_tokens']:,} tokens",
+            "get_sandbox_info with detail=true lists each profile's modules and every layer.",
+        ]
+    )
+
+
+def _info_detail(info: HostInfo) -> dict[str, Any]:
+    """Everything `codecage info` says that a model may use, without the host's paths
+    (the interpreter, the config file, the tool trees, where settings came from)."""
+    data = info.model_dump(
+        mode="json", exclude={"python", "config_file", "backends", "default_limits"}
+    )
+    data["limit_sources"] = {
+        name: "config file" if source.startswith("file ") else source
+        for name, source in info.limit_sources.items()
+    }
+    if data.get("tools"):
+        for key in ("servers_dir", "skills_dir"):
+            data["tools"][key] = "/" + key.removesuffix("_dir") if data["tools"][key] else None
+    return cast(dict[str, Any], reply.without_host_paths(data))
+
+
+def _validation_text(report: ValidationReport) -> str:
+    lines = [report.message]
+    lines += [
+        f"line {f.line}: {f.rule_id} ({f.severity}) {neutralise_line(f.message)}"
+        for f in report.findings[:50]
+    ]
+    more = len(report.findings) - 50 + report.omitted_findings
+    if more > 0:
+        lines.append(f"… and {more} more findings")
+    return "\n".join(lines)
 
 
 # --- the tools' wrapper: argument errors, unknown arguments, one log line per call ----------
@@ -353,11 +502,12 @@ def _registrar(tools: list[Tool]) -> Callable[..., Callable[[_F], _F]]:
     """A decorator like `MCPServer.tool(description=...)` that adds a `_CheckedTool` to
     `tools` (for `MCPServer(tools=...)`)."""
 
-    def register(*, description: str) -> Callable[[_F], _F]:
+    def register(*, description: str, annotations: ToolAnnotations) -> Callable[[_F], _F]:
         def add(fn: _F) -> _F:
-            tools.append(
-                _refusing_unknown_arguments(_CheckedTool.from_function(fn, description=description))
+            checked = _CheckedTool.from_function(
+                fn, title=annotations.title, description=description, annotations=annotations
             )
+            tools.append(_refusing_unknown_arguments(checked))
             return fn
 
         return add
@@ -473,11 +623,18 @@ def _call_limits(runner: _Runner, timeout: float | None, memory_mb: int | None) 
         raise ToolError(f"invalid limits: {exc}") from exc
 
 
+def _refusal(exc: CodecageError) -> str:
+    """A refusal as the model reads it: what happened, and what to do in this tool's terms
+    (its argument names; "ask the operator" for settings no argument reaches)."""
+    hint = exc.hint_for("mcp")
+    return f"{exc} ({hint})" if hint else str(exc)
+
+
 def _sandbox(runner: _Runner, profile: str | None, allowed_imports: list[str] | None) -> Sandbox:
     try:
         return runner.sandbox_for(profile, allowed_imports)
     except ConfigError as exc:
-        raise ToolError(f"{exc} ({exc.hint})" if exc.hint else str(exc)) from exc
+        raise ToolError(_refusal(exc)) from exc
 
 
 def _decode_uploads(files: Mapping[str, str]) -> dict[str, bytes]:
@@ -577,7 +734,7 @@ def _execute(
         )
         return counted(result), blocks
     except CodecageError as exc:
-        raise ToolError(f"{exc} ({exc.hint})" if exc.hint else str(exc)) from exc
+        raise ToolError(_refusal(exc)) from exc
 
 
 def _files_back(

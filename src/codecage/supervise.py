@@ -75,8 +75,9 @@ def supervise(
     if proc.stdout is None or proc.stderr is None:
         raise ValueError("supervise() needs a process started with stdout and stderr pipes")
     seen = Observation(
-        stdout=CappedBuffer(output_cap_bytes),
-        stderr=CappedBuffer(output_cap_bytes),
+        # Head and tail, half each: the end of the output is where results and errors are.
+        stdout=CappedBuffer(output_cap_bytes, tail_bytes=output_cap_bytes // 2),
+        stderr=CappedBuffer(output_cap_bytes, tail_bytes=output_cap_bytes // 2),
         control=CappedBuffer(control_cap_bytes),
     )
     deadline = started + wall_timeout_s

@@ -406,7 +406,7 @@ def create_ephemeral(parent: Path, size_mb: int) -> Workspace:
     if size_mb < 1:
         raise ConfigError(
             f"workspace size_mb={size_mb} is below 1",
-            hint="pass --workspace-mb 1 or more; `codecage info` lists the defaults",
+            hint="pass {workspace_mb=1} or more; {info} lists the defaults",
         )
     path = parent / "workspace"
     try:
@@ -484,7 +484,7 @@ def check_files(files: Mapping[str, bytes], size_mb: int) -> None:
     if total > size_mb * 2**20:
         raise ConfigError(
             f"the files are {total} bytes together, more than the workspace's {size_mb} MiB",
-            hint="upload less, or raise workspace_mb (--workspace-mb)",
+            hint="upload less in {files}, or raise {workspace_mb}",
         )
 
 
@@ -557,7 +557,7 @@ def _write_refusal(name: str, exc: OSError, size_mb: int) -> ConfigError | Sandb
         return ConfigError(
             f"the files do not fit in the workspace's {size_mb} MiB (writing '{shown}': "
             f"{exc.strerror})",
-            hint="upload less, or raise workspace_mb (--workspace-mb)",
+            hint="upload less in {files}, or raise {workspace_mb}",
         )
     if exc.errno in (
         errno.EEXIST,
