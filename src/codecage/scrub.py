@@ -106,6 +106,9 @@ PLACEHOLDERS: Final[Mapping[Category, str]] = {
     "secret": "[SECRET]",
 }
 
+# In a dict key, a finding becomes a numbered placeholder ([EMAIL_1]) so that keys stay apart.
+_NUMBERED_LABELS: Final[Mapping[Category, str]] = {c: p[1:-1] for c, p in PLACEHOLDERS.items()}
+
 # When two findings overlap, their union is redacted under the first of these: a password
 # that looks like an email address is still a secret.
 _PRIORITY: Final[tuple[Category, ...]] = (
@@ -401,7 +404,52 @@ def _digits_end_ok(text: str, end: int) -> bool:
     return not (after in ".,-/" and _char(text, end + 1).isdigit())
 
 
+# Words that make a run of digits a card number: a card's name, its network's, a payment.
+_CARD_WORDS: Final = re.compile(
+    r"(?<![a-z])(?:credit|debit|(?:credit|debit)?cards?|cardholder|card_?(?:number|no|num)"
+    r"|visa|master ?card|amex|american express|discover|jcb|diners|maestro|unionpay"
+    r"|cc|ccn|cc_?(?:number|no|num)|pan|payments?)(?![a-z])"
+)
+_CARD_CONTEXT_BEFORE: Final = 48  # characters before a contiguous run searched for a card word
+_CARD_CONTEXT_AFTER: Final = 24
+
+
+def _issuer_prefix(digits: str) -> bool:
+    """The number starts with a prefix that a card network issues (ISO/IEC 7812 IIN
+    ranges of Visa, Mastercard, Amex, Discover, JCB, Diners, UnionPay, Maestro, Mir)."""
+    two, four = int(digits[:2]), int(digits[:4])
+    return (
+        digits[0] in "46"
+        or 50 <= two <= 58
+        or two in (34, 36, 37, 38, 39)
+        or 300 <= int(digits[:3]) <= 305
+        or 3528 <= four <= 3589
+        or 2200 <= four <= 2204
+        or 2221 <= four <= 2720
+    )
+
+
+_OTHER_NUMBER: Final = re.compile(r"\d{4}")
+
+
+def _card_context(view: _View, start: int, end: int) -> bool:
+    """A card word just before or after the digits, with no other number in between
+    ("card 4111… for order 4539…": the order id is not the card). Any line: in a JSON
+    value the key is the string before."""
+    lower = view.lower
+    words = list(_CARD_WORDS.finditer(lower, max(0, start - _CARD_CONTEXT_BEFORE), start))
+    before = words[-1] if words else None  # the card word nearest to the digits
+    if before is not None and not _OTHER_NUMBER.search(lower, before.end(), start):
+        return True
+    after = _CARD_WORDS.search(lower, end, end + _CARD_CONTEXT_AFTER)
+    return after is not None and not _OTHER_NUMBER.search(lower, end, after.start())
+
+
 def _card_span(view: _View, start: int) -> Span | None:
+    """A card number: Luhn-valid 13-19 digits, grouped the way cards are printed (4-4-4-4,
+    4-6-5) or, as one run of digits, with an issuer's prefix and a card word nearby. A run
+    of digits alone is an id, a count or a Fibonacci number as often as a card: one in ten
+    random 16-digit numbers passes Luhn."""
     text = view.text
     if text[start] not in "23456":
         return None  # no issuer starts with 0, 1, 7, 8, 9: ms/ns timestamps start with 1
@@ -419,6 +467,10 @@ def _card_span(view: _View, start: int) -> Span | None:
             len(digits) <= 19
             and digits[0] in "23456"
             and _digits_end_ok(text, start + end)
+            and (
+                len(digits) != end  # grouped: the separators are the context
+                or (_issuer_prefix(digits) and _card_context(view, start, start + end))
+            )
             and view.valid(partial(luhn.is_valid, digits))
         ):
             return (start, start + end, "credit_card")
@@ -578,9 +630,49 @@ _HEX_GROUP: Final = re.compile(r"[0-9A-Fa-f]{1,4}")
 _HEX_GROUPS_REVERSED: Final = re.compile(r"[0-9A-Fa-f]{1,4}(?::[0-9A-Fa-f]{1,4}){0,6}")
 
 
+# IPv4 networks that are not on the public internet (RFC 6890's special-purpose registry,
+# multicast and the reserved 240/4): an address in one names a machine on someone's own
+# network, a documentation example or a mask, never a person on the internet.
+_IPV4_NOT_GLOBAL: Final = tuple(
+    (int(net.network_address), int(net.netmask))
+    for net in map(
+        ipaddress.IPv4Network,
+        (
+            "0.0.0.0/8",
+            "10.0.0.0/8",
+            "100.64.0.0/10",
+            "127.0.0.0/8",
+            "169.254.0.0/16",
+            "172.16.0.0/12",
+            "192.0.0.0/24",
+            "192.0.2.0/24",
+            "192.168.0.0/16",
+            "198.18.0.0/15",
+            "198.51.100.0/24",
+            "203.0.113.0/24",
+            "224.0.0.0/3",  # multicast and reserved, 255.255.255.255 included
+        ),
+    )
+)
+
+
+def _ipv4_not_global(value: int, prefix_bits: int = 32) -> bool:
+    """Whether every address that starts with the first `prefix_bits` of `value` is in a
+    network that is not public (with fewer than 32 bits: a prefix cut at the output cap)."""
+    prefix_mask = (0xFFFFFFFF << (32 - prefix_bits)) & 0xFFFFFFFF
+    return any(
+        mask & prefix_mask == mask and value & mask == network for network, mask in _IPV4_NOT_GLOBAL
+    )
+
+
 def _keep_address(address: ipaddress.IPv6Address) -> bool:
-    """Loopback (::1) and unspecified (::) addresses say nothing about anyone."""
-    return address.is_loopback or address.is_unspecified
+    """Only public (global unicast) addresses can point at a person: loopback, unspecified,
+    link-local, unique local (fc00::/7), documentation (2001:db8::/32) and multicast
+    addresses, and IPv4-mapped ones of a private IPv4 address, say nothing about anyone."""
+    mapped = address.ipv4_mapped
+    if mapped is not None:
+        return _ipv4_not_global(int(mapped))
+    return not address.is_global or address.is_multicast
 
 
 def _ipv4_span(view: _View, pivot: int, end: int) -> Span | None:
@@ -601,8 +693,8 @@ def _ipv4_span(view: _View, pivot: int, end: int) -> Span | None:
     if any(len(o) > 1 and o[0] == "0" for o in octets) or any(int(o) > 255 for o in octets):
         return None  # not an address (ipaddress refuses leading zeros too)
     value = int.from_bytes(bytes(int(o) for o in octets), "big")
-    if octets[0] in ("0", "127") or _is_netmask(value):
-        return None  # 0.0.0.0/8 (masks, "this network") and loopback identify nobody
+    if _ipv4_not_global(value) or _is_netmask(value):
+        return None  # private, loopback, link-local, documentation, masks: identify nobody
     return (start, end, "ip")
 
 
@@ -728,16 +820,21 @@ _PUTTY_PRIVATE: Final = re.compile(r"Private-Lines: *\d+(?:\r?\n[A-Za-z0-9+/=]*)
 
 # `password=…`, `"api_key": "…"`, `token: …`, `{'secret': '…'}`: the key ends in one
 # of these words (so `max_tokens` and `token_count` do not), the value is redacted.
+# A password is short and plain by nature, so a password word takes any value; a token
+# or key word takes a value only when it looks generated (`_credential_like`): a seeded
+# `token: 1VjArnVgxwvq` is data, `token: Zx81kPq9LmN2vB7cR4tY` a credential.
 _KEYWORDS: Final = tuple(
-    re.compile(p + r"(?![a-z0-9])")
-    for p in (
-        r"p(?:ass(?:word|wd|phrase)|rivate[_-]?key)",
-        r"secret(?:[_-]?key)?",
-        r"token",
-        r"a(?:pi[_-]?key|ccess[_-]?key|uthorization)",
-        r"credentials?",
+    (re.compile(p + r"(?![a-z0-9])"), any_value)
+    for p, any_value in (
+        (r"p(?:ass(?:word|wd|phrase)|wd|rivate[_-]?key)", True),
+        (r"secret(?:[_-]?key)?", True),
+        (r"credentials?", True),
+        (r"token", False),
+        (r"a(?:pi[_-]?key|pikey|ccess[_-]?key|uthorization)", False),
     )
 )
+MIN_CONTEXT_SECRET_CHARS: Final = 16
+"""The shortest value a token or key word (``token:``, ``api_key=``) makes a secret."""
 _ASSIGNED_VALUE: Final = re.compile(
     r"""["']?[ \t]*(?:=>|:=|=|:)[ \t]*"""
     r"""(?:"((?:[^"\\\n]|\\.){1,1024})"|'((?:[^'\\\n]|\\.){1,1024})'|([^\s"'`,;&<>(){}\[\]]{1,1024}))"""
@@ -772,7 +869,7 @@ _SCHEME_VALUE: Final = re.compile(r"[^\s\"'`,;&<>(){}\[\]]{1,1024}")
 _AUTH_SCHEME: Final = re.compile(r"b(?:(?P<bearer>earer)|asic)[ \t]+")
 _BEARER_VALUE: Final = re.compile(r"[A-Za-z0-9\-._~+/]{8,4096}=*")
 _BASIC_VALUE: Final = re.compile(r"[A-Za-z0-9+/]{8,}={0,2}(?![A-Za-z0-9+/=])")
-_URL_CREDENTIALS: Final = re.compile(r"://[^\s:/@]{1,256}:([^\s/@]{1,256})@")
+_URL_CREDENTIALS: Final = re.compile(r"://[^\s:/@]{0,256}:([^\s/@]{1,256})@")
 _LONG_B64: Final = re.compile("x" * 40 + "x*")
 
 
@@ -821,7 +918,20 @@ def _is_real_value(value: str, quoted: bool) -> bool:
     return quoted or not (stripped.isdigit() and len(stripped) < 6)
 
 
-def _assigned_value_span(text: str, key_end: int) -> tuple[int, int] | None:
+def _credential_like(value: str) -> bool:
+    """A value that looks generated: 16+ characters, no space, and two of lower case,
+    upper case and digits (``Zx81kPq9LmN2vB7cR4tY``, a 32-digit hex key)."""
+    if len(value) < MIN_CONTEXT_SECRET_CHARS or any(c.isspace() for c in value):
+        return False
+    classes = (
+        any(c.islower() for c in value)
+        + any(c.isupper() for c in value)
+        + any(c.isdigit() for c in value)
+    )
+    return classes >= 2
+
+
+def _assigned_value_span(text: str, key_end: int, any_value: bool) -> tuple[int, int] | None:
     match = _ASSIGNED_VALUE.match(text, key_end)
     if match is None:
         return None
@@ -835,19 +945,34 @@ def _assigned_value_span(text: str, key_end: int) -> tuple[int, int] | None:
         if value is None:
             return None
         start, end = value.start(), max(value.end(), end if group != 3 else value.end())
+        any_value = True  # a scheme says that what follows is a credential
     if not _is_real_value(text[start:end], quoted=group != 3):
+        return None
+    if not any_value and not _credential_like(text[start:end]):
         return None
     return start, end
 
 
+_KEY_NAME_REVERSED: Final = re.compile(r"[a-z0-9_.\-]{1,64}")
+
+
+def _names_a_password(lower: str, keyword_start: int) -> bool:
+    """A token or key word inside a name that says secret or password
+    (``aws_secret_access_key``, ``db_password_token``): any value is a secret."""
+    start = _extend_left(lower, keyword_start, _KEY_NAME_REVERSED, 64)
+    name = lower[start:keyword_start]
+    return "secret" in name or "pass" in name
+
+
 def _find_assignments(view: _View) -> Iterator[Span]:
     text, lower = view.text, view.lower
-    for keyword in _KEYWORDS:
+    for keyword, any_value in _KEYWORDS:
         covered = -1
         for match in keyword.finditer(lower):
             if match.start() < covered:
                 continue  # inside the value just found ("password=password=…")
-            span = _assigned_value_span(text, match.end())
+            strong = any_value or _names_a_password(lower, match.start())
+            span = _assigned_value_span(text, match.end(), strong)
             if span is not None:
                 covered = span[1]
                 yield (span[0], span[1], "secret")
@@ -889,13 +1014,24 @@ def _looks_random(token: str) -> bool:
     return entropy >= 4.2
 
 
+def _decodes_to_text(token: str) -> bool:
+    """Base64 of readable text (``aGVsbG8gd29y…``) is data someone encoded, not a key: an
+    AWS secret key decodes to random bytes."""
+    try:
+        decoded = base64.b64decode(token, validate=True).decode("utf-8")
+    except (ValueError, binascii.Error):
+        return False
+    return decoded.isprintable()
+
+
 def _find_aws_secret_keys(view: _View) -> Iterator[Span]:
     text = view.text
     for match in _LONG_B64.finditer(view.b64):
         start, end = match.span()
         if end - start != 40 or _char(text, end) == "=" or _char(text, start - 1) in "=-_":
             continue
-        if _looks_random(text[start:end]):
+        token = text[start:end]
+        if _looks_random(token) and not _decodes_to_text(token):
             yield (start, end, "secret")
 
 
@@ -1055,7 +1191,11 @@ def _tail_ok(category: Category, tail: str) -> bool:
         return bool(shaped) and any(c in string.hexdigits for c in tail)
     if category == "ip":
         octets = [o for o in tail.split(".") if o]
-        return all(int(o) <= 255 for o in octets) and (tail.endswith(".") or digits >= 6)
+        if not all(int(o) <= 255 for o in octets) or not (tail.endswith(".") or digits >= 6):
+            return False
+        whole = tail.split(".")[:-1]  # the octets the cut left whole: a prefix of the address
+        value = sum(int(o) << (24 - 8 * i) for i, o in enumerate(whole))
+        return not _ipv4_not_global(value, 8 * len(whole))  # "10.0.0." is private whatever follows
     return True
 
 
@@ -1077,6 +1217,12 @@ def _find_tail(
         start = match.start(1) if pattern.groups else match.start()
         if not _tail_ok(category, window[start:]):
             continue
+        if (
+            category == "credit_card"
+            and window[start:].isdigit()
+            and not _card_context(view, offset + start, len(text))
+        ):
+            continue  # one cut run of digits is a card only next to a card word
         if category == "ip" and _VERSION_CONTEXT.search(
             view.lower, max(0, offset + start - 12), offset + start
         ):
@@ -1263,27 +1409,39 @@ class Scrubber:
     def scrub_value(self, value: object) -> ScrubbedValue:
         """A scrubbed copy of a JSON-like value and what was redacted in it.
 
-        Strings are scrubbed wherever they are, dict keys included (an address used as
-        a key leaks as much as one used as a value; two keys that become the same are
-        kept apart with a ``#2`` suffix). An int whose digits are a finding becomes the
-        placeholder string. Tuples become lists; other objects are scrubbed as their
-        `str`. Nesting deeper than 200 levels is replaced by ``[TOO_DEEP]``. A value is
-        not scanned across its strings: an address split over two list items survives.
+        Strings are scrubbed wherever they are, dict keys included: an address used as a
+        key leaks as much as one used as a value. A finding in a key becomes a numbered
+        placeholder (``[EMAIL_1]``, ``[EMAIL_2]``; the same value the same number
+        throughout the value), so the dict keeps every key apart and its shape: a count
+        per address is still a count per address. An int whose digits are a finding
+        becomes the placeholder string. Tuples become lists; other objects are scrubbed
+        as their `str`. Nesting deeper than 200 levels is replaced by ``[TOO_DEEP]``. A
+        value is not scanned across its strings: an address split over two list items
+        survives.
 
         Raises:
             Nothing.
         """
         texts: list[str] = []
-        _collect_strings(value, texts, convert_other=True)
-        scrubbed, spans = self.replace_many(texts, _placeholder)
+        keys: list[int] = []
+        _collect_strings(value, texts, convert_other=True, keys=keys)
+        scrubbed, spans = self.replace_many(
+            texts, _placeholder, keys=frozenset(keys), replace_key=_Numbering()
+        )
         mapped = iter(scrubbed)
         return ScrubbedValue(_rebuild(value, mapped, convert_other=True), _count(spans))
 
     def replace_many(
-        self, texts: list[str], replace: Callable[[Category, str], str]
+        self,
+        texts: list[str],
+        replace: Callable[[Category, str], str],
+        *,
+        keys: frozenset[int] = frozenset(),
+        replace_key: Callable[[Category, str], str] | None = None,
     ) -> tuple[list[str], list[Span]]:
-        """Each text with its findings replaced by `replace(category, value)`, and the
-        findings (positions in the joined text, for counting).
+        """Each text with its findings replaced by `replace(category, value)` (by
+        `replace_key` in the texts whose indices are in `keys`), and the findings
+        (positions in the joined text, for counting).
 
         The texts are scanned as one, joined by a separator that no detector's pattern
         can cross, because one scan of a long text costs far less than one per short
@@ -1296,29 +1454,71 @@ class Scrubber:
         """
         if not texts or not self._detectors:
             return texts, []
+        by_text = _by_text(replace, keys, replace_key)
         if len(texts) == 1:
-            return self._replace_each(texts, replace)
+            return self._replace_each(texts, by_text)
         joined = _JOIN.join(texts)
         if joined.count("\0") != len(texts) - 1:  # a text holds a NUL of its own
-            return self._replace_each(texts, replace)
+            return self._replace_each(texts, by_text)
         spans = self.find(joined)
         if not spans:
             return texts, []
-        parts = _splice(joined, spans, replace).split(_JOIN)
-        if len(parts) != len(texts):  # a finding ate into a separator
-            return self._replace_each(texts, replace)
-        return parts, spans
+        if keys and replace_key is not None:
+            # The text a finding is in: how many separators (their NULs) come before it,
+            # counted forwards from finding to finding (the spans are sorted).
+            replacements = []
+            index = position = 0
+            for start, end, category in spans:
+                index += joined.count("\0", position, start)
+                position = start
+                replacements.append(by_text(index)(category, joined[start:end]))
+            taken = iter(replacements)
+            parts = _splice(joined, spans, lambda _category, _value: next(taken))
+        else:
+            parts = _splice(joined, spans, replace)
+        split = parts.split(_JOIN)
+        if len(split) != len(texts):  # a finding ate into a separator
+            return self._replace_each(texts, by_text)
+        return split, spans
 
     def _replace_each(
-        self, texts: list[str], replace: Callable[[Category, str], str]
+        self, texts: list[str], by_text: Callable[[int], Callable[[Category, str], str]]
     ) -> tuple[list[str], list[Span]]:
         out: list[str] = []
         every: list[Span] = []
-        for text in texts:
+        for index, text in enumerate(texts):
             spans = self.find(text)
-            out.append(_splice(text, spans, replace) if spans else text)
+            out.append(_splice(text, spans, by_text(index)) if spans else text)
             every.extend(spans)
         return out, every
+
+
+def _by_text(
+    replace: Callable[[Category, str], str],
+    keys: frozenset[int],
+    replace_key: Callable[[Category, str], str] | None,
+) -> Callable[[int], Callable[[Category, str], str]]:
+    """The replacement for the findings of the text at an index: `replace_key` in a key."""
+    if replace_key is None or not keys:
+        return lambda _index: replace
+    return lambda index: replace_key if index in keys else replace
+
+
+class _Numbering:
+    """Numbered placeholders (``[EMAIL_1]``): the same value gets the same one, another
+    value the next number of its category. One per scrubbed value."""
+
+    def __init__(self) -> None:
+        self._labels: dict[tuple[Category, str], str] = {}
+        self._issued: Counter[Category] = Counter()
+
+    def __call__(self, category: Category, value: str) -> str:
+        label = self._labels.get((category, value))
+        if label is None:
+            self._issued[category] += 1
+            label = f"[{_NUMBERED_LABELS[category]}_{self._issued[category]}]"
+            self._labels[(category, value)] = label
+        return label
 
 
 # A newline stops every pattern but the PEM one, which `replace_many` checks for; the NUL
@@ -1336,9 +1536,17 @@ def _int_text(value: int) -> str | None:
     return digits if len(digits.lstrip("-")) >= MIN_SECRET_CHARS else None
 
 
-def _collect_strings(value: object, out: list[str], *, convert_other: bool, depth: int = 0) -> None:
-    """Append every string of a JSON-like value (keys too) to `out`, in the order in
-    which `_rebuild` will take them back. Exact type checks first: this runs per node."""
+def _collect_strings(
+    value: object,
+    out: list[str],
+    *,
+    convert_other: bool,
+    depth: int = 0,
+    keys: list[int] | None = None,
+) -> None:
+    """Append every string of a JSON-like value (keys too, their indices in `out` to
+    `keys`) to `out`, in the order in which `_rebuild` will take them back. Exact type
+    checks first: this runs per node."""
     kind = type(value)
     if kind is str:
         out.append(value)  # type: ignore[arg-type]
@@ -1347,11 +1555,13 @@ def _collect_strings(value: object, out: list[str], *, convert_other: bool, dept
     elif kind is dict or isinstance(value, dict):
         for key, item in value.items():  # type: ignore[attr-defined]
             if type(key) is str:
+                if keys is not None:
+                    keys.append(len(out))
                 out.append(key)
-            _collect_strings(item, out, convert_other=convert_other, depth=depth + 1)
+            _collect_strings(item, out, convert_other=convert_other, depth=depth + 1, keys=keys)
     elif kind is list or isinstance(value, list | tuple):
         for item in value:  # type: ignore[attr-defined]
-            _collect_strings(item, out, convert_other=convert_other, depth=depth + 1)
+            _collect_strings(item, out, convert_other=convert_other, depth=depth + 1, keys=keys)
     elif isinstance(value, str):
         out.append(value)
     elif isinstance(value, int) and not isinstance(value, bool):
@@ -1403,7 +1613,8 @@ def _rebuild(
 
 
 def _distinct_key(out: Mapping[object, object], key: object) -> str:
-    """Two keys that scrub to the same text stay two keys: ``[EMAIL]``, ``[EMAIL]#2``."""
+    """A scrubbed key that equals a key the value already had (``[EMAIL_1]`` written by
+    the code itself) stays a key of its own: ``[EMAIL_1]#2``."""
     suffix = 2
     while f"{key}#{suffix}" in out:
         suffix += 1
