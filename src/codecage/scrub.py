@@ -23,15 +23,24 @@ here instead starts with a literal (``@``, ``::``, ``://``, ``AKIA``, ``-----BEG
 libphonenumber (`phonenumbers`) for phone numbers, `python-stdnum` for the Luhn check,
 IBAN checksums and the SSN rules.
 
-Decisions (each pinned by tests/test_scrub.py):
+Decisions (each pinned by tests/test_scrub.py; the two corpora of
+tests/issues/test_18_scrub.py check both directions). The aim: catch what leaks people's
+data without changing the results of ordinary data work.
 
 - A dotted quad is an IPv4 address (``1.2.3.4`` too: it is one) unless a version says so
   around it (``version``/``v``/``==`` before it, ``-beta``/``-2``/``+local`` after it, a
-  fifth part). Loopback, unspecified and 0.0.0.0/8 addresses (masks) survive, as do
-  netmasks. IPv6 needs five hex digits in two groups (``a[1::2]`` is a slice).
-- Cards: 13-19 digits (contiguous or grouped by space/dash), first digit 2-6 (no issuer
-  uses 0, 1, 7, 8, 9; ms and ns timestamps start with 1), Luhn-valid. A Luhn-valid
-  16-digit order id starting with 2-6 is redacted: nothing tells it from a card.
+  fifth part). Only public addresses are redacted: private (10/8, 172.16/12,
+  192.168/16), loopback, link-local, carrier-grade NAT, documentation, benchmarking,
+  multicast and reserved ranges, 0.0.0.0/8 and netmasks name no person, and a log
+  analysis of a network is made of them. IPv6 likewise (fc00::/7, fe80::/10,
+  2001:db8::/32, ::1, multicast kept); IPv6 needs five hex digits in two groups
+  (``a[1::2]`` is a slice).
+- Cards: 13-19 digits, first digit 2-6 (no issuer uses 0, 1, 7, 8, 9; ms and ns
+  timestamps start with 1), Luhn-valid, and in a card context: grouped as cards are
+  printed (4-4-4-4, 4-6-5, by spaces or dashes), or one run of digits with an issuer's
+  prefix and a card word (card, visa, cc, payment, ...) within 48 characters before or
+  24 after, no other number in between. One in ten random 16-digit numbers passes Luhn:
+  without the context, ids, counts and Fibonacci numbers would be cards.
 - Phones: ``+`` and a country code, US formats (``(415) 555-2671``, ``415-555-2671``,
   ``415.555.2671``, ``415 555 2671`` outside a row of numbers), and, for a non-NANP
   `phone_region`, national numbers with a trunk ``0``; libphonenumber must call each one
@@ -39,19 +48,29 @@ Decisions (each pinned by tests/test_scrub.py):
 - SSNs: ``ddd-dd-dddd`` only (nine bare digits are too common), with stdnum's rules.
 - Secrets by shape, by assignment (``password=``, ``"api_key": …``, ``token: …``; the key
   is kept, the value redacted, placeholders and code such as ``get_token()`` are not
-  values), in Authorization headers and URLs (``user:pw@``), PEM/PuTTY private keys, and
-  a 40-character mixed-case base64 word (an AWS secret key printed on its own).
+  values), in Authorization headers and URLs (``user:pw@``, ``:pw@``), PEM/PuTTY private
+  keys, and a 40-character mixed-case base64 word that does not decode to text (an AWS
+  secret key printed on its own). A password word (password, passwd, pwd, secret,
+  credentials, private_key, or a name containing secret/pass) takes any value; a token or
+  key word (token, api_key, access_key, authorization) only a value that looks generated:
+  16+ characters, no space, two of lower, upper and digits (a seeded ``token:
+  1VjArnVgxwvq`` is data; real tokens are longer, and the known ones are found by shape).
+- Emails are redacted wherever they are, tables included: a table of customers' addresses
+  is the leak this exists for. In a dict key, a finding becomes a numbered placeholder
+  (``[EMAIL_1]``), so keys never collapse and a count per address stays one.
 
 The cap boundary (``truncated=True``): the text may end inside a value. What is redacted
 to the end, per category: a configured secret's first 4+ characters in any spelling; a
 known token prefix (``ghp_``, ``AKIA``, ``sk-``, ``eyJ…``, …) and what follows; a cut
-``password=``/Authorization value; a user:password cut after the colon (not a port);
-16-39 mixed-case base64 characters; a PEM block with no END; an email local part with its
-``@``; card digits 9-18 starting with 2-6 (PCI DSS allows the first 8 to be shown); an
-SSN's first 4+ digits; ``+`` and 5+ digits, ``(415) 555``/``415-555…``, a trunk number
-with 6+ digits; an IBAN with a known country and 4+ account characters; three IPv4
-octets and a dot, or with 6+ digits (not ``3.11.7``); an IPv6 prefix with 3 colons, a
-``::`` or a hex letter. Ordinary endings (numbers, dates, versions, words, hashes) stay.
+``password=``/``token=``/Authorization value (of any length: the rest is unknown); a
+user:password cut after the colon (not a port); 16-39 mixed-case base64 characters; a
+PEM block with no END; an email local part with its ``@``; card digits 9-18 starting
+with 2-6 (PCI DSS allows the first 8 to be shown), one run of digits only next to a card
+word; an SSN's first 4+ digits; ``+`` and 5+ digits, ``(415) 555``/``415-555…``, a trunk
+number with 6+ digits; an IBAN with a known country and 4+ account characters; three
+IPv4 octets and a dot, or with 6+ digits (not ``3.11.7``, nor a prefix inside a private
+range: ``10.0.0.``); an IPv6 prefix with 3 colons, a ``::`` or a hex letter. Ordinary
+endings (numbers, dates, versions, words, hashes) stay.
 """
 
 from __future__ import annotations
