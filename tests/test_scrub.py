@@ -205,6 +205,26 @@ def test_ssn_shaped_numbers_that_cannot_be_one_survive(text: str) -> None:
     assert scrubbed(text) == text
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("SSN 536904399.", "SSN [SSN]."),
+        ("social security number: 536 90 4399", "social security number: [SSN]"),
+        ("phone: 4155552671", "phone: [PHONE]"),
+        ("Mobile no. 415.555.2671", "Mobile no. [PHONE]"),
+        # the word names the number only when nothing else stands in between
+        ("ssn_count: 536904399", "ssn_count: 536904399"),
+        ("cell 12: 4155552671", "cell 12: 4155552671"),
+        ("SSN 000904399", "SSN 000904399"),  # area 000 is never issued
+        ("phone: 1234567890", "phone: 1234567890"),  # not a valid US number
+    ],
+)
+def test_bare_digits_are_an_ssn_or_a_phone_number_only_when_a_word_names_them(
+    text: str, expected: str
+) -> None:
+    assert scrubbed(text) == expected
+
+
 # --- payment cards ---------------------------------------------------------------------
 
 CARDS = [
@@ -339,11 +359,11 @@ def test_iban_shaped_strings_with_a_bad_checksum_or_country_survive(text: str) -
     "address",
     [
         "81.2.69.160",
-        "8.8.8.8",
+        "93.184.216.34",
         "172.32.0.1",  # just past 172.16/12
         "1.2.3.4",  # a bare dotted quad is an address: it is one
         "2a00:1450:4001:82b::200e",
-        "2606:4700:4700:0000:0000:0000:0000:1111",
+        "2a03:2880:f12f:0083:face:b00c:0000:25de",
         "::ffff:81.2.69.160",
     ],
 )
@@ -373,6 +393,9 @@ def test_public_ip_addresses_are_redacted(address: str) -> None:
         "ff02::fb",
         "::ffff:192.0.2.1",
         "::ffff:10.1.2.3",
+        "8.8.8.8",  # public DNS resolvers: a service, not a person
+        "1.1.1.1",
+        "2606:4700:4700::1111",
     ],
 )
 def test_private_and_reserved_addresses_survive(address: str) -> None:
@@ -382,7 +405,7 @@ def test_private_and_reserved_addresses_survive(address: str) -> None:
 
 def test_an_ip_address_keeps_its_port_and_brackets() -> None:
     assert scrubbed("http://81.2.69.160:8080/x") == "http://[IP_ADDRESS]:8080/x"
-    assert scrubbed("[2606:4700::1111]:443") == "[[IP_ADDRESS]]:443"
+    assert scrubbed("[2a00:1450:4001:82b::200e]:443") == "[[IP_ADDRESS]]:443"
     assert scrubbed("81.2.69.1-81.2.69.9") == "[IP_ADDRESS]-[IP_ADDRESS]"
 
 
@@ -448,6 +471,10 @@ PEM = (
         "sk-ant-api03-AbC123dEf456GhI789jKl012MnO345",
         "AIzaSyA1b2C3d4E5f6G7h8I9j0KlMnOpQrStUvW",
         "npm_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8",
+        "SG." + "ngeVfQFYQlKU0ufo8x5d1A.TwL2iGABf9DHoTf-09kqeF8tAmbihYzrnopKc-1s5cr",
+        "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYzAbCdEfGh",
+        "shpat_" + "0123456789abcdef0123456789abcdef",
+        "dop_v1_" + "0123456789abcdef" * 4,
         JWT,
         PEM,
     ],
@@ -482,6 +509,8 @@ def test_secrets_are_recognised_by_their_shape(token: str) -> None:
             "postgres://admin:[SECRET]@db.internal:5432/app",
         ),
         ("?api_key=Zx81kPq9LmN2vB7cR4tY&page=2", "?api_key=[SECRET]&page=2"),
+        ("export GITHUB_TOKEN=abc123", "export GITHUB_TOKEN=[SECRET]"),  # configuration
+        ("AccountKey=Zm9vYmFyYmF6cXV4MTIzNDU2;x=1", "AccountKey=[SECRET];x=1"),
         ("redis://:hunter2hunter2@cache:6379/0", "redis://:[SECRET]@cache:6379/0"),
     ],
 )

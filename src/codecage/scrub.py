@@ -404,7 +404,8 @@ _DIGIT_SHAPES: Final = re.compile(
     r"000(?<![0Aa_]000)(?<!0\.000)(?<!0,000)"
     r"(?:(?P<ssn>-00-0000)"
     r"|(?P<us_phone>[-. ]000[-. ]0000)"
-    r"|(?P<card>0[ -]0000[ -]0000|0[ -]000000[ -]0000|0000000000))"
+    r"|(?P<card>0[ -]0000[ -]0000|0[ -]000000[ -]0000|0000000000)"
+    r"|(?P<named>(?<=[ :=#\"'\t(]000)(?:000000(?:0{1,3})?(?![0Aa_])| 00 0000(?![0Aa_]))))"
 )
 _PAREN_PHONE: Final = re.compile(r"\(000\)(?<![0Aa_]\(000\)) ?000[-. ]0000(?![0Aa_])")
 _IBAN_HEAD: Final = re.compile(r"[A-Z]{2}\d{2} ?\Z")
@@ -427,7 +428,7 @@ def _digits_end_ok(text: str, end: int) -> bool:
 _CARD_WORDS: Final = re.compile(
     r"(?<![a-z])(?:credit|debit|(?:credit|debit)?cards?|cardholder|card_?(?:number|no|num)"
     r"|visa|master ?card|amex|american express|discover|jcb|diners|maestro|unionpay"
-    r"|cc|ccn|cc_?(?:number|no|num)|pan|payments?)(?![a-z])"
+    r"|cc|ccn|cc_?(?:number|no|num)|pan|payments?|cvv2?|cvc2?|exp(?:iry|iration|ires)?)(?![a-z])"
 )
 _CARD_CONTEXT_BEFORE: Final = 48  # characters before a contiguous run searched for a card word
 _CARD_CONTEXT_AFTER: Final = 24
@@ -486,11 +487,10 @@ def _card_span(view: _View, start: int) -> Span | None:
             len(digits) <= 19
             and digits[0] in "23456"
             and _digits_end_ok(text, start + end)
-            and (
-                len(digits) != end  # grouped: the separators are the context
-                or (_issuer_prefix(digits) and _card_context(view, start, start + end))
-            )
+            and (len(digits) != end or _issuer_prefix(digits))
             and view.valid(partial(luhn.is_valid, digits))
+            # grouped, the separators are the context; one run needs a card word
+            and (len(digits) != end or _card_context(view, start, start + end))
         ):
             return (start, start + end, "credit_card")
     return None
@@ -527,7 +527,7 @@ def _ssn_span(view: _View, start: int) -> Span | None:
     return (start, match.end(), "ssn") if valid else None
 
 
-def _find_digit_shapes(view: _View, wanted: frozenset[Category]) -> Iterator[Span]:
+def _find_digit_shapes(view: _View, wanted: frozenset[Category], region: str) -> Iterator[Span]:
     text, shape = view.text, view.shape
     for match in _DIGIT_SHAPES.finditer(shape):
         kind, start = match.lastgroup, match.start()
@@ -538,6 +538,8 @@ def _find_digit_shapes(view: _View, wanted: frozenset[Category]) -> Iterator[Spa
             span = _ssn_span(view, start)
         elif kind == "us_phone" and "phone" in wanted:
             span = _us_phone_span(view, start, match.end())
+        elif kind == "named":
+            span = _named_number_span(view, start, match.end(), wanted, region)
         if span is not None:
             yield span
     if "phone" in wanted:
@@ -545,6 +547,59 @@ def _find_digit_shapes(view: _View, wanted: frozenset[Category]) -> Iterator[Spa
             number = text[match.start() : match.end()]
             if view.valid(partial(_valid_phone, number, "US")):
                 yield (match.start(), match.end(), "phone")
+
+
+# --- an SSN or a phone number written without separators, named by a word -------------
+
+# Nine bare digits are too common to be SSNs and ten too common to be phone numbers, unless
+# a word just before says what they are ("SSN 536904399", "phone: 4155552671"). The digits
+# are found in the shape (by `_DIGIT_SHAPES`, a fast literal scan); the word is then looked
+# for in the few characters before them.
+# Matched on the reversed text before the digits (one attempt, not one per position):
+# "SSN: ", "social security number ", "phone no. ", "Mobile #", "tel ", reversed.
+_NAMED_BY_REVERSED: Final = re.compile(
+    r"[^a-z0-9\n]{0,6}(?:(?:rebmun|\.?on|#) ?)?"
+    r"(?:(?P<ssn>nss|ytiruces laicos|#ss)|(?P<phone>enohp|enohpelet|let|elibom|llec|xaf|sms"
+    r"|ppastahw))(?![a-z])"
+)
+_NAMED_WINDOW: Final = 32
+# The last character of every naming word and of its suffix ("number", "no.", "#"): a run
+# of digits after anything else ("epoch=", "id": ) is dismissed without a regex.
+_NAMING_LAST: Final = frozenset("nyelxspro#.")
+_NAMING_GAP: Final = 6
+
+
+def _named_number_span(
+    view: _View, start: int, end: int, wanted: frozenset[Category], region: str
+) -> Span | None:
+    lower = view.lower
+    last = start - 1
+    while last > max(0, start - _NAMING_GAP) and lower[last] in " :=#\t\"'(":
+        last -= 1
+    if last < 0 or lower[last] not in _NAMING_LAST:
+        return None
+    text = view.text
+    if not _digits_end_ok(text, end) or _char(text, start - 1) in "+-.":
+        return None
+    word = _NAMED_BY_REVERSED.match(lower[max(0, start - _NAMED_WINDOW) : start][::-1])
+    if word is None:
+        return None
+    number = text[start:end]
+    digits = number.replace(" ", "")
+    if word.group("ssn") is not None:
+        if (
+            "ssn" in wanted
+            and len(digits) == 9
+            and view.valid(partial(stdnum_ssn.is_valid, digits))
+        ):
+            return (start, end, "ssn")
+    elif (
+        "phone" in wanted
+        and " " not in number
+        and view.valid(partial(_valid_phone, number, region))
+    ):
+        return (start, end, "phone")
+    return None
 
 
 # --- phone numbers with + or a national trunk prefix -----------------------------------
@@ -675,6 +730,27 @@ _IPV4_NOT_GLOBAL: Final = tuple(
 )
 
 
+# Public DNS resolvers: a service everyone queries (``dig @8.8.8.8``), not a person.
+_PUBLIC_RESOLVERS: Final = frozenset(
+    int(ipaddress.ip_address(a))
+    for a in (
+        "8.8.8.8",
+        "8.8.4.4",
+        "1.1.1.1",
+        "1.0.0.1",
+        "9.9.9.9",
+        "149.112.112.112",
+        "208.67.222.222",
+        "208.67.220.220",
+        "2001:4860:4860::8888",
+        "2001:4860:4860::8844",
+        "2606:4700:4700::1111",
+        "2606:4700:4700::1001",
+        "2620:fe::fe",
+    )
+)
+
+
 def _ipv4_not_global(value: int, prefix_bits: int = 32) -> bool:
     """Whether every address that starts with the first `prefix_bits` of `value` is in a
     network that is not public (with fewer than 32 bits: a prefix cut at the output cap)."""
@@ -691,7 +767,7 @@ def _keep_address(address: ipaddress.IPv6Address) -> bool:
     mapped = address.ipv4_mapped
     if mapped is not None:
         return _ipv4_not_global(int(mapped))
-    return not address.is_global or address.is_multicast
+    return not address.is_global or address.is_multicast or int(address) in _PUBLIC_RESOLVERS
 
 
 def _ipv4_span(view: _View, pivot: int, end: int) -> Span | None:
@@ -712,7 +788,7 @@ def _ipv4_span(view: _View, pivot: int, end: int) -> Span | None:
     if any(len(o) > 1 and o[0] == "0" for o in octets) or any(int(o) > 255 for o in octets):
         return None  # not an address (ipaddress refuses leading zeros too)
     value = int.from_bytes(bytes(int(o) for o in octets), "big")
-    if _ipv4_not_global(value) or _is_netmask(value):
+    if _ipv4_not_global(value) or _is_netmask(value) or value in _PUBLIC_RESOLVERS:
         return None  # private, loopback, link-local, documentation, masks: identify nobody
     return (start, end, "ip")
 
@@ -820,6 +896,10 @@ _TOKEN_SHAPES: Final = (
     re.compile(r"whsec_[A-Za-z0-9+/]{20,255}"),  # Stripe webhook
     re.compile(r"(?P<jwt>eyJ[A-Za-z0-9_\-]{4,}\.eyJ[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]*)"),
     re.compile(r"npm_[A-Za-z0-9]{36}(?![A-Za-z0-9])"),
+    re.compile(r"SG\.[A-Za-z0-9_\-]{22}\.[A-Za-z0-9_\-]{43}(?![A-Za-z0-9_\-])"),  # SendGrid
+    re.compile(r"hf_[A-Za-z0-9]{34}(?![A-Za-z0-9])"),  # Hugging Face
+    re.compile(r"shp(?:at|ss|ca|pa)_[a-fA-F0-9]{32}(?![A-Za-z0-9])"),  # Shopify
+    re.compile(r"do[por]_v1_[a-f0-9]{64}(?![A-Za-z0-9])"),  # DigitalOcean
     re.compile(r"pypi-AgE[A-Za-z0-9_\-]{50,}"),
 )
 _TOKEN_JUDGES: Final[Mapping[str, Callable[[str], bool]]] = {
@@ -850,6 +930,9 @@ _KEYWORDS: Final = tuple(
         (r"credentials?", True),
         (r"token", False),
         (r"a(?:pi[_-]?key|pikey|ccess[_-]?key|uthorization)", False),
+        # `key` alone is too common a word: only these names of it (checked in
+        # `_find_assignments`; the pattern starts with a literal to stay fast).
+        (r"key", False),
     )
 )
 MIN_CONTEXT_SECRET_CHARS: Final = 16
@@ -972,15 +1055,21 @@ def _assigned_value_span(text: str, key_end: int, any_value: bool) -> tuple[int,
     return start, end
 
 
+_KEY_NAMES: Final = re.compile(
+    r"(?<![a-z])(?:account|session|signing|encryption|master|consumer|subscription)[_-]?\Z"
+)
 _KEY_NAME_REVERSED: Final = re.compile(r"[a-z0-9_.\-]{1,64}")
 
 
-def _names_a_password(lower: str, keyword_start: int) -> bool:
+def _names_a_password(text: str, lower: str, keyword_start: int, keyword_end: int) -> bool:
     """A token or key word inside a name that says secret or password
-    (``aws_secret_access_key``, ``db_password_token``): any value is a secret."""
+    (``aws_secret_access_key``), or an environment variable's name (``GITHUB_TOKEN=``,
+    ``export API_KEY=``: configuration, where credentials live): any value is a secret."""
     start = _extend_left(lower, keyword_start, _KEY_NAME_REVERSED, 64)
     name = lower[start:keyword_start]
-    return "secret" in name or "pass" in name
+    if "secret" in name or "pass" in name:
+        return True
+    return _char(text, keyword_end) == "=" and text[start:keyword_end].isupper()
 
 
 def _find_assignments(view: _View) -> Iterator[Span]:
@@ -990,7 +1079,11 @@ def _find_assignments(view: _View) -> Iterator[Span]:
         for match in keyword.finditer(lower):
             if match.start() < covered:
                 continue  # inside the value just found ("password=password=…")
-            strong = any_value or _names_a_password(lower, match.start())
+            if keyword.pattern.startswith("key") and not _KEY_NAMES.search(
+                lower, max(0, match.start() - 13), match.start()
+            ):
+                continue
+            strong = any_value or _names_a_password(text, lower, match.start(), match.end())
             span = _assigned_value_span(text, match.end(), strong)
             if span is not None:
                 covered = span[1]
@@ -1358,7 +1451,7 @@ class Scrubber:
         if "email" in wanted:
             detectors.append(_find_emails)
         if wanted & {"ssn", "credit_card", "phone"}:
-            detectors.append(lambda v: _find_digit_shapes(v, wanted))
+            detectors.append(lambda v: _find_digit_shapes(v, wanted, region))
         if "phone" in wanted:
             detectors.append(lambda v: _find_prefixed_phones(v, region))
         if "iban" in wanted:

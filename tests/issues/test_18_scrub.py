@@ -10,10 +10,12 @@ Two corpora, scored in both directions with the default `Scrubber()`:
   DataFrame and CSV prints, base64 of data, seeded random ids). Every text must come back
   unchanged, with no redaction counted.
 
-On the code before this change (9b1373a): MUST_REDACT 53/54 (the `redis://:pw@` URL with no
-user leaked), MUST_KEEP 36/55 (private and documentation addresses, Luhn-valid ids and
-Fibonacci numbers, seeded "token: …" values, dict keys collapsed to "[IP_ADDRESS]#2"). After:
-54/54 and 55/55. A failing test lists every miss.
+On the code before this change (9b1373a): MUST_REDACT 56/61 (leaked: the `redis://:pw@`
+URL with no user, an SSN and a phone number written without separators, an Azure
+`AccountKey=`, a SendGrid key), MUST_KEEP 38/58 (private and documentation
+addresses, Luhn-valid ids and Fibonacci numbers, seeded "token: …" values, 40 base64
+characters of a record, dict keys collapsed to "[IP_ADDRESS]#2"). After: 61/61 and 58/58.
+A failing test lists every miss.
 """
 
 from __future__ import annotations
@@ -110,6 +112,20 @@ MUST_REDACT: list[tuple[str, list[str]]] = [
     ("connecting to redis://:hunter2hunter2@cache:6379/0", ["hunter2hunter2"]),
     ("GET https://shop.example/login?user=ana&password=hunter2 -> 302", ["hunter2"]),
     ("DB_PASSWORD=hunter2", ["hunter2"]),
+    ("export GITHUB_TOKEN=abc123def456", ["abc123def456"]),
+    (
+        "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=Zm9vYmFyYmF6cXV4MTIzNDU2Nzg5"
+        "MGFiY2RlZmdoaWprbG1ub3BxcnN0dXZ3eHl6QUJDREVGR0g=;EndpointSuffix=core.windows.net",
+        ["Zm9vYmFyYmF6cXV4MTIzNDU2Nzg5"],
+    ),
+    (
+        "SENDGRID=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",
+        ["TwL2iGABf9DHoTf-09kqeF8tAmbihYzrnopKc-1s5cr"],
+    ),
+    (
+        "login(token='hf_AbCdEfGhIjKlMnOpQrStUvWxYzAbCdEfGh')",
+        ["hf_AbCdEfGhIjKlMnOpQrStUvWxYzAbCdEf"],
+    ),
     ("  password: correct-horse-battery-staple", ["correct-horse-battery-staple"]),
     ('{"username": "ana", "password": "Tr0ub4dor&3"}', ["Tr0ub4dor&3"]),
     ("SECRET_KEY = 'django-insecure-k2#8z!q@w5e^r7t*y9u'", ["django-insecure-k2#8z!q@w5e^r7t*y9u"]),
@@ -135,6 +151,7 @@ MUST_REDACT: list[tuple[str, list[str]]] = [
     ('{"card_number": "6011111111111117", "exp": "04/28"}', ["6011111111111117"]),
     ("mastercard 5105105105105100 declined (insufficient funds)", ["5105105105105100"]),
     ("cc=4012888888881881&cvv=123", ["4012888888881881"]),
+    ("4111111111111111 exp 12/27 cvv 123", ["4111111111111111"]),
     ("customer card 4242-4242-4242-4242 on file", ["4242-4242-4242-4242"]),
     # bank accounts and national ids
     ("Transfer 250 EUR to DE89 3704 0044 0532 0130 00 by Friday", ["DE89 3704 0044 0532 0130 00"]),
@@ -142,12 +159,14 @@ MUST_REDACT: list[tuple[str, list[str]]] = [
     ("Beneficiary account FR1420041010050500013M02606", ["FR1420041010050500013M02606"]),
     ("My SSN is 123-45-6789, please keep it private.", ["123-45-6789"]),
     ("applicant ssn: 536-90-4399", ["536-90-4399"]),
+    ("Social Security Number 536904399 on file", ["536904399"]),
     # e-mail addresses and phone numbers in free text
     ("Contact jane.doe@example.com for the details.", ["jane.doe@example.com"]),
     ("Send the report to ops-team+alerts@corp.example.org tomorrow", ["ops-team+alerts@corp"]),
     ("Call me at (415) 555-2671 after 5pm", ["555-2671"]),
     ("Her number is +44 20 7946 0958.", ["7946 0958"]),
     ("reach support on 415-555-2671 or +49 30 901820", ["415-555-2671", "901820"]),
+    ("customer phone: 4155552671, prefers SMS", ["4155552671"]),
     # configured secret values, however they are spelled
     (f"upstream said: bad credential {CONFIGURED}", [CONFIGURED]),
     (f"header dump: {base64.b64encode(CONFIGURED.encode()).decode()}", ["dXBzdHJlYW0tVG9rZW4"]),
@@ -262,6 +281,9 @@ MUST_KEEP: list[tuple[str, str]] = [
     ("json schema", '{"type": "string", "format": "password", "minLength": 8}'),
     ("luhn demo", "luhn(79927398713) -> valid"),
     ("ports", "open ports: 22, 80, 443, 5432, 6379, 8080"),
+    ("public resolvers", "dig @8.8.8.8 example.com; fallback 1.1.1.1 and 2606:4700:4700::1111"),
+    ("counts named like ids", "ssn_count: 123456789, phone_calls: 4155552671, TOKEN_LIMIT=4096"),
+    ("cells", "cell 12: 4155552671 rows; tel_ext 1234"),
     ("matrix", "[[ 0.12 -1.5 ]\n [ 3.25  4.0 ]]"),
     ("phone-free numbers", "batch 415 555 2671 7 rows, sizes 212 555 0199 3"),
 ]
