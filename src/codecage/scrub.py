@@ -32,7 +32,8 @@ data without changing the results of ordinary data work.
   fifth part). Only public addresses are redacted: private (10/8, 172.16/12,
   192.168/16), loopback, link-local, carrier-grade NAT, documentation, benchmarking,
   multicast and reserved ranges, 0.0.0.0/8 and netmasks name no person, and a log
-  analysis of a network is made of them. IPv6 likewise (fc00::/7, fe80::/10,
+  analysis of a network is made of them; nor do the public DNS resolvers (8.8.8.8,
+  1.1.1.1, ...). IPv6 likewise (fc00::/7, fe80::/10,
   2001:db8::/32, ::1, multicast kept); IPv6 needs five hex digits in two groups
   (``a[1::2]`` is a slice).
 - Cards: 13-19 digits, first digit 2-6 (no issuer uses 0, 1, 7, 8, 9; ms and ns
@@ -44,17 +45,21 @@ data without changing the results of ordinary data work.
 - Phones: ``+`` and a country code, US formats (``(415) 555-2671``, ``415-555-2671``,
   ``415.555.2671``, ``415 555 2671`` outside a row of numbers), and, for a non-NANP
   `phone_region`, national numbers with a trunk ``0``; libphonenumber must call each one
-  valid. Unformatted national numbers (``4155552671``) are not looked for.
-- SSNs: ``ddd-dd-dddd`` only (nine bare digits are too common), with stdnum's rules.
+  valid. Unformatted national numbers (``4155552671``) only right after a word that names
+  them (``phone:``, ``tel``, ``mobile no.``, ``fax``): ten bare digits are too common.
+- SSNs: ``ddd-dd-dddd``, or nine digits (``536904399``, ``536 90 4399``) right after
+  ``SSN``/``social security number``; with stdnum's rules.
 - Secrets by shape, by assignment (``password=``, ``"api_key": …``, ``token: …``; the key
   is kept, the value redacted, placeholders and code such as ``get_token()`` are not
   values), in Authorization headers and URLs (``user:pw@``, ``:pw@``), PEM/PuTTY private
   keys, and a 40-character mixed-case base64 word that does not decode to text (an AWS
   secret key printed on its own). A password word (password, passwd, pwd, secret,
-  credentials, private_key, or a name containing secret/pass) takes any value; a token or
-  key word (token, api_key, access_key, authorization) only a value that looks generated:
-  16+ characters, no space, two of lower, upper and digits (a seeded ``token:
-  1VjArnVgxwvq`` is data; real tokens are longer, and the known ones are found by shape).
+  credentials, private_key, or a name containing secret/pass) takes any value, and so does
+  an environment variable's upper-case name (``GITHUB_TOKEN=…``: configuration); a token or
+  key word (token, api_key, access_key, account_key, authorization) only a value that
+  looks generated: 16+ characters, no space, two of lower, upper and digits (a seeded
+  ``token: 1VjArnVgxwvq`` is data; real tokens are longer, and the known ones are found
+  by shape).
 - Emails are redacted wherever they are, tables included: a table of customers' addresses
   is the leak this exists for. In a dict key, a finding becomes a numbered placeholder
   (``[EMAIL_1]``), so keys never collapse and a count per address stays one.
