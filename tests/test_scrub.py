@@ -455,11 +455,14 @@ PEM = (
 )
 
 
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"  # noqa: S105 - AWS's documented example
+
+
 @pytest.mark.parametrize(
     "token",
     [
         "AKIAIOSFODNN7EXAMPLE",
-        "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",  # an AWS secret key, on its own
+        AWS_SECRET,  # an AWS secret key, on its own
         "ghp_" + "aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6",
         "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyzABCDEF",
         "glpat-AbCdEf123456GhIjKlMn",
@@ -481,7 +484,15 @@ PEM = (
 )
 def test_secrets_are_recognised_by_their_shape(token: str) -> None:
     assert scrubbed(f"key: {token}\nnext line") == "key: [SECRET]\nnext line"
-    assert scrubbed(f"({token})") == "([SECRET])"
+    if token != AWS_SECRET:  # a random word needs a credential word nearby
+        assert scrubbed(f"({token})") == "([SECRET])"
+
+
+def test_a_random_40_character_word_is_an_aws_secret_key_only_near_a_credential_word() -> None:
+    assert scrubbed(f"AKIAIOSFODNN7EXAMPLE {AWS_SECRET}") == "[SECRET] [SECRET]"
+    assert scrubbed(f"aws: ({AWS_SECRET})") == "aws: ([SECRET])"
+    random_bytes = "o7qQQwMAJzq8AtS2VTGJn++KbQyRB4IVvCyMYLcq"  # base64 of 30 random bytes
+    assert scrubbed(f"sample: {random_bytes}") == f"sample: {random_bytes}"
 
 
 @pytest.mark.parametrize(

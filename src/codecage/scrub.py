@@ -52,9 +52,10 @@ data without changing the results of ordinary data work.
 - Secrets by shape, by assignment (``password=``, ``"api_key": …``, ``token: …``; the key
   is kept, the value redacted, placeholders and code such as ``get_token()`` are not
   values), in Authorization headers and URLs (``user:pw@``, ``:pw@``), PEM/PuTTY private
-  keys, and a 40-character mixed-case base64 word that does not decode to text (an AWS
-  secret key printed on its own). A password word (password, passwd, pwd, secret,
-  credentials, private_key, or a name containing secret/pass) takes any value, and so does
+  keys, and a 40-character mixed-case base64 word that does not decode to text, near a
+  credential word or an access key id (an AWS secret key printed without its name). A
+  password word (password, passwd, pwd, secret, credentials, private_key, or a name
+  containing secret/pass) takes any value, and so does
   an environment variable's upper-case name (``GITHUB_TOKEN=…``: configuration); a token or
   key word (token, api_key, access_key, account_key, authorization) only a value that
   looks generated: 16+ characters, no space, two of lower, upper and digits (a seeded
@@ -1131,6 +1132,13 @@ def _looks_random(token: str) -> bool:
     return entropy >= 4.2
 
 
+# A 40-character random word is an AWS secret key only near a word that says so (or near
+# its access key id): 30 random bytes in base64 are 40 characters too.
+_AWS_CONTEXT: Final = re.compile(
+    r"(?<![a-z])(?:aws|secret|key|token|credentials?|password|akia|asia)"
+)
+
+
 def _decodes_to_text(token: str) -> bool:
     """Base64 of readable text (``aGVsbG8gd29y…``) is data someone encoded, not a key: an
     AWS secret key decodes to random bytes."""
@@ -1148,7 +1156,11 @@ def _find_aws_secret_keys(view: _View) -> Iterator[Span]:
         if end - start != 40 or _char(text, end) == "=" or _char(text, start - 1) in "=-_":
             continue
         token = text[start:end]
-        if _looks_random(token) and not _decodes_to_text(token):
+        if (
+            _looks_random(token)
+            and not _decodes_to_text(token)
+            and _AWS_CONTEXT.search(view.lower, max(0, start - 80), min(len(text), end + 80))
+        ):
             yield (start, end, "secret")
 
 
