@@ -216,6 +216,7 @@ def test_ssn_shaped_numbers_that_cannot_be_one_survive(text: str) -> None:
         ("ssn_count: 536904399", "ssn_count: 536904399"),
         ("cell 12: 4155552671", "cell 12: 4155552671"),
         ("SSN 000904399", "SSN 000904399"),  # area 000 is never issued
+        ("SSN 219-09-9999", "SSN [SSN]"),  # printed in advertising, but named an SSN here
         ("phone: 1234567890", "phone: 1234567890"),  # not a valid US number
     ],
 )
@@ -523,6 +524,10 @@ def test_a_random_40_character_word_is_an_aws_secret_key_only_near_a_credential_
         ("export GITHUB_TOKEN=abc123", "export GITHUB_TOKEN=[SECRET]"),  # configuration
         ("AccountKey=Zm9vYmFyYmF6cXV4MTIzNDU2;x=1", "AccountKey=[SECRET];x=1"),
         ("redis://:hunter2hunter2@cache:6379/0", "redis://:[SECRET]@cache:6379/0"),
+        ("my password is hunter2.", "my password is [SECRET]."),  # prose: password-like only
+        ("one-time password is 493817", "one-time password is [SECRET]"),
+        ("the token was Zx81kPq9LmN2vB7cR4tY", "the token was [SECRET]"),
+        ("pw=Tr0ub4dor", "pw=[SECRET]"),
     ],
 )
 def test_assigned_secrets_are_redacted_and_their_key_kept(text: str, expected: str) -> None:
@@ -554,6 +559,8 @@ def test_assigned_secrets_are_redacted_and_their_key_kept(text: str, expected: s
         '{"api_key": "abc123", "token": "NbrnTP3fAbnF"}',
         "?api_key=k3y&page=2 access_key: short-name",
         "token: this_is_a_readable_name",
+        "the password is incorrect, password was reset, the token is expired",
+        "bypass: true compass: N42 pass: 12 PASS: test_login",
         "U2Vuc29yIDcgcmVhZGluZyA0Mi41QyBhdCAwOTox",  # 40 base64 characters of text
     ],
 )

@@ -47,8 +47,10 @@ data without changing the results of ordinary data work.
   `phone_region`, national numbers with a trunk ``0``; libphonenumber must call each one
   valid. Unformatted national numbers (``4155552671``) only right after a word that names
   them (``phone:``, ``tel``, ``mobile no.``, ``fax``): ten bare digits are too common.
-- SSNs: ``ddd-dd-dddd``, or nine digits (``536904399``, ``536 90 4399``) right after
-  ``SSN``/``social security number``; with stdnum's rules.
+- SSNs: ``ddd-dd-dddd`` with stdnum's rules; right after ``SSN``/``social security number``
+  also nine digits (``536904399``, ``536 90 4399``), and by the SSA's structural rules
+  only (stdnum refuses numbers printed in advertising, but after the word they read as
+  someone's SSN).
 - Secrets by shape, by assignment (``password=``, ``"api_key": …``, ``token: …``; the key
   is kept, the value redacted, placeholders and code such as ``get_token()`` are not
   values), in Authorization headers and URLs (``user:pw@``, ``:pw@``), PEM/PuTTY private
@@ -60,7 +62,9 @@ data without changing the results of ordinary data work.
   key word (token, api_key, access_key, account_key, authorization) only a value that
   looks generated: 16+ characters, no space, two of lower, upper and digits (a seeded
   ``token: 1VjArnVgxwvq`` is data; real tokens are longer, and the known ones are found
-  by shape).
+  by shape). In prose (``my password is hunter2``) a value must look like a password (a
+  letter and a digit or symbol, or 6+ digits) or, after a token word, generated; ``pass``
+  and ``pw`` alone likewise (``bypass: true`` and ``pass: 12`` stay).
 - Emails are redacted wherever they are, tables included: a table of customers' addresses
   is the leak this exists for. In a dict key, a finding becomes a numbered placeholder
   (``[EMAIL_1]``), so keys never collapse and a count per address stays one.
@@ -529,8 +533,19 @@ def _ssn_span(view: _View, start: int) -> Span | None:
     match = _SSN_AT.match(text, start)
     if match is None or not _digits_end_ok(text, match.end()) or _char(text, start - 1) == "-":
         return None
-    valid = view.valid(partial(stdnum_ssn.is_valid, match.group()))
+    digits = match.group().replace("-", "")
+    valid = view.valid(partial(stdnum_ssn.is_valid, match.group())) or (
+        _ssn_structure_ok(digits) and _named_before(view, start) == "ssn"
+    )
     return (start, match.end(), "ssn") if valid else None
+
+
+def _ssn_structure_ok(digits: str) -> bool:
+    """The SSA's structural rules (area not 000, 666 or 9xx, group not 00, serial not
+    0000), without stdnum's list of numbers known to be printed in advertising: after the
+    word SSN, 078-05-1120 is someone's number as far as a reader can tell."""
+    area, group, serial = digits[:3], digits[3:5], digits[5:]
+    return area not in ("000", "666") and area[0] != "9" and group != "00" and serial != "0000"
 
 
 def _find_digit_shapes(view: _View, wanted: frozenset[Category], region: str) -> Iterator[Span]:
@@ -564,7 +579,7 @@ def _find_digit_shapes(view: _View, wanted: frozenset[Category], region: str) ->
 # Matched on the reversed text before the digits (one attempt, not one per position):
 # "SSN: ", "social security number ", "phone no. ", "Mobile #", "tel ", reversed.
 _NAMED_BY_REVERSED: Final = re.compile(
-    r"[^a-z0-9\n]{0,6}(?:(?:rebmun|\.?on|#) ?)?"
+    r"[^a-z0-9\n]{0,6}(?:(?:si|saw) [^a-z0-9\n]{0,3})?(?:(?:rebmun|\.?on|#) ?)?"
     r"(?:(?P<ssn>nss|ytiruces laicos|#ss)|(?P<phone>enohp|enohpelet|let|elibom|llec|xaf|sms"
     r"|ppastahw))(?![a-z])"
 )
@@ -573,6 +588,15 @@ _NAMED_WINDOW: Final = 32
 # of digits after anything else ("epoch=", "id": ) is dismissed without a regex.
 _NAMING_LAST: Final = frozenset("nyelxspro#.")
 _NAMING_GAP: Final = 6
+
+
+def _named_before(view: _View, start: int) -> Literal["ssn", "phone"] | None:
+    """Whether the text just before `start` names an SSN or a phone number."""
+    window = view.lower[max(0, start - _NAMED_WINDOW) : start][::-1]
+    word = _NAMED_BY_REVERSED.match(window)
+    if word is None:
+        return None
+    return "ssn" if word.group("ssn") is not None else "phone"
 
 
 def _named_number_span(
@@ -587,17 +611,13 @@ def _named_number_span(
     text = view.text
     if not _digits_end_ok(text, end) or _char(text, start - 1) in "+-.":
         return None
-    word = _NAMED_BY_REVERSED.match(lower[max(0, start - _NAMED_WINDOW) : start][::-1])
-    if word is None:
+    named = _named_before(view, start)
+    if named is None:
         return None
     number = text[start:end]
     digits = number.replace(" ", "")
-    if word.group("ssn") is not None:
-        if (
-            "ssn" in wanted
-            and len(digits) == 9
-            and view.valid(partial(stdnum_ssn.is_valid, digits))
-        ):
+    if named == "ssn":
+        if "ssn" in wanted and len(digits) == 9 and _ssn_structure_ok(digits):
             return (start, end, "ssn")
     elif (
         "phone" in wanted
@@ -932,6 +952,9 @@ _KEYWORDS: Final = tuple(
     (re.compile(p + r"(?![a-z0-9])"), any_value)
     for p, any_value in (
         (r"p(?:ass(?:word|wd|phrase)|wd|rivate[_-]?key)", True),
+        # "pass" and "pw" alone are parts of other words (bypass, compass): a whole word,
+        # and a value that looks like a password (`_password_like`).
+        (r"p(?:ass|w)(?<![a-z]pass)(?<![a-z]pw)", False),
         (r"secret(?:[_-]?key)?", True),
         (r"credentials?", True),
         (r"token", False),
@@ -1039,10 +1062,40 @@ def _credential_like(value: str) -> bool:
     return classes >= 2
 
 
-def _assigned_value_span(text: str, key_end: int, any_value: bool) -> tuple[int, int] | None:
-    match = _ASSIGNED_VALUE.match(text, key_end)
+# "my password is hunter2", "the API token is Zx81…": in prose, a value must look like a
+# credential (the password is "incorrect", the token "expired").
+_PROSE_VALUE: Final = re.compile(
+    r" (?:is|was) +([^\s\"'`,;&<>(){}\[\]]{1,256}?)[.!]?(?=\s|\Z|[\"',;)])"
+)
+_PASSWORD_SYMBOLS: Final = frozenset("!@#$%^&*+=?~")
+
+
+def _password_like(value: str) -> bool:
+    """A letter and a digit or symbol (``hunter2``, ``P@ss``), or six digits and more (a
+    PIN, a one-time password): not a plain word (``incorrect``, ``test_foo``)."""
+    if value.isdigit():
+        return len(value) >= 6
+    has_letter = any(c.isalpha() for c in value)
+    return has_letter and any(c.isdigit() or c in _PASSWORD_SYMBOLS for c in value)
+
+
+def _prose_value_span(text: str, key_end: int, any_value: bool) -> tuple[int, int] | None:
+    match = _PROSE_VALUE.match(text, key_end)
     if match is None:
         return None
+    value = match.group(1)
+    if _PLACEHOLDER_LIKE.fullmatch(value) or value.lower() in _NOT_A_VALUE:
+        return None
+    ok = _password_like(value) if any_value else _credential_like(value)
+    return match.span(1) if ok else None
+
+
+def _assigned_value_span(
+    text: str, key_end: int, any_value: bool, password_like: bool = False
+) -> tuple[int, int] | None:
+    match = _ASSIGNED_VALUE.match(text, key_end)
+    if match is None:
+        return _prose_value_span(text, key_end, any_value or password_like)
     group = next(i for i in (1, 2, 3) if match.group(i) is not None)
     start, end = match.span(group)
     if group == 3 and _char(text, end) in "([{":
@@ -1056,6 +1109,8 @@ def _assigned_value_span(text: str, key_end: int, any_value: bool) -> tuple[int,
         any_value = True  # a scheme says that what follows is a credential
     if not _is_real_value(text[start:end], quoted=group != 3):
         return None
+    if password_like and not any_value and _password_like(text[start:end].strip()):
+        return start, end
     if not any_value and not _credential_like(text[start:end]):
         return None
     return start, end
@@ -1090,7 +1145,8 @@ def _find_assignments(view: _View) -> Iterator[Span]:
             ):
                 continue
             strong = any_value or _names_a_password(text, lower, match.start(), match.end())
-            span = _assigned_value_span(text, match.end(), strong)
+            short_word = keyword.pattern.startswith("p(?:ass|w)")
+            span = _assigned_value_span(text, match.end(), strong, password_like=short_word)
             if span is not None:
                 covered = span[1]
                 yield (span[0], span[1], "secret")

@@ -10,12 +10,13 @@ Two corpora, scored in both directions with the default `Scrubber()`:
   DataFrame and CSV prints, base64 of data, seeded random ids). Every text must come back
   unchanged, with no redaction counted.
 
-On the code before this change (9b1373a): MUST_REDACT 56/61 (leaked: the `redis://:pw@`
-URL with no user, an SSN and a phone number written without separators, an Azure
-`AccountKey=`, a SendGrid key), MUST_KEEP 38/59 (private and documentation
-addresses, Luhn-valid ids and Fibonacci numbers, seeded "token: …" values, 40 base64
-characters of a record, dict keys collapsed to "[IP_ADDRESS]#2"). After: 61/61 and 59/59.
-A failing test lists every miss.
+On the code before this change (9b1373a): MUST_REDACT 56/65 (leaked: the `redis://:pw@`
+URL with no user, an SSN and a phone number written without separators, an SSN from
+stdnum's advertising list after the word SSN, an Azure `AccountKey=`, a SendGrid key,
+"my password is …", "the API token is …", "pass: …"), MUST_KEEP 40/61 (private and
+documentation addresses, Luhn-valid ids and Fibonacci numbers, seeded "token: …" values,
+40 base64 characters of data, dict keys collapsed to "[IP_ADDRESS]#2"). After: 65/65 and
+61/61. A failing test lists every miss.
 """
 
 from __future__ import annotations
@@ -112,6 +113,9 @@ MUST_REDACT: list[tuple[str, list[str]]] = [
     ("connecting to redis://:hunter2hunter2@cache:6379/0", ["hunter2hunter2"]),
     ("GET https://shop.example/login?user=ana&password=hunter2 -> 302", ["hunter2"]),
     ("DB_PASSWORD=hunter2", ["hunter2"]),
+    ("my password is hunter2, don't tell anyone", ["hunter2"]),
+    ("The API token is abc123XYZ789def456GHI012", ["abc123XYZ789def456GHI012"]),
+    ("DB pass: s3cr3t", ["s3cr3t"]),
     ("export GITHUB_TOKEN=abc123def456", ["abc123def456"]),
     (
         "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=Zm9vYmFyYmF6cXV4MTIzNDU2Nzg5"
@@ -158,6 +162,7 @@ MUST_REDACT: list[tuple[str, list[str]]] = [
     ("iban=GB82WEST12345698765432", ["GB82WEST12345698765432"]),
     ("Beneficiary account FR1420041010050500013M02606", ["FR1420041010050500013M02606"]),
     ("My SSN is 123-45-6789, please keep it private.", ["123-45-6789"]),
+    ("Her social security number is 078-05-1120.", ["078-05-1120"]),
     ("applicant ssn: 536-90-4399", ["536-90-4399"]),
     ("Social Security Number 536904399 on file", ["536904399"]),
     # e-mail addresses and phone numbers in free text
@@ -262,6 +267,8 @@ MUST_KEEP: list[tuple[str, str]] = [
     ("seeded ids", str(_seeded_ids(5, 20, 10))),
     ("token counts", "max_tokens=4096, tokens: 1500, token_count: 12, prompt_tokens=933"),
     ("password policy", "password_min_length: 12, password: ********, password=None"),
+    ("password prose", "the password is incorrect; password was reset; the token is expired"),
+    ("pass counts", "bypass: true, compass: N42, pass: 12, fail: 0, pass rate: 97.5%"),
     ("isbn and invoice", "ISBN 978-3-16-148410-0, invoice 2024-0042-17"),
     ("dates", "2024-01-15, 15/01/2024, 01.02.2023, Q3 2023"),
     ("floats", "avogadro 6.02214076e+23, pi 3.141592653589793238"),
