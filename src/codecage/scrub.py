@@ -550,6 +550,7 @@ def _ssn_structure_ok(digits: str) -> bool:
 
 def _find_digit_shapes(view: _View, wanted: frozenset[Category], region: str) -> Iterator[Span]:
     text, shape = view.text, view.shape
+    named_wanted = bool(wanted & {"ssn", "phone"})
     for match in _DIGIT_SHAPES.finditer(shape):
         kind, start = match.lastgroup, match.start()
         span: Span | None = None
@@ -559,7 +560,7 @@ def _find_digit_shapes(view: _View, wanted: frozenset[Category], region: str) ->
             span = _ssn_span(view, start)
         elif kind == "us_phone" and "phone" in wanted:
             span = _us_phone_span(view, start, match.end())
-        elif kind == "named":
+        elif kind == "named" and named_wanted:
             span = _named_number_span(view, start, match.end(), wanted, region)
         if span is not None:
             yield span
