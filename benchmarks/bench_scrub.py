@@ -136,7 +136,12 @@ def _sensitive_line(rng: random.Random) -> str:
             f"client {rng.randrange(1, 223)}.{rng.randrange(256)}.{rng.randrange(256)}.7 connected"
         )
     if kind == 5:
-        record = {"user": name, "password": f"pw-{rng.randrange(10**6)}", "api_key": "k1x9Qw"}
+        # an api_key value must look generated (16+ characters) to be a secret
+        record = {
+            "user": name,
+            "password": f"pw-{rng.randrange(10**6)}",
+            "api_key": "k1x9Qw7Zp3Lm8Rt2vB",
+        }
         return json.dumps(record)
     if kind == 6:
         return f"using {SECRETS[rng.randrange(3)]} for upstream"

@@ -31,7 +31,7 @@ PHONE = "+1 415 555 2671"
 SSN = "536-22-1234"
 CARD = "4111 1111 1111 1111"
 IBAN = "DE89 3704 0044 0532 0130 00"
-IP = "203.0.113.42"
+IP = "81.2.69.160"  # public: private and documentation addresses are kept
 AWS_KEY = "AKIAIOSFODNN7EXAMPLE"
 GITHUB_TOKEN = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
 SECRET = "hunter2-correct-horse-battery"  # noqa: S105 (a test value)
@@ -177,14 +177,16 @@ def test_the_return_value_is_scrubbed_keys_included(scrubbing: Sandbox) -> None:
     {EMAIL!r}: {{"phone": {PHONE!r}, "cards": [{CARD.replace(" ", "")}, "none"]}},
     "note": "ok",
     "count": 3,
+    "hits": {{"10.0.0.1": 4, "10.0.0.2": 5}},
 }}
 """
     result = scrubbing.run(code)
     assert result.status == "ok", result.error
     assert result.return_value == {
-        "[EMAIL]": {"phone": "[PHONE]", "cards": ["[CREDIT_CARD]", "none"]},
+        "[EMAIL_1]": {"phone": "[PHONE]", "cards": ["[CREDIT_CARD]", "none"]},
         "note": "ok",
         "count": 3,
+        "hits": {"10.0.0.1": 4, "10.0.0.2": 5},
     }
     assert result.redactions == {"email": 1, "phone": 1, "credit_card": 1}
 

@@ -426,9 +426,17 @@ class ScrubSettings(_Model):
     email: bool = Field(True, description="Email addresses -> [EMAIL].")
     phone: bool = Field(True, description="Phone numbers (international, US formats) -> [PHONE].")
     ssn: bool = Field(True, description="US social security numbers -> [SSN].")
-    credit_card: bool = Field(True, description="Luhn-valid card numbers -> [CREDIT_CARD].")
+    credit_card: bool = Field(
+        True,
+        description="Luhn-valid card numbers, grouped as cards are or next to a card word"
+        " -> [CREDIT_CARD].",
+    )
     iban: bool = Field(True, description="Checksum-valid IBANs -> [IBAN].")
-    ip: bool = Field(True, description="IPv4/IPv6 addresses (not loopback) -> [IP_ADDRESS].")
+    ip: bool = Field(
+        True,
+        description="Public IPv4/IPv6 addresses -> [IP_ADDRESS] (private, loopback, link-local"
+        " and documentation ranges are kept).",
+    )
     secret: bool = Field(
         True, description="Keys, tokens, private keys, password= assignments -> [SECRET]."
     )

@@ -23,35 +23,64 @@ here instead starts with a literal (``@``, ``::``, ``://``, ``AKIA``, ``-----BEG
 libphonenumber (`phonenumbers`) for phone numbers, `python-stdnum` for the Luhn check,
 IBAN checksums and the SSN rules.
 
-Decisions (each pinned by tests/test_scrub.py):
+Decisions (each pinned by tests/test_scrub.py; the two corpora of
+tests/issues/test_18_scrub.py check both directions). The aim: catch what leaks people's
+data without changing the results of ordinary data work.
 
 - A dotted quad is an IPv4 address (``1.2.3.4`` too: it is one) unless a version says so
   around it (``version``/``v``/``==`` before it, ``-beta``/``-2``/``+local`` after it, a
-  fifth part). Loopback, unspecified and 0.0.0.0/8 addresses (masks) survive, as do
-  netmasks. IPv6 needs five hex digits in two groups (``a[1::2]`` is a slice).
-- Cards: 13-19 digits (contiguous or grouped by space/dash), first digit 2-6 (no issuer
-  uses 0, 1, 7, 8, 9; ms and ns timestamps start with 1), Luhn-valid. A Luhn-valid
-  16-digit order id starting with 2-6 is redacted: nothing tells it from a card.
+  fifth part). Only public addresses are redacted: private (10/8, 172.16/12,
+  192.168/16), loopback, link-local, carrier-grade NAT, documentation, benchmarking,
+  multicast and reserved ranges, 0.0.0.0/8 and netmasks name no person, and a log
+  analysis of a network is made of them; nor do the public DNS resolvers (8.8.8.8,
+  1.1.1.1, ...). IPv6 likewise (fc00::/7, fe80::/10,
+  2001:db8::/32, ::1, multicast kept); IPv6 needs five hex digits in two groups
+  (``a[1::2]`` is a slice).
+- Cards: 13-19 digits, first digit 2-6 (no issuer uses 0, 1, 7, 8, 9; ms and ns
+  timestamps start with 1), Luhn-valid, and in a card context: grouped as cards are
+  printed (4-4-4-4, 4-6-5, by spaces or dashes), or one run of digits with an issuer's
+  prefix and a card word (card, visa, cc, payment, ...) within 48 characters before or
+  24 after, no other number in between. One in ten random 16-digit numbers passes Luhn:
+  without the context, ids, counts and Fibonacci numbers would be cards.
 - Phones: ``+`` and a country code, US formats (``(415) 555-2671``, ``415-555-2671``,
   ``415.555.2671``, ``415 555 2671`` outside a row of numbers), and, for a non-NANP
   `phone_region`, national numbers with a trunk ``0``; libphonenumber must call each one
-  valid. Unformatted national numbers (``4155552671``) are not looked for.
-- SSNs: ``ddd-dd-dddd`` only (nine bare digits are too common), with stdnum's rules.
+  valid. Unformatted national numbers (``4155552671``) only right after a word that names
+  them (``phone:``, ``tel``, ``mobile no.``, ``fax``): ten bare digits are too common.
+- SSNs: ``ddd-dd-dddd`` with stdnum's rules; right after ``SSN``/``social security number``
+  also nine digits (``536904399``, ``536 90 4399``), and by the SSA's structural rules
+  only (stdnum refuses numbers printed in advertising, but after the word they read as
+  someone's SSN).
 - Secrets by shape, by assignment (``password=``, ``"api_key": …``, ``token: …``; the key
   is kept, the value redacted, placeholders and code such as ``get_token()`` are not
-  values), in Authorization headers and URLs (``user:pw@``), PEM/PuTTY private keys, and
-  a 40-character mixed-case base64 word (an AWS secret key printed on its own).
+  values), in Authorization headers and URLs (``user:pw@``, ``:pw@``), PEM/PuTTY private
+  keys, and a 40-character mixed-case base64 word that does not decode to text, near a
+  credential word or an access key id (an AWS secret key printed without its name). A
+  password word (password, passwd, pwd, secret, credentials, private_key, or a name
+  containing secret/pass) takes any value, and so does
+  an environment variable's upper-case name (``GITHUB_TOKEN=…``: configuration); a token or
+  key word (token, api_key, access_key, account_key, authorization) only a value that
+  looks generated: 16+ characters, no space, two of lower, upper and digits (a seeded
+  ``token: 1VjArnVgxwvq`` is data; real tokens are longer, and the known ones are found
+  by shape). In prose (``my password is hunter2``) a value must look like a password (a
+  letter and a digit or symbol, or 6+ digits) or, after a token word, generated; ``pass``
+  and ``pw`` alone likewise (``bypass: true`` and ``pass: 12`` stay).
+- Emails are redacted wherever they are, tables included: a table of customers' addresses
+  is the leak this exists for. In a dict key, a finding becomes a numbered placeholder
+  (``[EMAIL_1]``), so keys never collapse and a count per address stays one.
 
 The cap boundary (``truncated=True``): the text may end inside a value. What is redacted
 to the end, per category: a configured secret's first 4+ characters in any spelling; a
 known token prefix (``ghp_``, ``AKIA``, ``sk-``, ``eyJ…``, …) and what follows; a cut
-``password=``/Authorization value; a user:password cut after the colon (not a port);
-16-39 mixed-case base64 characters; a PEM block with no END; an email local part with its
-``@``; card digits 9-18 starting with 2-6 (PCI DSS allows the first 8 to be shown); an
-SSN's first 4+ digits; ``+`` and 5+ digits, ``(415) 555``/``415-555…``, a trunk number
-with 6+ digits; an IBAN with a known country and 4+ account characters; three IPv4
-octets and a dot, or with 6+ digits (not ``3.11.7``); an IPv6 prefix with 3 colons, a
-``::`` or a hex letter. Ordinary endings (numbers, dates, versions, words, hashes) stay.
+``password=``/``token=``/Authorization value (of any length: the rest is unknown); a
+user:password cut after the colon (not a port); 16-39 mixed-case base64 characters; a
+PEM block with no END; an email local part with its ``@``; card digits 9-18 starting
+with 2-6 (PCI DSS allows the first 8 to be shown), one run of digits only next to a card
+word; an SSN's first 4+ digits; ``+`` and 5+ digits, ``(415) 555``/``415-555…``, a trunk
+number with 6+ digits; an IBAN with a known country and 4+ account characters; three
+IPv4 octets and a dot, or with 6+ digits (not ``3.11.7``, nor a prefix inside a private
+range: ``10.0.0.``); an IPv6 prefix with 3 colons, a ``::`` or a hex letter. Ordinary
+endings (numbers, dates, versions, words, hashes) stay.
 """
 
 from __future__ import annotations
@@ -105,6 +134,9 @@ PLACEHOLDERS: Final[Mapping[Category, str]] = {
     "ip": "[IP_ADDRESS]",
     "secret": "[SECRET]",
 }
+
+# In a dict key, a finding becomes a numbered placeholder ([EMAIL_1]) so that keys stay apart.
+_NUMBERED_LABELS: Final[Mapping[Category, str]] = {c: p[1:-1] for c, p in PLACEHOLDERS.items()}
 
 # When two findings overlap, their union is redacted under the first of these: a password
 # that looks like an email address is still a secret.
@@ -382,7 +414,8 @@ _DIGIT_SHAPES: Final = re.compile(
     r"000(?<![0Aa_]000)(?<!0\.000)(?<!0,000)"
     r"(?:(?P<ssn>-00-0000)"
     r"|(?P<us_phone>[-. ]000[-. ]0000)"
-    r"|(?P<card>0[ -]0000[ -]0000|0[ -]000000[ -]0000|0000000000))"
+    r"|(?P<card>0[ -]0000[ -]0000|0[ -]000000[ -]0000|0000000000)"
+    r"|(?P<named>(?<=[ :=#\"'\t(]000)(?:000000(?:0{1,3})?(?![0Aa_])| 00 0000(?![0Aa_]))))"
 )
 _PAREN_PHONE: Final = re.compile(r"\(000\)(?<![0Aa_]\(000\)) ?000[-. ]0000(?![0Aa_])")
 _IBAN_HEAD: Final = re.compile(r"[A-Z]{2}\d{2} ?\Z")
@@ -401,7 +434,52 @@ def _digits_end_ok(text: str, end: int) -> bool:
     return not (after in ".,-/" and _char(text, end + 1).isdigit())
 
 
+# Words that make a run of digits a card number: a card's name, its network's, a payment.
+_CARD_WORDS: Final = re.compile(
+    r"(?<![a-z])(?:credit|debit|(?:credit|debit)?cards?|cardholder|card_?(?:number|no|num)"
+    r"|visa|master ?card|amex|american express|discover|jcb|diners|maestro|unionpay"
+    r"|cc|ccn|cc_?(?:number|no|num)|pan|payments?|cvv2?|cvc2?|exp(?:iry|iration|ires)?)(?![a-z])"
+)
+_CARD_CONTEXT_BEFORE: Final = 48  # characters before a contiguous run searched for a card word
+_CARD_CONTEXT_AFTER: Final = 24
+
+
+def _issuer_prefix(digits: str) -> bool:
+    """The number starts with a prefix that a card network issues (ISO/IEC 7812 IIN
+    ranges of Visa, Mastercard, Amex, Discover, JCB, Diners, UnionPay, Maestro, Mir)."""
+    two, four = int(digits[:2]), int(digits[:4])
+    return (
+        digits[0] in "46"
+        or 50 <= two <= 58
+        or two in (34, 36, 37, 38, 39)
+        or 300 <= int(digits[:3]) <= 305
+        or 3528 <= four <= 3589
+        or 2200 <= four <= 2204
+        or 2221 <= four <= 2720
+    )
+
+
+_OTHER_NUMBER: Final = re.compile(r"\d{4}")
+
+
+def _card_context(view: _View, start: int, end: int) -> bool:
+    """A card word just before or after the digits, with no other number in between
+    ("card 4111… for order 4539…": the order id is not the card). Any line: in a JSON
+    value the key is the string before."""
+    lower = view.lower
+    words = list(_CARD_WORDS.finditer(lower, max(0, start - _CARD_CONTEXT_BEFORE), start))
+    before = words[-1] if words else None  # the card word nearest to the digits
+    if before is not None and not _OTHER_NUMBER.search(lower, before.end(), start):
+        return True
+    after = _CARD_WORDS.search(lower, end, end + _CARD_CONTEXT_AFTER)
+    return after is not None and not _OTHER_NUMBER.search(lower, end, after.start())
+
+
 def _card_span(view: _View, start: int) -> Span | None:
+    """A card number: Luhn-valid 13-19 digits, grouped the way cards are printed (4-4-4-4,
+    4-6-5) or, as one run of digits, with an issuer's prefix and a card word nearby. A run
+    of digits alone is an id, a count or a Fibonacci number as often as a card: one in ten
+    random 16-digit numbers passes Luhn."""
     text = view.text
     if text[start] not in "23456":
         return None  # no issuer starts with 0, 1, 7, 8, 9: ms/ns timestamps start with 1
@@ -419,7 +497,10 @@ def _card_span(view: _View, start: int) -> Span | None:
             len(digits) <= 19
             and digits[0] in "23456"
             and _digits_end_ok(text, start + end)
+            and (len(digits) != end or _issuer_prefix(digits))
             and view.valid(partial(luhn.is_valid, digits))
+            # grouped, the separators are the context; one run needs a card word
+            and (len(digits) != end or _card_context(view, start, start + end))
         ):
             return (start, start + end, "credit_card")
     return None
@@ -452,12 +533,24 @@ def _ssn_span(view: _View, start: int) -> Span | None:
     match = _SSN_AT.match(text, start)
     if match is None or not _digits_end_ok(text, match.end()) or _char(text, start - 1) == "-":
         return None
-    valid = view.valid(partial(stdnum_ssn.is_valid, match.group()))
+    digits = match.group().replace("-", "")
+    valid = view.valid(partial(stdnum_ssn.is_valid, match.group())) or (
+        _ssn_structure_ok(digits) and _named_before(view, start) == "ssn"
+    )
     return (start, match.end(), "ssn") if valid else None
 
 
-def _find_digit_shapes(view: _View, wanted: frozenset[Category]) -> Iterator[Span]:
+def _ssn_structure_ok(digits: str) -> bool:
+    """The SSA's structural rules (area not 000, 666 or 9xx, group not 00, serial not
+    0000), without stdnum's list of numbers known to be printed in advertising: after the
+    word SSN, 078-05-1120 is someone's number as far as a reader can tell."""
+    area, group, serial = digits[:3], digits[3:5], digits[5:]
+    return area not in ("000", "666") and area[0] != "9" and group != "00" and serial != "0000"
+
+
+def _find_digit_shapes(view: _View, wanted: frozenset[Category], region: str) -> Iterator[Span]:
     text, shape = view.text, view.shape
+    named_wanted = bool(wanted & {"ssn", "phone"})
     for match in _DIGIT_SHAPES.finditer(shape):
         kind, start = match.lastgroup, match.start()
         span: Span | None = None
@@ -467,6 +560,8 @@ def _find_digit_shapes(view: _View, wanted: frozenset[Category]) -> Iterator[Spa
             span = _ssn_span(view, start)
         elif kind == "us_phone" and "phone" in wanted:
             span = _us_phone_span(view, start, match.end())
+        elif kind == "named" and named_wanted:
+            span = _named_number_span(view, start, match.end(), wanted, region)
         if span is not None:
             yield span
     if "phone" in wanted:
@@ -474,6 +569,64 @@ def _find_digit_shapes(view: _View, wanted: frozenset[Category]) -> Iterator[Spa
             number = text[match.start() : match.end()]
             if view.valid(partial(_valid_phone, number, "US")):
                 yield (match.start(), match.end(), "phone")
+
+
+# --- an SSN or a phone number written without separators, named by a word -------------
+
+# Nine bare digits are too common to be SSNs and ten too common to be phone numbers, unless
+# a word just before says what they are ("SSN 536904399", "phone: 4155552671"). The digits
+# are found in the shape (by `_DIGIT_SHAPES`, a fast literal scan); the word is then looked
+# for in the few characters before them.
+# Matched on the reversed text before the digits (one attempt, not one per position):
+# "SSN: ", "social security number ", "phone no. ", "Mobile #", "tel ", reversed.
+_NAMED_BY_REVERSED: Final = re.compile(
+    r"[^a-z0-9\n]{0,6}(?:(?:si|saw) [^a-z0-9\n]{0,3})?(?:(?:rebmun|\.?on|#) ?)?"
+    r"(?:(?P<ssn>nss|ytiruces laicos|#ss)|(?P<phone>enohp|enohpelet|let|elibom|llec|xaf|sms"
+    r"|ppastahw))(?![a-z])"
+)
+_NAMED_WINDOW: Final = 32
+# The last character of every naming word and of its suffix ("number", "no.", "#"): a run
+# of digits after anything else ("epoch=", "id": ) is dismissed without a regex.
+_NAMING_LAST: Final = frozenset("nyelxspro#.")
+_NAMING_GAP: Final = 6
+
+
+def _named_before(view: _View, start: int) -> Literal["ssn", "phone"] | None:
+    """Whether the text just before `start` names an SSN or a phone number."""
+    window = view.lower[max(0, start - _NAMED_WINDOW) : start][::-1]
+    word = _NAMED_BY_REVERSED.match(window)
+    if word is None:
+        return None
+    return "ssn" if word.group("ssn") is not None else "phone"
+
+
+def _named_number_span(
+    view: _View, start: int, end: int, wanted: frozenset[Category], region: str
+) -> Span | None:
+    lower = view.lower
+    last = start - 1
+    while last > max(0, start - _NAMING_GAP) and lower[last] in " :=#\t\"'(":
+        last -= 1
+    if last < 0 or lower[last] not in _NAMING_LAST:
+        return None
+    text = view.text
+    if not _digits_end_ok(text, end) or _char(text, start - 1) in "+-.":
+        return None
+    named = _named_before(view, start)
+    if named is None:
+        return None
+    number = text[start:end]
+    digits = number.replace(" ", "")
+    if named == "ssn":
+        if "ssn" in wanted and len(digits) == 9 and _ssn_structure_ok(digits):
+            return (start, end, "ssn")
+    elif (
+        "phone" in wanted
+        and " " not in number
+        and view.valid(partial(_valid_phone, number, region))
+    ):
+        return (start, end, "phone")
+    return None
 
 
 # --- phone numbers with + or a national trunk prefix -----------------------------------
@@ -578,9 +731,70 @@ _HEX_GROUP: Final = re.compile(r"[0-9A-Fa-f]{1,4}")
 _HEX_GROUPS_REVERSED: Final = re.compile(r"[0-9A-Fa-f]{1,4}(?::[0-9A-Fa-f]{1,4}){0,6}")
 
 
+# IPv4 networks that are not on the public internet (RFC 6890's special-purpose registry,
+# multicast and the reserved 240/4): an address in one names a machine on someone's own
+# network, a documentation example or a mask, never a person on the internet.
+_IPV4_NOT_GLOBAL: Final = tuple(
+    (int(net.network_address), int(net.netmask))
+    for net in map(
+        ipaddress.IPv4Network,
+        (
+            "0.0.0.0/8",
+            "10.0.0.0/8",
+            "100.64.0.0/10",
+            "127.0.0.0/8",
+            "169.254.0.0/16",
+            "172.16.0.0/12",
+            "192.0.0.0/24",
+            "192.0.2.0/24",
+            "192.168.0.0/16",
+            "198.18.0.0/15",
+            "198.51.100.0/24",
+            "203.0.113.0/24",
+            "224.0.0.0/3",  # multicast and reserved, 255.255.255.255 included
+        ),
+    )
+)
+
+
+# Public DNS resolvers: a service everyone queries (``dig @8.8.8.8``), not a person.
+_PUBLIC_RESOLVERS: Final = frozenset(
+    int(ipaddress.ip_address(a))
+    for a in (
+        "8.8.8.8",
+        "8.8.4.4",
+        "1.1.1.1",
+        "1.0.0.1",
+        "9.9.9.9",
+        "149.112.112.112",
+        "208.67.222.222",
+        "208.67.220.220",
+        "2001:4860:4860::8888",
+        "2001:4860:4860::8844",
+        "2606:4700:4700::1111",
+        "2606:4700:4700::1001",
+        "2620:fe::fe",
+    )
+)
+
+
+def _ipv4_not_global(value: int, prefix_bits: int = 32) -> bool:
+    """Whether every address that starts with the first `prefix_bits` of `value` is in a
+    network that is not public (with fewer than 32 bits: a prefix cut at the output cap)."""
+    prefix_mask = (0xFFFFFFFF << (32 - prefix_bits)) & 0xFFFFFFFF
+    return any(
+        mask & prefix_mask == mask and value & mask == network for network, mask in _IPV4_NOT_GLOBAL
+    )
+
+
 def _keep_address(address: ipaddress.IPv6Address) -> bool:
-    """Loopback (::1) and unspecified (::) addresses say nothing about anyone."""
-    return address.is_loopback or address.is_unspecified
+    """Only public (global unicast) addresses can point at a person: loopback, unspecified,
+    link-local, unique local (fc00::/7), documentation (2001:db8::/32) and multicast
+    addresses, and IPv4-mapped ones of a private IPv4 address, say nothing about anyone."""
+    mapped = address.ipv4_mapped
+    if mapped is not None:
+        return _ipv4_not_global(int(mapped))
+    return not address.is_global or address.is_multicast or int(address) in _PUBLIC_RESOLVERS
 
 
 def _ipv4_span(view: _View, pivot: int, end: int) -> Span | None:
@@ -601,8 +815,8 @@ def _ipv4_span(view: _View, pivot: int, end: int) -> Span | None:
     if any(len(o) > 1 and o[0] == "0" for o in octets) or any(int(o) > 255 for o in octets):
         return None  # not an address (ipaddress refuses leading zeros too)
     value = int.from_bytes(bytes(int(o) for o in octets), "big")
-    if octets[0] in ("0", "127") or _is_netmask(value):
-        return None  # 0.0.0.0/8 (masks, "this network") and loopback identify nobody
+    if _ipv4_not_global(value) or _is_netmask(value) or value in _PUBLIC_RESOLVERS:
+        return None  # private, loopback, link-local, documentation, masks: identify nobody
     return (start, end, "ip")
 
 
@@ -709,6 +923,10 @@ _TOKEN_SHAPES: Final = (
     re.compile(r"whsec_[A-Za-z0-9+/]{20,255}"),  # Stripe webhook
     re.compile(r"(?P<jwt>eyJ[A-Za-z0-9_\-]{4,}\.eyJ[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]*)"),
     re.compile(r"npm_[A-Za-z0-9]{36}(?![A-Za-z0-9])"),
+    re.compile(r"SG\.[A-Za-z0-9_\-]{22}\.[A-Za-z0-9_\-]{43}(?![A-Za-z0-9_\-])"),  # SendGrid
+    re.compile(r"hf_[A-Za-z0-9]{34}(?![A-Za-z0-9])"),  # Hugging Face
+    re.compile(r"shp(?:at|ss|ca|pa)_[a-fA-F0-9]{32}(?![A-Za-z0-9])"),  # Shopify
+    re.compile(r"do[por]_v1_[a-f0-9]{64}(?![A-Za-z0-9])"),  # DigitalOcean
     re.compile(r"pypi-AgE[A-Za-z0-9_\-]{50,}"),
 )
 _TOKEN_JUDGES: Final[Mapping[str, Callable[[str], bool]]] = {
@@ -728,16 +946,27 @@ _PUTTY_PRIVATE: Final = re.compile(r"Private-Lines: *\d+(?:\r?\n[A-Za-z0-9+/=]*)
 
 # `password=…`, `"api_key": "…"`, `token: …`, `{'secret': '…'}`: the key ends in one
 # of these words (so `max_tokens` and `token_count` do not), the value is redacted.
+# A password is short and plain by nature, so a password word takes any value; a token
+# or key word takes a value only when it looks generated (`_credential_like`): a seeded
+# `token: 1VjArnVgxwvq` is data, `token: Zx81kPq9LmN2vB7cR4tY` a credential.
 _KEYWORDS: Final = tuple(
-    re.compile(p + r"(?![a-z0-9])")
-    for p in (
-        r"p(?:ass(?:word|wd|phrase)|rivate[_-]?key)",
-        r"secret(?:[_-]?key)?",
-        r"token",
-        r"a(?:pi[_-]?key|ccess[_-]?key|uthorization)",
-        r"credentials?",
+    (re.compile(p + r"(?![a-z0-9])"), any_value)
+    for p, any_value in (
+        (r"p(?:ass(?:word|wd|phrase)|wd|rivate[_-]?key)", True),
+        # "pass" and "pw" alone are parts of other words (bypass, compass): a whole word,
+        # and a value that looks like a password (`_password_like`).
+        (r"p(?:ass|w)(?<![a-z]pass)(?<![a-z]pw)", False),
+        (r"secret(?:[_-]?key)?", True),
+        (r"credentials?", True),
+        (r"token", False),
+        (r"a(?:pi[_-]?key|pikey|ccess[_-]?key|uthorization)", False),
+        # `key` alone is too common a word: only these names of it (checked in
+        # `_find_assignments`; the pattern starts with a literal to stay fast).
+        (r"key", False),
     )
 )
+MIN_CONTEXT_SECRET_CHARS: Final = 16
+"""The shortest value a token or key word (``token:``, ``api_key=``) makes a secret."""
 _ASSIGNED_VALUE: Final = re.compile(
     r"""["']?[ \t]*(?:=>|:=|=|:)[ \t]*"""
     r"""(?:"((?:[^"\\\n]|\\.){1,1024})"|'((?:[^'\\\n]|\\.){1,1024})'|([^\s"'`,;&<>(){}\[\]]{1,1024}))"""
@@ -772,7 +1001,7 @@ _SCHEME_VALUE: Final = re.compile(r"[^\s\"'`,;&<>(){}\[\]]{1,1024}")
 _AUTH_SCHEME: Final = re.compile(r"b(?:(?P<bearer>earer)|asic)[ \t]+")
 _BEARER_VALUE: Final = re.compile(r"[A-Za-z0-9\-._~+/]{8,4096}=*")
 _BASIC_VALUE: Final = re.compile(r"[A-Za-z0-9+/]{8,}={0,2}(?![A-Za-z0-9+/=])")
-_URL_CREDENTIALS: Final = re.compile(r"://[^\s:/@]{1,256}:([^\s/@]{1,256})@")
+_URL_CREDENTIALS: Final = re.compile(r"://[^\s:/@]{0,256}:([^\s/@]{1,256})@")
 _LONG_B64: Final = re.compile("x" * 40 + "x*")
 
 
@@ -821,10 +1050,53 @@ def _is_real_value(value: str, quoted: bool) -> bool:
     return quoted or not (stripped.isdigit() and len(stripped) < 6)
 
 
-def _assigned_value_span(text: str, key_end: int) -> tuple[int, int] | None:
-    match = _ASSIGNED_VALUE.match(text, key_end)
+def _credential_like(value: str) -> bool:
+    """A value that looks generated: 16+ characters, no space, and two of lower case,
+    upper case and digits (``Zx81kPq9LmN2vB7cR4tY``, a 32-digit hex key)."""
+    if len(value) < MIN_CONTEXT_SECRET_CHARS or any(c.isspace() for c in value):
+        return False
+    classes = (
+        any(c.islower() for c in value)
+        + any(c.isupper() for c in value)
+        + any(c.isdigit() for c in value)
+    )
+    return classes >= 2
+
+
+# "my password is hunter2", "the API token is Zx81…": in prose, a value must look like a
+# credential (the password is "incorrect", the token "expired").
+_PROSE_VALUE: Final = re.compile(
+    r" (?:is|was) +([^\s\"'`,;&<>(){}\[\]]{1,256}?)[.!]?(?=\s|\Z|[\"',;)])"
+)
+_PASSWORD_SYMBOLS: Final = frozenset("!@#$%^&*+=?~")
+
+
+def _password_like(value: str) -> bool:
+    """A letter and a digit or symbol (``hunter2``, ``P@ss``), or six digits and more (a
+    PIN, a one-time password): not a plain word (``incorrect``, ``test_foo``)."""
+    if value.isdigit():
+        return len(value) >= 6
+    has_letter = any(c.isalpha() for c in value)
+    return has_letter and any(c.isdigit() or c in _PASSWORD_SYMBOLS for c in value)
+
+
+def _prose_value_span(text: str, key_end: int, any_value: bool) -> tuple[int, int] | None:
+    match = _PROSE_VALUE.match(text, key_end)
     if match is None:
         return None
+    value = match.group(1)
+    if _PLACEHOLDER_LIKE.fullmatch(value) or value.lower() in _NOT_A_VALUE:
+        return None
+    ok = _password_like(value) if any_value else _credential_like(value)
+    return match.span(1) if ok else None
+
+
+def _assigned_value_span(
+    text: str, key_end: int, any_value: bool, password_like: bool = False
+) -> tuple[int, int] | None:
+    match = _ASSIGNED_VALUE.match(text, key_end)
+    if match is None:
+        return _prose_value_span(text, key_end, any_value or password_like)
     group = next(i for i in (1, 2, 3) if match.group(i) is not None)
     start, end = match.span(group)
     if group == 3 and _char(text, end) in "([{":
@@ -835,19 +1107,47 @@ def _assigned_value_span(text: str, key_end: int) -> tuple[int, int] | None:
         if value is None:
             return None
         start, end = value.start(), max(value.end(), end if group != 3 else value.end())
+        any_value = True  # a scheme says that what follows is a credential
     if not _is_real_value(text[start:end], quoted=group != 3):
+        return None
+    if password_like and not any_value and _password_like(text[start:end].strip()):
+        return start, end
+    if not any_value and not _credential_like(text[start:end]):
         return None
     return start, end
 
 
+_KEY_NAMES: Final = re.compile(
+    r"(?<![a-z])(?:account|session|signing|encryption|master|consumer|subscription)[_-]?\Z"
+)
+_KEY_NAME_REVERSED: Final = re.compile(r"[a-z0-9_.\-]{1,64}")
+
+
+def _names_a_password(text: str, lower: str, keyword_start: int, keyword_end: int) -> bool:
+    """A token or key word inside a name that says secret or password
+    (``aws_secret_access_key``), or an environment variable's name (``GITHUB_TOKEN=``,
+    ``export API_KEY=``: configuration, where credentials live): any value is a secret."""
+    start = _extend_left(lower, keyword_start, _KEY_NAME_REVERSED, 64)
+    name = lower[start:keyword_start]
+    if "secret" in name or "pass" in name:
+        return True
+    return _char(text, keyword_end) == "=" and text[start:keyword_end].isupper()
+
+
 def _find_assignments(view: _View) -> Iterator[Span]:
     text, lower = view.text, view.lower
-    for keyword in _KEYWORDS:
+    for keyword, any_value in _KEYWORDS:
         covered = -1
         for match in keyword.finditer(lower):
             if match.start() < covered:
                 continue  # inside the value just found ("password=password=…")
-            span = _assigned_value_span(text, match.end())
+            if keyword.pattern.startswith("key") and not _KEY_NAMES.search(
+                lower, max(0, match.start() - 13), match.start()
+            ):
+                continue
+            strong = any_value or _names_a_password(text, lower, match.start(), match.end())
+            short_word = keyword.pattern.startswith("p(?:ass|w)")
+            span = _assigned_value_span(text, match.end(), strong, password_like=short_word)
             if span is not None:
                 covered = span[1]
                 yield (span[0], span[1], "secret")
@@ -889,13 +1189,35 @@ def _looks_random(token: str) -> bool:
     return entropy >= 4.2
 
 
+# A 40-character random word is an AWS secret key only near a word that says so (or near
+# its access key id): 30 random bytes in base64 are 40 characters too.
+_AWS_CONTEXT: Final = re.compile(
+    r"(?<![a-z])(?:aws|secret|key|token|credentials?|password|akia|asia)"
+)
+
+
+def _decodes_to_text(token: str) -> bool:
+    """Base64 of readable text (``aGVsbG8gd29y…``) is data someone encoded, not a key: an
+    AWS secret key decodes to random bytes."""
+    try:
+        decoded = base64.b64decode(token, validate=True).decode("utf-8")
+    except (ValueError, binascii.Error):
+        return False
+    return decoded.isprintable()
+
+
 def _find_aws_secret_keys(view: _View) -> Iterator[Span]:
     text = view.text
     for match in _LONG_B64.finditer(view.b64):
         start, end = match.span()
         if end - start != 40 or _char(text, end) == "=" or _char(text, start - 1) in "=-_":
             continue
-        if _looks_random(text[start:end]):
+        token = text[start:end]
+        if (
+            _looks_random(token)
+            and not _decodes_to_text(token)
+            and _AWS_CONTEXT.search(view.lower, max(0, start - 80), min(len(text), end + 80))
+        ):
             yield (start, end, "secret")
 
 
@@ -1055,7 +1377,11 @@ def _tail_ok(category: Category, tail: str) -> bool:
         return bool(shaped) and any(c in string.hexdigits for c in tail)
     if category == "ip":
         octets = [o for o in tail.split(".") if o]
-        return all(int(o) <= 255 for o in octets) and (tail.endswith(".") or digits >= 6)
+        if not all(int(o) <= 255 for o in octets) or not (tail.endswith(".") or digits >= 6):
+            return False
+        whole = tail.split(".")[:-1]  # the octets the cut left whole: a prefix of the address
+        value = sum(int(o) << (24 - 8 * i) for i, o in enumerate(whole))
+        return not _ipv4_not_global(value, 8 * len(whole))  # "10.0.0." is private whatever follows
     return True
 
 
@@ -1077,6 +1403,12 @@ def _find_tail(
         start = match.start(1) if pattern.groups else match.start()
         if not _tail_ok(category, window[start:]):
             continue
+        if (
+            category == "credit_card"
+            and window[start:].isdigit()
+            and not _card_context(view, offset + start, len(text))
+        ):
+            continue  # one cut run of digits is a card only next to a card word
         if category == "ip" and _VERSION_CONTEXT.search(
             view.lower, max(0, offset + start - 12), offset + start
         ):
@@ -1193,7 +1525,7 @@ class Scrubber:
         if "email" in wanted:
             detectors.append(_find_emails)
         if wanted & {"ssn", "credit_card", "phone"}:
-            detectors.append(lambda v: _find_digit_shapes(v, wanted))
+            detectors.append(lambda v: _find_digit_shapes(v, wanted, region))
         if "phone" in wanted:
             detectors.append(lambda v: _find_prefixed_phones(v, region))
         if "iban" in wanted:
@@ -1263,27 +1595,39 @@ class Scrubber:
     def scrub_value(self, value: object) -> ScrubbedValue:
         """A scrubbed copy of a JSON-like value and what was redacted in it.
 
-        Strings are scrubbed wherever they are, dict keys included (an address used as
-        a key leaks as much as one used as a value; two keys that become the same are
-        kept apart with a ``#2`` suffix). An int whose digits are a finding becomes the
-        placeholder string. Tuples become lists; other objects are scrubbed as their
-        `str`. Nesting deeper than 200 levels is replaced by ``[TOO_DEEP]``. A value is
-        not scanned across its strings: an address split over two list items survives.
+        Strings are scrubbed wherever they are, dict keys included: an address used as a
+        key leaks as much as one used as a value. A finding in a key becomes a numbered
+        placeholder (``[EMAIL_1]``, ``[EMAIL_2]``; the same value the same number
+        throughout the value), so the dict keeps every key apart and its shape: a count
+        per address is still a count per address. An int whose digits are a finding
+        becomes the placeholder string. Tuples become lists; other objects are scrubbed
+        as their `str`. Nesting deeper than 200 levels is replaced by ``[TOO_DEEP]``. A
+        value is not scanned across its strings: an address split over two list items
+        survives.
 
         Raises:
             Nothing.
         """
         texts: list[str] = []
-        _collect_strings(value, texts, convert_other=True)
-        scrubbed, spans = self.replace_many(texts, _placeholder)
+        keys: list[int] = []
+        _collect_strings(value, texts, convert_other=True, keys=keys)
+        scrubbed, spans = self.replace_many(
+            texts, _placeholder, keys=frozenset(keys), replace_key=_Numbering()
+        )
         mapped = iter(scrubbed)
         return ScrubbedValue(_rebuild(value, mapped, convert_other=True), _count(spans))
 
     def replace_many(
-        self, texts: list[str], replace: Callable[[Category, str], str]
+        self,
+        texts: list[str],
+        replace: Callable[[Category, str], str],
+        *,
+        keys: frozenset[int] = frozenset(),
+        replace_key: Callable[[Category, str], str] | None = None,
     ) -> tuple[list[str], list[Span]]:
-        """Each text with its findings replaced by `replace(category, value)`, and the
-        findings (positions in the joined text, for counting).
+        """Each text with its findings replaced by `replace(category, value)` (by
+        `replace_key` in the texts whose indices are in `keys`), and the findings
+        (positions in the joined text, for counting).
 
         The texts are scanned as one, joined by a separator that no detector's pattern
         can cross, because one scan of a long text costs far less than one per short
@@ -1296,29 +1640,71 @@ class Scrubber:
         """
         if not texts or not self._detectors:
             return texts, []
+        by_text = _by_text(replace, keys, replace_key)
         if len(texts) == 1:
-            return self._replace_each(texts, replace)
+            return self._replace_each(texts, by_text)
         joined = _JOIN.join(texts)
         if joined.count("\0") != len(texts) - 1:  # a text holds a NUL of its own
-            return self._replace_each(texts, replace)
+            return self._replace_each(texts, by_text)
         spans = self.find(joined)
         if not spans:
             return texts, []
-        parts = _splice(joined, spans, replace).split(_JOIN)
-        if len(parts) != len(texts):  # a finding ate into a separator
-            return self._replace_each(texts, replace)
-        return parts, spans
+        if keys and replace_key is not None:
+            # The text a finding is in: how many separators (their NULs) come before it,
+            # counted forwards from finding to finding (the spans are sorted).
+            replacements = []
+            index = position = 0
+            for start, end, category in spans:
+                index += joined.count("\0", position, start)
+                position = start
+                replacements.append(by_text(index)(category, joined[start:end]))
+            taken = iter(replacements)
+            parts = _splice(joined, spans, lambda _category, _value: next(taken))
+        else:
+            parts = _splice(joined, spans, replace)
+        split = parts.split(_JOIN)
+        if len(split) != len(texts):  # a finding ate into a separator
+            return self._replace_each(texts, by_text)
+        return split, spans
 
     def _replace_each(
-        self, texts: list[str], replace: Callable[[Category, str], str]
+        self, texts: list[str], by_text: Callable[[int], Callable[[Category, str], str]]
     ) -> tuple[list[str], list[Span]]:
         out: list[str] = []
         every: list[Span] = []
-        for text in texts:
+        for index, text in enumerate(texts):
             spans = self.find(text)
-            out.append(_splice(text, spans, replace) if spans else text)
+            out.append(_splice(text, spans, by_text(index)) if spans else text)
             every.extend(spans)
         return out, every
+
+
+def _by_text(
+    replace: Callable[[Category, str], str],
+    keys: frozenset[int],
+    replace_key: Callable[[Category, str], str] | None,
+) -> Callable[[int], Callable[[Category, str], str]]:
+    """The replacement for the findings of the text at an index: `replace_key` in a key."""
+    if replace_key is None or not keys:
+        return lambda _index: replace
+    return lambda index: replace_key if index in keys else replace
+
+
+class _Numbering:
+    """Numbered placeholders (``[EMAIL_1]``): the same value gets the same one, another
+    value the next number of its category. One per scrubbed value."""
+
+    def __init__(self) -> None:
+        self._labels: dict[tuple[Category, str], str] = {}
+        self._issued: Counter[Category] = Counter()
+
+    def __call__(self, category: Category, value: str) -> str:
+        label = self._labels.get((category, value))
+        if label is None:
+            self._issued[category] += 1
+            label = f"[{_NUMBERED_LABELS[category]}_{self._issued[category]}]"
+            self._labels[(category, value)] = label
+        return label
 
 
 # A newline stops every pattern but the PEM one, which `replace_many` checks for; the NUL
@@ -1336,9 +1722,17 @@ def _int_text(value: int) -> str | None:
     return digits if len(digits.lstrip("-")) >= MIN_SECRET_CHARS else None
 
 
-def _collect_strings(value: object, out: list[str], *, convert_other: bool, depth: int = 0) -> None:
-    """Append every string of a JSON-like value (keys too) to `out`, in the order in
-    which `_rebuild` will take them back. Exact type checks first: this runs per node."""
+def _collect_strings(
+    value: object,
+    out: list[str],
+    *,
+    convert_other: bool,
+    depth: int = 0,
+    keys: list[int] | None = None,
+) -> None:
+    """Append every string of a JSON-like value (keys too, their indices in `out` to
+    `keys`) to `out`, in the order in which `_rebuild` will take them back. Exact type
+    checks first: this runs per node."""
     kind = type(value)
     if kind is str:
         out.append(value)  # type: ignore[arg-type]
@@ -1347,11 +1741,13 @@ def _collect_strings(value: object, out: list[str], *, convert_other: bool, dept
     elif kind is dict or isinstance(value, dict):
         for key, item in value.items():  # type: ignore[attr-defined]
             if type(key) is str:
+                if keys is not None:
+                    keys.append(len(out))
                 out.append(key)
-            _collect_strings(item, out, convert_other=convert_other, depth=depth + 1)
+            _collect_strings(item, out, convert_other=convert_other, depth=depth + 1, keys=keys)
     elif kind is list or isinstance(value, list | tuple):
         for item in value:  # type: ignore[attr-defined]
-            _collect_strings(item, out, convert_other=convert_other, depth=depth + 1)
+            _collect_strings(item, out, convert_other=convert_other, depth=depth + 1, keys=keys)
     elif isinstance(value, str):
         out.append(value)
     elif isinstance(value, int) and not isinstance(value, bool):
@@ -1403,7 +1799,8 @@ def _rebuild(
 
 
 def _distinct_key(out: Mapping[object, object], key: object) -> str:
-    """Two keys that scrub to the same text stay two keys: ``[EMAIL]``, ``[EMAIL]#2``."""
+    """A scrubbed key that equals a key the value already had (``[EMAIL_1]`` written by
+    the code itself) stays a key of its own: ``[EMAIL_1]#2``."""
     suffix = 2
     while f"{key}#{suffix}" in out:
         suffix += 1
