@@ -563,6 +563,11 @@ class GuestLimits(_Model):
     )
 
 
+Face = Literal["library", "cli", "mcp"]
+"""Which face a request came through: hints name that face's own arguments (keyword
+arguments, flags, the MCP tool's arguments)."""
+
+
 class GuestRequest(_Model):
     """host -> guest: the code to run."""
 
@@ -575,6 +580,16 @@ class GuestRequest(_Model):
     profile: str = Field("", description="Profile name(s), for messages.")
     allowed_modules: list[str] | None = Field(
         None, description="Modules the user's code may import; None = no import policy."
+    )
+    face: Face = Field("library", description="Who asked: an import refusal's hint says how "
+                       "to allow the module in this face's terms.")  # fmt: skip
+    installed_packages: list[str] = Field(
+        default_factory=list,
+        description="Third-party packages the host has: a refusal suggests allowing only "
+        "these (or the standard library's), never a module that would then be missing.",
+    )
+    wider_profile: str | None = Field(
+        None, description="A profile the caller may choose that allows every module."
     )
 
 
