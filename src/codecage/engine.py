@@ -399,7 +399,7 @@ def run_in(sandbox: StartedSandbox, request: RunRequest, *, backend_name: str) -
         profile=request.policy.profile if request.policy else "",
         allowed_modules=sorted(request.policy.modules) if request.policy else None,
         face=request.face,
-        installed_packages=list(profiles.installed_packages()) if request.policy else [],
+        installed_packages=_hint_packages(request.policy),
         wider_profile=request.wider_profile,
     )
     tool_bridge = bridge.Channel(
@@ -553,6 +553,13 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _hint_packages(policy: ImportPolicy | None) -> list[str]:
+    """What a refusal may suggest allowing; nothing to send where nothing is refused."""
+    if policy is None or policy.allows_every_module:
+        return []
+    return list(profiles.installed_packages())
 
 
 def _package_mounts(

@@ -35,6 +35,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult, TextContent
 
 from codecage import Sandbox, config, profiles
+from codecage.isolation import rootfs
 from codecage.server import build_server
 
 CORPUS = Path(__file__).resolve().parent.parent / "agent_corpus"
@@ -353,7 +354,7 @@ def test_a_refusal_over_the_cli_names_the_flags(clean_env: dict[str, str]) -> No
         timeout=60,
     )
     message = json.loads(p.stdout)["error"]["message"]
-    assert "--allow-import os" in message and "--profile standard" in message
+    assert "pass --allow-import os or --profile standard" in message
     assert "allowed_imports" not in message
 
 
@@ -366,8 +367,9 @@ def test_a_refusal_over_mcp_names_the_tools_arguments(clean_env: dict[str, str])
         return reply.structured_content or {}
 
     message = anyio.run(main)["error"]["message"]
-    assert "allowed_imports=['os']" in message and "profile='standard'" in message
+    assert "pass allowed_imports=['os'] or profile='standard' to execute_code" in message
     assert "--allow-import" not in message and "codecage info" not in message
+    assert "Sandbox(" not in message
 
 
 def test_a_refusal_never_suggests_allowing_a_module_that_is_not_installed(
@@ -435,3 +437,20 @@ def test_cli_validate_of_a_dotted_stdlib_import_under_basic_is_valid(
         timeout=60,
     )
     assert p.returncode == 0 and json.loads(p.stdout)["valid"], p.stdout
+
+
+def test_the_package_listing_is_cached_and_a_cached_path_outside_site_packages_is_not_believed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Binding the default's data packages must not cost every `codecage run` the ~0.6 s of
+    reading every distribution's RECORD; the cache cannot widen what is bound either."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    names = ("numpy",)
+    entries, _ = rootfs._package_files(names)
+    [cache_file] = (tmp_path / "codecage").glob("packages-*.json")
+    assert {Path(p) for p in json.loads(cache_file.read_text())["entries"]} == entries
+    planted = json.loads(cache_file.read_text())
+    planted["entries"].append("/etc")
+    cache_file.write_text(json.dumps(planted))
+    again, _ = rootfs._package_files(names)
+    assert again == entries and Path("/etc") not in again
