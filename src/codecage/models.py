@@ -346,7 +346,9 @@ class ProfileInfo(_Model):
 
     name: str
     description: str
-    modules: list[str] = Field(description="Dotted module prefixes the code may import.")
+    modules: list[str] = Field(
+        description="Dotted module prefixes the code may import; `*`: every module."
+    )
     packages_importable: dict[str, bool] = Field(
         description="Third-party packages of the profile and whether the sandbox can import them."
     )
