@@ -71,3 +71,16 @@ def test_the_scrub_benchmark_runs_every_variant_and_finds_no_false_positive() ->
     for variant in ("all", "all_dense", "scrub_value", "result", "configured"):
         assert f"\n{variant} " in p.stdout, variant
     assert "false positives on 64000 chars of ordinary output: 0" in p.stdout
+
+
+def test_the_preload_benchmark_runs_and_prints_every_variant() -> None:
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_preload.py"), "-n", "1", "--no-write"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert p.returncode == 0, p.stderr
+    for variant in ("preload=none", "preload=numpy ", "preload=numpy+pandas+matplotlib"):
+        assert variant in p.stdout

@@ -136,12 +136,14 @@ def test_every_command_has_help_with_an_example() -> None:
 
 
 def test_profile_flags_gate_imports_with_exit_1_and_an_event() -> None:
-    refused = cli("run", "--code", "import os", "--json")
+    refused = cli("run", "--code", "import os", "--profile", "basic", "--json")
     assert refused.returncode == 1
     result = json.loads(refused.stdout)
     assert result["error"]["type"] == "ImportError"
     assert [e["kind"] for e in result["events"]] == ["import_blocked"]
-    assert cli("run", "--code", "import os", "--allow-import", "os,sys").returncode == 0
+    assert cli("run", "--code", "import os").returncode == 0  # the default refuses nothing
+    allowed = cli("run", "--code", "import os", "--profile", "basic", "--allow-import", "os,sys")
+    assert allowed.returncode == 0
     assert cli("run", "--code", "import pathlib", "--profile", "filesystem").returncode == 0
     assert cli("run", "--code", "import os", "--no-import-policy").returncode == 0
     assert cli("run", "--code", "1", "--profile", "nope").returncode == 2
@@ -156,8 +158,10 @@ def test_validate_reports_findings_without_running_and_exits_by_verdict(tmp_path
     assert "CC107" in {f["rule_id"] for f in report["findings"]}
     assert not marker.exists()  # never executed
     assert cli("validate", "--code", code, "--strict").returncode == 1
-    assert cli("validate", "--code", "import os").returncode == 1
-    assert cli("validate", "--code", "import os", "--allow-import", "os").returncode == 0
+    assert cli("validate", "--code", "import os").returncode == 0  # as the default's run
+    assert cli("validate", "--code", "import os", "--profile", "basic").returncode == 1
+    basic_os = cli("validate", "--code", "import os", "--profile", "basic", "--allow-import", "os")
+    assert basic_os.returncode == 0
     syntax = json.loads(cli("validate", "--code", "x = (", "--json").stdout)
     assert syntax["valid"] is False and syntax["findings"][0]["line"] == 1
     assert "ERROR" not in cli("validate", "--code", "1").stderr

@@ -176,9 +176,10 @@ ProfileOpt = Annotated[
     str | None,
     typer.Option(
         "--profile",
-        help="Capability profile(s) for imports, comma-separated: basic, data_science, "
-        "filesystem, network, or one from the config file. (default: basic, or "
-        "CODECAGE_PROFILE, or the config file's policy.profile)",
+        help="Capability profile(s) for imports, comma-separated: standard (the whole "
+        "standard library and the installed data packages), or the curated basic, "
+        "data_science, filesystem, network, or one from the config file. (default: "
+        "standard, or CODECAGE_PROFILE, or the config file's policy.profile)",
         show_default=False,
     ),
 ]
@@ -414,6 +415,7 @@ def run(
             import_policy=not no_import_policy,
             config=settings,
             scrub=_scrub_option(no_scrub, scrub_categories, settings),
+            face="cli",
             **tools.sandbox_options(),
         )
         with (

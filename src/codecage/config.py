@@ -26,7 +26,8 @@ timeout = 10
 memory_mb = 256
 
 [policy]
-profile = "basic"                     # default profile(s), comma-separated
+profile = "basic"                     # default profile(s), comma-separated (built-in
+                                      # default: "standard", which refuses no import)
 allowed_imports = ["os.path"]         # added to every run's profile
 enabled_profiles = ["basic", "filesystem", "analyst"]   # the only ones a caller may pick
 
@@ -85,7 +86,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from codecage.errors import ConfigError
 from codecage.models import SCRUB_CATEGORIES, Limits, PoolConfig, ScrubSettings, ServeSettings
-from codecage.profiles import BUILTIN_PROFILES
+from codecage.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE
 
 ENV_CONFIG = "CODECAGE_CONFIG"
 SYSTEM_CONFIG = Path("/etc/codecage/config.toml")
@@ -238,7 +239,9 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
             hint=f"limits keys are: {', '.join(Limits.model_fields)}",
         )
     limits = _validated_limits(limits_data, sources)
-    profile, sources["profile"] = _pick(parsed.policy.profile, "basic", where, env, "PROFILE")
+    profile, sources["profile"] = _pick(
+        parsed.policy.profile, DEFAULT_PROFILE, where, env, "PROFILE"
+    )
     imports, sources["allowed_imports"] = _pick_list(
         parsed.policy.allowed_imports, where, env, "ALLOWED_IMPORTS"
     )

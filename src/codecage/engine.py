@@ -17,7 +17,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -29,13 +28,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from codecage import packages
+from codecage import packages, profiles
 from codecage import scrub as scrubbing
 from codecage import workspace as workspaces
 from codecage.backends.base import Backend, LaunchSpec
 from codecage.bridge import channel as bridge
 from codecage.bridge.tooling import SERVERS_DIR_PREFIX
-from codecage.errors import ConfigError, SandboxError
+from codecage.errors import ConfigError, Face, SandboxError
 from codecage.guest.bootstrap import STOP_LINE
 from codecage.isolation import limits as cgroups
 from codecage.isolation import rootfs, seccomp, shell
@@ -90,6 +89,8 @@ class RunRequest:
     servers_dir: Path | None = None  # see SandboxSpec
     skills_dir: Path | None = None
     packages_dir: Path | None = None
+    face: Face = "library"  # who asked: an import refusal's hint is worded for it
+    wider_profile: str | None = None  # an enabled profile that refuses nothing, for hints
 
 
 def ceilings() -> Ceilings:
@@ -400,6 +401,9 @@ def run_in(sandbox: StartedSandbox, request: RunRequest, *, backend_name: str) -
         return_value_max_bytes=RETURN_VALUE_MAX_BYTES,
         profile=request.policy.profile if request.policy else "",
         allowed_modules=sorted(request.policy.modules) if request.policy else None,
+        face=request.face,
+        installed_packages=_hint_packages(request.policy),
+        wider_profile=request.wider_profile,
     )
     tool_bridge = bridge.Channel(
         sandbox.channel.host_bridge,
@@ -557,14 +561,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _hint_packages(policy: ImportPolicy | None) -> list[str]:
+    """What a refusal may suggest allowing; nothing to send where nothing is refused."""
+    if policy is None or policy.allows_every_module:
+        return []
+    return list(profiles.installed_packages())
+
+
 def _package_mounts(
     policy: ImportPolicy | None, interpreter: rootfs.Interpreter
 ) -> tuple[rootfs.Mount, ...]:
-    """Third-party packages the policy allows (data_science), bound read-only."""
-    if policy is None:
-        return ()
-    tops = frozenset(m.split(".")[0] for m in policy.modules) - sys.stdlib_module_names
-    packages = rootfs.packages_for(tops - {"codecage"})
+    """Third-party packages the policy allows, bound read-only: those a curated profile
+    names, or every installed data package under the default profile or no policy."""
+    packages = rootfs.packages_for(profiles.packages_to_bind(policy))
     known = {str(lib) for lib in interpreter.libraries}
     return tuple(
         m for m in rootfs.package_mounts(packages) if m.kind != "ro-bind" or m.dest not in known

@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from codecage.errors import Face
 from codecage.output import neutralise_line
 
 Status = Literal["ok", "error", "timeout", "cpu_limit", "memory_limit", "killed", "blocked"]
@@ -369,7 +370,9 @@ class ProfileInfo(_Model):
 
     name: str
     description: str
-    modules: list[str] = Field(description="Dotted module prefixes the code may import.")
+    modules: list[str] = Field(
+        description="Dotted module prefixes the code may import; `*`: every module."
+    )
     packages_importable: dict[str, bool] = Field(
         description="Third-party packages of the profile and whether the sandbox can import them."
     )
@@ -619,6 +622,16 @@ class GuestRequest(_Model):
     profile: str = Field("", description="Profile name(s), for messages.")
     allowed_modules: list[str] | None = Field(
         None, description="Modules the user's code may import; None = no import policy."
+    )
+    face: Face = Field("library", description="Who asked: an import refusal's hint says how "
+                       "to allow the module in this face's terms.")  # fmt: skip
+    installed_packages: list[str] = Field(
+        default_factory=list,
+        description="Third-party packages the host has: a refusal suggests allowing only "
+        "these (or the standard library's), never a module that would then be missing.",
+    )
+    wider_profile: str | None = Field(
+        None, description="A profile the caller may choose that allows every module."
     )
 
 

@@ -1,5 +1,11 @@
 """Capability profiles: which modules the agent's code may import.
 
+The default profile, `standard`, refuses nothing: the whole standard library and every
+installed data package (numpy, pandas, matplotlib, ...) are importable. The curated profiles
+(`basic`, `data_science`, `filesystem`, `network`) are for operators who want the code's
+intent made explicit, at the price of a refusal (and an agent's round trip) for anything
+outside them.
+
 This is a *policy* layer on top of the sandbox, never the boundary: the import hook runs
 inside the sandbox, in the same interpreter as the code it polices, and determined code can
 get around it (`random._os` is the `os` module). What the code can *do* is bounded by the
@@ -12,15 +18,24 @@ parent package `xml` as a stepping stone, not `xml.dom`. Profiles combine by uni
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from codecage.errors import ConfigError
 from codecage.models import ProfileInfo
 
-RUNTIME_MODULES = frozenset({"codecage", "codecage.runtime"})
-"""The guest's own helpers, importable under every profile."""
+EVERY_MODULE = "*"
+"""A profile entry that allows every module the sandbox can import (the `standard` profile)."""
+
+DEFAULT_PROFILE = "standard"
+"""What runs use when neither the call nor the configuration names a profile."""
+
+RUNTIME_MODULES = frozenset({"codecage", "codecage.runtime", "servers", "skills", "__future__"})
+"""Importable under every profile: the guest's own helpers, the generated tool modules and
+the skills (both there only when a directory is given), and compiler directives."""
 
 _BASIC = frozenset(
     {
@@ -57,7 +72,18 @@ _DATA_SCIENCE = frozenset(
     {"numpy", "pandas", "scipy", "matplotlib", "sklearn", "pyarrow", "sympy", "statsmodels"}
 )
 
+DATA_PACKAGES: tuple[str, ...] = (
+    *sorted(_DATA_SCIENCE),
+    # what analysis code reaches for next: plots, spreadsheets, graphs, parsing, tables
+    "seaborn", "plotly", "openpyxl", "xlrd", "xlsxwriter", "polars", "PIL", "networkx",
+    "bs4", "lxml", "yaml", "dateutil", "pytz", "tabulate", "tqdm",
+)  # fmt: skip
+"""Third-party packages (top-level import names) bound read-only into the sandbox of the
+default profile, and of runs without an import policy, when the host has them installed
+(with the packages they require)."""
+
 BUILTIN_PROFILES: dict[str, frozenset[str]] = {
+    "standard": frozenset({EVERY_MODULE}),
     "basic": _BASIC,
     "data_science": _BASIC | _DATA_SCIENCE,
     "filesystem": _BASIC | _FILESYSTEM,
@@ -65,6 +91,8 @@ BUILTIN_PROFILES: dict[str, frozenset[str]] = {
 }
 
 PROFILE_DESCRIPTIONS: dict[str, str] = {
+    "standard": "the whole standard library and every installed data package (numpy, "
+    "pandas, scipy, matplotlib, ...): no import is refused; the OS layers are the boundary",
     "basic": "a curated safe stdlib set: maths, text, data formats, dates, hashing, asyncio",
     "data_science": "basic + numpy, pandas, scipy, matplotlib (Agg backend) and friends, "
     "where installed (the `data` extra)",
@@ -84,27 +112,36 @@ and they are installed: the ~1 s a cold `import pandas` costs is then paid ahead
 class ImportPolicy:
     """The modules one run may import, and how to explain a refusal."""
 
-    profile: str  # e.g. "basic" or "data_science,filesystem"
+    profile: str  # e.g. "standard" or "data_science,filesystem"
     modules: frozenset[str]
 
     def allows(self, dotted: str) -> bool:
         """Whether `import dotted` is allowed (pure; mirrors the guest's check)."""
         return module_allowed(dotted, self.modules)
 
+    @property
+    def allows_every_module(self) -> bool:
+        """Nothing is refused (the `standard` profile): the guest installs no import hook."""
+        return EVERY_MODULE in self.modules
+
 
 def preload_for(policy: ImportPolicy | None) -> tuple[str, ...]:
     """The modules a warm sandbox of `policy` imports ahead of its request."""
-    if policy is None:
+    if policy is None or policy.allows_every_module:
         return ()
-    wanted = [m for m in PRELOAD if policy.allows(m)]
-    installed = importable(wanted)
-    return tuple(m for m in wanted if installed.get(m.split(".")[0], False))
+    return tuple(m for m in PRELOAD if policy.allows(m) and installed(m.split(".")[0]))
 
 
 def module_allowed(dotted: str, modules: Iterable[str]) -> bool:
-    """`dotted` is allowed when it is an entry, lies under one, or is a parent of one."""
+    """`dotted` is allowed when it is an entry, lies under one, or is a parent of one
+    (or when `*`, every module, is an entry)."""
     for entry in modules:
-        if dotted == entry or dotted.startswith(entry + ".") or entry.startswith(dotted + "."):
+        if (
+            entry == EVERY_MODULE
+            or dotted == entry
+            or dotted.startswith(entry + ".")
+            or entry.startswith(dotted + ".")
+        ):
             return True
     return False
 
@@ -122,7 +159,7 @@ def resolve(
         ConfigError: a profile is unknown or a module name is not a dotted identifier.
     """
     known = {**BUILTIN_PROFILES, **(custom or {})}
-    names = [p.strip() for p in profiles if p.strip()] or ["basic"]
+    names = [p.strip() for p in profiles if p.strip()] or [DEFAULT_PROFILE]
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ConfigError(
@@ -149,13 +186,51 @@ def _checked_module(name: str) -> str:
 
 def importable(modules: Iterable[str]) -> dict[str, bool]:
     """Which third-party packages of a profile are installed, and so bound into the sandbox
-    when a run's profile allows them (`pip install codecage[data]` for data_science)."""
-    tops = {m.split(".")[0] for m in modules} & {m.split(".")[0] for m in _DATA_SCIENCE}
-    return {top: importlib.util.find_spec(top) is not None for top in sorted(tops)}
+    when a run's profile allows them (`pip install codecage[data]` for the data packages)."""
+    return {top: installed(top) for top in sorted(_third_party(frozenset(modules)))}
+
+
+def packages_to_bind(policy: ImportPolicy | None) -> frozenset[str]:
+    """The third-party packages (top-level names) a sandbox of `policy` gets bound, when
+    installed: those the profile names, or every data package where nothing is refused
+    (the `standard` profile, or no import policy at all)."""
+    return _third_party(policy.modules if policy is not None else frozenset({EVERY_MODULE}))
+
+
+def installed(top: str) -> bool:
+    """Whether the host has the package `top` (and so can bind it into a sandbox)."""
+    return _installed(top)
+
+
+def installed_packages() -> tuple[str, ...]:
+    """The third-party packages any profile names that this host has: an import refusal
+    suggests allowing one of these, never a package that would then be missing."""
+    every: frozenset[str] = frozenset(DATA_PACKAGES)
+    for modules in BUILTIN_PROFILES.values():
+        every |= _third_party(modules)
+    return tuple(sorted(top for top in every if installed(top)))
+
+
+def _third_party(modules: frozenset[str]) -> frozenset[str]:
+    tops = {m.split(".")[0] for m in modules}
+    if EVERY_MODULE in tops:
+        tops |= set(DATA_PACKAGES)
+    return frozenset(tops - sys.stdlib_module_names - _NOT_PACKAGES)
+
+
+_NOT_PACKAGES = frozenset({EVERY_MODULE, "codecage", "servers", "skills"})
+
+
+@functools.cache
+def _installed(top: str) -> bool:
+    try:
+        return importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):  # a broken package counts as missing
+        return False
 
 
 def describe(
-    default: str = "basic",
+    default: str = DEFAULT_PROFILE,
     custom: dict[str, frozenset[str]] | None = None,
     enabled: Iterable[str] | None = None,
 ) -> list[ProfileInfo]:

@@ -24,7 +24,7 @@ from codecage.backends.bwrap import BwrapBackend, bwrap_version
 from codecage.bridge import channel as bridge
 from codecage.bridge import tooling
 from codecage.config import Settings
-from codecage.errors import ConfigError, HostError
+from codecage.errors import ConfigError, Face, HostError
 from codecage.isolation import limits as cgroups
 from codecage.isolation import rootfs, seccomp
 from codecage.models import (
@@ -68,10 +68,14 @@ class Sandbox:
         backend: "auto" (the strongest available) or a backend name ("bwrap").
         allow_degraded: run even when the self-test finds a promised layer missing; each
             result then carries a `degraded_isolation` event naming the missing layer.
-        profile: capability profile(s) for imports, e.g. "basic" or "data_science,filesystem".
+        profile: capability profile(s) for imports: "standard" (the default unless the
+            config names another: the whole standard library and every installed data
+            package, nothing refused) or curated ones such as "basic" or
+            "data_science,filesystem".
         allowed_imports: modules added to the profile's set (or replacing it, see below).
         replace_imports: `allowed_imports` replaces the profile's set instead of extending it.
-        import_policy: False turns the import policy off (the OS layers still hold).
+        import_policy: False turns the import policy off (the OS layers still hold); the
+            installed data packages are importable as under "standard".
         config: a TOML config file; by default the first found (see `codecage.config`:
             $CODECAGE_CONFIG, the user's, the system's; never the current directory).
             Refused unless owned by you or root and not writable by others. Or the
@@ -111,6 +115,9 @@ class Sandbox:
             turned off); True/False: on (with the config's categories) or off; a
             `ScrubSettings`: exactly that. The upstream servers' credentials (`tools`) are
             always among the secrets redacted.
+        face: who makes the calls, for the wording of hints in results (an import
+            refusal says how to allow the module): "library" (default: keyword
+            arguments), "cli" (flags) or "mcp" (the execute_code tool's arguments).
 
     >>> with Sandbox(pool=True) as sandbox:
     ...     sandbox.warm()                      # optional: wait until the pool is ready
@@ -138,6 +145,7 @@ class Sandbox:
         packages_dir: str | Path | None = None,
         tokenize: bool | None = None,
         scrub: bool | ScrubSettings | None = None,
+        face: Face = "library",
     ) -> None:
         if isinstance(config, Settings):  # loaded once by the caller (the CLI, the server)
             self.settings = config
@@ -163,6 +171,7 @@ class Sandbox:
         self.policy: ImportPolicy | None = (
             self._policy(profile, allowed_imports, replace_imports) if import_policy else None
         )
+        self.face: Face = face
         if not _swept.is_set():  # once per process: leftovers of killed codecage processes
             _swept.set()
             engine.sweep_stale_runs()
@@ -207,6 +216,14 @@ class Sandbox:
             skills_dir=self.skills_dir,
             packages_dir=self.packages_dir,
         )
+
+    def _wider_profile(self) -> str | None:
+        """The profile an import refusal suggests: the default one, which refuses nothing,
+        when the operator lets callers choose it."""
+        enabled = self.settings.enabled_profiles
+        if enabled is not None and profiles.DEFAULT_PROFILE not in enabled:
+            return None
+        return profiles.DEFAULT_PROFILE
 
     def _profile_name(self) -> str:
         return self.policy.profile if self.policy else "none"
@@ -314,6 +331,8 @@ class Sandbox:
             servers_dir=self.servers_dir,
             skills_dir=self.skills_dir,
             packages_dir=self.packages_dir,
+            face=self.face,
+            wider_profile=self._wider_profile(),
         )
         try:
             waited_ms = 0

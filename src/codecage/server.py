@@ -147,7 +147,8 @@ def build_server(
         HostError: this host cannot run sandboxes.
     """
     server_limits = limits or ServerLimits()
-    options = dict(sandbox_options or {})  # e.g. ToolSetup.sandbox_options()
+    # e.g. ToolSetup.sandbox_options(); hints in results name the tool's arguments
+    options = {"face": "mcp", **(sandbox_options or {})}
     base = Sandbox(pool=pool, **options)
     budget = server_limits.reply_max_tokens
     if budget is None:
@@ -195,6 +196,20 @@ def build_server(
         },
     )
     return server
+
+
+def _imports_note(sandbox: Sandbox) -> str:
+    """What the code may import by default, as the model must know it before it writes."""
+    policy = sandbox.policy
+    if policy is None or policy.allows_every_module:
+        return (
+            "The whole standard library and the installed data packages (numpy, pandas, "
+            "matplotlib, ...) can be imported."
+        )
+    return (
+        f"Imports outside the profile {policy.profile!r} are refused (allowed_imports or "
+        "another profile widens it; get_sandbox_info lists the profiles)."
+    )
 
 
 def _tools_note(sandbox: Sandbox) -> str:
@@ -256,9 +271,9 @@ def _tools(runner: _Runner) -> list[Tool]:
             "Run Python 3.11 code in a fresh isolated sandbox and return what happened: "
             "stdout, stderr, the value of the last expression and the traceback in the text; "
             "status (ok, error, timeout, memory_limit, cpu_limit, killed), exit code, files "
-            "written to /workspace and resource usage in the structured content. No network; "
-            "only the profile's modules may be imported (get_sandbox_info lists them). "
-            "Top-level await works. "
+            "written to /workspace and resource usage in the structured content. No network. "
+            + _imports_note(runner.base)
+            + " A POSIX shell and common tools are there for subprocess. Top-level await works. "
             f"Defaults: timeout {default.timeout:g} s (at most {limits.max_timeout:g}), "
             f"memory {default.memory_mb} MiB (at most {limits.max_memory_mb}). "
             "Images the code saves in /workspace (png, jpeg, gif, webp) are returned as "
@@ -275,7 +290,10 @@ def _tools(runner: _Runner) -> list[Tool]:
         ] = None,
         profile: Annotated[
             str | None,
-            Field(description="Import profile(s), e.g. basic, data_science, filesystem."),
+            Field(
+                description="Import profile(s): standard (the default: nothing refused), "
+                "or a curated one such as basic, data_science, filesystem."
+            ),
         ] = None,
         allowed_imports: Annotated[
             list[str] | None, Field(description="Modules to allow on top of the profile.")

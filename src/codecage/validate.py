@@ -77,6 +77,7 @@ from codecage.models import (
     Severity,
     ValidationReport,
 )
+from codecage.profiles import RUNTIME_MODULES, module_allowed
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +94,8 @@ _BANDIT_FILENAME: Final = "./agent_code.py"  # a bare relative name: bandit stat
 # B108 (hard-coded /tmp path): /tmp in the sandbox is a private tmpfs, the place to use.
 _BANDIT_EXCLUDED: Final = ("B108",)
 
-# Always allowed: a compiler directive, not a module the code uses.
-_ALWAYS_ALLOWED: Final = frozenset({"__future__"})
+# Always allowed, as at run time: compiler directives, the runtime helpers, the tool tree.
+_ALWAYS_ALLOWED: Final = RUNTIME_MODULES
 _EXEC_NAMES: Final = frozenset({"exec", "eval", "compile"})
 _IMPORT_NAMES: Final = frozenset({"__import__", "import_module"})
 _BUILTINS_NAMES: Final = frozenset({"builtins", "__builtins__"})
@@ -296,8 +297,10 @@ class _Counts:
 
 @dataclass(slots=True)
 class _Imported:
-    module: str
+    module: str  # the top-level name
     node: ast.AST
+    name: str = ""  # the dotted name imported (`import a.b`, `from a.b import c`: a.b)
+    fromlist: tuple[str, ...] = ()  # `from a.b import c, d`: (c, d)
 
 
 @dataclass(slots=True)
@@ -373,9 +376,11 @@ class _Scan:
                 c.complexity += len(node.values) - 1
             case ast.Import():
                 for alias in node.names:
-                    self.imported.append(_Imported(alias.name.split(".")[0], node))
+                    self.imported.append(_Imported(alias.name.split(".")[0], node, alias.name))
             case ast.ImportFrom() if node.level == 0 and node.module:
-                self.imported.append(_Imported(node.module.split(".")[0], node))
+                items = tuple(a.name for a in node.names if a.name != "*")
+                top = node.module.split(".")[0]
+                self.imported.append(_Imported(top, node, node.module, items))
             case ast.Call():
                 self.calls.append(node)
                 self.call_funcs.add(node.func)
@@ -389,7 +394,7 @@ class _Scan:
                     self.built.append(node)
                 module = _literal_import(node)
                 if module is not None:
-                    self.imported.append(_Imported(module, node))
+                    self.imported.append(_Imported(module.split(".")[0], node, module))
             case ast.Attribute():
                 self.attributes.append(node)
             case ast.Name():
@@ -416,14 +421,17 @@ class _Scan:
         out: list[Finding] = []
         self.counts.imports = {i.module for i in self.imported}
         for imp in self.imported:
-            if allowed is not None and imp.module not in allowed | _ALWAYS_ALLOWED:
+            refused = _refused_import(imp, allowed) if allowed is not None else None
+            if refused is not None:
+                top = refused.split(".")[0]
                 out.append(
                     _at(
                         imp.node,
                         "CC002",
                         "high",
-                        f"import of '{imp.module}' is not allowed by profile '{profile}': add it "
-                        f"with --allow-import {imp.module} or use a profile that has it",
+                        f"import of '{refused}' is not allowed by profile '{profile}': allow "
+                        f"it (allowed_imports=['{top}'], or --allow-import {top}) or choose a "
+                        "profile that has it",
                         kind="policy",
                     )
                 )
@@ -682,6 +690,16 @@ def _is_literal(node: ast.AST) -> bool:
     return isinstance(node, ast.Constant) and isinstance(node.value, str | bytes)
 
 
+def _refused_import(imp: _Imported, allowed: frozenset[str]) -> str | None:
+    """The dotted name the run-time import hook would refuse for `imp`, or None: the same
+    rule (`import a.b` checks a.b; `from a.b import c` checks a.b, else each a.b.c)."""
+    modules = allowed | _ALWAYS_ALLOWED
+    if module_allowed(imp.name, modules):
+        return None
+    wanted = [f"{imp.name}.{item}" for item in imp.fromlist] or [imp.name]
+    return next((name for name in wanted if not module_allowed(name, modules)), None)
+
+
 def _literal_import(call: ast.Call) -> str | None:
     if _call_name(call) not in _IMPORT_NAMES or not call.args:
         return None
@@ -689,7 +707,7 @@ def _literal_import(call: ast.Call) -> str | None:
     if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value:
         if arg.value.startswith("."):
             return None
-        return arg.value.split(".")[0]
+        return arg.value
     return None
 
 

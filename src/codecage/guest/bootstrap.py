@@ -35,8 +35,10 @@ WIRE_VERSION = 1
 CONTROL_FD = 3
 BRIDGE_FD = 4  # the tool bridge (docs/tool-bridge.md); codecage.runtime talks over it
 GUEST_PACKAGE_ROOT = "/opt/codecage"  # holds codecage/ (this package) and servers/, skills/
-# Importable by the user's code in every profile: the runtime helpers and the tool tree.
-ALWAYS_ALLOWED = ("codecage.runtime", "servers", "skills")
+# Importable by the user's code in every profile: the runtime helpers, the tool tree and
+# compiler directives (`from __future__ import annotations`).
+ALWAYS_ALLOWED = ("codecage.runtime", "servers", "skills", "__future__")
+EVERY_MODULE = "*"  # an allowed-modules entry: nothing is refused (the standard profile)
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
 MAX_EVENTS = 50
 STOP_LINE = b'{"v":1,"kind":"stop"}\n'  # host -> guest, the answer to "end"
@@ -60,8 +62,9 @@ def main(argv: list[str]) -> int:
     _apply_limits(request["limits"])
     sys.addaudithook(_audit)
     _explain_missing_modules()  # before the policy: its refusals pass through untouched
-    if request.get("allowed_modules") is not None:
-        _install_import_policy(request["allowed_modules"], str(request.get("profile", "")))
+    allowed = request.get("allowed_modules")
+    if allowed is not None and EVERY_MODULE not in allowed:
+        _install_import_policy(allowed, _Refusal.of(request))
     gc.freeze()  # what exists now is ours: the collections at the end skip it
     exit_code, report = _run_user_code(request)
     _finish_like_python()
@@ -355,7 +358,7 @@ def _missing_message(name: str) -> str:
     )
 
 
-def _install_import_policy(allowed: list[str], profile: str) -> None:
+def _install_import_policy(allowed: list[str], refusal: _Refusal) -> None:
     """Refuse imports *made by the user's code* of modules outside the profile.
 
     Imports made by library code (the stdlib, allowed packages) go through untouched, so
@@ -379,7 +382,7 @@ def _install_import_policy(allowed: list[str], profile: str) -> None:
                 wanted = [f"{name}.{item}" for item in fromlist if item != "*"] or [name]
             for dotted in wanted:
                 if not _allowed(dotted, modules):
-                    _refuse(dotted, profile)
+                    refusal.refuse(dotted)
         return original_import(name, globals, locals, fromlist, level)
 
     builtins.__import__ = guarded_import
@@ -397,16 +400,75 @@ def _allowed(dotted: str, modules: frozenset[str]) -> bool:
     return False
 
 
-def _refuse(dotted: str, profile: str) -> None:
-    if len(_events) < MAX_EVENTS:
-        _events.append({"kind": "import_blocked", "detail": f"{dotted} (profile {profile})"})
-    top = dotted.split(".")[0]
-    raise ImportError(
-        f"import of {dotted!r} is not allowed by the profile {profile!r}; to allow it, pass "
-        f"--allow-import {top} (library: allowed_imports=[{top!r}]) or choose a profile "
-        "that has it (`codecage info` lists them)",
-        name=dotted,
-    )
+class _Refusal:
+    """How an import refusal reads: in the terms of the face that made the call, and never
+    suggesting to allow a module that is not there (it would fail a turn later)."""
+
+    __slots__ = ("face", "installed", "profile", "wider_profile")
+
+    def __init__(
+        self, profile: str, face: str, installed: frozenset[str], wider_profile: str | None
+    ) -> None:
+        self.profile = profile
+        self.face = face
+        self.installed = installed
+        self.wider_profile = wider_profile
+
+    @classmethod
+    def of(cls, request: dict[str, Any]) -> _Refusal:
+        wider = request.get("wider_profile")
+        return cls(
+            profile=str(request.get("profile", "")),
+            face=str(request.get("face", "library")),
+            installed=frozenset(str(m) for m in request.get("installed_packages") or ()),
+            wider_profile=str(wider) if wider else None,
+        )
+
+    def refuse(self, dotted: str) -> None:
+        if len(_events) < MAX_EVENTS:
+            _events.append(
+                {"kind": "import_blocked", "detail": f"{dotted} (profile {self.profile})"}
+            )
+        top = dotted.split(".")[0]
+        if not self._available(top):
+            raise ModuleNotFoundError(
+                f"No module named {top!r}: it is not installed on this host, so no profile "
+                f"makes it importable (the profile {self.profile!r} does not allow it either)",
+                name=dotted,
+            )
+        raise ImportError(
+            f"import of {dotted!r} is not allowed by the profile {self.profile!r}; "
+            f"to allow it, {self._how(top)}",
+            name=dotted,
+        )
+
+    def _available(self, top: str) -> bool:
+        if top in self.installed:
+            return True
+        if top not in sys.stdlib_module_names:
+            return False
+        try:  # e.g. tkinter is a stdlib name but not built into every Python
+            import importlib.util
+
+            return importlib.util.find_spec(top) is not None
+        except Exception:  # the code may have broken the import system: say it is there
+            return True
+
+    def _how(self, top: str) -> str:
+        wider = self.wider_profile
+        if self.face == "cli":
+            return f"pass --allow-import {top}" + (f" or --profile {wider}" if wider else "")
+        if self.face == "mcp":
+            return (
+                f"pass allowed_imports=[{top!r}]"
+                + (f" or profile={wider!r}" if wider else "")
+                + " to execute_code"
+            )
+        return (
+            f"pass allowed_imports=[{top!r}]"
+            + (f" or profile={wider!r}" if wider else "")
+            + " to Sandbox()"
+        )
 
 
 # --- running the code ---------------------------------------------------------------------

@@ -1,0 +1,6 @@
+# expect: ok
+# stdout: done
+import sys
+
+print("done")
+sys.exit()
