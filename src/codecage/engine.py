@@ -402,7 +402,7 @@ def run_in(sandbox: StartedSandbox, request: RunRequest, *, backend_name: str) -
         profile=request.policy.profile if request.policy else "",
         allowed_modules=sorted(request.policy.modules) if request.policy else None,
         face=request.face,
-        installed_packages=_hint_packages(request.policy),
+        installed_packages=_hint_packages(request.policy, request.packages_dir),
         wider_profile=request.wider_profile,
     )
     tool_bridge = bridge.Channel(
@@ -561,11 +561,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _hint_packages(policy: ImportPolicy | None) -> list[str]:
-    """What a refusal may suggest allowing; nothing to send where nothing is refused."""
+def _hint_packages(policy: ImportPolicy | None, packages_dir: Path | None) -> list[str]:
+    """What a refusal may suggest allowing (the host's data packages and those the operator
+    added); nothing to send where nothing is refused."""
     if policy is None or policy.allows_every_module:
         return []
-    return list(profiles.installed_packages())
+    added = packages.installed(packages_dir).top_level() if packages_dir else frozenset()
+    return sorted(set(profiles.installed_packages()) | added)
 
 
 def _package_mounts(

@@ -35,6 +35,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult, TextContent
 
 from codecage import Sandbox, config, profiles
+from codecage import reply as reply_text
 from codecage.isolation import rootfs
 from codecage.server import build_server
 
@@ -207,8 +208,8 @@ def from_reply(reply: CallToolResult) -> Seen:
     if "status" not in data:
         return Seen("refused" if reply.is_error else "no result", None, text, text)
     seen = from_result(data)
-    seen.stdout = seen.stdout or text
-    seen.stderr = seen.stderr or text
+    seen.stdout = text if seen.stdout in ("", reply_text.IN_TEXT) else seen.stdout
+    seen.stderr = text if seen.stderr in ("", reply_text.IN_TEXT) else seen.stderr
     return seen
 
 
@@ -273,7 +274,7 @@ def test_the_cli_and_the_server_run_under_the_standard_profile_by_default(
             reply = await client.call_tool("get_sandbox_info", {})
         return reply.structured_content or {}
 
-    assert anyio.run(main)["import_policy"] == "standard"
+    assert anyio.run(main)["default_profile"] == "standard"
 
 
 @pytest.mark.parametrize("import_policy", [True, False], ids=["default", "no-import-policy"])

@@ -341,7 +341,7 @@ async def test_an_upload_over_the_workspace_asks_the_operator_over_mcp() -> None
 
 async def test_a_profile_not_enabled_is_refused_in_the_tools_terms(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
-    path.write_text('[policy]\nenabled_profiles = ["basic"]\n', encoding="utf-8")
+    path.write_text('[policy]\nprofile = "basic"\nenabled_profiles = ["basic"]\n', encoding="utf-8")
     path.chmod(0o600)
     tmp_path.chmod(0o700)
     server = build_server(pool=False, sandbox_options={"config": config.load(path, environ={})})
