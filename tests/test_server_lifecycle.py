@@ -10,7 +10,10 @@ request's stream cancels).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import signal
+import subprocess
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -24,7 +27,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, TextContent
 
-from test_server import CODECAGE, left_behind, serving_http
+from test_server import CODECAGE, INITIALIZE, left_behind, server_env, serving_http
 
 pytestmark = pytest.mark.anyio
 
@@ -222,3 +225,68 @@ async def test_past_the_queue_limit_calls_are_refused_with_a_busy_error(
             busy = "\n".join(b.text for b in refused[0].content if isinstance(b, TextContent))
             assert "busy" in busy, busy
             assert value_of(await client.call_tool("execute_code", {"code": "2"})) == 2
+
+
+def test_a_stdio_client_closing_as_the_sdks_do_leaves_nothing_even_with_an_empty_cache(
+    tmp_path: Path,
+) -> None:
+    """The SDKs' stdio clients close the server's stdin, send SIGTERM two seconds later if
+    it has not exited, and SIGKILL two seconds after that. A server whose warm pool is still
+    starting its first sandbox (an empty cache makes that take seconds: the Inspector runs
+    servers with a HOME of its own) must be gone by then without leaving a run directory, a
+    mount or cgroups behind. (The Inspector's stdio tests did, once, in a fresh clone under
+    the whole suite's load: the host facts were worked out inside the start, with the
+    sandbox's directory and cgroup already made, and a SIGTERM cut the cleanup short.)"""
+    messages = [
+        INITIALIZE,
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+    ]
+    proc = subprocess.Popen(
+        [CODECAGE, "serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        cwd=tmp_path,
+        env=server_env(XDG_CACHE_HOME=str(tmp_path / "empty-cache")),
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    with proc:
+        proc.stdin.write("".join(json.dumps(m) + "\n" for m in messages).encode())
+        proc.stdin.flush()
+        for _ in range(2):  # the two answers
+            assert proc.stdout.readline(), "the server closed stdout without answering"
+        proc.stdin.close()
+        for then in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=2)
+                break
+            proc.send_signal(then)
+        proc.wait(timeout=30)
+    assert left_behind(proc.pid) == {}
+
+
+def test_sigterms_during_the_cleanup_do_not_cut_it_short(tmp_path: Path) -> None:
+    """Once the client has hung up, the server only cleans up; a SIGTERM then (here one
+    every 50 ms until it is gone) must not stop that half-way."""
+    proc = subprocess.Popen(
+        [CODECAGE, "serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        cwd=tmp_path,
+        env=server_env(),
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    with proc:
+        proc.stdin.write((json.dumps(INITIALIZE) + "\n").encode())
+        proc.stdin.flush()
+        assert proc.stdout.readline(), "the server closed stdout without answering"
+        proc.stdin.close()
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            time.sleep(0.05)
+        proc.wait(timeout=30)
+    assert left_behind(proc.pid) == {}

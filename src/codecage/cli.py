@@ -889,6 +889,7 @@ def serve(
         )
         if not http:
             stdio.serve(app_server)
+            _ignore_sigterm()  # the client hung up: what is left is cleanup
             return
         asgi = mcp_server.http_app(
             app_server, host=host, token=token, insecure_no_token=insecure_no_token
@@ -1219,7 +1220,20 @@ def _exit_on_sigterm() -> None:
     """Let SIGTERM (a service manager, `kill`) end the process through the interpreter's
     exit, as Ctrl-C does, so atexit closes the warm pool and leaves nothing behind. (uvicorn
     restores this handler when it stops and re-raises the signal to it.)"""
-    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+
+    def leave(signum: int, _frame: object) -> None:
+        _ignore_sigterm()  # a second one must not cut the cleanup it starts short
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, leave)
+
+
+def _ignore_sigterm() -> None:
+    """From here on the process is only cleaning up (closing the warm pool, which waits
+    for a sandbox still starting): a SIGTERM raising SystemExit inside that cleanup would
+    leave the sandbox's run directory, mount and cgroup behind. MCP clients send one two
+    seconds after they close the server's stdin (the SDKs' stdio transports do)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _render_info(report: HostInfo) -> None:

@@ -252,6 +252,9 @@ def start(
     interpreter = rootfs.find_interpreter()
     bpf = _sandbox_filter()
     started_at = time.monotonic()
+    # Worked out before anything is created: a process killed meanwhile (the first time,
+    # with an empty cache, it takes seconds) must leave no run directory, mount or cgroup.
+    binds = _binds(spec, interpreter)
     cleanup = contextlib.ExitStack()
     try:
         run_dir = _make_run_dir(cleanup)
@@ -270,10 +273,7 @@ def start(
                 empty_dir=run_dir / "empty",
                 tmp_bytes=spec.tmp_mb * cgroups.MiB,
             )
-            + _shell_mounts(interpreter)
-            + _package_mounts(spec.policy, interpreter)
-            + _added_package_mounts(spec, interpreter)
-            + _tool_tree_mounts(spec)
+            + binds
         )
         channel = _Channels.open(cleanup, bpf)
         env = _sandbox_env(interpreter)
@@ -307,6 +307,31 @@ def start(
         cgroup_limits=limits,
         started_at=started_at,
         cleanup=cleanup,
+    )
+
+
+def prepare(spec: SandboxSpec) -> None:
+    """Work out now what a sandbox of `spec` binds (the interpreter's and the tools'
+    libraries, the packages' files, the guest's bytecode), which `start` would otherwise
+    do on its first call: the first time, with an empty cache, that reads every package's
+    RECORD and runs ldd, seconds on a busy host. A warm pool's sandboxes are then started
+    (and, when the process stops early, destroyed) without waiting for it.
+
+    Raises:
+        HostError: the host facts cannot be found (ldd fails, the cache is not writable).
+    """
+    interpreter = rootfs.find_interpreter()
+    rootfs.bootstrap_bytecode()
+    _binds(spec, interpreter)
+
+
+def _binds(spec: SandboxSpec, interpreter: rootfs.Interpreter) -> tuple[rootfs.Mount, ...]:
+    """What a sandbox binds besides its root: tools, packages, the tool trees."""
+    return (
+        _shell_mounts(interpreter)
+        + _package_mounts(spec.policy, interpreter)
+        + _added_package_mounts(spec, interpreter)
+        + _tool_tree_mounts(spec)
     )
 
 

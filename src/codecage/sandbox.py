@@ -186,7 +186,9 @@ class Sandbox:
         self._asked_scrubber = self.scrubber or scrubbing.Scrubber()
         self.pool, self._owns_pool = self._pool(pool)
         if self.pool is not None:
-            self.pool.register(self._warm_spec(self.limits), self._profile_name())
+            spec = self._warm_spec(self.limits)
+            engine.prepare(spec)  # here, not in a starter thread that a stop cannot wait for
+            self.pool.register(spec, self._profile_name())
 
     def _scrub_settings(self, scrub: bool | ScrubSettings | None) -> tuple[ScrubSettings, str]:
         if isinstance(scrub, ScrubSettings):
