@@ -84,3 +84,16 @@ def test_the_preload_benchmark_runs_and_prints_every_variant() -> None:
     assert p.returncode == 0, p.stderr
     for variant in ("preload=none", "preload=numpy ", "preload=numpy+pandas+matplotlib"):
         assert variant in p.stdout
+
+
+def test_the_cold_binds_benchmark_runs_both_pairings() -> None:
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_cold_binds.py"), "-n", "2", "--no-write"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert p.returncode == 0, p.stderr
+    for side in ("with_tools", "without_tools", "standard", "basic"):
+        assert side in p.stdout
