@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import re
 import subprocess
 import sys
@@ -100,3 +101,40 @@ def test_the_cli_reference_is_generated_from_the_real_help() -> None:
         check=False,
     )
     assert check.returncode == 0, check.stderr
+
+
+def _console_block(command: str) -> list[str]:
+    """The lines a README console block shows after `$ command` (up to the next `$` line)."""
+    block = README.split(f"$ {command}\n", 1)[1].split("```", 1)[0]
+    return block.split("\n$ ", 1)[0].rstrip("\n").splitlines()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from codecage.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_readme_cli_run_shows_what_the_cli_prints() -> None:
+    shown = _console_block("codecage run --file examples/analyse_sales.py")
+    ran = _cli("run", "--file", "examples/analyse_sales.py")
+    assert ran.returncode == 0, ran.stderr
+    on_stderr = [line for line in shown if line.startswith(("→", "codecage:"))]
+    on_stdout = [line for line in shown if line not in on_stderr]
+    assert _shape(ran.stdout) == [_shape(line)[0] for line in on_stdout]
+    assert _shape(ran.stderr) == [_shape(line)[0] for line in on_stderr]
+
+
+def test_the_readme_json_result_has_the_fields_the_cli_prints() -> None:
+    shown = "\n".join(_console_block("codecage run --file examples/analyse_sales.py --json"))
+    ran = _cli("run", "--file", "examples/analyse_sales.py", "--json")
+    assert ran.returncode == 0, ran.stderr
+    printed = json.loads(ran.stdout)
+    assert re.findall(r'^    "(\w+)":', shown, re.MULTILINE) == list(printed)
+    usage = re.search(r'"usage": (\{.*?\})', shown)
+    assert usage is not None and list(json.loads(usage.group(1))) == list(printed["usage"])
