@@ -10,28 +10,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_cold_start_benchmark_runs_and_prints_every_variant() -> None:
+def run_bench(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """benchmarks/`script` with `args`, which must exit 0."""
     p = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_cold_start.py"), "-n", "1", "--no-write"],
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         check=False,
     )
     assert p.returncode == 0, p.stderr
+    return p
+
+
+def test_the_cold_start_benchmark_runs_and_prints_every_variant() -> None:
+    p = run_bench("bench_cold_start.py", "-n", "1", "--no-write")
     for variant in ("python_pass", "raw_bwrap", "codecage_lib", "codecage_cli"):
         assert variant in p.stdout
 
 
 def test_the_benchmark_suite_runs_quick_and_prints_every_section() -> None:
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_suite.py"), "--quick", "--no-write"],
-        capture_output=True,
-        text=True,
-        timeout=110,
-        check=False,
-    )
-    assert p.returncode == 0, p.stderr
+    p = run_bench("bench_suite.py", "--quick", "--no-write", timeout=110)
     for section in (
         "floors",
         "raw_bwrap",
@@ -46,54 +45,25 @@ def test_the_benchmark_suite_runs_quick_and_prints_every_section() -> None:
 
 
 def test_the_mcp_benchmark_runs_against_a_real_server_and_the_sdks_floor() -> None:
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_mcp.py"), "-n", "3", "--no-write"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert p.returncode == 0, p.stderr
+    p = run_bench("bench_mcp.py", "-n", "3", "--no-write")
     for variant in ("empty_tool", "empty_tool_fast", "execute_code"):
         assert variant in p.stdout
 
 
 def test_the_scrub_benchmark_runs_every_variant_and_finds_no_false_positive() -> None:
-    bench = ROOT / "benchmarks" / "bench_scrub.py"
-    p = subprocess.run(
-        [sys.executable, str(bench), "-n", "2", "--size-kb", "64", "--no-write"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert p.returncode == 0, p.stderr
+    p = run_bench("bench_scrub.py", "-n", "2", "--size-kb", "64", "--no-write")
     for variant in ("all", "all_dense", "scrub_value", "result", "configured"):
         assert f"\n{variant} " in p.stdout, variant
     assert "false positives on 64000 chars of ordinary output: 0" in p.stdout
 
 
 def test_the_preload_benchmark_runs_and_prints_every_variant() -> None:
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_preload.py"), "-n", "1", "--no-write"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert p.returncode == 0, p.stderr
+    p = run_bench("bench_preload.py", "-n", "1", "--no-write")
     for variant in ("preload=none", "preload=numpy ", "preload=numpy+pandas+matplotlib"):
         assert variant in p.stdout
 
 
 def test_the_cold_binds_benchmark_runs_both_pairings() -> None:
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_cold_binds.py"), "-n", "2", "--no-write"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert p.returncode == 0, p.stderr
+    p = run_bench("bench_cold_binds.py", "-n", "2", "--no-write")
     for side in ("with_tools", "without_tools", "standard", "basic"):
         assert side in p.stdout

@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -970,19 +970,17 @@ def packages_add(
 
         codecage packages add tabulate==0.9.0
     """
-    _configure_logging(verbose)
-    try:
-        directory = _packages_dir(packages_dir, config_file, for_writing=True)
-        with _progress("installing with pip", enabled=not as_json):
-            change = added.add(
-                directory,
-                names,
-                allow_source=allow_source,
-                host_versions=not ignore_host_versions,
-            )
-    except CodecageError as exc:
-        _fail(exc, as_json=as_json, verbose=verbose)
-    _render_package_change(change, as_json=as_json)
+    _change_packages(
+        added.add,
+        "installing with pip",
+        names,
+        packages_dir,
+        config_file,
+        allow_source=allow_source,
+        host_versions=not ignore_host_versions,
+        as_json=as_json,
+        verbose=verbose,
+    )
 
 
 @packages_app.command("remove")
@@ -1005,15 +1003,38 @@ def packages_remove(
 
         codecage packages remove seaborn
     """
+    _change_packages(
+        added.remove,
+        "reinstalling the rest with pip",
+        names,
+        packages_dir,
+        config_file,
+        allow_source=allow_source,
+        host_versions=not ignore_host_versions,
+        as_json=as_json,
+        verbose=verbose,
+    )
+
+
+def _change_packages(
+    change_with: Callable[..., added.Change],
+    doing: str,
+    names: list[str],
+    packages_dir: Path | None,
+    config_file: Path | None,
+    *,
+    allow_source: bool,
+    host_versions: bool,
+    as_json: bool,
+    verbose: bool,
+) -> None:
+    """`packages add` and `remove`: one change of the operator's packages, shown as done."""
     _configure_logging(verbose)
     try:
         directory = _packages_dir(packages_dir, config_file, for_writing=True)
-        with _progress("reinstalling the rest with pip", enabled=not as_json):
-            change = added.remove(
-                directory,
-                names,
-                allow_source=allow_source,
-                host_versions=not ignore_host_versions,
+        with _progress(doing, enabled=not as_json):
+            change = change_with(
+                directory, names, allow_source=allow_source, host_versions=host_versions
             )
     except CodecageError as exc:
         _fail(exc, as_json=as_json, verbose=verbose)
