@@ -27,7 +27,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from codecage import Sandbox, engine
+from codecage import Sandbox
+from codecage.engine import run as engine
 
 ROOT = Path(__file__).resolve().parent.parent
 

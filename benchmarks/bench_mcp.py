@@ -3,7 +3,7 @@
 Measures with the official SDK's client, in ONE run:
 
     empty_tool       a tool that returns "ok" on a bare MCPServer (the SDK's own floor)
-    empty_tool_fast  the same tool served by codecage's stdio transport (codecage.stdio),
+    empty_tool_fast  the same tool served by codecage's stdio transport (codecage.mcp.stdio),
                      which `codecage serve` uses: what the sandbox adds is the difference
                      between this and execute_code
     execute_code     codecage serve's execute_code of a tiny snippet, warm pool

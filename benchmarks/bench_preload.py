@@ -32,9 +32,10 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from codecage import engine, profiles
+from codecage import engine
 from codecage.backends.base import load_backend
 from codecage.models import Limits
+from codecage.policy import profiles
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS: dict[str, tuple[str, ...]] = {

@@ -86,7 +86,7 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
 CHILD = """
 import json, sys, anyio
 from mcp import Client
-from codecage.server import build_server
+from codecage.mcp.server import build_server
 
 def tokens(result):
     data = result.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -46,10 +46,10 @@ from datetime import UTC, datetime, timedelta
 from hashlib import sha1, sha256
 from pathlib import Path
 
-from codecage import redaction
 from codecage.models import ExecutionResult, Limits, Usage
 from codecage.output import neutralise
-from codecage.scrub import CATEGORIES, Scrubber, ScrubConfig
+from codecage.policy.scrub import CATEGORIES, Scrubber, ScrubConfig
+from codecage.policy.scrub import apply as redaction
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRETS = ("upstream-Token-7f3a9c2e", "pg-Password!2026", "sk-internal-0123456789")

@@ -51,12 +51,12 @@ from typing import Any
 from bench_cold_start import ROOT, SNIPPET, _python, _raw_bwrap_argv, _run, _timed, percentile
 
 from codecage import Sandbox
-from codecage import workspace as workspaces
 from codecage.backends.base import load_backend
 from codecage.engine import RUN_DIR_PREFIX
+from codecage.engine import workspace as workspaces
+from codecage.engine.pool import Pool
 from codecage.isolation import limits as cgroups
 from codecage.models import Limits, PoolConfig, PoolSizes
-from codecage.pool import Pool
 
 SECTIONS = ("floors", "raw_bwrap", "cold", "warm", "throughput", "data_science", "memory")
 SNIPPET_STDOUT = "499500\n"

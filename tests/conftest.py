@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from codecage import Sandbox
-from codecage import workspace as workspaces
 from codecage.bridge import channel as bridge_channel
+from codecage.engine import workspace as workspaces
 from codecage.isolation import limits as cgroups
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from codecage import Sandbox
-from codecage import workspace as workspaces
 from codecage.engine import RUN_DIR_PREFIX
+from codecage.engine import workspace as workspaces
 
 SLEEPER = "import time\nprint('started', flush=True)\ntime.sleep(30)\n'finished'"
 

@@ -9,7 +9,7 @@ import pytest
 from codecage import ConfigError, Sandbox
 from codecage.config import load
 from codecage.models import PoolSizes
-from codecage.scrub import CATEGORIES
+from codecage.policy.scrub import CATEGORIES
 
 CONFIG = """
 [limits]

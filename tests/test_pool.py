@@ -23,12 +23,12 @@ import pytest
 from tests._forking import in_forked_child
 
 from codecage import ExecutionResult, Sandbox
-from codecage import workspace as workspaces
 from codecage.backends.base import load_backend
 from codecage.engine import RunRequest, SandboxSpec, StartedSandbox, run_in
+from codecage.engine import workspace as workspaces
+from codecage.engine.pool import Pool
 from codecage.isolation import limits as cgroups
 from codecage.models import Limits, PoolConfig, PoolKeyState, PoolSizes
-from codecage.pool import Pool
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from codecage import ConfigError, Sandbox
-from codecage.profiles import BUILTIN_PROFILES, module_allowed, resolve
+from codecage.policy.profiles import BUILTIN_PROFILES, module_allowed, resolve
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Scrubbing and tokenization (src/codecage/scrub.py): each detector on realistic
+"""Scrubbing and tokenization (src/codecage/policy/scrub/): each detector on realistic
 positives and near-miss negatives, ordinary program output left alone, values split across
 writes and cut at the output cap, configured secrets in every spelling, counts, switches,
 JSON-like values and the broker's vault. No timing is asserted here: the figures come from
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from codecage.errors import ConfigError
 from codecage.output import CappedBuffer
-from codecage.scrub import (
+from codecage.policy.scrub import (
     CATEGORIES,
     MIN_SECRET_CHARS,
     PLACEHOLDERS,
@@ -854,7 +854,7 @@ def test_past_its_validation_budget_a_scan_redacts_shape_matches_unchecked(
 ) -> None:
     """Library checks cost up to ~40 us each: output made of thousands of number-shaped
     values must not cost the host seconds, so past the budget the scan fails closed."""
-    import codecage.scrub as scrub_module
+    import codecage.policy.scrub as scrub_module
 
     monkeypatch.setattr(scrub_module, "_VALIDATION_BUDGET", 2)
     text = "4111 1111 1111 1112, 4111 1111 1111 1113, 4111 1111 1111 1114"

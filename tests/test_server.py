@@ -35,7 +35,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, ImageContent, TextContent
 from mcp_types.version import LATEST_HANDSHAKE_VERSION
 
-from codecage import workspace as workspaces
+from codecage.engine import workspace as workspaces
 from codecage.isolation import limits as cgroups
 
 CODECAGE = str(Path(sys.executable).with_name("codecage"))
@@ -492,7 +492,7 @@ async def test_each_call_logs_one_structured_line_on_stderr(stdio: StdioServer) 
     await call(stdio, "execute_code", code="6 * 7")
     await stdio.client.call_tool("execute_code", {"code": "1", "timeout": -1})
     lines = stdio.stderr_path.read_text(encoding="utf-8").splitlines()
-    calls = [line for line in lines if line.startswith("INFO codecage.server server.call ")]
+    calls = [line for line in lines if line.startswith("INFO codecage.mcp.server server.call ")]
     ran, refused = calls[-2:]
     assert 'tool="execute_code" status="ok" ' in ran, ran
     assert re.search(
@@ -500,7 +500,7 @@ async def test_each_call_logs_one_structured_line_on_stderr(stdio: StdioServer) 
     )
     assert 'status="refused"' in refused and refused.endswith("execution_id=null"), refused
     assert "-1" not in refused  # the arguments are the caller's data: not logged at INFO
-    assert any(line.startswith("INFO codecage.server server.start ") for line in lines)
+    assert any(line.startswith("INFO codecage.mcp.server server.start ") for line in lines)
 
 
 async def test_validate_code_finds_a_refused_import_and_passes_clean_code(

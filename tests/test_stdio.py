@@ -1,4 +1,4 @@
-"""The thread-free stdio transport (codecage.stdio): framing over real pipes and sockets,
+"""The thread-free stdio transport (codecage.mcp.stdio): framing over real pipes and sockets,
 a slow reader that does not stall the event loop, fds put back as they were, and the SDK's
 own transport when stdin or stdout is not a pipe.
 
@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import pytest
 
-from codecage import stdio
+from codecage.mcp import stdio
 from test_server import CODECAGE, left_behind, session_input
 
 pytestmark = pytest.mark.anyio
@@ -137,7 +137,7 @@ SERVE_ONE_SESSION = textwrap.dedent(
     """
     import json, os, sys
     from mcp.server.mcpserver import MCPServer
-    from codecage import stdio
+    from codecage.mcp import stdio
 
     before = [os.get_blocking(0), os.get_blocking(1)]
     server = MCPServer(name="probe")

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codecage.validate import (
+from codecage.policy.validate import (
     MAX_PARSE_TOKENS,
     MAX_SOURCE_BYTES,
     Finding,

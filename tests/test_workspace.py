@@ -1,4 +1,4 @@
-"""The run's workspace on the host side, and the one way files leave it (codecage.workspace).
+"""The run's workspace on the host side, and the one way files leave it (codecage.engine.workspace).
 
 Everything here is done on real files, FIFOs, sockets and (as root) real tmpfs mounts.
 """
@@ -23,8 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import codecage
-from codecage.errors import ConfigError, SandboxError
-from codecage.workspace import (
+from codecage.engine.workspace import (
     MAX_DEPTH,
     Workspace,
     can_mount_tmpfs,
@@ -35,6 +34,7 @@ from codecage.workspace import (
     strip_privilege_bits,
     use_existing,
 )
+from codecage.errors import ConfigError, SandboxError
 
 IS_ROOT = os.geteuid() == 0
 SETID = stat.S_ISUID | stat.S_ISGID
@@ -327,7 +327,7 @@ def test_stripping_reaches_as_deep_as_the_listing_and_warns_past_it(
     (deepest / "past" / "beyond").write_text("x")
     (deepest / "past" / "beyond").chmod(0o4755)
 
-    with caplog.at_level(logging.WARNING, logger="codecage.workspace"):
+    with caplog.at_level(logging.WARNING, logger="codecage.engine.workspace"):
         changed = strip_privilege_bits(ws)
 
     assert changed == 2
@@ -363,7 +363,7 @@ def test_unreadable_setuid_files_are_stripped_without_privileges(tmp_path: Path)
         """
         import stat
         from pathlib import Path
-        from codecage.workspace import strip_privilege_bits
+        from codecage.engine.workspace import strip_privilege_bits
         Path("ws/sub").mkdir(parents=True)
         Path("ws/sub/tool").write_text("x")
         Path("ws/sub/tool").chmod(0o4111)  # no read for anyone, still runnable
@@ -623,7 +623,7 @@ def test_destroy_removes_directories_chmod_ed_to_zero_without_privileges(tmp_pat
     run_unprivileged(
         """
         from pathlib import Path
-        from codecage.workspace import create_ephemeral, destroy
+        from codecage.engine.workspace import create_ephemeral, destroy
         Path("run").mkdir()
         ws = create_ephemeral(Path("run"), 1)
         assert not ws.tmpfs
@@ -644,7 +644,7 @@ def test_unreadable_file_is_listed_without_a_hash(tmp_path: Path) -> None:
     run_unprivileged(
         """
         from pathlib import Path
-        from codecage.workspace import list_files
+        from codecage.engine.workspace import list_files
         Path("ws").mkdir()
         Path("ws/locked.csv").write_text("a,b")
         Path("ws/locked.csv").chmod(0)

@@ -35,7 +35,7 @@ enabled_profiles = ["basic", "filesystem", "analyst"]   # the only ones a caller
 extends = ["basic"]
 modules = ["statistics", "decimal"]
 
-[pool]                                # warm single-use sandboxes (see codecage.pool)
+[pool]                                # warm single-use sandboxes (see codecage.engine.pool)
 enabled = true
 sizes = { min_idle = 2, max_idle = 8 }
 profiles.data_science = { min_idle = 1, max_idle = 2 }
@@ -86,7 +86,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from codecage.errors import ConfigError
 from codecage.models import SCRUB_CATEGORIES, Limits, PoolConfig, ScrubSettings, ServeSettings
-from codecage.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE
+from codecage.policy.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE
 
 ENV_CONFIG = "CODECAGE_CONFIG"
 SYSTEM_CONFIG = Path("/etc/codecage/config.toml")

@@ -61,7 +61,7 @@ from codecage.models import AddedPackage
 
 if TYPE_CHECKING:
     from codecage.config import Settings
-    from codecage.profiles import ImportPolicy
+    from codecage.policy.profiles import ImportPolicy
 
 log = logging.getLogger(__name__)
 

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from codecage import config, engine, packages, profiles, redaction, selftest
-from codecage import scrub as scrubbing
-from codecage import validate as validation
-from codecage import workspace as workspaces
+from codecage import config, engine, packages
 from codecage.backends.base import Backend, available_backends, load_backend
 from codecage.backends.bwrap import BwrapBackend, bwrap_version
 from codecage.bridge import channel as bridge
 from codecage.bridge import tooling
 from codecage.config import Settings
+from codecage.engine import selftest
+from codecage.engine import workspace as workspaces
+from codecage.engine.pool import Pool
 from codecage.errors import ConfigError, Face, HostError
 from codecage.isolation import limits as cgroups
 from codecage.isolation import rootfs, seccomp
@@ -42,8 +42,11 @@ from codecage.models import (
     Usage,
     ValidationReport,
 )
-from codecage.pool import Pool
-from codecage.profiles import ImportPolicy
+from codecage.policy import profiles
+from codecage.policy import scrub as scrubbing
+from codecage.policy import validate as validation
+from codecage.policy.profiles import ImportPolicy
+from codecage.policy.scrub import apply as redaction
 
 if TYPE_CHECKING:
     from codecage.bridge.broker import Broker
@@ -277,7 +280,7 @@ class Sandbox:
                 `killed`, with a `cancelled` event.
             on_files: called with the workspace's host path and the files the run wrote,
                 after the run and before the workspace is removed (read them with
-                `codecage.workspace.read_file`, which never follows a link).
+                `codecage.engine.workspace.read_file`, which never follows a link).
             files: input files to put in the fresh /workspace before the code runs:
                 relative path (e.g. "input/data.csv") -> content (str is written as UTF-8).
                 They live in the workspace's size-limited tmpfs like everything the code

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from codecage import Sandbox
-from codecage import workspace as workspaces
+from codecage.engine import workspace as workspaces
 from codecage.isolation import limits as cgroups
 
 from ._support import Runner, guest, host_pids_with, kill_marked, report

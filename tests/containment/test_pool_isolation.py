@@ -29,8 +29,8 @@ import pytest
 from codecage import Sandbox
 from codecage.backends.base import load_backend
 from codecage.engine import RunRequest, SandboxSpec, run_in
+from codecage.engine.pool import Pool
 from codecage.models import Limits, PoolConfig, PoolSizes
-from codecage.pool import Pool
 
 from ._support import guest, host_pids_with, kill_marked, report
 

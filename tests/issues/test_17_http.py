@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 from mcp_types.version import LATEST_HANDSHAKE_VERSION
 
-from codecage import http_serving
+from codecage.mcp import http as http_serving
 
 CODECAGE = str(Path(sys.executable).with_name("codecage"))
 TOKEN = "t0ken-for-tests"  # noqa: S105 - a test server's bearer token, on loopback

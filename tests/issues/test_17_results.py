@@ -26,12 +26,12 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import ImageContent, TextContent, Tool
 
-from codecage import reply
-from codecage import workspace as workspaces
 from codecage.bridge import codegen
+from codecage.engine import workspace as workspaces
+from codecage.mcp import reply
+from codecage.mcp.server import _files_back
 from codecage.models import Event, ExecutionResult, FileInfo
 from codecage.output import neutralise_line, neutralise_text
-from codecage.server import _files_back
 
 # What must never reach a terminal or a reader: C0 but newline and tab, DEL, C1, bidi.
 UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
@@ -294,7 +294,7 @@ def test_only_raster_images_whose_bytes_match_come_back_as_images(tmp_path: Path
 
 
 def test_an_svg_asked_for_comes_back_as_scrubbed_text(tmp_path: Path) -> None:
-    from codecage.scrub import Scrubber
+    from codecage.policy.scrub import Scrubber
 
     (tmp_path / "pic.svg").write_bytes(SVG)
     files, _ = workspaces.list_files(tmp_path)

@@ -25,9 +25,10 @@ import pytest
 from mcp import Client
 from mcp_types import CallToolResult, TextContent
 
-from codecage import Sandbox, engine, workspace
+from codecage import Sandbox, engine
+from codecage.engine import workspace
+from codecage.mcp.server import build_server
 from codecage.models import Limits
-from codecage.server import build_server
 
 IS_ROOT = os.geteuid() == 0
 needs_tmpfs = pytest.mark.skipif(

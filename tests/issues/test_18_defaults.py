@@ -34,10 +34,11 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult, TextContent
 
-from codecage import Sandbox, config, profiles
-from codecage import reply as reply_text
+from codecage import Sandbox, config
 from codecage.isolation import rootfs
-from codecage.server import build_server
+from codecage.mcp import reply as reply_text
+from codecage.mcp.server import build_server
+from codecage.policy import profiles
 
 CORPUS = Path(__file__).resolve().parent.parent / "agent_corpus"
 CLI = [sys.executable, "-m", "codecage.cli"]

@@ -27,10 +27,10 @@ from mcp_types import CallToolResult, ImageContent, TextContent
 
 from codecage import config, errors
 from codecage.errors import ConfigError
+from codecage.mcp.server import ServerLimits, build_server
 from codecage.models import Limits
 from codecage.output import CappedBuffer
 from codecage.sandbox import Sandbox
-from codecage.server import ServerLimits, build_server
 
 CODECAGE = str(Path(sys.executable).with_name("codecage"))
 pytestmark = pytest.mark.anyio

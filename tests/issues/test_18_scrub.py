@@ -29,7 +29,7 @@ from urllib.parse import quote
 
 import pytest
 
-from codecage.scrub import Scrubber, ScrubConfig
+from codecage.policy.scrub import Scrubber, ScrubConfig
 
 CONFIGURED = "upstream-Token-7f3a9c2e"
 SCRUB = Scrubber(ScrubConfig(secrets=(CONFIGURED,)))

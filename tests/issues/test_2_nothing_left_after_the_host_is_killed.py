@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from codecage import engine
-from codecage import workspace as workspaces
+from codecage.engine import workspace as workspaces
 from codecage.isolation import limits as cgroups
 
 HOST = """

@@ -38,13 +38,13 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from codecage import scrub as scrubbing
 from codecage.bridge.channel import CallFailed, ToolAnswer
 from codecage.bridge.stdio_client import bounded_stdio_client
 from codecage.bridge.tooling import ToolPattern, allow_patterns, name_matches
 from codecage.bridge.upstreams import Upstream
 from codecage.errors import ConfigError
 from codecage.output import neutralise_text
+from codecage.policy import scrub as scrubbing
 
 log = logging.getLogger(__name__)
 

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from codecage import workspace as workspaces
 from codecage.bridge import upstreams
 from codecage.bridge.channel import BridgeLimits, CallFailed
 from codecage.config import Settings, ToolsFile
+from codecage.engine import workspace as workspaces
 from codecage.errors import ConfigError, SandboxError
 
 SERVERS_DIR_PREFIX = "codecage-servers-"

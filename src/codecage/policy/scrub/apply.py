@@ -1,6 +1,6 @@
 """Scrubbing of what a run returns: the policy of what is scrubbed, and when.
 
-`codecage.scrub` knows how to find personal data and secrets in text; this module applies
+`codecage.policy.scrub` knows how to find personal data and secrets in text; this module applies
 it, in the host, to every text of an `ExecutionResult` before it reaches a caller: stdout
 and stderr (whole streams, so a value written in two pieces is whole again; with the cap
 rules when the host cut a stream), the error's message and traceback, the return value
@@ -20,7 +20,7 @@ from typing import Any, cast
 
 from codecage.models import ErrorInfo, Event, ExecutionResult, FileInfo, ScrubSettings, ScrubState
 from codecage.output import neutralise
-from codecage.scrub import MIN_SECRET_CHARS, Category, Scrubber, ScrubConfig, merge_counts
+from codecage.policy.scrub import MIN_SECRET_CHARS, Category, Scrubber, ScrubConfig, merge_counts
 
 __all__ = ["build_scrubber", "scrub_result", "state"]
 

@@ -28,12 +28,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from codecage import packages, profiles
-from codecage import scrub as scrubbing
-from codecage import workspace as workspaces
+from codecage import packages
 from codecage.backends.base import Backend, LaunchSpec
 from codecage.bridge import channel as bridge
 from codecage.bridge.tooling import SERVERS_DIR_PREFIX
+from codecage.engine import workspace as workspaces
+from codecage.engine.supervise import Observation, supervise
 from codecage.errors import ConfigError, Face, SandboxError
 from codecage.guest.bootstrap import STOP_LINE
 from codecage.isolation import limits as cgroups
@@ -55,8 +55,9 @@ from codecage.models import (
     Usage,
 )
 from codecage.output import neutralise, neutralise_text
-from codecage.profiles import ImportPolicy
-from codecage.supervise import Observation, supervise
+from codecage.policy import profiles
+from codecage.policy import scrub as scrubbing
+from codecage.policy.profiles import ImportPolicy
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +208,7 @@ class StartedSandbox:
 
 def execute(request: RunRequest, backend: Backend) -> ExecutionResult:
     """Run `request` in a fresh sandbox of `backend` and destroy the sandbox afterwards
-    (a cold start; `codecage.pool` runs requests in sandboxes started ahead of time).
+    (a cold start; `codecage.engine.pool` runs requests in sandboxes started ahead of time).
 
     Raises:
         ConfigError: the request was refused before anything ran.

@@ -77,7 +77,7 @@ from codecage.models import (
     Severity,
     ValidationReport,
 )
-from codecage.profiles import RUNTIME_MODULES, module_allowed
+from codecage.policy.profiles import RUNTIME_MODULES, module_allowed
 
 log = logging.getLogger(__name__)
 

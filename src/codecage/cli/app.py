@@ -23,9 +23,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from codecage import __version__, config, profiles
+from codecage import __version__, config
 from codecage import packages as added
-from codecage import validate as validation
 from codecage.errors import CodecageError, ConfigError
 from codecage.models import (
     DoctorReport,
@@ -39,6 +38,8 @@ from codecage.models import (
     ValidationReport,
 )
 from codecage.output import neutralise_line, neutralise_text
+from codecage.policy import profiles
+from codecage.policy import validate as validation
 from codecage.sandbox import Sandbox
 
 try:  # typer 0.2x carries its own copy of click; older ones use click itself
@@ -62,7 +63,7 @@ app = typer.Typer(
     context_settings={"help_option_names": _HELP_NAMES},
 )
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
-log = logging.getLogger("codecage.cli")  # also when run as `python -m codecage.cli`
+log = logging.getLogger("codecage.cli")  # the same name under `python -m codecage.cli`
 
 
 def reflow(doc: str) -> str:
@@ -848,8 +849,9 @@ def serve(
 
         codecage serve --mcp-host cursor   # code may call Cursor's MCP servers
     """
-    from codecage import http_serving, stdio
-    from codecage import server as mcp_server  # the MCP SDK loads only for this command
+    from codecage.mcp import http as http_serving
+    from codecage.mcp import server as mcp_server  # the MCP SDK loads only for this command
+    from codecage.mcp import stdio
 
     _configure_logging(verbose)
     if not verbose:  # the settings at start and one line per call, even when quiet

@@ -36,9 +36,12 @@ from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase
 from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from codecage import __version__, http_serving, reply
-from codecage import workspace as workspaces
+from codecage import __version__
+from codecage.engine import workspace as workspaces
+from codecage.engine.pool import Pool
 from codecage.errors import CodecageError, ConfigError
+from codecage.mcp import http as http_serving
+from codecage.mcp import reply
 from codecage.models import (
     DEFAULT_REPLY_MAX_TOKENS,
     ExecutionResult,
@@ -49,9 +52,8 @@ from codecage.models import (
     ValidationReport,
 )
 from codecage.output import neutralise_line, neutralise_text
-from codecage.pool import Pool
+from codecage.policy.scrub import Scrubber, merge_counts
 from codecage.sandbox import Sandbox
-from codecage.scrub import Scrubber, merge_counts
 
 log = logging.getLogger(__name__)
 

@@ -47,8 +47,8 @@ from codecage.models import (
     Limits,
     Status,
     Usage,
-    _any_json_value,
 )
+from codecage.models.result import any_json_value
 from codecage.output import cut_marker, neutralise_line
 
 # Under the 1,048,576 bytes of an SSE event, with room for the JSON-RPC envelope and the
@@ -110,7 +110,7 @@ class ExecutionReply(BaseModel):
     return_value: Any = Field(
         description="Value of the code's last expression, as JSON (else its repr as a "
         "string; a large one cut in the middle, as a string, to fit the reply); null if none.",
-        json_schema_extra=_any_json_value,
+        json_schema_extra=any_json_value,
     )
     error: ReplyError | None = Field(description="The code's exception; None if none.")
     files: list[FileInfo] = Field(description="Files in /workspace after the run.")

@@ -1,0 +1,1 @@
+"""The MCP face: `codecage serve`'s tools over stdio and streamable HTTP."""

@@ -1,0 +1,172 @@
+"""What the host reports about itself: layers in force, profiles, pool, tools, doctor."""
+
+from __future__ import annotations
+
+from pydantic import (
+    Field,
+)
+
+from codecage.models.base import Model
+from codecage.models.settings import Limits, PoolConfig
+
+
+class LayerStatus(Model):
+    """One isolation layer and whether it is really in force on this host."""
+
+    name: str = Field(description="Layer, e.g. 'namespaces', 'seccomp', 'memory'.")
+    active: bool = Field(description="True when probed and in force.")
+    mechanism: str = Field(description="How it is provided, e.g. 'cgroup v1', 'RLIMIT_AS'.")
+    detail: str = Field("", description="What was probed, or why it is missing.")
+
+
+class Ceilings(Model):
+    """The largest limits this host accepts per call."""
+
+    memory_mb: int
+    max_processes: int
+    timeout: float
+
+
+class ProfileInfo(Model):
+    """One capability profile as `info` reports it."""
+
+    name: str
+    description: str
+    modules: list[str] = Field(
+        description="Dotted module prefixes the code may import; `*`: every module."
+    )
+    packages_importable: dict[str, bool] = Field(
+        description="Third-party packages of the profile and whether the sandbox can import them."
+    )
+    default: bool = Field(description="Whether runs use this profile when none is given.")
+
+
+class ScrubState(Model):
+    """What `info` says of scrubbing: what is redacted, never the configured values."""
+
+    enabled: bool
+    categories: list[str] = Field(description="Categories redacted; empty when disabled.")
+    secrets: int = Field(description="How many exact secret values are redacted.")
+    phone_region: str
+    source: str = Field(description="Where the setting came from (default, file, env, argument).")
+
+
+class ToolsState(Model):
+    """What `info` says of the upstream MCP tools the code may call, and their bounds."""
+
+    servers: list[str] = Field(
+        description="Upstream servers this sandbox's code can call; empty: tool calls fail."
+    )
+    configured_servers: list[str] = Field(
+        description="Servers in the config file's [mcpServers] (`run` and `serve` start them)."
+    )
+    allowed_tools: list[str] | None = Field(
+        description="'server.tool' patterns the code may call; None: all the servers allow."
+    )
+    tokenize: bool | None = Field(description="Personal data in tool results becomes tokens.")
+    max_calls: int = Field(description="Tool calls per run.")
+    max_in_flight: int = Field(description="Tool calls running at once in one run.")
+    max_result_mb: float = Field(description="Size of one tool result.")
+    servers_dir: str | None = Field(description="The typed tool tree, at /servers.")
+    skills_dir: str | None = Field(description="Reusable functions, at /skills.")
+
+
+class PoolKeyState(Model):
+    """One pool key: the sandboxes kept warm for one profile (and sizes)."""
+
+    profile: str = Field(description="Import profile(s) of these sandboxes; 'none' = no policy.")
+    preload: list[str] = Field(description="Modules imported before the request comes.")
+    workspace_mb: int
+    tmp_mb: int
+    idle: int = Field(description="Ready now, each waiting for its one request.")
+    starting: int
+    target: int = Field(description="How many it keeps ready now (min_idle..max_idle).")
+    min_idle: int
+    max_idle: int
+    hits: int = Field(description="Runs that got a warm sandbox.")
+    misses: int = Field(description="Runs that found none and started cold.")
+    started: int
+    crashed: int = Field(description="Idle sandboxes that died and were replaced.")
+    failed_starts: int
+    last_error: str | None
+    idle_rss_mb: float | None = Field(
+        description="Resident memory of one idle sandbox, all its processes together "
+        "(shared pages counted in each); None when none is idle."
+    )
+    idle_pss_mb: float | None = Field(
+        description="The same as proportional set size (shared pages divided among sharers)."
+    )
+
+
+class PoolState(Model):
+    """What `info` says of the warm pool."""
+
+    enabled: bool
+    config: PoolConfig
+    keys: list[PoolKeyState] = Field(description="Live keys; empty when no pool runs here.")
+    host_rss_mb: float | None = Field(description="Resident memory of this (host) process.")
+
+
+class AddedPackage(Model):
+    """A distribution the operator added with `codecage packages add` (or pulled in by one)."""
+
+    name: str
+    version: str
+    requested: bool = Field(True, description="Named by the operator, not only a dependency.")
+
+
+class HostInfo(Model):
+    """What `codecage info` reports: backend, mechanisms in force, defaults and ceilings."""
+
+    version: str
+    backend: str
+    backends: dict[str, bool] = Field(description="Every backend codecage knows: available here?")
+    bwrap_version: str | None
+    python: str = Field(description="Interpreter that runs inside the sandbox.")
+    layers: list[LayerStatus]
+    default_limits: Limits
+    limit_sources: dict[str, str] = Field(
+        description="Where each setting came from: 'default', 'file PATH', 'env CODECAGE_…' "
+        "or 'argument'."
+    )
+    profiles: list[ProfileInfo] = Field(description="Capability profiles (import policy).")
+    config_file: str | None = Field(description="The config file in force; None = none found.")
+    config_origin: str = Field(
+        "none",
+        description="Where the config file came from: 'argument' (--config, "
+        "Sandbox(config=...)), 'env' (CODECAGE_CONFIG), 'user' ($XDG_CONFIG_HOME/codecage), "
+        "'system' (/etc/codecage) or 'none'. Never the current directory.",
+    )
+    import_policy: str | None = Field(
+        description="The profile(s) this Sandbox applies; None when the import policy is off."
+    )
+    ceilings: Ceilings
+    pool: PoolState | None = Field(None, description="The warm pool's settings and state.")
+    scrub: ScrubState | None = Field(None, description="What results are scrubbed of.")
+    tools: ToolsState | None = Field(
+        None, description="Upstream MCP tools the code may call, and the bounds of its calls."
+    )
+    packages: list[AddedPackage] = Field(
+        [],
+        description="Packages the operator added (`codecage packages add`), importable where "
+        "the profile allows them.",
+    )
+
+
+class ProbeResult(Model):
+    """One check of `codecage doctor`, proven by running code in a real sandbox."""
+
+    layer: str
+    passed: bool
+    detail: str
+
+
+class DoctorReport(Model):
+    """All checks of `codecage doctor`."""
+
+    backend: str
+    passed: bool
+    probes: list[ProbeResult]
+
+    def failed_layers(self) -> list[str]:
+        return [p.layer for p in self.probes if not p.passed]

@@ -1,0 +1,189 @@
+"""Settings a caller or the operator gives: limits, the pool, scrubbing, `serve`.
+
+Defaults live here and only here; the CLI, `info` and the docs read them from these models.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from pydantic import (
+    Field,
+    model_validator,
+)
+
+from codecage.models.base import Model
+
+
+class Limits(Model):
+    """Resource limits of one run. Every field has a default; any can be overridden per call."""
+
+    timeout: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="Wall-clock limit in seconds; the whole sandbox is killed when it passes.",
+    )
+    cpu_seconds: int = Field(
+        30,
+        ge=1,
+        le=3600,
+        description="CPU time in seconds: summed over every process of the run where a "
+        "cgroup is available, else per process (RLIMIT_CPU).",
+    )
+    memory_mb: int = Field(
+        512,
+        ge=32,
+        le=1_048_576,
+        description="Memory in MiB for the whole sandbox, tmpfs and memfd included "
+        "(cgroup where available, else RLIMIT_AS per process).",
+    )
+    max_processes: int = Field(
+        64,
+        ge=1,
+        le=32_768,
+        description="Processes and threads the code may have at once.",
+    )
+    max_open_files: int = Field(
+        256,
+        ge=16,
+        le=65_536,
+        description="Open file descriptors per process.",
+    )
+    max_file_size_mb: int = Field(
+        64,
+        ge=1,
+        le=65_536,
+        description="Largest single file the code may write, in MiB.",
+    )
+    workspace_mb: int = Field(
+        256,
+        ge=1,
+        le=1_048_576,
+        description="Total size of /workspace in MiB (a size-limited tmpfs when codecage runs "
+        "as root; otherwise only the per-file limit applies).",
+    )
+    tmp_mb: int = Field(
+        64,
+        ge=1,
+        le=1_048_576,
+        description="Size of the private tmpfs at /tmp, in MiB.",
+    )
+    max_output_bytes: int = Field(
+        1_048_576,
+        ge=1024,
+        le=256 * 1024 * 1024,
+        description="Bytes kept of stdout and of stderr, each; the rest is discarded and flagged.",
+    )
+
+    def merged(self, overrides: dict[str, Any]) -> Limits:
+        """Return a copy with the non-None `overrides` applied, validated again.
+
+        Raises:
+            pydantic.ValidationError: an override is out of bounds.
+        """
+        data = self.model_dump()
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return Limits.model_validate(data)
+
+
+DEFAULT_REPLY_MAX_TOKENS = 20_000
+
+
+class ServeSettings(Model):
+    """Settings of `codecage serve` (the config file's [serve] table)."""
+
+    reply_max_tokens: int = Field(
+        DEFAULT_REPLY_MAX_TOKENS,
+        ge=2_000,
+        le=240_000,
+        description="Estimated tokens one MCP tool reply may take at most, text and "
+        "structured content together (estimated high: 4 ASCII characters or 1 byte of "
+        "other UTF-8 a token; an image 1,600). Claude Code refuses replies over 25,000 by "
+        "default. Longer output is cut in the middle, head and tail kept.",
+    )
+
+
+class PoolSizes(Model):
+    """How many warm sandboxes one pool key keeps ready."""
+
+    min_idle: int = Field(1, ge=0, le=64, description="Kept ready at all times.")
+    max_idle: int = Field(
+        4, ge=0, le=64, description="Grown to under load (a run that found none ready)."
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PoolSizes:
+        if self.max_idle < self.min_idle:
+            raise ValueError(f"max_idle={self.max_idle} is below min_idle={self.min_idle}")
+        return self
+
+
+class PoolConfig(Model):
+    """The warm pool's settings (`[pool]` in the config file)."""
+
+    enabled: bool = Field(False, description="Run requests in pre-started sandboxes.")
+    sizes: PoolSizes = Field(PoolSizes(), description="Sizes of every key by default.")
+    profiles: dict[str, PoolSizes] = Field(
+        {}, description="Sizes by profile name, e.g. fewer of the heavy data_science."
+    )
+    max_starting: int = Field(4, ge=1, le=64, description="Sandboxes starting at once.")
+    ready_timeout: float = Field(
+        60.0, gt=0, le=600, description="Seconds a sandbox may take to start and preload."
+    )
+    wait: float = Field(
+        2.0,
+        ge=0,
+        le=60,
+        description="Seconds a run waits for a sandbox that is already starting before it "
+        "starts a cold one itself.",
+    )
+
+    def sizes_for(self, profile: str) -> PoolSizes:
+        return self.profiles.get(profile, self.sizes)
+
+
+class ScrubSettings(Model):
+    """What the host redacts from everything a run returns (`[scrub]` in the config file).
+
+    One switch per category; `secrets` and `secrets_env` name exact values to redact (also
+    base64- and URL-encoded), such as the credentials of upstream MCP servers.
+    """
+
+    enabled: bool = Field(True, description="Scrub results at all (off: nothing is redacted).")
+    email: bool = Field(True, description="Email addresses -> [EMAIL].")
+    phone: bool = Field(True, description="Phone numbers (international, US formats) -> [PHONE].")
+    ssn: bool = Field(True, description="US social security numbers -> [SSN].")
+    credit_card: bool = Field(
+        True,
+        description="Luhn-valid card numbers, grouped as cards are or next to a card word"
+        " -> [CREDIT_CARD].",
+    )
+    iban: bool = Field(True, description="Checksum-valid IBANs -> [IBAN].")
+    ip: bool = Field(
+        True,
+        description="Public IPv4/IPv6 addresses -> [IP_ADDRESS] (private, loopback, link-local"
+        " and documentation ranges are kept).",
+    )
+    secret: bool = Field(
+        True, description="Keys, tokens, private keys, password= assignments -> [SECRET]."
+    )
+    secrets: list[str] = Field(
+        [], description="Exact values to redact as [SECRET] (6+ characters each)."
+    )
+    secrets_env: list[str] = Field(
+        [], description="Names of host environment variables whose values are secrets."
+    )
+    phone_region: str = Field(
+        "US", description="ISO 3166 region whose national phone format is recognised."
+    )
+
+    def categories(self) -> list[str]:
+        """The categories switched on, in the order of the fields."""
+        return [name for name in SCRUB_CATEGORIES if getattr(self, name)]
+
+
+SCRUB_CATEGORIES: Final = ("email", "phone", "ssn", "credit_card", "iban", "ip", "secret")
+
+
+"""The categories of `ScrubSettings` (the same as `codecage.policy.scrub.CATEGORIES`)."""
