@@ -22,8 +22,8 @@ def _imported_modules(path: Path) -> set[str]:
 
 
 def test_guest_modules_import_only_the_standard_library() -> None:
-    files = sorted(GUEST_DIR.glob("*.py"))
-    assert files
+    files = sorted(GUEST_DIR.rglob("*.py"))  # the runtime's subpackage too
+    assert GUEST_DIR / "runtime" / "bridge.py" in files
     for path in files:
         outside = {
             name
@@ -42,15 +42,19 @@ def test_the_guest_runs_the_code_as_main_of_the_named_file(sandbox: object) -> N
 
 
 def test_the_runtime_is_compiled_beside_its_source_for_the_read_only_sandbox() -> None:
-    """In the sandbox the guest package is read-only: without this bytecode every
-    `import codecage.runtime` compiles the module again."""
+    """In the sandbox the guest package is read-only: without this bytecode every start
+    compiles the contract again, and every `import codecage.runtime` its modules."""
     import importlib.util
 
     from codecage.isolation import rootfs
 
-    source = rootfs.guest_package_dir() / "runtime.py"
-    cached = Path(importlib.util.cache_from_source(str(source)))
-    cached.unlink(missing_ok=True)
-    rootfs.precompile_guest_runtime.__wrapped__()
-    assert cached.is_file()
-    assert cached.stat().st_mtime >= source.stat().st_mtime
+    package = rootfs.guest_package_dir()
+    sources = [package / "contract.py", package / "runtime" / "__init__.py"]
+    sources += [package / "runtime" / "bridge.py", package / "runtime" / "search.py"]
+    for source in sources:
+        Path(importlib.util.cache_from_source(str(source))).unlink(missing_ok=True)
+    rootfs.precompile_guest_package.__wrapped__()
+    for source in sources:
+        cached = Path(importlib.util.cache_from_source(str(source)))
+        assert cached.is_file(), source
+        assert cached.stat().st_mtime >= source.stat().st_mtime

@@ -66,7 +66,7 @@ def test_the_guest_reads_the_request_the_host_writes() -> None:
 def test_the_host_accepts_the_result_the_guest_writes() -> None:
     """Run the real bootstrap's report builder and validate its output with the model."""
     script = (
-        "import sys; sys.path.insert(0, 'src/codecage/guest'); import bootstrap, json\n"
+        "import sys; sys.path.insert(0, 'src/codecage'); from guest import bootstrap; import json\n"
         "code, report = bootstrap._run_user_code({'filename': 'm.py', 'code': '1/0',"
         " 'return_value_max_bytes': 100})\n"
         "print(json.dumps(report))"

@@ -47,7 +47,7 @@ from codecage.guest.runtime import (
     search_tools,
 )
 
-GUEST_DIR = Path(runtime.__file__).parent
+GUEST_DIR = Path(runtime.__file__).parent.parent  # the guest package
 
 # --- a fake host on a real socket ------------------------------------------------------
 
@@ -114,12 +114,12 @@ def host() -> Iterator[Callable[[Responder], FakeHost]]:
 
     def start(respond: Responder) -> FakeHost:
         guest_end, host_end = socket.socketpair()
-        runtime._use_channel(guest_end)
+        runtime.bridge._use_channel(guest_end)
         hosts.append(FakeHost(host_end, respond))
         return hosts[-1]
 
     yield start
-    runtime._reset()
+    runtime.bridge._reset()
     for h in hosts:
         h.close()
 
@@ -427,8 +427,8 @@ def test_a_forked_child_cannot_use_the_parents_bridge(
 
 _NO_BRIDGE = """
 import json, os, sys
-sys.path.insert(0, sys.argv[1])
-import runtime
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
+import guest.runtime as runtime  # the guest package, by its directory's name on the host
 out = []
 def attempt():
     try:
@@ -439,7 +439,7 @@ attempt()  # fd 4 is not open
 path = os.path.join(sys.argv[2], "file")
 fd = os.open(path, os.O_RDWR | os.O_CREAT)
 os.dup2(fd, 4)
-runtime._reset()
+runtime.bridge._reset()
 attempt()  # fd 4 is a regular file: left alone
 os.write(4, b"still mine")
 out.append(open(path).read())

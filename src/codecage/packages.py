@@ -55,7 +55,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from codecage.config import untrusted_reason
 from codecage.errors import ConfigError, HostError
-from codecage.guest.bootstrap import DISTRIBUTIONS, PACKAGES_DIR
+from codecage.guest.bootstrap import DISTRIBUTIONS
+from codecage.guest.contract import PACKAGES_DIR
 from codecage.isolation import rootfs
 from codecage.models import AddedPackage
 

@@ -35,7 +35,7 @@ from codecage.bridge.tooling import SERVERS_DIR_PREFIX
 from codecage.engine import workspace as workspaces
 from codecage.engine.supervise import Observation, supervise
 from codecage.errors import ConfigError, Face, SandboxError
-from codecage.guest.bootstrap import STOP_LINE
+from codecage.guest.contract import STOP_LINE
 from codecage.isolation import limits as cgroups
 from codecage.isolation import rootfs, seccomp, shell
 from codecage.isolation.limits import CgroupHandle

@@ -2,7 +2,8 @@
 
 Started by the host as `/opt/python/bin/python3 -I -S -B -X utf8 bootstrap.py --control-fd N
 --bridge-fd M` (the tool bridge, moved to fd 4: docs/tool-bridge.md).
-It speaks versioned JSON lines over the control socket (fd N, moved to fd 3):
+It speaks versioned JSON lines over the control socket (fd N, moved to fd 3); the version,
+the kinds, the fds, paths and caps are the contract's (contract.py, shared with the host):
 
     guest -> host  {"v":1,"kind":"ready","pid":...}         the interpreter is up
     host -> guest  {"v":1,"kind":"run","code":...,"filename":...,"limits":{...},...}
@@ -14,7 +15,7 @@ Then the main process stops itself (SIGSTOP) until the host destroys the sandbox
 the host's "stop" (or continued), it exits with the program's exit code (see _end_run).
 Nothing it says is trusted by the host: the host judges the status itself and validates
 and bounds this report. This file is an island: it must not import anything from the host
-side of codecage (a test checks it).
+side of codecage (a test checks it); contract.py is the guest's own.
 """
 
 from __future__ import annotations
@@ -29,35 +30,49 @@ import os
 import resource
 import sys
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-WIRE_VERSION = 1
-CONTROL_FD = 3
-BRIDGE_FD = 4  # the tool bridge (docs/tool-bridge.md); codecage.runtime talks over it
-GUEST_PACKAGE_ROOT = "/opt/codecage"  # holds codecage/ (this package) and servers/, skills/
-# Importable by the user's code in every profile: the runtime helpers, the tool tree and
-# compiler directives (`from __future__ import annotations`).
-ALWAYS_ALLOWED = ("codecage.runtime", "servers", "skills", "__future__")
-EVERY_MODULE = "*"  # an allowed-modules entry: nothing is refused (the standard profile)
-MAX_REQUEST_BYTES = 16 * 1024 * 1024
-MAX_EVENTS = 50
-STOP_LINE = b'{"v":1,"kind":"stop"}\n'  # host -> guest, the answer to "end"
-_STOP_WAIT_S = 0.05  # for that answer; the host sends it as soon as it reads the end
-_RESULT_NAME = "__codecage_last_value__"
-
-_events: list[dict[str, str]] = []
 # The host runs this file as bytecode compiled to name its source path (see
 # rootfs.bootstrap_bytecode), so __file__ is the .pyc's path; frames name the source.
 _OWN_FILE = (lambda: None).__code__.co_filename
 
 
+def _guest_module(name: str) -> types.ModuleType:
+    """A module of the guest package, which in the sandbox is `codecage` in the directory
+    above this file's source (the interpreter runs with -I: nothing of it is on sys.path,
+    and this file runs as a script, so a relative import does not work). The path is put
+    back as it was: the code's path is set up later, in _fresh_main_module."""
+    sys.path.append(os.path.dirname(os.path.dirname(_OWN_FILE)))
+    try:
+        __import__(f"codecage.{name}")
+    finally:
+        sys.path.pop()
+    return sys.modules[f"codecage.{name}"]
+
+
+if TYPE_CHECKING or __package__:  # imported on the host, as codecage.guest.bootstrap
+    from . import contract
+else:
+    contract = _guest_module("contract")
+
+# Importable by the user's code in every profile: the runtime helpers, the tool tree and
+# compiler directives (`from __future__ import annotations`).
+ALWAYS_ALLOWED = ("codecage.runtime", "servers", "skills", "__future__")
+EVERY_MODULE = "*"  # an allowed-modules entry: nothing is refused (the standard profile)
+MAX_EVENTS = contract.MAX_EVENTS  # kept in _events: the import policy appends too
+_STOP_WAIT_S = 0.05  # for the host's "stop", sent as soon as it reads the "end"
+_RESULT_NAME = "__codecage_last_value__"
+
+_events: list[dict[str, str]] = []
+
+
 def main(argv: list[str]) -> int:
     control = _take_fds(argv)
-    _close_other_fds(keep=(CONTROL_FD, BRIDGE_FD))
+    _close_other_fds(keep=(contract.CONTROL_FD, contract.BRIDGE_FD))
     _preload(_preload_list(argv))
     _warm_up(pooled="--pooled" in argv)
     main_pid = os.getpid()
-    _send(control, {"v": WIRE_VERSION, "kind": "ready", "pid": main_pid})
+    _send(control, {"v": contract.WIRE_VERSION, "kind": contract.KIND_READY, "pid": main_pid})
     request = _receive(control)
     _apply_limits(request["limits"])
     sys.addaudithook(_audit)
@@ -68,7 +83,10 @@ def main(argv: list[str]) -> int:
     gc.freeze()  # what exists now is ours: the collections at the end skip it
     exit_code, report = _run_user_code(request)
     _finish_like_python()
-    report["events"] = _events[:MAX_EVENTS]
+    report["events"] = [  # in the host's bounds: one long detail must not void the report
+        {**event, "detail": event["detail"][: contract.MAX_EVENT_DETAIL]}
+        for event in _events[:MAX_EVENTS]
+    ]
     report["exit_code"] = exit_code
     _send(control, report)
     if os.getpid() == main_pid:
@@ -84,7 +102,8 @@ def _take_fds(argv: list[str]) -> _socket.socket:
     may be any, even each other's targets: hence the detour through high numbers)."""
     control = int(argv[argv.index("--control-fd") + 1])
     bridge = int(argv[argv.index("--bridge-fd") + 1]) if "--bridge-fd" in argv else -1
-    moves = [(control, CONTROL_FD)] + ([(bridge, BRIDGE_FD)] if bridge >= 0 else [])
+    moves = [(control, contract.CONTROL_FD)]
+    moves += [(bridge, contract.BRIDGE_FD)] if bridge >= 0 else []
     parked = []
     for index, (fd, target) in enumerate(moves):
         high = 200 + index
@@ -96,7 +115,7 @@ def _take_fds(argv: list[str]) -> _socket.socket:
         os.close(high)
     # _socket, not socket: the wrapper module (enums, selectors) costs ~1 MB in every idle
     # warm sandbox, and the control channel needs none of it.
-    return _socket.socket(fileno=CONTROL_FD)
+    return _socket.socket(fileno=contract.CONTROL_FD)
 
 
 def _preload_list(argv: list[str]) -> list[str]:
@@ -140,7 +159,9 @@ def _warm_up(*, pooled: bool) -> None:
     comes. A pooled sandbox also imports what errors and odd return values need, which a
     cold one imports only when it needs them. Pure: nothing of it remains."""
     _compile("_ = [1]\n_\n", "<warm-up>")
-    json.loads(json.dumps({"v": WIRE_VERSION, "kind": "warm-up", "data": [1.5, None, "x"]}))
+    json.loads(
+        json.dumps({"v": contract.WIRE_VERSION, "kind": "warm-up", "data": [1.5, None, "x"]})
+    )
     if pooled:
         import reprlib
         import traceback
@@ -184,7 +205,12 @@ def _end_run(control: _socket.socket, pid: int, exit_code: int) -> None:
     host not have heard the end (the code closed, replaced or flooded the socket), an exit
     is what it sees. Continued (SIGCONT), the process exits as before.
     """
-    line = b'\n{"v":%d,"kind":"end","pid":%d,"exit_code":%d}\n' % (WIRE_VERSION, pid, exit_code)
+    line = b'\n{"v":%d,"kind":"%s","pid":%d,"exit_code":%d}\n' % (
+        contract.WIRE_VERSION,
+        contract.KIND_END.encode(),
+        pid,
+        exit_code,
+    )
     try:
         control.sendall(line)
         control.shutdown(_socket.SHUT_WR)
@@ -192,7 +218,7 @@ def _end_run(control: _socket.socket, pid: int, exit_code: int) -> None:
         answer = control.recv(64)
     except OSError:  # the socket is gone, or no answer in time (TimeoutError)
         return
-    if answer == STOP_LINE:
+    if answer == contract.STOP_LINE:
         os.kill(pid, _signal.SIGSTOP)
 
 
@@ -203,10 +229,10 @@ def _receive(control: _socket.socket) -> dict[str, Any]:
         if not chunk:
             raise SystemExit(70)  # host went away before sending a request
         buf += chunk
-        if len(buf) > MAX_REQUEST_BYTES:
+        if len(buf) > contract.MAX_REQUEST_BYTES:
             raise SystemExit(70)
     request: dict[str, Any] = json.loads(buf[: buf.index(b"\n")])
-    if request.get("v") != WIRE_VERSION or request.get("kind") != "run":
+    if request.get("v") != contract.WIRE_VERSION or request.get("kind") != contract.KIND_RUN:
         raise SystemExit(70)
     return request
 
@@ -267,10 +293,10 @@ _TRUSTED_PREFIXES = (
     "/opt/packages/",
     "<frozen ",
 )
-SITE_PACKAGES = "/opt/site-packages"
+SITE_PACKAGES = contract.GUEST_SITE_PACKAGES
 # The packages the operator added (`codecage packages add`, codecage.packages), read-only;
 # bound only when the profile allows one of them.
-PACKAGES_DIR = "/opt/packages"
+PACKAGES_DIR = contract.PACKAGES_DIR
 # Import names whose distribution is named otherwise, for the operator's command in the
 # ModuleNotFoundError (codecage.packages maps `packages add sklearn` with the same table).
 DISTRIBUTIONS = {
@@ -478,7 +504,11 @@ def _run_user_code(request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     filename = str(request["filename"])
     source = str(request["code"])
     max_value_bytes = int(request["return_value_max_bytes"])
-    report: dict[str, Any] = {"v": WIRE_VERSION, "kind": "result", "return_value": None}
+    report: dict[str, Any] = {
+        "v": contract.WIRE_VERSION,
+        "kind": contract.KIND_RESULT,
+        "return_value": None,
+    }
     main_module = _fresh_main_module(filename)
     # The source has no file in the sandbox: linecache (tracebacks, inspect) asks this.
     setattr(main_module, "__loader__", _SourceLoader(source))  # noqa: B010 - not its type
@@ -502,12 +532,12 @@ def _run_user_code(request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
 
 def _fresh_main_module(filename: str) -> types.ModuleType:
     module = types.ModuleType("__main__")
-    module.__file__ = f"/workspace/{filename}"
+    module.__file__ = f"{contract.WORKSPACE_DIR}/{filename}"
     module.__builtins__ = __builtins__  # type: ignore[attr-defined]
     sys.modules["__main__"] = module
     sys.argv = [filename]
-    sys.path.insert(0, "/workspace")
-    sys.path.append(GUEST_PACKAGE_ROOT)  # codecage.runtime, servers.*, skills.*
+    sys.path.insert(0, contract.WORKSPACE_DIR)
+    sys.path.append(contract.GUEST_PACKAGE_ROOT)  # codecage.runtime, servers.*, skills.*
     # The profile's third-party packages, read-only (already on the path when preloaded).
     _add_added_packages()
     if os.path.isdir(SITE_PACKAGES) and SITE_PACKAGES not in sys.path:

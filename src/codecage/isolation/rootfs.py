@@ -31,15 +31,17 @@ from pathlib import Path
 from typing import Literal
 
 from codecage.errors import HostError
+from codecage.guest import contract
 
 log = logging.getLogger(__name__)
 
-GUEST_PREFIX = "/opt/python"
+# The guest's paths are the contract's (codecage.guest.contract); these are their names here.
+GUEST_PREFIX = contract.GUEST_PREFIX
 GUEST_PYTHON = f"{GUEST_PREFIX}/bin/python3"
-GUEST_PACKAGE_ROOT = "/opt/codecage"
-GUEST_BOOTSTRAP = f"{GUEST_PACKAGE_ROOT}/codecage/bootstrap.py"
-GUEST_BOOTSTRAP_PYC = f"{GUEST_PACKAGE_ROOT}/bootstrap.pyc"  # what the guest runs
-WORKSPACE = "/workspace"
+GUEST_PACKAGE_ROOT = contract.GUEST_PACKAGE_ROOT
+GUEST_BOOTSTRAP = contract.GUEST_BOOTSTRAP
+GUEST_BOOTSTRAP_PYC = contract.GUEST_BOOTSTRAP_PYC  # what the guest runs
+WORKSPACE = contract.WORKSPACE_DIR
 SANDBOX_UID = 1000
 SANDBOX_GID = 1000
 
@@ -186,7 +188,7 @@ def bootstrap_bytecode() -> Path:
     Raises:
         HostError: the cache directory cannot be written.
     """
-    precompile_guest_runtime()
+    precompile_guest_package()
     source = guest_package_dir() / "bootstrap.py"
     text = source.read_bytes()
     digest = hashlib.sha256(text + sys.version.encode()).hexdigest()[:16]
@@ -212,15 +214,15 @@ def bootstrap_bytecode() -> Path:
 
 
 @functools.cache
-def precompile_guest_runtime() -> None:
-    """Write codecage.runtime's bytecode beside its source, as the host's own import
-    would, when it is missing or stale: the guest package is read-only in the sandbox, so
-    without it every `import codecage.runtime` there compiles the module again (~8 ms
-    instead of ~1 ms). Best effort: an installed package whose directory this user cannot
-    write was compiled when it was installed."""
-    source = guest_package_dir() / "runtime.py"
+def precompile_guest_package() -> None:
+    """Write the guest package's bytecode beside its sources (subpackages included), as
+    the host's own import would, where it is missing or stale: the package is read-only in
+    the sandbox, so without it every start there compiles the contract again, and every
+    `import codecage.runtime` its modules (~8 ms instead of ~1 ms). Best effort: an
+    installed package whose directory this user cannot write was compiled when it was
+    installed."""
     with contextlib.suppress(OSError):
-        compileall.compile_file(str(source), quiet=2)
+        compileall.compile_dir(str(guest_package_dir()), quiet=2)
 
 
 def guest_package_dir() -> Path:
@@ -279,7 +281,7 @@ def plan(
                 str(interpreter.libpython),
             )
         )
-    mounts.append(Mount("ro-bind", f"{GUEST_PACKAGE_ROOT}/codecage", str(guest_package_dir())))
+    mounts.append(Mount("ro-bind", contract.GUEST_PACKAGE_DIR, str(guest_package_dir())))
     mounts.append(Mount("ro-bind", GUEST_BOOTSTRAP_PYC, str(bootstrap_bytecode())))
     if Path("/usr/share/zoneinfo").is_dir():
         mounts.append(Mount("ro-bind", "/usr/share/zoneinfo", "/usr/share/zoneinfo"))
@@ -350,8 +352,6 @@ def library_path(interpreter: Interpreter) -> str | None:
 
 
 # --- third-party packages (the data_science profile) -------------------------------------
-
-GUEST_SITE_PACKAGES = "/opt/site-packages"
 
 
 @dataclass(frozen=True, slots=True)
@@ -482,7 +482,7 @@ def _under(path: Path, root: Path) -> bool:
 def package_mounts(packages: PackageSet) -> tuple[Mount, ...]:
     """Read-only binds of the packages at /opt/site-packages, and of their system libraries."""
     mounts = [
-        Mount("ro-bind", f"{GUEST_SITE_PACKAGES}/{entry.name}", str(entry))
+        Mount("ro-bind", f"{contract.GUEST_SITE_PACKAGES}/{entry.name}", str(entry))
         for entry in packages.entries
     ]
     mounts += [Mount("ro-bind", str(lib), str(lib)) for lib in packages.libraries]

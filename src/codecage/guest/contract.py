@@ -1,0 +1,71 @@
+"""The contract between host and guest: wire version, message kinds, guest paths, caps.
+
+One module that both sides import, so that they cannot drift apart: the guest (the
+bootstrap and `codecage.runtime`, inside the sandbox, where this is `codecage.contract`)
+and the host (the wire models, the root filesystem, the engine, the tool bridge's
+channel), where it is `codecage.guest.contract`. Standard library only, and nothing else
+imported at all: the guest imports it on every cold start (a test pins both).
+
+The two channels (docs/tool-bridge.md, and the bootstrap's docstring):
+
+- control (fd 3), JSON lines: guest "ready", host "run", guest "result", guest "end",
+  host "stop";
+- tool bridge (fd 4), JSON lines: guest requests `{"v", "id", "op", ...}` (ops
+  "call_tool" and "scrub"), host answers `{"v", "id", "ok", "result" | "error"}`, and the
+  host's last line `{"v", "closed": why}`.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+WIRE_VERSION: Final = 1
+"""Version of both JSON-lines protocols; each message carries it as "v"."""
+
+# --- the control channel ----------------------------------------------------------------
+
+KIND_READY: Final = "ready"  # guest -> host: the interpreter is up
+KIND_RUN: Final = "run"  # host -> guest: the code to run
+KIND_RESULT: Final = "result"  # guest -> host: how the code ended
+KIND_END: Final = "end"  # guest -> host: the main process's last message
+KIND_STOP: Final = "stop"  # host -> guest: the answer to "end" (stop, do not exit)
+
+STOP_LINE: Final = b'{"v":%d,"kind":"%s"}\n' % (WIRE_VERSION, KIND_STOP.encode())
+"""The host's "stop", byte for byte: the guest compares what it reads with it."""
+
+MAX_REQUEST_BYTES: Final = 16 * 1024 * 1024
+"""The longest "run" line the guest reads (code, limits, policy)."""
+MAX_EVENTS: Final = 50
+"""The most events a guest "result" carries."""
+MAX_EVENT_DETAIL: Final = 500
+"""The longest detail of one guest event, in characters."""
+
+# --- the tool bridge --------------------------------------------------------------------
+
+OP_CALL_TOOL: Final = "call_tool"
+OP_SCRUB: Final = "scrub"
+BRIDGE_MAX_REQUEST_BYTES: Final = 4 * 1024 * 1024
+"""The longest request line: the guest refuses to send one, the host ends the channel."""
+BRIDGE_MAX_CLOSED_REASON: Final = 2000
+"""The longest reason of the host's `closed` line, in characters."""
+
+# --- file descriptors and paths inside the sandbox --------------------------------------
+
+CONTROL_FD: Final = 3
+BRIDGE_FD: Final = 4
+GUEST_PREFIX: Final = "/opt/python"  # the interpreter and its stdlib
+GUEST_PACKAGE_ROOT: Final = "/opt/codecage"
+"""Holds codecage/ (the guest package, importable as `codecage`), servers/ and skills/
+(importable as `servers.*`, `skills.*`) and the bootstrap's bytecode."""
+GUEST_PACKAGE_DIR: Final = f"{GUEST_PACKAGE_ROOT}/codecage"
+GUEST_BOOTSTRAP: Final = f"{GUEST_PACKAGE_DIR}/bootstrap.py"  # what its tracebacks name
+GUEST_BOOTSTRAP_PYC: Final = f"{GUEST_PACKAGE_ROOT}/bootstrap.pyc"  # what the guest runs
+WORKSPACE_DIR: Final = "/workspace"
+SERVERS_DIR: Final = "/servers"
+"""Where the generated tool tree (`codecage gen`) is mounted, read-only."""
+SKILLS_DIR: Final = "/skills"
+"""Where the skills (reusable functions) are mounted, read-only."""
+GUEST_SITE_PACKAGES: Final = "/opt/site-packages"
+"""The host's third-party packages the profile allows, read-only."""
+PACKAGES_DIR: Final = "/opt/packages"
+"""The packages the operator added (`codecage packages add`), read-only."""

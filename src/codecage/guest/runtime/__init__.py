@@ -1,0 +1,74 @@
+"""codecage.runtime: what agent code imports inside the sandbox.
+
+    from codecage.runtime import call_tool, search_tools, workspace, logger, scrub
+
+- `await call_tool(server, tool, arguments)` / `call_tool_sync(...)`: call a tool of an
+  upstream MCP server. The call leaves the sandbox over a private socket (fd 4) to the
+  broker in the host, which holds the sessions and credentials (docs/tool-bridge.md). The
+  generated modules (`servers.<server>.<tool>.call`) use these. A failed call raises
+  `ToolCallError` (`.kind`, `.message`, `.server`, `.tool`).
+- `search_tools(query)` / `list_servers()`: find tools in /servers without importing them.
+- `workspace`: read and write files in /workspace, by paths relative to it.
+- `run_async(coro)`: run a coroutine to the end, with or without a running event loop.
+- `logger`: JSON lines on stderr; `scrub(text)`: the host's redaction of personal data.
+
+One module a concern: `bridge` (the tool-bridge client: calls and scrub), `search`
+(finding tools), `files` (the workspace), `aio` (`run_async`) and `logs` (the logger);
+this package is their public face, and the host's `codecage.runtime` re-exports it.
+
+Standard library only: this runs in the sandbox's interpreter, which has nothing else.
+It is imported by agent code on the hot path of a run, so it imports little at the top
+(`logging`, `pathlib`, `asyncio`, `ast`, `socket`, `concurrent.futures` are imported when
+first needed) and opens the bridge only on the first call. Nothing here is a security
+boundary: the sandbox (namespaces, seccomp, mounts) and the host's checks are. The
+workspace's path rules, for example, only turn a mistake into a clear error early.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..contract import BRIDGE_FD, SERVERS_DIR
+from .aio import run_async
+from .bridge import ToolCallError, call_tool, call_tool_sync, scrub
+from .files import Workspace, WorkspacePathError, workspace
+from .search import ToolRef, list_servers, search_tools
+
+if TYPE_CHECKING:
+    import logging
+
+    logger: logging.Logger  # made on first use by __getattr__ (below)
+
+__all__ = [
+    "BRIDGE_FD",
+    "SERVERS_DIR",
+    "ToolCallError",
+    "ToolRef",
+    "Workspace",
+    "WorkspacePathError",
+    "call_tool",
+    "call_tool_sync",
+    "list_servers",
+    "logger",
+    "run_async",
+    "scrub",
+    "search_tools",
+    "workspace",
+]
+
+# The public classes are this package's: tracebacks name `codecage.runtime.ToolCallError`,
+# and pickles refer to the package, whichever module defines them.
+for _public in (ToolCallError, ToolRef, Workspace, WorkspacePathError):
+    _public.__module__ = __name__
+del _public
+
+
+def __getattr__(name: str) -> Any:
+    # `logger` is made on first use: `logging` costs a few ms at import, and most
+    # programs never log. It is then an ordinary attribute of this package.
+    if name == "logger":
+        from . import logs
+
+        made = globals()["logger"] = logs.agent_logger()
+        return made
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
