@@ -118,7 +118,8 @@ def test_a_flood_of_refused_requests_is_bounded_by_the_calls_budget() -> None:
         code = (
             FLOOD.format(seconds=4, request=NO_VERSION)
             + """
-from codecage.runtime import ToolCallError, _reset, scrub
+from codecage.runtime import ToolCallError, scrub
+from codecage.runtime.bridge import _reset
 os.set_blocking(4, True)
 _reset()  # the runtime's own bridge: the same socket, now read
 try:

@@ -32,36 +32,40 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
+from pydantic import TypeAdapter, ValidationError
+
+from codecage.guest.contract import BRIDGE_MAX_CLOSED_REASON, OP_CALL_TOOL, WIRE_VERSION
+from codecage.guest.contract import BRIDGE_MAX_REQUEST_BYTES as MAX_REQUEST_BYTES
 from codecage.models import Event
+from codecage.models.wire import (
+    BridgeAnswer,
+    BridgeClosed,
+    BridgeError,
+    BridgeErrorKind,
+    BridgeFailure,
+    BridgeRequest,
+    CallToolRequest,
+    ScrubRequest,
+)
 from codecage.output import neutralise_text
 
 log = logging.getLogger(__name__)
 
-WIRE_VERSION = 1
-MAX_REQUEST_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 64  # nesting of a request's JSON: tool arguments are shallow; walkers recurse
 _MAX_EVENTS = 200  # tool_call events kept per run; the rest are counted in one more event
 
-ErrorKind = Literal[
-    "bad_request",
-    "no_servers",
-    "unknown_server",
-    "not_allowed",
-    "limit",
-    "timeout",
-    "tool_error",
-    "upstream_error",
-]
+_REQUEST: TypeAdapter[CallToolRequest | ScrubRequest] = TypeAdapter(BridgeRequest)
+"""Parses one request (its line already bounded, its nesting checked)."""
 
 
 class CallFailed(Exception):
     """A tool call that fails: sent to the guest as `{"ok": false, "error": ...}`."""
 
-    def __init__(self, kind: ErrorKind, message: str) -> None:
+    def __init__(self, kind: BridgeErrorKind, message: str) -> None:
         super().__init__(message)
-        self.kind: ErrorKind = kind
+        self.kind: BridgeErrorKind = kind
         self.message = message
 
 
@@ -347,16 +351,36 @@ class Channel:
             self._cpu_s += seconds
 
     def _dispatch(self, request_id: int, request: dict[str, Any], size: int) -> None:
-        op = request.get("op")
-        if request.get("v") != WIRE_VERSION:
-            self._answer_error(request_id, CallFailed("bad_request", "unknown wire version"))
-        elif op == "scrub" and isinstance(request.get("text"), str):
-            self._scrub(request_id, request["text"])
-        elif op == "call_tool":
-            self._start_call(request_id, request, size)
+        try:
+            message = _REQUEST.validate_python(request)
+        except ValidationError as exc:
+            self._refuse(request_id, request, exc, size)
+            return
+        if isinstance(message, CallToolRequest):
+            self._start_call(request_id, message, size)
         else:
+            self._scrub(request_id, message.text)
+
+    def _refuse(
+        self, request_id: int, request: dict[str, Any], exc: ValidationError, size: int
+    ) -> None:
+        """Answer a request that is not one of the models, saying its first fault in the
+        order the parts are read: version, op, names, arguments. Bad arguments are a
+        call's failure (recorded among the run's tool calls); the rest only an answer."""
+        faults = {str(error["loc"][1]) if len(error["loc"]) > 1 else "" for error in exc.errors()}
+        op = request.get("op")
+        if "v" in faults or request.get("v") != WIRE_VERSION:  # op may be unknown as well
+            why = "unknown wire version"
+        elif op != OP_CALL_TOOL or "" in faults:
             shown = repr(op)[:200] if isinstance(op, str) else type(op).__name__
-            self._answer_error(request_id, CallFailed("bad_request", f"unknown op {shown}"))
+            why = f"unknown op {shown}"
+        elif faults & {"server", "tool"}:
+            why = "server and tool: strings"
+        else:
+            call = _Call(str(request["server"]), str(request["tool"]), size)
+            self._finish(request_id, call, CallFailed("bad_request", "arguments: an object"))
+            return
+        self._answer_error(request_id, CallFailed("bad_request", why))
 
     def _scrub(self, request_id: int, text: str) -> None:
         limit = self._limits.max_scrub_bytes
@@ -374,22 +398,14 @@ class Channel:
             return
         self._answer(request_id, self._responder.scrub(text))
 
-    def _start_call(self, request_id: int, request: dict[str, Any], size: int) -> None:
-        server, tool = request.get("server"), request.get("tool")
-        arguments = request.get("arguments") or {}
-        if not isinstance(server, str) or not isinstance(tool, str):
-            self._answer_error(request_id, CallFailed("bad_request", "server and tool: strings"))
-            return
-        call = _Call(server, tool, size)
-        if not isinstance(arguments, dict):
-            self._finish(request_id, call, CallFailed("bad_request", "arguments: an object"))
-            return
+    def _start_call(self, request_id: int, request: CallToolRequest, size: int) -> None:
+        call = _Call(request.server, request.tool, size)
         refusal = self._admit()
         if refusal is not None:
             self._finish(request_id, call, refusal)
             return
         try:
-            future = self._responder.call_tool(server, tool, arguments)
+            future = self._responder.call_tool(request.server, request.tool, request.arguments)
         except Exception as exc:  # CallFailed, or a responder bug: the call ends here
             self._release()
             if not isinstance(exc, CallFailed):
@@ -436,9 +452,7 @@ class Channel:
         line = b""
         if isinstance(outcome, ToolAnswer):
             try:
-                line = _line(
-                    {"v": WIRE_VERSION, "id": request_id, "ok": True, "result": outcome.to_wire()}
-                )
+                line = _line(BridgeAnswer(id=request_id, result=outcome.to_wire()).wire())
             except (TypeError, ValueError):
                 outcome = CallFailed("upstream_error", "the tool's result is not JSON")
         if isinstance(outcome, ToolAnswer) and len(line) > self._limits.max_result_bytes:
@@ -455,7 +469,7 @@ class Channel:
         self._send(line)
 
     def _answer(self, request_id: int, result: Any) -> None:
-        self._send(_line({"v": WIRE_VERSION, "id": request_id, "ok": True, "result": result}))
+        self._send(_line(BridgeAnswer(id=request_id, result=result).wire()))
 
     def _answer_error(self, request_id: int, error: CallFailed) -> None:
         self._send(_error_line(request_id, error))
@@ -512,7 +526,7 @@ class Channel:
             if self._closed_reason is not None:
                 return
             self._closed_reason = closed
-        notice = _line({"v": WIRE_VERSION, "closed": closed[:2000]})
+        notice = _line(BridgeClosed(closed=closed[:BRIDGE_MAX_CLOSED_REASON]).model_dump())
         with self._outbox_changed:
             if not self._writer_ends:
                 self._outbox.append(notice)
@@ -641,5 +655,5 @@ def _line(message: dict[str, Any]) -> bytes:
 
 
 def _error_line(request_id: int, error: CallFailed) -> bytes:
-    body = {"kind": error.kind, "message": error.message[:4000]}
-    return _line({"v": WIRE_VERSION, "id": request_id, "ok": False, "error": body})
+    body = BridgeError(kind=error.kind, message=error.message[:4000])
+    return _line(BridgeFailure(id=request_id, error=body).model_dump())

@@ -1,20 +1,20 @@
-"""The host<->guest wire format: JSON lines over the control socket, written by the guest
-with the stdlib and validated here (untrusted: bounded, checked)."""
+"""The host<->guest wire format: JSON lines over the control socket (the bootstrap's) and
+over the tool bridge (`codecage.runtime`'s), written by the guest with the stdlib and
+validated here (untrusted: bounded, checked). The version, kinds, ops and caps are the
+contract's (codecage.guest.contract, which the guest imports too); the `Literal`s below
+spell them again because a type checker needs literals, and a test pins that they agree."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import (
-    Field,
-)
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
 from codecage.errors import Face
+from codecage.guest import contract
+from codecage.guest.contract import WIRE_VERSION as WIRE_VERSION
 from codecage.models.base import Model
 from codecage.models.result import ErrorInfo
-
-WIRE_VERSION: Final = 1
-"""Version of the JSON-lines protocol between host and guest bootstrap."""
 
 
 class GuestLimits(Model):
@@ -71,7 +71,7 @@ GuestEventKind = Literal[
 
 class GuestEvent(Model):
     kind: GuestEventKind
-    detail: Annotated[str, Field(max_length=500)]
+    detail: Annotated[str, Field(max_length=contract.MAX_EVENT_DETAIL)]
 
 
 class GuestResult(Model):
@@ -83,7 +83,9 @@ class GuestResult(Model):
     exit_code: int = Field(0, ge=0, le=255, description="The code the guest then exits with.")
     return_value: Any = None
     error: ErrorInfo | None = None
-    events: Annotated[list[GuestEvent], Field(max_length=50)] = Field(default_factory=list)
+    events: Annotated[list[GuestEvent], Field(max_length=contract.MAX_EVENTS)] = Field(
+        default_factory=list
+    )
 
 
 class GuestEnd(Model):
@@ -93,3 +95,89 @@ class GuestEnd(Model):
     kind: Literal["end"]
     pid: int
     exit_code: int = Field(ge=0, le=255)
+
+
+# --- the tool bridge (docs/tool-bridge.md) ----------------------------------------------
+
+
+class _BridgeRequest(BaseModel):
+    """guest -> host, one line of the tool bridge. Fields the host does not know are
+    ignored, as before there were models; every line is bounded before it is parsed
+    (`contract.BRIDGE_MAX_REQUEST_BYTES`, and its nesting by the channel)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    v: Literal[1]
+    id: StrictInt
+
+
+class CallToolRequest(_BridgeRequest):
+    """Call `tool` of the upstream server `server` with `arguments`."""
+
+    op: Literal["call_tool"]
+    server: StrictStr
+    tool: StrictStr
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("arguments", mode="before")
+    @classmethod
+    def _none_is_empty(cls, value: Any) -> Any:
+        return value or {}  # absent, null or empty: no arguments
+
+
+class ScrubRequest(_BridgeRequest):
+    """Scrub `text` with the host's scrubber."""
+
+    op: Literal["scrub"]
+    text: StrictStr
+
+
+BridgeRequest = Annotated[CallToolRequest | ScrubRequest, Field(discriminator="op")]
+"""A request, told apart by its `op`."""
+
+BridgeErrorKind = Literal[
+    "bad_request",
+    "no_servers",
+    "unknown_server",
+    "not_allowed",
+    "limit",
+    "timeout",
+    "tool_error",
+    "upstream_error",
+]
+"""Why a request failed (the guest raises `ToolCallError` with it as `.kind`)."""
+
+
+class BridgeAnswer(Model):
+    """host -> guest: the request `id` succeeded; `result` is a tool's result
+    (`{"structured", "text", "is_error"}`) or the scrubbed text."""
+
+    v: Literal[1] = WIRE_VERSION
+    id: int
+    ok: Literal[True] = True
+    result: Any
+
+    def wire(self) -> dict[str, Any]:
+        """The line's JSON object, with `result` as it is (not copied: it may be MiBs)."""
+        return {"v": self.v, "id": self.id, "ok": self.ok, "result": self.result}
+
+
+class BridgeError(Model):
+    kind: BridgeErrorKind
+    message: Annotated[str, Field(max_length=4000)]
+
+
+class BridgeFailure(Model):
+    """host -> guest: the request `id` failed."""
+
+    v: Literal[1] = WIRE_VERSION
+    id: int
+    ok: Literal[False] = False
+    error: BridgeError
+
+
+class BridgeClosed(Model):
+    """host -> guest: the last line before the host ends the channel, and why."""
+
+    v: Literal[1] = WIRE_VERSION
+    closed: Annotated[str, Field(max_length=contract.BRIDGE_MAX_CLOSED_REASON)]
