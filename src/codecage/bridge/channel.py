@@ -42,7 +42,7 @@ from codecage.models import Event
 from codecage.models.wire import (
     BridgeAnswer,
     BridgeClosed,
-    BridgeError,
+    BridgeErrorInfo,
     BridgeErrorKind,
     BridgeFailure,
     BridgeRequest,
@@ -655,5 +655,5 @@ def _line(message: dict[str, Any]) -> bytes:
 
 
 def _error_line(request_id: int, error: CallFailed) -> bytes:
-    body = BridgeError(kind=error.kind, message=error.message[:4000])
+    body = BridgeErrorInfo(kind=error.kind, message=error.message[:4000])
     return _line(BridgeFailure(id=request_id, error=body).model_dump())

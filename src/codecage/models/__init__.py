@@ -1,6 +1,6 @@
 """The shapes that cross codecage's boundaries, one module a concern: `settings` (limits,
 pool, scrubbing, serve), `result` (a run's result), `host` (what the host reports),
-`wire` (host<->guest messages), `validation` (static validation's report).
+`wire` (host<->guest messages: control and tool bridge), `validation` (static validation's report).
 
 Everything is importable from here, as before the split."""
 
@@ -48,6 +48,13 @@ from codecage.models.validation import (
 )
 from codecage.models.wire import (
     WIRE_VERSION,
+    BridgeAnswer,
+    BridgeClosed,
+    BridgeErrorInfo,
+    BridgeErrorKind,
+    BridgeFailure,
+    BridgeRequest,
+    CallToolRequest,
     GuestEnd,
     GuestEvent,
     GuestEventKind,
@@ -55,6 +62,7 @@ from codecage.models.wire import (
     GuestReady,
     GuestRequest,
     GuestResult,
+    ScrubRequest,
 )
 
 __all__ = [
@@ -67,6 +75,13 @@ __all__ = [
     "WIRE_VERSION",
     "AddedPackage",
     "Analysis",
+    "BridgeAnswer",
+    "BridgeClosed",
+    "BridgeErrorInfo",
+    "BridgeErrorKind",
+    "BridgeFailure",
+    "BridgeRequest",
+    "CallToolRequest",
     "Ceilings",
     "DoctorReport",
     "ErrorInfo",
@@ -92,6 +107,7 @@ __all__ = [
     "PoolState",
     "ProbeResult",
     "ProfileInfo",
+    "ScrubRequest",
     "ScrubSettings",
     "ScrubState",
     "ServeSettings",

@@ -162,7 +162,7 @@ class BridgeAnswer(Model):
         return {"v": self.v, "id": self.id, "ok": self.ok, "result": self.result}
 
 
-class BridgeError(Model):
+class BridgeErrorInfo(Model):
     kind: BridgeErrorKind
     message: Annotated[str, Field(max_length=4000)]
 
@@ -173,7 +173,7 @@ class BridgeFailure(Model):
     v: Literal[1] = WIRE_VERSION
     id: int
     ok: Literal[False] = False
-    error: BridgeError
+    error: BridgeErrorInfo
 
 
 class BridgeClosed(Model):
