@@ -237,3 +237,27 @@ def test_a_long_event_detail_is_cut_to_the_contracts_cap_not_lost(basic: Sandbox
     assert "import_blocked" in kinds and "guest_report_invalid" not in kinds, kinds
     blocked = next(e for e in r.events if e.kind == "import_blocked")
     assert blocked.detail.startswith(name[:100])
+
+
+def test_the_runtime_package_loads_only_the_modules_of_the_names_used() -> None:
+    """Split into modules, `codecage.runtime` costs no more to import than it did whole:
+    a generated tool module's `from codecage.runtime import call_tool` loads the bridge
+    client only (the guest's interpreter: -I -S, the guest package alone on the path)."""
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        "from guest.runtime import call_tool, ToolCallError\n"
+        "print(sorted(m for m in sys.modules if m.startswith('guest') or m == 'logging'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", script, str(SRC / "codecage")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert ast.literal_eval(out) == [
+        "guest",
+        "guest.contract",
+        "guest.runtime",
+        "guest.runtime.bridge",
+    ]

@@ -14,7 +14,8 @@
 
 One module a concern: `bridge` (the tool-bridge client: calls and scrub), `search`
 (finding tools), `files` (the workspace), `aio` (`run_async`) and `logs` (the logger);
-this package is their public face, and the host's `codecage.runtime` re-exports it.
+this package is their public face (each loaded when one of its names is first used), and
+the host's `codecage.runtime` forwards to it.
 
 Standard library only: this runs in the sandbox's interpreter, which has nothing else.
 It is imported by agent code on the hot path of a run, so it imports little at the top
@@ -26,18 +27,20 @@ workspace's path rules, for example, only turn a mistake into a clear error earl
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 from ..contract import BRIDGE_FD, SERVERS_DIR
-from .aio import run_async
-from .bridge import ToolCallError, call_tool, call_tool_sync, scrub
-from .files import Workspace, WorkspacePathError, workspace
-from .search import ToolRef, list_servers, search_tools
 
 if TYPE_CHECKING:
     import logging
 
-    logger: logging.Logger  # made on first use by __getattr__ (below)
+    from .aio import run_async
+    from .bridge import ToolCallError, call_tool, call_tool_sync, scrub
+    from .files import Workspace, WorkspacePathError, workspace
+    from .search import ToolRef, list_servers, search_tools
+
+    logger: logging.Logger
 
 __all__ = [
     "BRIDGE_FD",
@@ -56,19 +59,31 @@ __all__ = [
     "workspace",
 ]
 
-# The public classes are this package's: tracebacks name `codecage.runtime.ToolCallError`,
-# and pickles refer to the package, whichever module defines them.
-for _public in (ToolCallError, ToolRef, Workspace, WorkspacePathError):
-    _public.__module__ = __name__
-del _public
+# Where each name lives: its module is imported when the name is first used, so that a
+# program (or a generated tool module) pays only for what it imports. `logger` is made
+# then, too: `logging` costs a few ms at import, and most programs never log.
+_HOMES = {
+    "run_async": "aio",
+    "ToolCallError": "bridge",
+    "call_tool": "bridge",
+    "call_tool_sync": "bridge",
+    "scrub": "bridge",
+    "Workspace": "files",
+    "WorkspacePathError": "files",
+    "workspace": "files",
+    "logger": "logs",
+    "ToolRef": "search",
+    "list_servers": "search",
+    "search_tools": "search",
+}
 
 
 def __getattr__(name: str) -> Any:
-    # `logger` is made on first use: `logging` costs a few ms at import, and most
-    # programs never log. It is then an ordinary attribute of this package.
-    if name == "logger":
-        from . import logs
-
-        made = globals()["logger"] = logs.agent_logger()
-        return made
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    __import__(f"{__name__}.{home}")
+    module = sys.modules[f"{__name__}.{home}"]
+    value = module.agent_logger() if name == "logger" else getattr(module, name)
+    globals()[name] = value  # an ordinary attribute from now on
+    return value

@@ -424,3 +424,7 @@ def scrub(text: str) -> str:
         return text
     future = _channel().request(OP_SCRUB, {"text": text})
     return future.result()  # type: ignore[no-any-return]
+
+
+# Public as the package's (codecage.runtime): tracebacks and pickles name it so.
+ToolCallError.__module__ = __package__ or ToolCallError.__module__

@@ -255,3 +255,8 @@ def _match_tail(segments: list[str], pattern: list[str], match: Callable[[str, s
 
 workspace = Workspace()
 """The sandbox's workspace, /workspace: the program's files, and what it hands back."""
+
+
+# Public as the package's (codecage.runtime): tracebacks and pickles name it so.
+Workspace.__module__ = __package__ or Workspace.__module__
+WorkspacePathError.__module__ = __package__ or WorkspacePathError.__module__

@@ -318,3 +318,7 @@ def _with_detail(ref: ToolRef, detail: str) -> ToolRef:
     if detail == "full":
         return ref
     return ToolRef(ref.server, ref.tool, ref.module, ref.summary if detail == "basic" else "")
+
+
+# Public as the package's (codecage.runtime): tracebacks and pickles name it so.
+ToolRef.__module__ = __package__ or ToolRef.__module__
