@@ -46,6 +46,7 @@ from codecage.guest.runtime import (
     scrub,
     search_tools,
 )
+from codecage.guest.runtime import bridge as guest_bridge
 
 GUEST_DIR = Path(runtime.__file__).parent.parent  # the guest package
 
@@ -114,12 +115,12 @@ def host() -> Iterator[Callable[[Responder], FakeHost]]:
 
     def start(respond: Responder) -> FakeHost:
         guest_end, host_end = socket.socketpair()
-        runtime.bridge._use_channel(guest_end)
+        guest_bridge._use_channel(guest_end)
         hosts.append(FakeHost(host_end, respond))
         return hosts[-1]
 
     yield start
-    runtime.bridge._reset()
+    guest_bridge._reset()
     for h in hosts:
         h.close()
 
@@ -429,6 +430,7 @@ _NO_BRIDGE = """
 import json, os, sys
 sys.path.insert(0, os.path.dirname(sys.argv[1]))
 import guest.runtime as runtime  # the guest package, by its directory's name on the host
+from guest.runtime import bridge
 out = []
 def attempt():
     try:
@@ -439,7 +441,7 @@ attempt()  # fd 4 is not open
 path = os.path.join(sys.argv[2], "file")
 fd = os.open(path, os.O_RDWR | os.O_CREAT)
 os.dup2(fd, 4)
-runtime.bridge._reset()
+bridge._reset()
 attempt()  # fd 4 is a regular file: left alone
 os.write(4, b"still mine")
 out.append(open(path).read())

@@ -26,6 +26,7 @@ from codecage.bridge import channel
 from codecage.engine import run as engine_run
 from codecage.guest import bootstrap, contract
 from codecage.guest import runtime as guest_runtime
+from codecage.guest.runtime import bridge as guest_bridge
 from codecage.isolation import rootfs
 from codecage.models import (
     BridgeAnswer,
@@ -157,7 +158,7 @@ def test_the_host_runtime_takes_its_names_from_the_guest_package() -> None:
 
 def test_what_the_guest_sends_is_a_request_model_and_it_reads_the_answer_models() -> None:
     guest_end, host_end = socket.socketpair()
-    guest_runtime.bridge._use_channel(guest_end)
+    guest_bridge._use_channel(guest_end)
     parsed: list[Any] = []
 
     def serve() -> None:
@@ -190,7 +191,7 @@ def test_what_the_guest_sends_is_a_request_model_and_it_reads_the_answer_models(
         assert closed.value.kind == "channel_closed"
         assert closed.value.message == "the run is over"
     finally:
-        guest_runtime.bridge._reset()
+        guest_bridge._reset()
         host_end.close()
     assert isinstance(parsed[0], ScrubRequest) and parsed[0].text == "mail a@b.c"
     call = parsed[1]
