@@ -287,10 +287,10 @@ def _family_name(family: Any) -> str:
 
 
 _TRUSTED_PREFIXES = (
-    "/opt/python/",
-    "/opt/codecage/",
-    "/opt/site-packages/",
-    "/opt/packages/",
+    f"{contract.GUEST_PREFIX}/",
+    f"{contract.GUEST_PACKAGE_ROOT}/",
+    f"{contract.GUEST_SITE_PACKAGES}/",
+    f"{contract.PACKAGES_DIR}/",
     "<frozen ",
 )
 SITE_PACKAGES = contract.GUEST_SITE_PACKAGES
