@@ -56,6 +56,19 @@ def _max_length(model: type[BaseModel], field: str) -> int:
     return int(found[0])
 
 
+def _guest_python(code: str) -> str:
+    """The stdout of `code` in an interpreter like the guest's (-I -S) with `sys` imported
+    and the guest package on the path (as `guest`: its directory's name on the host)."""
+    script = f"import sys; sys.path.insert(0, sys.argv[1])\n{code}"
+    return subprocess.run(
+        [sys.executable, "-I", "-S", "-c", script, str(SRC / "codecage")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+
+
 # --- the contract module ----------------------------------------------------------------
 
 
@@ -78,18 +91,11 @@ def test_the_contract_imports_only_the_standard_library() -> None:
 def test_the_contract_loads_in_a_bare_interpreter_without_the_host() -> None:
     """As in the sandbox: -I -S, only the guest package on the path, nothing else imported
     (the guest loads it on every cold start)."""
-    script = (
-        "import sys; before = set(sys.modules); sys.path.insert(0, sys.argv[1])\n"
+    out = _guest_python(
+        "before = set(sys.modules)\n"
         "import guest.contract as c\n"
         "print(c.WIRE_VERSION, sorted(set(sys.modules) - before))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", script, str(SRC / "codecage")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout.split(maxsplit=1)
+    ).split(maxsplit=1)
     assert int(out[0]) == contract.WIRE_VERSION
     loaded = {name.split(".")[0] for name in ast.literal_eval(out[1])} - {"guest"}
     assert loaded <= set(sys.stdlib_module_names), loaded
@@ -167,7 +173,7 @@ def test_what_the_guest_sends_is_a_request_model_and_it_reads_the_answer_models(
                 request = TypeAdapter(BridgeRequest).validate_json(line)
                 parsed.append(request)
                 if isinstance(request, ScrubRequest):
-                    answer = BridgeAnswer(id=request.id, result="[EMAIL]").wire()
+                    answer = BridgeAnswer(id=request.id, result="[EMAIL]").to_dict()
                 else:
                     answer = BridgeFailure.model_validate(
                         {"id": request.id, "error": {"kind": "not_allowed", "message": "no"}}
@@ -244,18 +250,10 @@ def test_the_runtime_package_loads_only_the_modules_of_the_names_used() -> None:
     """Split into modules, `codecage.runtime` costs no more to import than it did whole:
     a generated tool module's `from codecage.runtime import call_tool` loads the bridge
     client only (the guest's interpreter: -I -S, the guest package alone on the path)."""
-    script = (
-        "import sys; sys.path.insert(0, sys.argv[1])\n"
+    out = _guest_python(
         "from guest.runtime import call_tool, ToolCallError\n"
         "print(sorted(m for m in sys.modules if m.startswith('guest') or m == 'logging'))"
     )
-    out = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", script, str(SRC / "codecage")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
     assert ast.literal_eval(out) == [
         "guest",
         "guest.contract",

@@ -38,17 +38,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from codecage.guest.contract import BRIDGE_MAX_CLOSED_REASON, OP_CALL_TOOL, WIRE_VERSION
 from codecage.guest.contract import BRIDGE_MAX_REQUEST_BYTES as MAX_REQUEST_BYTES
-from codecage.models import Event
-from codecage.models.wire import (
-    BridgeAnswer,
-    BridgeClosed,
-    BridgeErrorInfo,
-    BridgeErrorKind,
-    BridgeFailure,
-    BridgeRequest,
-    CallToolRequest,
-    ScrubRequest,
-)
+from codecage.models import Event, wire
 from codecage.output import neutralise_text
 
 log = logging.getLogger(__name__)
@@ -56,16 +46,16 @@ log = logging.getLogger(__name__)
 MAX_DEPTH = 64  # nesting of a request's JSON: tool arguments are shallow; walkers recurse
 _MAX_EVENTS = 200  # tool_call events kept per run; the rest are counted in one more event
 
-_REQUEST: TypeAdapter[CallToolRequest | ScrubRequest] = TypeAdapter(BridgeRequest)
+_REQUEST: TypeAdapter[wire.CallToolRequest | wire.ScrubRequest] = TypeAdapter(wire.BridgeRequest)
 """Parses one request (its line already bounded, its nesting checked)."""
 
 
 class CallFailed(Exception):
     """A tool call that fails: sent to the guest as `{"ok": false, "error": ...}`."""
 
-    def __init__(self, kind: BridgeErrorKind, message: str) -> None:
+    def __init__(self, kind: wire.BridgeErrorKind, message: str) -> None:
         super().__init__(message)
-        self.kind: BridgeErrorKind = kind
+        self.kind: wire.BridgeErrorKind = kind
         self.message = message
 
 
@@ -356,7 +346,7 @@ class Channel:
         except ValidationError as exc:
             self._refuse(request_id, request, exc, size)
             return
-        if isinstance(message, CallToolRequest):
+        if isinstance(message, wire.CallToolRequest):
             self._start_call(request_id, message, size)
         else:
             self._scrub(request_id, message.text)
@@ -398,7 +388,7 @@ class Channel:
             return
         self._answer(request_id, self._responder.scrub(text))
 
-    def _start_call(self, request_id: int, request: CallToolRequest, size: int) -> None:
+    def _start_call(self, request_id: int, request: wire.CallToolRequest, size: int) -> None:
         call = _Call(request.server, request.tool, size)
         refusal = self._admit()
         if refusal is not None:
@@ -452,7 +442,7 @@ class Channel:
         line = b""
         if isinstance(outcome, ToolAnswer):
             try:
-                line = _line(BridgeAnswer(id=request_id, result=outcome.to_wire()).wire())
+                line = _line(wire.BridgeAnswer(id=request_id, result=outcome.to_wire()).to_dict())
             except (TypeError, ValueError):
                 outcome = CallFailed("upstream_error", "the tool's result is not JSON")
         if isinstance(outcome, ToolAnswer) and len(line) > self._limits.max_result_bytes:
@@ -469,7 +459,7 @@ class Channel:
         self._send(line)
 
     def _answer(self, request_id: int, result: Any) -> None:
-        self._send(_line(BridgeAnswer(id=request_id, result=result).wire()))
+        self._send(_line(wire.BridgeAnswer(id=request_id, result=result).to_dict()))
 
     def _answer_error(self, request_id: int, error: CallFailed) -> None:
         self._send(_error_line(request_id, error))
@@ -526,7 +516,7 @@ class Channel:
             if self._closed_reason is not None:
                 return
             self._closed_reason = closed
-        notice = _line(BridgeClosed(closed=closed[:BRIDGE_MAX_CLOSED_REASON]).model_dump())
+        notice = _line(wire.BridgeClosed(closed=closed[:BRIDGE_MAX_CLOSED_REASON]).model_dump())
         with self._outbox_changed:
             if not self._writer_ends:
                 self._outbox.append(notice)
@@ -655,5 +645,5 @@ def _line(message: dict[str, Any]) -> bytes:
 
 
 def _error_line(request_id: int, error: CallFailed) -> bytes:
-    body = BridgeErrorInfo(kind=error.kind, message=error.message[:4000])
-    return _line(BridgeFailure(id=request_id, error=body).model_dump())
+    body = wire.BridgeErrorInfo(kind=error.kind, message=error.message[:4000])
+    return _line(wire.BridgeFailure(id=request_id, error=body).model_dump())

@@ -157,7 +157,7 @@ class BridgeAnswer(Model):
     ok: Literal[True] = True
     result: Any
 
-    def wire(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """The line's JSON object, with `result` as it is (not copied: it may be MiBs)."""
         return {"v": self.v, "id": self.id, "ok": self.ok, "result": self.result}
 
