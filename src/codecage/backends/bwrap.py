@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -22,6 +23,8 @@ from codecage.backends.base import ExitStatus, LaunchSpec, OnCreated, SandboxPro
 from codecage.errors import HostError, SandboxError
 from codecage.isolation import network, rootfs
 from codecage.models import LayerStatus
+
+log = logging.getLogger(__name__)
 
 _NAMESPACES = ("--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-uts")
 _NAMESPACES_TRY = ("--unshare-cgroup-try",)
@@ -61,14 +64,16 @@ class BwrapBackend:
             SandboxError: bwrap could not be started, or said something unexpected.
         """
         with _handshake(spec.seccomp) as fds:
+            argv = self._argv(spec, fds)
+            log.debug("bwrap.launch", extra={"argv": argv})
+            ours = (fds.info_write, fds.block_read, fds.seccomp)
             process = spawn(
-                self._argv(spec, fds),
-                pass_fds=(fds.info_write, fds.block_read, fds.seccomp, spec.control_fd,
-                          spec.bridge_fd),
+                argv,
+                pass_fds=(*ours, spec.control_fd, spec.bridge_fd),
                 env=spec.env,
                 cwd=spec.cwd,
                 exit_status=exit_status,
-            )  # fmt: skip
+            )
             try:
                 fds.close_sandbox_ends()
                 pid = _read_info(fds.info_read)

@@ -1,9 +1,9 @@
 """One execution, end to end, as the ordered list of steps: prepare (`launch`), start (the
 backend), supervise (`supervise`), judge (`judge`), collect, clean up.
 
-`execute()` reads top to bottom as that list; everything it creates is
-registered on an ExitStack, so every exit path (ok, timeout, exception, Ctrl-C) kills the
-sandbox, removes its cgroup, unmounts and deletes its workspace and temp dir.
+`execute()` reads top to bottom as that list; everything it creates is registered on an
+ExitStack, so every exit path (ok, timeout, exception, Ctrl-C) kills the sandbox, removes
+its cgroup, unmounts and deletes its workspace and temp dir.
 """
 
 from __future__ import annotations
