@@ -498,7 +498,7 @@ class Sandbox:
             HostError: the host cannot start a sandbox at all.
             SandboxError: the sandbox itself failed.
         """
-        return selftest.run_probes(self._run_unchecked, self.backend.name)
+        return selftest.run_probes(self.backend)
 
     # --- internals -----------------------------------------------------------------------
 
@@ -540,10 +540,6 @@ class Sandbox:
             backend=self.backend.name,
         )
 
-    def _run_unchecked(self, code: str, limits: Limits) -> ExecutionResult:
-        request = engine.RunRequest(code=code, filename="doctor.py", limits=limits)
-        return engine.execute(request, self.backend)
-
     def _missing_layers(self) -> tuple[str, ...]:
         if not self._selftest:
             return ()
@@ -562,7 +558,7 @@ class Sandbox:
         return self._selftest_report
 
     def _load_selftest(self) -> DoctorReport:
-        key = selftest.cache_key(self.backend.name, _bwrap_version(self.backend))
+        key = selftest.cache_key(self.backend)
         with _selftest_lock:
             if key in _selftest_memo:
                 return _selftest_memo[key]

@@ -252,7 +252,13 @@ def plan(
     empty_dir: Path,
     tmp_bytes: int,
 ) -> tuple[Mount, ...]:
-    """The ordered mount table of one sandbox (pure: touches nothing)."""
+    """The ordered mount table of one sandbox. Not pure: it names the guest's bytecode,
+    which `bootstrap_bytecode` compiles into the cache the first time (the guest package's
+    too), and looks whether the host has /usr/share/zoneinfo; it creates no mount.
+
+    Raises:
+        HostError: the cache directory cannot be written.
+    """
     mounts: list[Mount] = []
     seen: set[str] = set()
     for lib in interpreter.libraries:
