@@ -69,43 +69,9 @@ def _tool_module(server: str, tool: Tool, module: str) -> _ToolModule:
     description = tool.description if tool.description is not None else tool.title
     summary = summary_line(description, fallback)
     types = Types()
+    params_fields = _params_type(tool, types)
+    result_any = _result_type(tool, types)
     layout = Layout(types)
-
-    # Params: the tool's inputSchema.
-    params_reader = SchemaReader(tool.input_schema, types)
-    root = params_reader.deref(tool.input_schema)
-    if isinstance(root, dict) and isinstance(root.get("allOf"), list):
-        root = params_reader.merge_all_of(root)
-    params_fields: list[Field] = []
-    params_is_class = False
-    types.taken.discard("Params")
-    types.allocate("Params")
-    if object_root(root):
-        params_is_class = True
-        params_reader.class_type(root, "Params", 0, "")  # `$ref: "#"` inside is a cycle
-        params_class = next(d for d in types.defs if isinstance(d, ClassDef) and d.name == "Params")
-        params_class.field_docs = False
-        params_class.description = ""
-        params_fields = params_class.fields
-    else:
-        types.defs.append(AliasDef("Params", DICT_ANY))
-
-    # Result: the tool's outputSchema, if it declares one.
-    types.taken.discard("Result")
-    types.allocate("Result")
-    result_any = tool.output_schema is None
-    if tool.output_schema is not None:
-        result_reader = SchemaReader(tool.output_schema, types)
-        out_root = result_reader.deref(tool.output_schema)
-        if is_class_schema(out_root):
-            result_reader.class_type(out_root, "Result", 0, "")
-        else:
-            t = result_reader.type_of(out_root, "Result", 0)
-            result_any = t == ANY
-            types.defs.append(AliasDef("Result", t))
-    else:
-        types.defs.append(AliasDef("Result", ANY))
-
     for d in types.defs:
         if isinstance(d, AliasDef):
             layout.alias(d.name, d.type)
@@ -116,34 +82,14 @@ def _tool_module(server: str, tool: Tool, module: str) -> _ToolModule:
         else:
             layout.typed_dict(d, class_doc(d, f"The {d.name} object."))
 
-    doc = [summary]
-    full = doc_text(description, MAX_DESCRIPTION)
-    if full and full != summary:
-        doc += ["", *full.split("\n")]
-    doc += ["", "Parameters:"]
-    if params_fields:
-        for f in params_fields:
-            doc += field_doc(f)
-    else:
-        doc.append("    (none)" if params_is_class else "    any JSON object")
-    doc += ["", "Returns:"]
-    if tool.output_schema is None:
-        doc.append("    The tool's structured content (a dict) if it sends one, else its text.")
-    else:
-        doc.append("    Result: the tool's structured content, as its outputSchema declares.")
-    doc += [
-        "",
-        "Call it with `await call(Params(...))`, `await call(name=value, ...)` or a dict;",
-        "`call_sync(...)` is the same without await. Unset optional fields are not sent.",
-    ]
-
+    params_is_class = params_fields is not None
     layout.imports |= {"Any", "Final"}
     if params_is_class:
         layout.imports.add("Unpack")
     if not result_any:
         layout.imports.add("cast")
     layout.imports.add("overload")
-    kwargs = "Unpack[Params]" if params_is_class else "Any"
+    doc = _module_doc(tool, summary, doc_text(description, MAX_DESCRIPTION), params_fields)
     blocks = [
         docstring(doc, ""),
         "\n".join(
@@ -157,7 +103,78 @@ def _tool_module(server: str, tool: Tool, module: str) -> _ToolModule:
             ]
         ),
         *layout.blocks,
+        *_call_functions(params_is_class, result_any),
     ]
+    return _ToolModule(module, summary, _join_blocks(blocks))
+
+
+def _params_type(tool: Tool, types: Types) -> list[Field] | None:
+    """`Params` in `types`, from the tool's inputSchema: its fields, or None when it is not
+    a TypedDict but any JSON object (`dict[str, Any]`)."""
+    reader = SchemaReader(tool.input_schema, types)
+    root = reader.deref(tool.input_schema)
+    if isinstance(root, dict) and isinstance(root.get("allOf"), list):
+        root = reader.merge_all_of(root)
+    types.taken.discard("Params")
+    types.allocate("Params")
+    if not object_root(root):
+        types.defs.append(AliasDef("Params", DICT_ANY))
+        return None
+    reader.class_type(root, "Params", 0, "")  # `$ref: "#"` inside is a cycle
+    params = next(d for d in types.defs if isinstance(d, ClassDef) and d.name == "Params")
+    params.field_docs = False  # the module docstring documents them
+    params.description = ""
+    return params.fields
+
+
+def _result_type(tool: Tool, types: Types) -> bool:
+    """`Result` in `types`, from the tool's outputSchema if it declares one; whether it is
+    `Any` (then `call` returns what the runtime gives, without a cast)."""
+    types.taken.discard("Result")
+    types.allocate("Result")
+    if tool.output_schema is None:
+        types.defs.append(AliasDef("Result", ANY))
+        return True
+    reader = SchemaReader(tool.output_schema, types)
+    root = reader.deref(tool.output_schema)
+    if is_class_schema(root):
+        reader.class_type(root, "Result", 0, "")
+        return False
+    t = reader.type_of(root, "Result", 0)
+    types.defs.append(AliasDef("Result", t))
+    return t == ANY
+
+
+def _module_doc(
+    tool: Tool, summary: str, full: str, params_fields: list[Field] | None
+) -> list[str]:
+    """The tool module's docstring lines: what the tool does, its parameters, its result."""
+    doc = [summary]
+    if full and full != summary:
+        doc += ["", *full.split("\n")]
+    doc += ["", "Parameters:"]
+    if params_fields:
+        for f in params_fields:
+            doc += field_doc(f)
+    else:
+        doc.append("    (none)" if params_fields is not None else "    any JSON object")
+    doc += ["", "Returns:"]
+    if tool.output_schema is None:
+        doc.append("    The tool's structured content (a dict) if it sends one, else its text.")
+    else:
+        doc.append("    Result: the tool's structured content, as its outputSchema declares.")
+    return [
+        *doc,
+        "",
+        "Call it with `await call(Params(...))`, `await call(name=value, ...)` or a dict;",
+        "`call_sync(...)` is the same without await. Unset optional fields are not sent.",
+    ]
+
+
+def _call_functions(params_is_class: bool, result_any: bool) -> list[str]:
+    """`call` and `call_sync` with their overloads, and the `_arguments` they share."""
+    kwargs = "Unpack[Params]" if params_is_class else "Any"
+    blocks: list[str] = []
     for prefix, fn, runner in (
         ("async ", "call", "await call_tool"),
         ("", "call_sync", "call_tool_sync"),
@@ -185,7 +202,7 @@ def _tool_module(server: str, tool: Tool, module: str) -> _ToolModule:
             ]
         )
     )
-    return _ToolModule(module, summary, _join_blocks(blocks))
+    return blocks
 
 
 def _join_blocks(blocks: Sequence[str]) -> str:
