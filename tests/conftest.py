@@ -26,7 +26,7 @@ import pytest
 from codecage import Sandbox
 from codecage.bridge import channel as bridge_channel
 from codecage.engine import workspace as workspaces
-from codecage.isolation import limits as cgroups
+from codecage.isolation import cgroups
 
 
 @pytest.fixture(scope="session")

@@ -25,8 +25,7 @@ from codecage.engine import selftest
 from codecage.engine import workspace as workspaces
 from codecage.engine.pool import Pool
 from codecage.errors import ConfigError, Face, HostError
-from codecage.isolation import limits as cgroups
-from codecage.isolation import rootfs, seccomp
+from codecage.isolation import cgroups, rootfs, seccomp
 from codecage.models import (
     DoctorReport,
     ErrorInfo,
