@@ -7,9 +7,12 @@ a path that a symlink could redirect, nor waits on a FIFO, nor reads without a b
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from codecage.errors import SandboxError
 
@@ -43,6 +46,34 @@ def open_root(ws_path: Path, action: str) -> int:
             f"cannot {action} the workspace {ws_path}: {exc.strerror}",
             hint="the workspace must be a directory (not a symlink) that still exists",
         ) from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One entry of a directory, as `scan` saw it (a symlink is "other", never followed)."""
+
+    name: str
+    kind: Literal["dir", "file", "other"]
+
+
+def scan(dir_fd: int, most: int) -> tuple[list[Entry], int, bool]:
+    """The first `most` entries of `dir_fd` in the filesystem's order, less those gone
+    before they could be examined; how many entries that looked at; and whether the
+    directory had more. A walk passes what is left of its budget as `most`, so that no
+    directory of a million FIFOs makes it unbounded."""
+    with os.scandir(dir_fd) as it:
+        listed = list(itertools.islice(it, most + 1))
+    more = len(listed) > most
+    listed = listed[:most]
+    entries: list[Entry] = []
+    for entry in listed:
+        try:
+            is_dir = entry.is_dir(follow_symlinks=False)
+            is_file = not is_dir and entry.is_file(follow_symlinks=False)
+        except OSError:
+            continue
+        entries.append(Entry(entry.name, "dir" if is_dir else "file" if is_file else "other"))
+    return entries, len(listed), more
 
 
 def read_chunks(fd: int, size: int) -> Iterator[bytes]:

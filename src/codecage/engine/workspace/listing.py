@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import itertools
 import mimetypes
 import os
 import stat
@@ -105,24 +104,17 @@ def list_files(
 
 def _list_dir(dir_fd: int, prefix: str, depth: int, state: _Listing) -> bool:
     """Add the files under `dir_fd` to `state`; return True when the listing must stop."""
-    with os.scandir(dir_fd) as it:
-        entries = list(itertools.islice(it, state.entries_left + 1))
-    if len(entries) > state.entries_left:
+    entries, scanned, more = fds.scan(dir_fd, state.entries_left)
+    if more:
         state.truncated = True
-        entries = entries[: state.entries_left]
-    state.entries_left -= len(entries)
+    state.entries_left -= scanned
     # Walk in name order, so that which files a bound leaves out does not depend on
     # the order the filesystem returns them in.
     entries.sort(key=lambda entry: entry.name)
     for entry in entries:
-        try:
-            is_dir = entry.is_dir(follow_symlinks=False)
-            is_file = not is_dir and entry.is_file(follow_symlinks=False)
-        except OSError:
-            continue
         # As on disk (surrogate-escaped where not UTF-8): FileInfo shows it neutralised.
         relpath = prefix + entry.name
-        if is_dir:
+        if entry.kind == "dir":
             if depth >= fds.MAX_DEPTH:
                 state.truncated = True
                 continue
@@ -136,7 +128,7 @@ def _list_dir(dir_fd: int, prefix: str, depth: int, state: _Listing) -> bool:
                     return True
             finally:
                 os.close(child)
-        elif is_file:
+        elif entry.kind == "file":
             if len(state.files) >= state.max_files:
                 state.truncated = True
                 return True

@@ -7,7 +7,6 @@ already refuses to set these bits; this is the second layer.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import stat
@@ -80,22 +79,15 @@ def strip_privilege_bits(ws_path: Path, *, keep_on_root: int = 0) -> int:
 
 def _strip_dir(dir_fd: int, depth: int, state: _Stripping) -> None:
     """Strip the entries of `dir_fd`, and below; `depth` is that of `dir_fd`'s entries."""
-    with os.scandir(dir_fd) as it:
-        entries = list(itertools.islice(it, state.entries_left + 1))
-    if len(entries) > state.entries_left:
+    entries, scanned, more = fds.scan(dir_fd, state.entries_left)
+    if more:
         state.missed(f"more than {fds.MAX_ENTRIES_SCANNED} entries")
-        entries = entries[: state.entries_left]
-    state.entries_left -= len(entries)
+    state.entries_left -= scanned
     for entry in entries:
-        try:
-            is_dir = entry.is_dir(follow_symlinks=False)
-            is_file = not is_dir and entry.is_file(follow_symlinks=False)
-        except OSError:
-            continue
-        if is_file:
+        if entry.kind == "file":
             _strip_entry(dir_fd, entry.name, fds.FILE_FLAGS, state)
             continue
-        if not is_dir:
+        if entry.kind != "dir":
             continue  # symlinks, FIFOs, sockets, devices
         if depth >= fds.MAX_DEPTH:
             state.missed(f"directories deeper than {fds.MAX_DEPTH}")
