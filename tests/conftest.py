@@ -24,7 +24,7 @@ import pytest
 from codecage import Sandbox
 from codecage.bridge import channel as bridge_channel
 from codecage.engine import workspace as workspaces
-from codecage.isolation import limits as cgroups
+from codecage.isolation import cgroups
 from containment._support import Outcome, against_baseline, outcome_of, run_unsandboxed
 
 

@@ -27,7 +27,7 @@ from codecage.backends.base import load_backend
 from codecage.engine import RunRequest, SandboxSpec, StartedSandbox, run_in
 from codecage.engine import workspace as workspaces
 from codecage.engine.pool import Pool
-from codecage.isolation import limits as cgroups
+from codecage.isolation import cgroups
 from codecage.models import Limits, PoolConfig, PoolKeyState, PoolSizes
 
 pytestmark = pytest.mark.timeout(60)

@@ -36,7 +36,7 @@ from mcp_types import CallToolResult, ImageContent, TextContent
 from mcp_types.version import LATEST_HANDSHAKE_VERSION
 
 from codecage.engine import workspace as workspaces
-from codecage.isolation import limits as cgroups
+from codecage.isolation import cgroups
 
 CODECAGE = str(Path(sys.executable).with_name("codecage"))
 TOKEN = "secret"  # noqa: S105 - the bearer token of a test server on loopback

@@ -22,11 +22,9 @@ from codecage.bridge import channel as bridge
 from codecage.bridge import tooling
 from codecage.config import Settings
 from codecage.engine import selftest
-from codecage.engine import workspace as workspaces
 from codecage.engine.pool import Pool
 from codecage.errors import ConfigError, Face, HostError
-from codecage.isolation import limits as cgroups
-from codecage.isolation import rootfs, seccomp
+from codecage.isolation import cgroups, rootfs, seccomp, tmpfs
 from codecage.models import (
     DoctorReport,
     ErrorInfo,
@@ -443,7 +441,7 @@ class Sandbox:
             *self.backend.probe(),
             seccomp.probe(),
             *cgroups.probe(),
-            workspaces.probe(),
+            tmpfs.probe(),
         ]
         interpreter = rootfs.find_interpreter()
         return HostInfo(

@@ -23,8 +23,7 @@ from codecage import packages
 from codecage.bridge.tooling import SERVERS_DIR_PREFIX
 from codecage.engine import workspace as workspaces
 from codecage.errors import ConfigError
-from codecage.isolation import limits as cgroups
-from codecage.isolation import rootfs, seccomp, shell
+from codecage.isolation import cgroups, rootfs, seccomp, shell
 from codecage.policy import profiles
 from codecage.policy.profiles import ImportPolicy
 

@@ -615,7 +615,7 @@ def _with_memory(row: PoolKeyState, sandbox: StartedSandbox | None) -> PoolKeySt
 def _sandbox_memory(sandbox: StartedSandbox) -> tuple[float | None, float | None]:
     """RSS and PSS of every process of one sandbox: bwrap outside, its init and the guest
     inside (found in the sandbox's cgroup)."""
-    from codecage.isolation import limits as cgroups
+    from codecage.isolation import cgroups
 
     pids = {sandbox.proc.pid}
     if sandbox.cgroup is not None:

@@ -33,9 +33,8 @@ from codecage.engine.judge import ControlStream, Observation
 from codecage.engine.supervise import supervise
 from codecage.errors import ConfigError, Face, SandboxError
 from codecage.guest.bootstrap import STOP_LINE
-from codecage.isolation import limits as cgroups
-from codecage.isolation import rootfs
-from codecage.isolation.limits import CgroupHandle
+from codecage.isolation import cgroups, rlimits, rootfs
+from codecage.isolation.cgroups import CgroupHandle
 from codecage.models import (
     MAX_CODE_BYTES,
     Ceilings,
@@ -388,7 +387,7 @@ def run_in(sandbox: StartedSandbox, request: RunRequest, *, backend_name: str) -
     guest_request = GuestRequest(
         code=request.code,
         filename=request.filename,
-        limits=cgroups.guest_limits(limits, by_cgroup=cgroup is not None),
+        limits=rlimits.guest_limits(limits, by_cgroup=cgroup is not None),
         return_value_max_bytes=RETURN_VALUE_MAX_BYTES,
         profile=request.policy.profile if request.policy else "",
         allowed_modules=sorted(request.policy.modules) if request.policy else None,

@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 from codecage.backends.base import SandboxProcess
 from codecage.engine.judge import ControlStream, Observation
-from codecage.isolation import limits as cgroups
-from codecage.isolation.limits import CgroupHandle
+from codecage.isolation import cgroups
+from codecage.isolation.cgroups import CgroupHandle
 from codecage.output import CappedBuffer
 
 log = logging.getLogger(__name__)
