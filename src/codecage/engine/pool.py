@@ -27,7 +27,6 @@ only pop from a deque under a lock.
 
 from __future__ import annotations
 
-import atexit
 import collections
 import contextlib
 import logging
@@ -35,10 +34,9 @@ import os
 import selectors
 import threading
 import time
-import weakref
 from dataclasses import dataclass, field
 
-from codecage import engine
+from codecage import engine, forks
 from codecage.backends.base import Backend
 from codecage.engine import SandboxSpec, StartedSandbox
 from codecage.errors import CodecageError
@@ -89,7 +87,7 @@ class Pool:
         self.backend = backend
         self.config = config
         self._limits = limits  # idle sandboxes' cgroups; each request sets its own
-        self._owner_pid = os.getpid()  # a forked child must not use (or close) this pool
+        self._process = forks.ForkGuard()  # a forked child must not use (or close) this pool
         self._fork_noted = False
         self._cond = threading.Condition()
         self._keys: dict[SandboxSpec, _Key] = {}
@@ -117,7 +115,7 @@ class Pool:
         self._manager.start()
         for starter in self._starters:
             starter.start()
-        _live_pools.add(self)
+        forks.close_at_exit(self)  # no pooled sandbox outlives the host
 
     # --- the callers' side ---------------------------------------------------------------
 
@@ -276,7 +274,6 @@ class Pool:
         for fd in (self._wake_read, self._wake_write):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        _live_pools.discard(self)
 
     def __enter__(self) -> Pool:
         return self
@@ -290,11 +287,11 @@ class Pool:
         (the parent takes it too) or steal the parent's; its threads did not survive the
         fork, and a lock one of them held stays held. So a child leaves the pool alone and
         its runs start cold; a Sandbox created after the fork has a pool of its own."""
-        if os.getpid() == self._owner_pid:
+        if self._process.owned_here():
             return False
         if not self._fork_noted:
             self._fork_noted = True
-            log.warning("pool.forked", extra={"parent_pid": self._owner_pid})
+            log.warning("pool.forked", extra={"parent_pid": self._process.owner_pid})
         return True
 
     # --- the manager thread ----------------------------------------------------------------
@@ -565,17 +562,6 @@ class _ReplacementsDue:
 
 
 _REPLACEMENTS_DUE = _ReplacementsDue()
-
-
-# Every live pool is closed at interpreter exit, so no pooled sandbox outlives the host
-# (bwrap's --die-with-parent would kill them too, but leave their temp dirs).
-_live_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_live_pools() -> None:
-    for pool in list(_live_pools):
-        pool.close()
 
 
 def _profile(key: _Key) -> str:

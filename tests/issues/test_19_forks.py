@@ -1,0 +1,168 @@
+"""Issue 19: fork handling in one place (`codecage.forks`), and every host object with threads
+follows its one rule: a forked child uses nothing, and closes nothing, that the parent made.
+
+Each test forks the test process (as a pre-forking server or `multiprocessing` does) and
+asks the child what it saw; the parent then checks that its own objects were not touched.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from tests._forking import in_forked_child
+
+from codecage import forks
+from codecage.backends.base import load_backend
+from codecage.bridge import channel
+from codecage.bridge.broker import Broker
+from codecage.bridge.upstreams import Upstream
+from codecage.engine import SandboxSpec
+from codecage.engine.pool import Pool
+from codecage.models import Limits, PoolConfig, PoolSizes
+
+pytestmark = pytest.mark.timeout(90)
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_a_guard_is_owned_by_the_process_that_made_it_and_not_by_a_child() -> None:
+    parents = forks.ForkGuard()
+
+    def in_child() -> bytes:
+        childs = forks.ForkGuard()
+        grandchild = in_forked_child(
+            lambda: json.dumps([parents.owned_here(), childs.owned_here()]).encode(), timeout=10
+        )
+        assert grandchild is not None
+        return json.dumps(
+            {
+                "parents": parents.owned_here(),
+                "childs": childs.owned_here(),
+                "grand": grandchild.decode(),
+            }
+        ).encode()
+
+    reported = in_forked_child(in_child, timeout=20)
+    assert reported
+    seen = json.loads(reported)
+    assert seen["parents"] is False and seen["childs"] is True
+    assert json.loads(seen["grand"]) == [False, False]  # the grandchild owns neither
+    assert parents.owned_here()
+
+
+def test_a_per_process_helper_is_made_anew_in_a_child_after_its_copy_is_let_go() -> None:
+    forgotten: list[int] = []
+    made = iter(range(100))
+    helper = forks.PerProcess(lambda: next(made), forget=forgotten.append)
+    first = helper.get()
+    assert helper.get() == first  # one per process
+
+    def in_child() -> bytes:
+        return json.dumps([helper.get(), helper.get(), forgotten]).encode()
+
+    reported = in_forked_child(in_child, timeout=10)
+    assert reported
+    assert json.loads(reported) == [first + 1, first + 1, [first]]
+    assert helper.get() == first and forgotten == []  # the parent's is untouched
+
+
+def test_a_childs_exit_closes_what_the_child_made_and_not_what_the_parent_made() -> None:
+    parents = _Recorder()
+    forks.close_at_exit(parents)
+
+    def in_child() -> bytes:
+        childs = _Recorder()
+        forks.close_at_exit(childs)
+        forks._close_at_exit()  # what the child's interpreter runs at its exit
+        return json.dumps([parents.closed, childs.closed]).encode()
+
+    reported = in_forked_child(in_child, timeout=10)
+    assert reported
+    assert json.loads(reported) == [0, 1]
+    assert parents.closed == 0
+
+
+def test_a_forked_child_neither_takes_nor_closes_the_parents_pool() -> None:
+    spec = SandboxSpec()
+    config = PoolConfig(enabled=True, sizes=PoolSizes(min_idle=1, max_idle=1))
+    with Pool(load_backend("auto"), config, Limits()) as pool:
+        pool.register(spec)
+        assert pool.wait_ready(30)
+        with pool._cond:
+            (idle,) = pool._keys[spec].idle
+
+        def in_child() -> bytes:
+            other = SandboxSpec(tmp_mb=spec.tmp_mb + 1)
+            pool.register(other)
+            started = time.monotonic()
+            taken = pool.take(spec)
+            ready = pool.wait_ready(5)
+            state = pool.state()
+            pool.close()
+            return json.dumps(
+                {
+                    "taken": taken is not None,
+                    "ready": ready,
+                    "enabled": state.enabled,
+                    "keys": len(pool._keys),
+                    "closed": pool._closed,
+                    "seconds": time.monotonic() - started,
+                }
+            ).encode()
+
+        reported = in_forked_child(in_child, timeout=30)
+        assert reported, "the forked child did not finish"
+        seen = json.loads(reported)
+        assert seen == {**seen, "taken": False, "ready": False, "enabled": False, "keys": 1}
+        assert seen["closed"] is False and seen["seconds"] < 2
+        # The parent's idle sandbox is still there, alive, and its to take.
+        assert idle.alive() and pool.take(spec) is idle
+        pool.release(idle)
+
+
+def test_a_forked_child_gets_a_refusal_from_the_parents_broker_and_leaves_it_open() -> None:
+    # A server that never answers: a child that used the parent's dead loop would hang.
+    never = Upstream(command="/bin/sleep", args=("600",))
+    with Broker({"never": never}) as broker:
+
+        def in_child() -> bytes:
+            started = time.monotonic()
+            try:
+                broker.call("never", "tool", {}).result(timeout=10)
+                outcome = "answered"
+            except Exception as exc:
+                outcome = f"{getattr(exc, 'kind', type(exc).__name__)}: {exc}"
+            broker.close()
+            return json.dumps([outcome, time.monotonic() - started]).encode()
+
+        reported = in_forked_child(in_child, timeout=30)
+        assert reported, "the forked child did not finish"
+        outcome, seconds = json.loads(reported)
+        assert outcome.startswith("upstream_error: ") and "forked" in outcome
+        assert seconds < 2
+        assert not broker._closed and broker._loop.is_running()
+
+
+def test_a_forked_child_gets_a_bridge_watcher_of_its_own_with_a_live_thread() -> None:
+    parents = channel.watcher()
+
+    def in_child() -> bytes:
+        own = channel.watcher()
+        threads = [t.name for t in threading.enumerate()]
+        return json.dumps(
+            [own is parents, own is channel.watcher(), threads.count("codecage-bridge-watch")]
+        ).encode()
+
+    reported = in_forked_child(in_child, timeout=10)
+    assert reported
+    assert json.loads(reported) == [False, True, 1]
+    assert channel.watcher() is parents
