@@ -98,7 +98,7 @@ def test_a_forked_child_neither_takes_nor_closes_the_parents_pool() -> None:
         pool.register(spec)
         assert pool.wait_ready(30)
         with pool._cond:
-            (idle,) = pool._keys[spec].idle
+            (idle,) = pool._plan.keys[spec].idle
 
         def in_child() -> bytes:
             other = SandboxSpec(tmp_mb=spec.tmp_mb + 1)
@@ -113,8 +113,8 @@ def test_a_forked_child_neither_takes_nor_closes_the_parents_pool() -> None:
                     "taken": taken is not None,
                     "ready": ready,
                     "enabled": state.enabled,
-                    "keys": len(pool._keys),
-                    "closed": pool._closed,
+                    "keys": len(pool._plan.keys),
+                    "closed": pool._plan.closed,
                     "seconds": time.monotonic() - started,
                 }
             ).encode()
