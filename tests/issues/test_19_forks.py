@@ -8,6 +8,8 @@ asks the child what it saw; the parent then checks that its own objects were not
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 
@@ -166,3 +168,54 @@ def test_a_forked_child_gets_a_bridge_watcher_of_its_own_with_a_live_thread() ->
     assert reported
     assert json.loads(reported) == [False, True, 1]
     assert channel.watcher() is parents
+
+
+AT_EXIT = """
+import os, sys
+from codecage.backends.base import load_backend
+from codecage.bridge.broker import Broker
+from codecage.bridge.upstreams import Upstream
+from codecage.engine import SandboxSpec, StartedSandbox
+from codecage.engine.pool import Pool
+from codecage.models import Limits, PoolConfig, PoolSizes
+
+def say(*words):
+    os.write(1, (" ".join(map(str, words)) + "\\n").encode())
+
+destroy, close = StartedSandbox.destroy, Broker.close
+def destroyed(sandbox):
+    say("destroyed", sandbox.execution_id, os.getpid())
+    destroy(sandbox)
+def closed(broker):
+    say("broker_closed", os.getpid())
+    close(broker)
+StartedSandbox.destroy, Broker.close = destroyed, closed
+
+broker = Broker({"never": Upstream(command="/bin/sleep", args=("600",))})
+sizes = PoolSizes(min_idle=1, max_idle=1)
+pool = Pool(load_backend("auto"), PoolConfig(enabled=True, sizes=sizes), Limits())
+pool.register(SandboxSpec())
+assert pool.wait_ready(30)
+say("ready", pool._plan.keys[SandboxSpec()].idle[0].execution_id, os.getpid())
+child = os.fork()
+if child == 0:
+    sys.exit(0)  # the child's interpreter exits: its atexit handlers run
+os.waitpid(child, 0)
+say("child_exited")
+"""
+
+
+def test_at_exit_a_process_closes_its_own_pool_and_broker_and_a_childs_exit_closes_neither() -> (
+    None
+):
+    done = subprocess.run(
+        [sys.executable, "-c", AT_EXIT], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [line.split() for line in done.stdout.splitlines()]
+    (ready,) = [line for line in lines if line[0] == "ready"]
+    _, idle_id, parent = ready
+    closing = [line for line in lines if line[0] in ("destroyed", "broker_closed")]
+    # Only the parent closed them, and only when it exited, after its child.
+    assert sorted(closing) == sorted([["destroyed", idle_id, parent], ["broker_closed", parent]])
+    assert lines.index(["child_exited"]) < min(lines.index(line) for line in closing)
