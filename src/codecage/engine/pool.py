@@ -22,7 +22,10 @@ Threads: two starter threads start sandboxes (bwrap's --die-with-parent is tied 
 thread that started it, so they live as long as the pool); one manager thread watches the
 starting ones until they are ready and the idle ones for a crash; one reaper thread
 destroys used ones and tells the starters when a take left them work. Callers of `take`
-only pop from a deque under a lock.
+only pop from a deque under a lock. What the pool keeps, which key starts next, how it
+grows, shrinks and backs off is decided by its `PoolPlan` (`engine.pool_plan`, pure: no
+threads, no clock); the threads here act on those decisions. A forked child leaves the
+pool alone (`codecage.forks`).
 """
 
 from __future__ import annotations
