@@ -76,7 +76,7 @@ def _key(sandbox: Sandbox) -> PoolKeyState:
 def _idle(sandbox: Sandbox) -> list[StartedSandbox]:
     assert sandbox.pool is not None
     with sandbox.pool._cond:
-        return [s for key in sandbox.pool._keys.values() for s in key.idle]
+        return [s for key in sandbox.pool._plan.keys.values() for s in key.idle]
 
 
 def _warm_run(sandbox: Sandbox, code: str, **limits: Any) -> ExecutionResult:

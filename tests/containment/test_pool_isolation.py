@@ -405,7 +405,7 @@ def test_two_idle_pool_members_share_no_writable_path() -> None:
         pool.register(spec)
         assert pool.wait_ready(30)
         with pool._cond:
-            a, b = list(pool._keys[spec].idle)
+            a, b = list(pool._plan.keys[spec].idle)
         assert a.workspace.path != b.workspace.path
         assert a.workspace.path.parent != b.workspace.path.parent  # the run dirs
         dev_a = os.stat(a.workspace.path).st_dev
