@@ -124,11 +124,12 @@ def probe() -> LayerStatus:
     )
 
 
+@functools.cache
 def can_mount_tmpfs() -> bool:
     """True when this process can mount a tmpfs (root, or CAP_SYS_ADMIN over its mount
-    namespace). Proven once by mounting and unmounting a 1 MiB tmpfs in a fresh temp dir,
-    since a capability alone does not say so (e.g. inside a user namespace that does not
-    own the mount namespace); the answer is cached.
+    namespace). Proven once per process by mounting and unmounting a 1 MiB tmpfs in a fresh
+    temp dir, since a capability alone does not say so (e.g. inside a user namespace that
+    does not own the mount namespace); the answer is cached, so runs do not pay for it.
 
     Raises:
         Nothing: any failure means False.
