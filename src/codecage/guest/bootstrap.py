@@ -365,7 +365,9 @@ def _install_import_policy(allowed: list[str], refusal: _Refusal) -> None:
     import builtins
 
     _add_guest_package()
-    from codecage.imports import ALWAYS_ALLOWED, refused
+    # guest/imports.py, which the sandbox mounts as the package `codecage` (mypy knows it
+    # as codecage.guest.imports)
+    from codecage.imports import ALWAYS_ALLOWED, refused  # type: ignore[import-not-found]
 
     modules = frozenset(allowed) | ALWAYS_ALLOWED
     original_import = builtins.__import__
