@@ -16,8 +16,6 @@ Rules (`Finding.rule_id`; bandit's own ids, e.g. "B307", come with `source="band
 | CC003 | limit    | high        | the source is over MAX_SOURCE_BYTES: refused unread         |
 | CC004 | limit    | high        | over the parse or walk budget: not analysed fully           |
 | CC005 | limit    | high        | too deeply nested to analyse (the parser ran out of stack)  |
-| CC006 | policy   | high        | an import of `servers.*` or `skills.*` when the run is      |
-|       |          |             | given no such directory (only checked when told which ones) |
 | CC101 | security | medium      | dynamic execution: eval/exec/compile of a non-literal, or   |
 |       |          |             | one of them (or `__import__`) used as a value               |
 | CC102 | security | medium      | `__import__`/`importlib.import_module` of a non-literal     |
@@ -37,6 +35,10 @@ Rules (`Finding.rule_id`; bandit's own ids, e.g. "B307", come with `source="band
 |       |          |             | f-string, join, format), directly or through variables; or  |
 |       |          |             | any non-literal exec/eval/compile in code that also decodes |
 | CC108 | security | low         | a string built from character codes (`''.join(map(chr, ..))`|
+
+Told which tool directories the run has (`tool_packages`), an import of `servers.*` or
+`skills.*` without its directory gets a recommendation, not a finding: the import policy
+allows both, and the run fails on a missing module, not on a refusal.
 
 `valid` is False on any syntax, policy or limit finding; security findings alone leave it True,
 except that with `strict=True` a high-severity one makes it False.
@@ -172,7 +174,7 @@ def validate(
         profile_name: named in messages about disallowed imports.
         strict: when True, a high-severity security finding makes the code invalid.
         tool_packages: which of `servers` and `skills` the run has (it is given their
-            directories); importing the other is a finding. None skips that check.
+            directories); importing another gets a recommendation. None skips that check.
 
     Raises:
         Nothing for any input text: problems with the code are findings in the report.
@@ -208,9 +210,6 @@ def validate(
 
     scan = _Scan.of(tree, base)
     findings = scan.findings(allowed_modules, profile_name)
-    if tool_packages is not None:
-        findings.extend(scan.missing_tools(frozenset(tool_packages)))
-        findings.sort(key=lambda f: (f.line, f.col, f.rule_id))
     if scan.truncated:
         findings.append(
             _limit(
@@ -233,6 +232,8 @@ def validate(
         findings.extend(bandit_findings)
     counts = scan.counts
     counts.recommendations = _recommend(scan, findings)
+    if tool_packages is not None:
+        counts.recommendations.extend(scan.missing_tools(frozenset(tool_packages)))
     return _report(findings, counts, skipped, profile_name, strict, bandit_ran=bandit_ran)
 
 
@@ -466,21 +467,16 @@ class _Scan:
         out.sort(key=lambda f: (f.line, f.col, f.rule_id))
         return out
 
-    def missing_tools(self, given: frozenset[str]) -> Iterable[Finding]:
-        """Imports of `servers.*`/`skills.*` that would fail: the run has no such tree."""
-        for imp in self.imported:
-            if imp.module in imports.TOOL_PACKAGES and imp.module not in given:
-                flags = (
-                    "--mcp-config or --servers-dir" if imp.module == "servers" else "--skills-dir"
-                )
-                yield _at(
-                    imp.node,
-                    "CC006",
-                    "high",
-                    f"'{imp.name}' cannot be imported: this run has no {imp.module} directory; "
-                    f"give it one ({flags}, or {imp.module}_dir= to Sandbox())",
-                    kind="policy",
-                )
+    def missing_tools(self, given: frozenset[str]) -> list[str]:
+        """What to give a run whose code imports `servers.*`/`skills.*` without that tree
+        (the import would fail: no such module), once per package."""
+        missing = sorted(({i.module for i in self.imported} & set(imports.TOOL_PACKAGES)) - given)
+        flags = {"servers": "--mcp-config or --servers-dir", "skills": "--skills-dir"}
+        return [
+            f"give the run a {name} directory ({flags[name]}; {name}_dir= in the library): "
+            f"without one, `import {name}.…` fails with ModuleNotFoundError"
+            for name in missing
+        ]
 
     def _taint(self) -> set[ast.AST]:
         """Nodes whose value may come from decoding or string building, through variables."""
