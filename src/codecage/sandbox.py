@@ -424,15 +424,18 @@ class Sandbox:
             raise
 
     def validate(self, code: str, *, strict: bool = False) -> ValidationReport:
-        """Check `code` against this Sandbox's profile without running it.
+        """Check `code` against this Sandbox's profile and tool directories without running it:
+        by the rule the sandbox's import hook applies, so `validate` and `run` agree.
 
         Never raises for bad code: syntax errors and refusals are findings in the report.
         """
+        given = {"servers": self.servers_dir, "skills": self.skills_dir}
         return validation.validate(
             code,
             allowed_modules=self.policy.modules if self.policy else None,
             profile_name=self.policy.profile if self.policy else "none",
             strict=strict,
+            tool_packages=[name for name, path in given.items() if path is not None],
         )
 
     def info(self) -> HostInfo:

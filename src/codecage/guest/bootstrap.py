@@ -35,9 +35,6 @@ WIRE_VERSION = 1
 CONTROL_FD = 3
 BRIDGE_FD = 4  # the tool bridge (docs/tool-bridge.md); codecage.runtime talks over it
 GUEST_PACKAGE_ROOT = "/opt/codecage"  # holds codecage/ (this package) and servers/, skills/
-# Importable by the user's code in every profile: the runtime helpers, the tool tree and
-# compiler directives (`from __future__ import annotations`).
-ALWAYS_ALLOWED = ("codecage.runtime", "servers", "skills", "__future__")
 EVERY_MODULE = "*"  # an allowed-modules entry: nothing is refused (the standard profile)
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
 MAX_EVENTS = 50
@@ -359,14 +356,20 @@ def _missing_message(name: str) -> str:
 
 
 def _install_import_policy(allowed: list[str], refusal: _Refusal) -> None:
-    """Refuse imports *made by the user's code* of modules outside the profile.
+    """Refuse imports *made by the user's code* of modules outside the profile, by the
+    rule `validate` applies too (codecage.imports, the guest package's own module).
 
     Imports made by library code (the stdlib, allowed packages) go through untouched, so
     an allowed module keeps its own internal imports. Policy, not a boundary: see the docs.
     """
     import builtins
 
-    modules = frozenset(allowed) | frozenset(ALWAYS_ALLOWED)
+    _add_guest_package()
+    # guest/imports.py, which the sandbox mounts as the package `codecage` (mypy knows it
+    # as codecage.guest.imports)
+    from codecage.imports import ALWAYS_ALLOWED, refused  # type: ignore[import-not-found]
+
+    modules = frozenset(allowed) | ALWAYS_ALLOWED
     original_import = builtins.__import__
 
     def guarded_import(
@@ -377,27 +380,22 @@ def _install_import_policy(allowed: list[str], refusal: _Refusal) -> None:
         level: int = 0,
     ) -> Any:
         if level == 0 and _imported_by_user_code():
-            wanted = [name]
-            if fromlist and not _allowed(name, modules):
-                wanted = [f"{name}.{item}" for item in fromlist if item != "*"] or [name]
-            for dotted in wanted:
-                if not _allowed(dotted, modules):
-                    refusal.refuse(dotted)
+            dotted = refused(name, fromlist, level, modules)
+            if dotted is not None:
+                refusal.refuse(dotted)
         return original_import(name, globals, locals, fromlist, level)
 
     builtins.__import__ = guarded_import
 
 
+def _add_guest_package() -> None:
+    if GUEST_PACKAGE_ROOT not in sys.path:
+        sys.path.append(GUEST_PACKAGE_ROOT)  # codecage.imports, codecage.runtime, servers.*, ...
+
+
 def _imported_by_user_code() -> bool:
     filename = sys._getframe(2).f_code.co_filename
     return not filename.startswith(_TRUSTED_PREFIXES)
-
-
-def _allowed(dotted: str, modules: frozenset[str]) -> bool:
-    for entry in modules:
-        if dotted == entry or dotted.startswith(entry + ".") or entry.startswith(dotted + "."):
-            return True
-    return False
 
 
 class _Refusal:
@@ -507,7 +505,7 @@ def _fresh_main_module(filename: str) -> types.ModuleType:
     sys.modules["__main__"] = module
     sys.argv = [filename]
     sys.path.insert(0, "/workspace")
-    sys.path.append(GUEST_PACKAGE_ROOT)  # codecage.runtime, servers.*, skills.*
+    _add_guest_package()
     # The profile's third-party packages, read-only (already on the path when preloaded).
     _add_added_packages()
     if os.path.isdir(SITE_PACKAGES) and SITE_PACKAGES not in sys.path:
