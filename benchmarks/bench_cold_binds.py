@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from codecage import Sandbox
-from codecage.engine import run as engine
+from codecage.engine import launch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,17 +53,17 @@ def _timed(run: Callable[[], object]) -> float:
 
 def _tools_pairs(n: int) -> dict[str, float]:
     sandbox = Sandbox(pool=False)
-    real = engine._shell_mounts
+    real = launch._shell_mounts
     sides: dict[str, list[float]] = {"with_tools": [], "without_tools": []}
     sandbox.run("print(1)")
     try:
         for _ in range(n):
-            engine._shell_mounts = real
+            launch._shell_mounts = real
             sides["with_tools"].append(_timed(lambda: sandbox.run("print(1)")))
-            engine._shell_mounts = lambda _interpreter: ()
+            launch._shell_mounts = lambda _interpreter: ()
             sides["without_tools"].append(_timed(lambda: sandbox.run("print(1)")))
     finally:
-        engine._shell_mounts = real
+        launch._shell_mounts = real
     return {side: round(statistics.median(times), 2) for side, times in sides.items()}
 
 

@@ -45,7 +45,7 @@ def empty() -> str:
 server.run("stdio")
 """
 EMPTY_SERVER_FAST = EMPTY_SERVER.replace(
-    'server.run("stdio")', "from codecage import stdio\nstdio.serve(server)"
+    'server.run("stdio")', "from codecage.mcp import stdio\nstdio.serve(server)"
 )
 
 

@@ -55,7 +55,7 @@ from codecage.backends.base import load_backend
 from codecage.engine import RUN_DIR_PREFIX
 from codecage.engine import workspace as workspaces
 from codecage.engine.pool import Pool
-from codecage.isolation import limits as cgroups
+from codecage.isolation import cgroups
 from codecage.models import Limits, PoolConfig, PoolSizes
 
 SECTIONS = ("floors", "raw_bwrap", "cold", "warm", "throughput", "data_science", "memory")

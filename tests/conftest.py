@@ -12,12 +12,10 @@ import json
 import os
 import secrets
 import socket
-import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +24,8 @@ import pytest
 from codecage import Sandbox
 from codecage.bridge import channel as bridge_channel
 from codecage.engine import workspace as workspaces
-from codecage.isolation import limits as cgroups
+from codecage.isolation import cgroups
+from containment._support import Outcome, against_baseline, outcome_of, run_unsandboxed
 
 
 @pytest.fixture(scope="session")
@@ -42,65 +41,26 @@ def sandbox() -> Sandbox:
 # --- the runner: sandbox vs no isolation -----------------------------------------------
 
 
-@dataclass
-class Outcome:
-    """What a containment test looks at, the same for both runners."""
-
-    status: str
-    stdout: str
-    stderr: str
-    return_value: Any = None
-    error_type: str | None = None
-    events: list[str] = field(default_factory=list)
-
-
 Runner = Callable[..., Outcome]
 
 
 def _run_sandboxed(sandbox: Sandbox) -> Runner:
     def run(code: str, **limits: Any) -> Outcome:
-        r = sandbox.run(code, limits=limits)
-        return Outcome(
-            status=r.status,
-            stdout=r.stdout,
-            stderr=r.stderr,
-            return_value=r.return_value,
-            error_type=r.error.type if r.error else None,
-            events=[e.kind for e in r.events],
-        )
+        return outcome_of(sandbox.run(code, limits=limits))
 
     return run
 
 
 def _run_unsandboxed(code: str, **limits: Any) -> Outcome:
     """Plain python3 in a subprocess, with only the wall timeout: no isolation at all."""
-    timeout = float(limits.get("timeout", 30))
     with tempfile.TemporaryDirectory() as cwd:
-        try:
-            proc = subprocess.run(
-                [sys.executable, "-c", code],
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                cwd=cwd,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            return Outcome(status="timeout", stdout="", stderr="")
-    status = "ok" if proc.returncode == 0 else "error"
-    return Outcome(status=status, stdout=proc.stdout, stderr=proc.stderr)
+        return run_unsandboxed(code, cwd, float(limits.get("timeout", 30)))
 
 
 @pytest.fixture(
-    params=[
-        "sandbox",
-        pytest.param(
-            "null",
-            marks=pytest.mark.xfail(
-                strict=True, reason="null runner has no isolation: the test must fail there"
-            ),
-        ),
-    ]
+    params=against_baseline(
+        "sandbox", "null", "null runner has no isolation: the test must fail there"
+    )
 )
 def runner(request: pytest.FixtureRequest, sandbox: Sandbox) -> Runner:
     if request.param == "sandbox":

@@ -1124,7 +1124,7 @@ def test_module_names_are_unique_lowercase_identifiers_for_any_names(names: list
     for m in modules:
         assert m.isidentifier() and m.isascii() and m == m.lower()
         assert not m.startswith("_") and m not in ("class", "list", "import")
-        assert codegen._GENERATED_PATH.fullmatch(f"{m}/{m}.py")
+        assert codegen.write._GENERATED_PATH.fullmatch(f"{m}/{m}.py")
 
 
 @given(st.text())
@@ -1155,7 +1155,7 @@ def test_the_structural_check_catches_a_broken_docstring_escape(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The check must be able to fail: without escaping, the payload becomes code."""
-    monkeypatch.setattr(codegen, "_escape_doc", lambda text: text)
+    monkeypatch.setattr(codegen.text, "_escape_doc", lambda text: text)
     tool = Tool(name="t", description=INJECTION, inputSchema={"type": "object"})
     text = generate({"s": [tool]})["s/t.py"]
     with pytest.raises((AssertionError, SyntaxError)):
@@ -1165,7 +1165,7 @@ def test_the_structural_check_catches_a_broken_docstring_escape(
 def test_the_structural_check_catches_a_broken_string_literal(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(codegen, "py_str", lambda text: f'"{text}"')
+    monkeypatch.setattr(codegen.layout, "py_str", lambda text: f'"{text}"')
     tool = Tool(name='x"; import os; "', inputSchema={"type": "object"})
     text = generate({"s": [tool]})["s/x_import_os.py"]
     with pytest.raises((AssertionError, SyntaxError)):
@@ -1192,7 +1192,7 @@ def test_very_long_text_is_bounded() -> None:
     text = generate({"s": [tool]})["s/t.py"]
     assert time.monotonic() - started < 5
     assert len(text) < 400_000
-    assert len(_params_fields(text)) == codegen._MAX_PROPERTIES
+    assert len(_params_fields(text)) == codegen.schema._MAX_PROPERTIES
 
 
 def test_deep_wide_and_self_referencing_schemas_finish_quickly() -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from tests._cli import codecage
 
 from codecage import ConfigError, Sandbox
 from codecage.config import load
@@ -85,6 +87,14 @@ def test_operator_profiles_and_enabled_profiles_govern_runs(config_file: Path) -
     assert [p.name for p in report.profiles] == ["basic", "analyst"]
 
 
+def refused(path: Path, text: str, env: dict[str, str]) -> tuple[Path, ConfigError]:
+    """The config file `path` holding `text`, and the error `load` refuses it with."""
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load(path, environ=env)
+    return path, info.value
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -98,12 +108,9 @@ def test_operator_profiles_and_enabled_profiles_govern_runs(config_file: Path) -
 def test_an_invalid_config_names_the_file_the_key_and_the_reason(
     tmp_path: Path, text: str, expected: str
 ) -> None:
-    path = tmp_path / "bad.toml"
-    path.write_text(text)
-    with pytest.raises(ConfigError) as info:
-        load(path, environ={})
-    assert expected in str(info.value)
-    assert str(path) in str(info.value)
+    path, error = refused(tmp_path / "bad.toml", text, {})
+    assert expected in str(error)
+    assert str(path) in str(error)
 
 
 def test_a_missing_explicit_config_file_is_an_error(tmp_path: Path) -> None:
@@ -183,15 +190,12 @@ def test_pool_environment_variables_beat_the_file(tmp_path: Path) -> None:
 def test_an_invalid_pool_setting_is_refused_naming_the_setting_and_the_reason(
     tmp_path: Path, text: str, env: dict[str, str], expected: str
 ) -> None:
-    path = tmp_path / "codecage.toml"
-    path.write_text(text)
-    with pytest.raises(ConfigError) as info:
-        load(path, environ=env)
-    assert expected in str(info.value)
+    path, error = refused(tmp_path / "codecage.toml", text, env)
+    assert expected in str(error)
     if text:
-        assert str(path) in str(info.value)
+        assert str(path) in str(error)
     else:
-        assert info.value.hint
+        assert error.hint
 
 
 def test_codecage_pool_turns_the_warm_pool_on_for_a_sandbox_that_does_not_choose(
@@ -248,11 +252,8 @@ def test_the_scrub_table_switches_categories_and_env_beats_it(tmp_path: Path) ->
 def test_an_invalid_scrub_setting_is_refused_naming_it(
     tmp_path: Path, text: str, env: dict[str, str], expected: str
 ) -> None:
-    path = tmp_path / "codecage.toml"
-    path.write_text(text)
-    with pytest.raises(ConfigError) as info:
-        load(path, environ=env)
-    assert expected in str(info.value)
+    _, error = refused(tmp_path / "codecage.toml", text, env)
+    assert expected in str(error)
 
 
 def test_a_configured_secret_too_short_to_scrub_is_refused(tmp_path: Path) -> None:
@@ -328,21 +329,9 @@ def test_a_bad_server_in_the_config_file_names_the_file(tmp_path: Path) -> None:
     not (MEMORY_BIN / "mcp-server-memory").exists(), reason="scripts/setup installs npm servers"
 )
 def test_gen_and_run_take_the_servers_and_tools_from_the_config_file(tmp_path: Path) -> None:
-    import json
-    import subprocess
-    import sys
-
-    codecage = str(Path(sys.executable).with_name("codecage"))
     memory_file = tmp_path / "memory.jsonl"
     config = tool_config(tmp_path, memory_file, 'allow = ["memory.create_*"]')
-    gen = subprocess.run(
-        [codecage, "gen", "--all", "--config", str(config)],
-        cwd=tmp_path / "..",
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    gen = codecage("gen", "--all", "--config", str(config), cwd=tmp_path / "..")
     assert gen.returncode == 0, gen.stderr
     assert (tmp_path / "generated" / "memory" / "create_entities.py").is_file()
     code = """
@@ -356,14 +345,7 @@ except ToolCallError as exc:
     outcome = exc.kind
 outcome
 """
-    run = subprocess.run(
-        [codecage, "run", "--json", "--config", str(config), "-"],
-        input=code,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    run = codecage("run", "--json", "--config", str(config), "-", stdin=code)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["return_value"] == "not_allowed"  # [tools] allow applies
     assert '"n1"' in memory_file.read_text(encoding="utf-8")
@@ -411,29 +393,21 @@ def test_without_a_tools_table_info_reports_the_built_in_bounds(tmp_path: Path) 
     not (MEMORY_BIN / "mcp-server-memory").exists(), reason="scripts/setup installs npm servers"
 )
 def test_max_tool_calls_beats_the_tools_table_and_info_shows_it(tmp_path: Path) -> None:
-    import json
-    import subprocess
-    import sys
-
-    codecage = str(Path(sys.executable).with_name("codecage"))
     config = tool_config(tmp_path, tmp_path / "m.jsonl", "max_calls = 50")
     (tmp_path / "generated").mkdir()  # no tree needed: the code calls by name
-    run = subprocess.run(
-        [codecage, "run", "--json", "--config", str(config), "--max-tool-calls", "1", "-"],
-        input=THREE_TOOL_CALLS,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    run = codecage(
+        "run",
+        "--json",
+        "--config",
+        str(config),
+        "--max-tool-calls",
+        "1",
+        "-",
+        stdin=THREE_TOOL_CALLS,
     )
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["return_value"] == ["ok", "limit", "limit"]
-    info = subprocess.run(
-        [codecage, "info", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    info = codecage("info", "--config", str(config), timeout=60)
+    assert info.returncode == 0, info.stderr
     assert "upstream MCP tools: memory (in the config file" in info.stdout
     assert "at most 50 tool calls" in info.stdout

@@ -11,12 +11,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+from tests._upstreams import generated, value
 
 from codecage import Sandbox
-from codecage.bridge import tooling, upstreams
 from codecage.bridge.broker import Broker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,8 +35,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Broker, Pa
         }
     }
     servers = tmp_path_factory.mktemp("tree") / "servers"
-    with Broker(upstreams.parse(config, source="test", environ={})) as broker:
-        tooling.generate(broker, ["everything"], servers)
+    with generated(config, ["everything"], servers) as broker:
         yield broker, servers
 
 
@@ -46,12 +44,6 @@ def sandbox(world: tuple[Broker, Path]) -> Iterator[Sandbox]:
     broker, servers = world
     with Sandbox(tools=broker, servers_dir=servers, pool=False, scrub=False) as box:
         yield box
-
-
-def value(sandbox: Sandbox, code: str) -> Any:
-    result = sandbox.run(code, limits={"timeout": 60})
-    assert result.status == "ok", (result.error, result.stderr)
-    return result.return_value
 
 
 def test_gen_writes_one_module_per_tool_with_readable_names(world: tuple[Broker, Path]) -> None:

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from codecage.isolation.limits import guest_limits
+from codecage.isolation.rlimits import guest_limits
 from codecage.models import ExecutionResult, GuestRequest, GuestResult, Limits, Usage
 
 

@@ -27,7 +27,7 @@ from codecage.backends.base import load_backend
 from codecage.engine import RunRequest, SandboxSpec, StartedSandbox, run_in
 from codecage.engine import workspace as workspaces
 from codecage.engine.pool import Pool
-from codecage.isolation import limits as cgroups
+from codecage.isolation import cgroups
 from codecage.models import Limits, PoolConfig, PoolKeyState, PoolSizes
 
 pytestmark = pytest.mark.timeout(60)
@@ -76,7 +76,7 @@ def _key(sandbox: Sandbox) -> PoolKeyState:
 def _idle(sandbox: Sandbox) -> list[StartedSandbox]:
     assert sandbox.pool is not None
     with sandbox.pool._cond:
-        return [s for key in sandbox.pool._keys.values() for s in key.idle]
+        return [s for key in sandbox.pool._plan.keys.values() for s in key.idle]
 
 
 def _warm_run(sandbox: Sandbox, code: str, **limits: Any) -> ExecutionResult:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from codecage import ConfigError, Sandbox
-from codecage.policy.profiles import BUILTIN_PROFILES, module_allowed, resolve
+from codecage.guest.imports import allowed as module_allowed
+from codecage.policy.profiles import BUILTIN_PROFILES, resolve
 
 
 @pytest.fixture(scope="module")

@@ -13,13 +13,11 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+from tests._upstreams import generated, value
 
 from codecage import Sandbox
-from codecage.bridge import tooling, upstreams
-from codecage.bridge.broker import Broker
 
 VENV_BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.skipif(
@@ -60,16 +58,11 @@ def sandbox(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sa
         }
     }
     servers = tmp_path_factory.mktemp("tree") / "servers"
-    with Broker(upstreams.parse(config, source="test", environ={})) as broker:
-        tooling.generate(broker, ["time", "git"], servers)
-        with Sandbox(tools=broker, servers_dir=servers, pool=False, scrub=False) as box:
-            yield box
-
-
-def value(sandbox: Sandbox, code: str) -> Any:
-    result = sandbox.run(code, limits={"timeout": 60})
-    assert result.status == "ok", (result.error, result.stderr)
-    return result.return_value
+    with (
+        generated(config, ["time", "git"], servers) as broker,
+        Sandbox(tools=broker, servers_dir=servers, pool=False, scrub=False) as box,
+    ):
+        yield box
 
 
 def test_time_tools_return_typed_structured_results(sandbox: Sandbox) -> None:

@@ -1,4 +1,4 @@
-"""codecage.runtime (src/codecage/guest/runtime.py) on the host, part by part.
+"""codecage.runtime (the package src/codecage/guest/runtime/) on the host, part by part.
 
 The bridge talks to a fake host on the other end of a real `socket.socketpair()`, served by
 a thread that answers per docs/tool-bridge.md (in any order, with every error kind, with
@@ -482,6 +482,13 @@ _ENTITY = {
     "required": ["name", "entityType", "observations"],
 }
 
+
+def tool(name: str, description: str, **properties: dict[str, Any]) -> Tool:
+    """A tool whose arguments are `properties`, all optional."""
+    schema = {"type": "object", "properties": properties}
+    return Tool(name=name, description=description, inputSchema=schema)
+
+
 TOOLS = {
     "memory": [
         Tool(
@@ -493,48 +500,39 @@ TOOLS = {
                 "required": ["entities"],
             },
         ),
-        Tool(
-            name="create_relations",
-            description="Create multiple new relations between entities in the knowledge graph",
-            inputSchema={"type": "object", "properties": {"relations": {"type": "array"}}},
+        tool(
+            "create_relations",
+            "Create multiple new relations between entities in the knowledge graph",
+            relations={"type": "array"},
         ),
-        Tool(
-            name="read_graph",
-            description="Read the entire knowledge graph",
-            inputSchema={"type": "object", "properties": {}},
-        ),
-        Tool(
-            name="search_nodes",
-            description="Search for nodes in the knowledge graph based on a query",
-            inputSchema={"type": "object", "properties": {"query": {"type": "string"}}},
+        tool("read_graph", "Read the entire knowledge graph"),
+        tool(
+            "search_nodes",
+            "Search for nodes in the knowledge graph based on a query",
+            query={"type": "string"},
         ),
     ],
     "file-system": [
-        Tool(
-            name="list_directory",
-            description="Get a detailed listing of all files and directories in a path",
-            inputSchema={"type": "object", "properties": {"path": {"type": "string"}}},
+        tool(
+            "list_directory",
+            "Get a detailed listing of all files and directories in a path",
+            path={"type": "string"},
         ),
-        Tool(
-            name="search_files",
-            description="Recursively search for files matching a pattern, from a directory",
-            inputSchema={"type": "object", "properties": {"pattern": {"type": "string"}}},
+        tool(
+            "search_files",
+            "Recursively search for files matching a pattern, from a directory",
+            pattern={"type": "string"},
         ),
-        Tool(
-            name="getFileInfo",
-            description="Metadata of a file: size, times, permissions.\n\nKept in memory.",
-            inputSchema={"type": "object", "properties": {"path": {"type": "string"}}},
+        tool(
+            "getFileInfo",
+            "Metadata of a file: size, times, permissions.\n\nKept in memory.",
+            path={"type": "string"},
         ),
-        Tool(
-            name="write_file",
-            description="Create a new file or overwrite an existing one",
-            inputSchema={
-                "type": "object",
-                "properties": {
-                    "path": {"type": "string"},
-                    "content": {"type": "string", "description": "The zebra-striped payload"},
-                },
-            },
+        tool(
+            "write_file",
+            "Create a new file or overwrite an existing one",
+            path={"type": "string"},
+            content={"type": "string", "description": "The zebra-striped payload"},
         ),
     ],
 }

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests._cli import codecage
 
 from codecage import Sandbox
 from codecage.bridge import tooling, upstreams
@@ -20,7 +19,6 @@ from codecage.bridge.broker import Broker
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT / "tools" / "node_modules" / ".bin"
-CODECAGE = Path(sys.executable).parent / "codecage"
 
 needs_npm = pytest.mark.skipif(
     not (BIN / "mcp-server-memory").exists(), reason="scripts/setup installs the npm servers"
@@ -184,22 +182,15 @@ def test_the_tool_tree_is_read_only_in_the_sandbox(memory: tuple[Sandbox, Path])
 def test_the_readme_demo_runs(tmp_path: Path) -> None:
     """`scripts/demo`'s main step: the example agent program against the memory server."""
     env = {**os.environ, "MEMORY_FILE_PATH": str(tmp_path / "memory.jsonl")}
-    run = subprocess.run(
-        [
-            str(CODECAGE),
-            "run",
-            "--json",
-            "--mcp-config",
-            "examples/mcp.json",
-            "--file",
-            "examples/memory_agent.py",
-        ],
+    run = codecage(
+        "run",
+        "--json",
+        "--mcp-config",
+        "examples/mcp.json",
+        "--file",
+        "examples/memory_agent.py",
         cwd=ROOT,
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
     )
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)

@@ -36,7 +36,7 @@ from mcp_types import CallToolResult, ImageContent, TextContent
 from mcp_types.version import LATEST_HANDSHAKE_VERSION
 
 from codecage.engine import workspace as workspaces
-from codecage.isolation import limits as cgroups
+from codecage.isolation import cgroups
 
 CODECAGE = str(Path(sys.executable).with_name("codecage"))
 TOKEN = "secret"  # noqa: S105 - the bearer token of a test server on loopback
@@ -804,22 +804,31 @@ async def test_the_token_can_come_from_the_codecage_token_environment_variable(
     assert structured(result)["return_value"] == 42
 
 
-def test_http_on_a_non_loopback_host_without_a_token_is_refused_at_start(
-    tmp_path: Path,
-) -> None:
+def serve_refused(
+    workdir: Path, *args: str, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    """`codecage serve --http ARGS`, which is to refuse to start: how it exited (a test
+    failure if it is still running after `timeout` seconds)."""
     try:
-        p = subprocess.run(
-            [CODECAGE, "serve", "--http", "--host", "0.0.0.0", "--port", str(free_port())],  # noqa: S104
+        return subprocess.run(
+            [CODECAGE, "serve", "--http", *args],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
-            cwd=tmp_path,
+            cwd=workdir,
             env=server_env(),
-            timeout=30,
+            timeout=timeout,
             check=False,
         )
     except subprocess.TimeoutExpired:
-        pytest.fail("codecage serve --http --host 0.0.0.0 without a token kept running")
+        pytest.fail(f"codecage serve --http {' '.join(args)} kept running")
+
+
+def test_http_on_a_non_loopback_host_without_a_token_is_refused_at_start(
+    tmp_path: Path,
+) -> None:
+    anywhere = "0.0.0.0"  # noqa: S104 - refused before it binds
+    p = serve_refused(tmp_path, "--host", anywhere, "--port", str(free_port()))
     assert p.returncode == 2, p.stderr
     assert p.stdout == ""
     assert "token" in p.stderr.lower()

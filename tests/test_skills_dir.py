@@ -4,17 +4,14 @@ importable as `skills.<module>` from agent code, through the library and the CLI
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests._cli import codecage
 
 from codecage import Sandbox
 from codecage.errors import ConfigError
-
-CODECAGE = str(Path(sys.executable).with_name("codecage"))
 
 HELPERS = '''"""Reusable helpers for agent code."""
 
@@ -94,27 +91,13 @@ def test_a_missing_skills_dir_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_the_cli_mounts_the_skills_dir(skills: Path) -> None:
     code = "from skills.helpers import top\ntop([{'v': 1}, {'v': 2}], 'v', n=1)"
-    run = subprocess.run(
-        [CODECAGE, "run", "--json", "--skills-dir", str(skills), "-"],
-        input=code,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    run = codecage("run", "--json", "--skills-dir", str(skills), "-", stdin=code)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["return_value"] == [{"v": 2}]
 
 
 def test_the_cli_refuses_a_missing_skills_dir(tmp_path: Path) -> None:
-    run = subprocess.run(
-        [CODECAGE, "run", "--skills-dir", str(tmp_path / "nope"), "-"],
-        input="1",
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    run = codecage("run", "--skills-dir", str(tmp_path / "nope"), "-", stdin="1")
     assert run.returncode == 2
     assert "nope" in run.stderr
     assert "Traceback" not in run.stderr

@@ -26,7 +26,6 @@ import codecage
 from codecage.engine.workspace import (
     MAX_DEPTH,
     Workspace,
-    can_mount_tmpfs,
     create_ephemeral,
     destroy,
     list_files,
@@ -35,6 +34,7 @@ from codecage.engine.workspace import (
     use_existing,
 )
 from codecage.errors import ConfigError, SandboxError
+from codecage.isolation.tmpfs import can_mount_tmpfs
 
 IS_ROOT = os.geteuid() == 0
 SETID = stat.S_ISUID | stat.S_ISGID
@@ -327,7 +327,7 @@ def test_stripping_reaches_as_deep_as_the_listing_and_warns_past_it(
     (deepest / "past" / "beyond").write_text("x")
     (deepest / "past" / "beyond").chmod(0o4755)
 
-    with caplog.at_level(logging.WARNING, logger="codecage.engine.workspace"):
+    with caplog.at_level(logging.WARNING, logger="codecage.engine.workspace.privileges"):
         changed = strip_privilege_bits(ws)
 
     assert changed == 2

@@ -77,12 +77,13 @@ import logging
 import os
 import stat
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import ErrorDetails
 
 from codecage.errors import ConfigError
 from codecage.models import SCRUB_CATEGORIES, Limits, PoolConfig, ScrubSettings, ServeSettings
@@ -300,32 +301,27 @@ def check_workspace(settings: Settings, workspace: str | Path | None) -> None:
 
 def _read(path: Path, *, explicit: bool) -> tuple[ConfigFile, tuple[Path, ...]]:
     """The parsed file, and the real paths its lookup went through."""
-    fd, lookups = _open_trusted(path, explicit=explicit)
-    try:
-        with os.fdopen(fd, "rb") as handle:
-            raw = handle.read(_MAX_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}", hint="") from exc
-    if len(raw) > _MAX_BYTES:
-        raise ConfigError(
-            f"config file {path} is larger than {_MAX_BYTES} bytes",
-            hint="a codecage config file is a few kilobytes of TOML: check which file this is",
-        )
+    raw, lookups = _read_limited(
+        path,
+        explicit=explicit,
+        max_bytes=_MAX_BYTES,
+        label="config file ",
+        size_hint="a codecage config file is a few kilobytes of TOML: check which file this is",
+    )
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc}", hint="") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}", hint="") from exc
-    try:
-        return ConfigFile.model_validate(data), lookups
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        key = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(
-            f"{path}: bad key {key}: {err['msg']}",
-            hint="see docs/configuration.md for the file's keys",
-        ) from exc
+    return _validated(
+        ConfigFile,
+        data,
+        lambda err: (
+            f"{path}: bad key {_dotted(err)}: {err['msg']}",
+            "see docs/configuration.md for the file's keys",
+        ),
+    ), lookups
 
 
 def read_trusted(path: Path, *, max_bytes: int = _MAX_BYTES) -> bytes:
@@ -337,15 +333,24 @@ def read_trusted(path: Path, *, max_bytes: int = _MAX_BYTES) -> bytes:
         ConfigError: the file is missing, not a regular file, not trusted, unreadable, or
             larger than `max_bytes`.
     """
-    fd, _ = _open_trusted(path, explicit=True)
+    data, _ = _read_limited(path, explicit=True, max_bytes=max_bytes, label="", size_hint="")
+    return data
+
+
+def _read_limited(
+    path: Path, *, explicit: bool, max_bytes: int, label: str, size_hint: str
+) -> tuple[bytes, tuple[Path, ...]]:
+    """The bytes of a trusted `path` (`_open_trusted`), at most `max_bytes`, and the real
+    paths its lookup went through; `label` ("config file ") goes before the path in errors."""
+    fd, lookups = _open_trusted(path, explicit=explicit)
     try:
         with os.fdopen(fd, "rb") as handle:
             data = handle.read(max_bytes + 1)
     except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}", hint="") from exc
+        raise ConfigError(f"cannot read {label}{path}: {exc.strerror or exc}", hint="") from exc
     if len(data) > max_bytes:
-        raise ConfigError(f"{path} is larger than {max_bytes} bytes", hint="")
-    return data
+        raise ConfigError(f"{label}{path} is larger than {max_bytes} bytes", hint=size_hint)
+    return data, lookups
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -482,16 +487,35 @@ def _refusal(path: Path, reason: str, explicit: bool) -> ConfigError:
     return ConfigError(f"config file {path} is not trusted: {reason}", hint=hint)
 
 
-def _validated_limits(data: dict[str, Any], sources: dict[str, str]) -> Limits:
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def _validated(
+    model: type[_Model], data: object, message: Callable[[ErrorDetails], tuple[str, str]]
+) -> _Model:
+    """`data` as a `model`, or a ConfigError about its first error: `message` turns that
+    error into the error's text and hint, in the words of where the data came from."""
     try:
-        return Limits.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
+        text, hint = message(exc.errors()[0])
+        raise ConfigError(text, hint=hint) from exc
+
+
+def _dotted(err: ErrorDetails) -> str:
+    """Where a validation error is, as a dotted key (`sandbox.timeout_s`)."""
+    return ".".join(str(p) for p in err["loc"])
+
+
+def _validated_limits(data: dict[str, Any], sources: dict[str, str]) -> Limits:
+    def message(err: ErrorDetails) -> tuple[str, str]:
         name = str(err["loc"][0])
-        raise ConfigError(
+        return (
             f"{name}={err.get('input')!r} from {sources.get(name, 'default')}: {err['msg']}",
-            hint=f"fix {{{name}}}; {{info}} lists the defaults and bounds",
-        ) from exc
+            f"fix {{{name}}}; {{info}} lists the defaults and bounds",
+        )
+
+    return _validated(Limits, data, message)
 
 
 def _pick(
@@ -548,6 +572,14 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
+def _env_flag(env: Mapping[str, str], key: str, hint: str) -> bool:
+    """The yes/no value of `env[key]` (`1`, `true`, `yes`, `on` or their opposites)."""
+    value = env[key].strip().lower()
+    if value not in _TRUE | _FALSE:
+        raise ConfigError(f"{key}={env[key]!r} is not a yes/no value", hint=hint)
+    return value in _TRUE
+
+
 def _pool_settings(
     from_file: PoolConfig, where: str, env: Mapping[str, str]
 ) -> tuple[PoolConfig, str]:
@@ -555,26 +587,20 @@ def _pool_settings(
     data = from_file.model_dump()
     source = where if from_file != PoolConfig() else "default"
     if "CODECAGE_POOL" in env:
-        value = env["CODECAGE_POOL"].strip().lower()
-        if value not in _TRUE | _FALSE:
-            raise ConfigError(
-                f"CODECAGE_POOL={env['CODECAGE_POOL']!r} is not a yes/no value",
-                hint="set CODECAGE_POOL=1 to enable the warm pool, 0 to disable it",
-            )
-        data["enabled"], source = value in _TRUE, "env CODECAGE_POOL"
+        hint = "set CODECAGE_POOL=1 to enable the warm pool, 0 to disable it"
+        data["enabled"], source = _env_flag(env, "CODECAGE_POOL", hint), "env CODECAGE_POOL"
     for name in ("min_idle", "max_idle"):
         key = f"CODECAGE_POOL_{name.upper()}"
         if key in env:
             data["sizes"][name], source = env[key], f"env {key}"
-    try:
-        return PoolConfig.model_validate(data), source
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field_name = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(
-            f"pool.{field_name}={err.get('input')!r} from {source}: {err['msg']}",
-            hint="fix that value; `codecage info` shows the pool settings",
-        ) from exc
+    return _validated(
+        PoolConfig,
+        data,
+        lambda err: (
+            f"pool.{_dotted(err)}={err.get('input')!r} from {source}: {err['msg']}",
+            "fix that value; `codecage info` shows the pool settings",
+        ),
+    ), source
 
 
 def _serve_settings(
@@ -585,13 +611,14 @@ def _serve_settings(
     if key not in env:
         source = where if "reply_max_tokens" in from_file.model_fields_set else "default"
         return from_file, source
-    try:
-        return ServeSettings.model_validate({"reply_max_tokens": env[key]}), f"env {key}"
-    except ValidationError as exc:
-        raise ConfigError(
-            f"{key}={env[key]!r}: {exc.errors()[0]['msg']}",
-            hint="give a number of tokens from 2000 to 240000 (the default is 20000)",
-        ) from exc
+    return _validated(
+        ServeSettings,
+        {"reply_max_tokens": env[key]},
+        lambda err: (
+            f"{key}={env[key]!r}: {err['msg']}",
+            "give a number of tokens from 2000 to 240000 (the default is 20000)",
+        ),
+    ), f"env {key}"
 
 
 def _scrub_settings(
@@ -601,13 +628,9 @@ def _scrub_settings(
     settings = from_file
     source = where if from_file != ScrubSettings() else "default"
     if "CODECAGE_SCRUB" in env:
-        value = env["CODECAGE_SCRUB"].strip().lower()
-        if value not in _TRUE | _FALSE:
-            raise ConfigError(
-                f"CODECAGE_SCRUB={env['CODECAGE_SCRUB']!r} is not a yes/no value",
-                hint="set CODECAGE_SCRUB=0 to turn scrubbing of results off, 1 to turn it on",
-            )
-        settings = settings.model_copy(update={"enabled": value in _TRUE})
+        hint = "set CODECAGE_SCRUB=0 to turn scrubbing of results off, 1 to turn it on"
+        enabled = _env_flag(env, "CODECAGE_SCRUB", hint)
+        settings = settings.model_copy(update={"enabled": enabled})
         source = "env CODECAGE_SCRUB"
     if "CODECAGE_SCRUB_CATEGORIES" in env:
         wanted = [c.strip() for c in env["CODECAGE_SCRUB_CATEGORIES"].split(",") if c.strip()]

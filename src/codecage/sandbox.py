@@ -22,11 +22,9 @@ from codecage.bridge import channel as bridge
 from codecage.bridge import tooling
 from codecage.config import Settings
 from codecage.engine import selftest
-from codecage.engine import workspace as workspaces
 from codecage.engine.pool import Pool
 from codecage.errors import ConfigError, Face, HostError
-from codecage.isolation import limits as cgroups
-from codecage.isolation import rootfs, seccomp
+from codecage.isolation import cgroups, rootfs, seccomp, tmpfs
 from codecage.models import (
     DoctorReport,
     ErrorInfo,
@@ -426,15 +424,18 @@ class Sandbox:
             raise
 
     def validate(self, code: str, *, strict: bool = False) -> ValidationReport:
-        """Check `code` against this Sandbox's profile without running it.
+        """Check `code` against this Sandbox's profile and tool directories without running it:
+        by the rule the sandbox's import hook applies, so `validate` and `run` agree.
 
         Never raises for bad code: syntax errors and refusals are findings in the report.
         """
+        given = {"servers": self.servers_dir, "skills": self.skills_dir}
         return validation.validate(
             code,
             allowed_modules=self.policy.modules if self.policy else None,
             profile_name=self.policy.profile if self.policy else "none",
             strict=strict,
+            tool_packages=[name for name, path in given.items() if path is not None],
         )
 
     def info(self) -> HostInfo:
@@ -443,7 +444,7 @@ class Sandbox:
             *self.backend.probe(),
             seccomp.probe(),
             *cgroups.probe(),
-            workspaces.probe(),
+            tmpfs.probe(),
         ]
         interpreter = rootfs.find_interpreter()
         return HostInfo(
@@ -498,7 +499,7 @@ class Sandbox:
             HostError: the host cannot start a sandbox at all.
             SandboxError: the sandbox itself failed.
         """
-        return selftest.run_probes(self._run_unchecked, self.backend.name)
+        return selftest.run_probes(self.backend)
 
     # --- internals -----------------------------------------------------------------------
 
@@ -540,10 +541,6 @@ class Sandbox:
             backend=self.backend.name,
         )
 
-    def _run_unchecked(self, code: str, limits: Limits) -> ExecutionResult:
-        request = engine.RunRequest(code=code, filename="doctor.py", limits=limits)
-        return engine.execute(request, self.backend)
-
     def _missing_layers(self) -> tuple[str, ...]:
         if not self._selftest:
             return ()
@@ -562,7 +559,7 @@ class Sandbox:
         return self._selftest_report
 
     def _load_selftest(self) -> DoctorReport:
-        key = selftest.cache_key(self.backend.name, _bwrap_version(self.backend))
+        key = selftest.cache_key(self.backend)
         with _selftest_lock:
             if key in _selftest_memo:
                 return _selftest_memo[key]

@@ -11,15 +11,74 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
 from typing import Any, Protocol
 
+import pytest
+
+from codecage import ExecutionResult
+
+
+@dataclass
+class Outcome:
+    """What a containment test looks at, the same for a sandbox and its baseline."""
+
+    status: str
+    stdout: str
+    stderr: str
+    return_value: Any = None
+    error_type: str | None = None
+    events: list[str] = field(default_factory=list)
+
+
+def outcome_of(r: ExecutionResult) -> Outcome:
+    """A sandbox's result as an Outcome."""
+    return Outcome(
+        status=r.status,
+        stdout=r.stdout,
+        stderr=r.stderr,
+        return_value=r.return_value,
+        error_type=r.error.type if r.error else None,
+        events=[e.kind for e in r.events],
+    )
+
+
+def run_unsandboxed(
+    code: str, cwd: Path | str, timeout: float, env: Mapping[str, str] | None = None
+) -> Outcome:
+    """Plain python3 in a subprocess, in `cwd`, with only the wall timeout: no isolation at
+    all (the baseline that every containment test must fail on)."""
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            encoding="utf-8",
+            timeout=timeout,
+            cwd=cwd,
+            env=env,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return Outcome(status="timeout", stdout="", stderr="")
+    status = "ok" if proc.returncode == 0 else "error"
+    return Outcome(status=status, stdout=proc.stdout, stderr=proc.stderr)
+
+
+def against_baseline(real: str, baseline: str, reason: str) -> list[Any]:
+    """Fixture params: the `real` runner, and a `baseline` that isolates nothing, on which
+    every test is expected to fail (strict xfail): one that passes there proves nothing."""
+    return [real, pytest.param(baseline, marks=pytest.mark.xfail(strict=True, reason=reason))]
+
 
 class Seen(Protocol):
-    """What both runners return (conftest's Outcome)."""
+    """What both runners return (an Outcome)."""
 
     status: str
     stdout: str

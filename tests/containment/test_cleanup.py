@@ -14,7 +14,7 @@ import pytest
 
 from codecage import Sandbox
 from codecage.engine import workspace as workspaces
-from codecage.isolation import limits as cgroups
+from codecage.isolation import cgroups
 
 from ._support import Runner, guest, host_pids_with, kill_marked, report
 

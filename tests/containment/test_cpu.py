@@ -11,7 +11,7 @@ import time
 import pytest
 
 from codecage import Sandbox
-from codecage.isolation import limits as cgroups
+from codecage.isolation import cgroups
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from codecage import ExecutionResult, Sandbox
-from codecage.isolation import limits as cgroups
+from codecage.isolation import cgroups
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from codecage import Sandbox
-from codecage.isolation import limits as cgroups
+from codecage.isolation import cgroups
 
 from ._support import Runner, report
 

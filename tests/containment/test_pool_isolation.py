@@ -20,7 +20,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,7 +31,15 @@ from codecage.engine import RunRequest, SandboxSpec, run_in
 from codecage.engine.pool import Pool
 from codecage.models import Limits, PoolConfig, PoolSizes
 
-from ._support import guest, host_pids_with, kill_marked, report
+from ._support import (
+    Outcome,
+    against_baseline,
+    guest,
+    host_pids_with,
+    kill_marked,
+    outcome_of,
+    report,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -79,15 +86,6 @@ def _wait_for(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -
 # --- the two runners: a warm pool vs one reused interpreter -----------------------------
 
 
-@dataclass
-class Outcome:
-    status: str
-    stdout: str
-    stderr: str
-    return_value: Any = None
-    error_type: str | None = None
-
-
 class PooledRunner(Protocol):
     def __call__(self, code: str, **limits: Any) -> Outcome: ...
 
@@ -102,10 +100,7 @@ class _PoolRunner:
         assert self.sandbox.warm(30), "the pool did not get ready"
 
     def __call__(self, code: str, **limits: Any) -> Outcome:
-        r = self.sandbox.run(code, limits=limits)
-        return Outcome(
-            r.status, r.stdout, r.stderr, r.return_value, r.error.type if r.error else None
-        )
+        return outcome_of(self.sandbox.run(code, limits=limits))
 
     def warm_runs(self) -> int:
         pool = self.sandbox.info().pool
@@ -189,15 +184,9 @@ def token() -> Iterator[str]:
 
 
 @pytest.fixture(
-    params=[
-        "pool",
-        pytest.param(
-            "reused",
-            marks=pytest.mark.xfail(
-                strict=True, reason="a reused interpreter isolates nothing: the test must fail"
-            ),
-        ),
-    ]
+    params=against_baseline(
+        "pool", "reused", "a reused interpreter isolates nothing: the test must fail"
+    )
 )
 def pooled(request: pytest.FixtureRequest, warm_pool: Pool) -> Iterator[PooledRunner]:
     if request.param == "pool":
@@ -416,7 +405,7 @@ def test_two_idle_pool_members_share_no_writable_path() -> None:
         pool.register(spec)
         assert pool.wait_ready(30)
         with pool._cond:
-            a, b = list(pool._keys[spec].idle)
+            a, b = list(pool._plan.keys[spec].idle)
         assert a.workspace.path != b.workspace.path
         assert a.workspace.path.parent != b.workspace.path.parent  # the run dirs
         dev_a = os.stat(a.workspace.path).st_dev

@@ -15,18 +15,14 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from codecage import Sandbox
 
-from ._support import guest, report
+from ._support import Outcome, against_baseline, guest, outcome_of, report, run_unsandboxed
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -60,61 +56,25 @@ print(json.dumps(answers))
 """
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What a test looks at, the same for both runners (a `_support.Seen`)."""
-
-    status: str
-    stdout: str
-    stderr: str
-    return_value: Any = None
-    error_type: str | None = None
-
-
 WorkspaceRunner = Callable[[str, Path], Outcome]
 
 
 def _run_in_sandbox(sandbox: Sandbox) -> WorkspaceRunner:
     def run(code: str, workspace: Path) -> Outcome:
-        r = sandbox.run(code, workspace=workspace, limits={"timeout": 20})
-        return Outcome(
-            status=r.status,
-            stdout=r.stdout,
-            stderr=r.stderr,
-            return_value=r.return_value,
-            error_type=r.error.type if r.error else None,
-        )
+        return outcome_of(sandbox.run(code, workspace=workspace, limits={"timeout": 20}))
 
     return run
 
 
 def _run_unsandboxed(code: str, workspace: Path) -> Outcome:
     """Plain python3 with `workspace` as its cwd: no isolation at all."""
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        timeout=20,
-        cwd=workspace,
-        env={"PATH": os.defpath},
-        check=False,
-    )
-    return Outcome(
-        status="ok" if proc.returncode == 0 else "error", stdout=proc.stdout, stderr=proc.stderr
-    )
+    return run_unsandboxed(code, workspace, 20, env={"PATH": os.defpath})
 
 
 @pytest.fixture(
-    params=[
-        "sandbox",
-        pytest.param(
-            "null",
-            marks=pytest.mark.xfail(
-                strict=True, reason="null runner has no isolation: the test must fail there"
-            ),
-        ),
-    ]
+    params=against_baseline(
+        "sandbox", "null", "null runner has no isolation: the test must fail there"
+    )
 )
 def run_in_workspace(request: pytest.FixtureRequest, sandbox: Sandbox) -> WorkspaceRunner:
     if request.param == "sandbox":

@@ -24,7 +24,6 @@ import selectors
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,8 +33,8 @@ import pytest
 from mcp_types.version import LATEST_HANDSHAKE_VERSION
 
 from codecage.mcp import http as http_serving
+from test_server import CODECAGE, INITIALIZE, free_port, serve_refused, server_env
 
-CODECAGE = str(Path(sys.executable).with_name("codecage"))
 TOKEN = "t0ken-for-tests"  # noqa: S105 - a test server's bearer token, on loopback
 AUTH = f"Bearer {TOKEN}"
 MiB = 1024 * 1024
@@ -65,16 +64,6 @@ class Server:
     def headers(self, *extra: str) -> bytes:
         lines = [f"Host: 127.0.0.1:{self.port}", *extra]
         return "".join(f"{line}\r\n" for line in lines).encode()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def server_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("CODECAGE_")}
 
 
 @contextlib.contextmanager
@@ -110,18 +99,7 @@ def serving(tmp_path: Path, *args: str) -> Iterator[Server]:
 
 def initialize(server: Server, *, auth: str = AUTH) -> tuple[int, str | None]:
     """A legacy (handshake-era) initialize: the status and the new session's id."""
-    body = json.dumps(
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": LATEST_HANDSHAKE_VERSION,
-                "capabilities": {},
-                "clientInfo": {"name": "test", "version": "0"},
-            },
-        }
-    )
+    body = json.dumps(INITIALIZE)
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
     try:
         conn.request("POST", "/mcp", body, _json_headers(auth))
@@ -201,19 +179,7 @@ def read_until_closed(sock: socket.socket, within: float) -> tuple[bytes, bool]:
 
 
 def test_loopback_without_a_token_is_refused_with_the_way_out(tmp_path: Path) -> None:
-    try:
-        ran = subprocess.run(
-            [CODECAGE, "serve", "--http", "--port", str(free_port()), "--no-pool"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            env=server_env(),
-            timeout=20,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail("serve --http on loopback without a token kept running")
+    ran = serve_refused(tmp_path, "--port", str(free_port()), "--no-pool", timeout=20)
     assert ran.returncode == 2, ran.stderr
     assert "local user" in ran.stderr
     assert "--token" in ran.stderr and "--insecure-no-token" in ran.stderr
@@ -229,16 +195,9 @@ def test_the_insecure_opt_out_serves_loopback_without_a_token_and_says_so(
 
 def test_the_opt_out_does_not_open_other_addresses(tmp_path: Path) -> None:
     anywhere = "0.0.0.0"  # noqa: S104 - refused before it binds
-    command = [CODECAGE, "serve", "--http", "--host", anywhere, "--port", str(free_port())]
-    ran = subprocess.run(
-        [*command, "--no-pool", "--insecure-no-token"],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=server_env(),
-        timeout=20,
-        check=False,
+    port = str(free_port())
+    ran = serve_refused(
+        tmp_path, "--host", anywhere, "--port", port, "--no-pool", "--insecure-no-token", timeout=20
     )
     assert ran.returncode == 2, ran.stderr
     assert "without a token" in ran.stderr

@@ -27,12 +27,14 @@ from mcp_types import CallToolResult, TextContent
 
 from codecage import Sandbox, engine
 from codecage.engine import workspace
+from codecage.engine.workspace import lifecycle
+from codecage.isolation import tmpfs
 from codecage.mcp.server import build_server
 from codecage.models import Limits
 
 IS_ROOT = os.geteuid() == 0
 needs_tmpfs = pytest.mark.skipif(
-    not workspace.can_mount_tmpfs(), reason="the workspace quota needs a tmpfs (root)"
+    not tmpfs.can_mount_tmpfs(), reason="the workspace quota needs a tmpfs (root)"
 )
 
 
@@ -150,7 +152,7 @@ def test_a_private_parent_that_someone_else_made_is_refused(
 ) -> None:
     if not IS_ROOT:
         pytest.skip("planting a directory of another uid needs root")
-    monkeypatch.setattr(workspace, "_SYSTEM_RUN_DIR", tmp_path / "no-run")
+    monkeypatch.setattr(lifecycle, "_SYSTEM_RUN_DIR", tmp_path / "no-run")
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     import tempfile
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from codecage import engine
 from codecage.engine import workspace as workspaces
-from codecage.isolation import limits as cgroups
+from codecage.isolation import cgroups
 
 HOST = """
 import sys

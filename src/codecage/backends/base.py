@@ -1,12 +1,24 @@
-"""What every backend provides, and the name -> implementation table."""
+"""What every backend provides, the handle of a started sandbox, and the name -> backend table.
+
+The engine describes a sandbox (`LaunchSpec`) and asks a backend to start it; the backend
+hands back a `SandboxProcess`: the process the host holds, its output pipes, how to kill it
+and its exit in backend-neutral terms (`ExitStatus`). How the backend does it (a command
+line, a handshake, an exit-code convention) stays in its own module.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
+import signal
+import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
+from typing import IO, Protocol
 
-from codecage.errors import ConfigError, HostError
+from codecage.errors import ConfigError, HostError, SandboxError
 from codecage.isolation.rootfs import Mount
 from codecage.models import LayerStatus
 
@@ -18,29 +30,147 @@ class LaunchSpec:
     mounts: tuple[Mount, ...]
     env: dict[str, str]
     guest_argv: tuple[str, ...]
-    seccomp_fd: int
-    info_fd: int  # the backend writes {"child-pid": N} here once namespaces exist
-    block_fd: int  # the sandbox waits for one byte here before starting the guest
-    control_fd: int  # the guest's end of the control socket
+    seccomp: bytes  # the compiled filter (BPF) every process of the sandbox runs under
+    control_fd: int  # the guest's end of the control socket, passed under the same number
     bridge_fd: int  # the guest's end of the tool bridge (docs/tool-bridge.md)
+    cwd: Path  # the host directory the launcher runs in (the run's own directory)
     network: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class LaunchPlan:
-    argv: list[str]
-    pass_fds: tuple[int, ...]
+class ExitStatus:
+    """How a sandbox's process ended, in terms every backend can give.
+
+    `code` is the exit code, None when the process was killed by `signal`. Both set: the
+    backend cannot tell an exit with `code` from a death by `signal` (bubblewrap reports a
+    child killed by signal N as exit code 128 + N); the guest's own report tells them apart.
+    """
+
+    code: int | None
+    signal: int | None = None
+
+    def describe(self) -> str:
+        """ "exit 1", or "signal SIGKILL": for messages."""
+        if self.code is not None:
+            return f"exit {self.code}"
+        with contextlib.suppress(ValueError):
+            return f"signal {signal.Signals(self.signal or 0).name}"
+        return f"signal {self.signal}"
+
+
+OnCreated = Callable[[int], None]
+"""Called with the host pid of the sandbox's first process once its namespaces exist and
+before anything of the guest runs (the engine moves it into the run's cgroup then)."""
+
+
+class SandboxProcess:
+    """A started sandbox as the host holds it: one process in a process group of its own,
+    its stdout and stderr pipes, and the backend's reading of its exit status.
+
+    `kill` is the one way a sandbox's processes are killed (the engine sweeps its cgroup
+    too, `engine.run.StartedSandbox.kill`); `close` kills, reaps and closes, once.
+    A backend whose sandbox outlives its launcher's process group overrides `kill`.
+    """
+
+    def __init__(
+        self, popen: subprocess.Popen[bytes], exit_status: Callable[[int], ExitStatus]
+    ) -> None:
+        if popen.stdout is None or popen.stderr is None:
+            raise ValueError("a sandbox process needs stdout and stderr pipes")
+        self._popen = popen
+        self._exit_status = exit_status
+        self.stdout: IO[bytes] = popen.stdout
+        self.stderr: IO[bytes] = popen.stderr
+
+    @property
+    def pid(self) -> int:
+        """The launcher's host pid (its process group's id too)."""
+        return self._popen.pid
+
+    def poll(self) -> ExitStatus | None:
+        """The exit status, or None while it runs."""
+        code = self._popen.poll()
+        return None if code is None else self._exit_status(code)
+
+    def alive(self) -> bool:
+        return self._popen.poll() is None
+
+    def wait(self, timeout: float | None = None) -> ExitStatus:
+        """Wait for the exit.
+
+        Raises:
+            subprocess.TimeoutExpired: it did not exit within `timeout` seconds.
+        """
+        return self._exit_status(self._popen.wait(timeout))
+
+    def kill(self) -> None:
+        """SIGKILL the launcher's process group; the sandbox's PID 1 dies with its parent,
+        and the kernel then kills every process of its pid namespace."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._popen.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            self._popen.kill()
+
+    def close(self) -> None:
+        """Kill it if it still runs, reap it, close its pipes; idempotent."""
+        if self.alive():
+            self.kill()
+        self._popen.wait()
+        self.stdout.close()
+        self.stderr.close()
+
+
+def spawn(
+    argv: list[str],
+    *,
+    pass_fds: tuple[int, ...],
+    env: dict[str, str],
+    cwd: Path,
+    exit_status: Callable[[int], ExitStatus],
+) -> SandboxProcess:
+    """Start a backend's launcher in a process group of its own, nothing inherited but
+    `pass_fds` and `env`, stdin empty, stdout and stderr piped to the host.
+
+    Raises:
+        SandboxError: it could not be started.
+    """
+    try:
+        popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=pass_fds,
+            env=env,
+            cwd=cwd,
+            process_group=0,
+        )
+    except OSError as exc:
+        raise SandboxError(f"cannot start the sandbox: {exc}") from exc
+    return SandboxProcess(popen, exit_status)
 
 
 class Backend(Protocol):
     name: str
 
+    def version(self) -> str | None:
+        """The version of the isolation tool, None when it cannot be told (for the
+        self-test's cache key and `info`)."""
+        ...
+
     def probe(self) -> list[LayerStatus]:
         """The layers this backend really provides on this host."""
         ...
 
-    def launch_plan(self, spec: LaunchSpec) -> LaunchPlan:
-        """The command line that starts one sandbox as described by `spec`."""
+    def start(self, spec: LaunchSpec, on_created: OnCreated | None = None) -> SandboxProcess:
+        """Start one sandbox as `spec` says; call `on_created` before the guest starts.
+        On an error, nothing it started is left running. The sandbox dies with the host
+        process at the latest; it may die with the host thread that started it (bwrap's
+        does), so the warm pool starts sandboxes from threads that live as long as it.
+
+        Raises:
+            SandboxError: the sandbox could not be started.
+        """
         ...
 
 

@@ -10,17 +10,25 @@ and namespace clone flags, so nested namespaces cannot be made.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
+import logging
+import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 
-from codecage.backends.base import LaunchPlan, LaunchSpec
-from codecage.errors import HostError
+from codecage.backends.base import ExitStatus, LaunchSpec, OnCreated, SandboxProcess, spawn
+from codecage.errors import HostError, SandboxError
 from codecage.isolation import network, rootfs
 from codecage.models import LayerStatus
 
+log = logging.getLogger(__name__)
+
 _NAMESPACES = ("--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-uts")
 _NAMESPACES_TRY = ("--unshare-cgroup-try",)
+_SIGNAL_EXIT_BASE = 128  # bwrap reports a child killed by signal N as exit code 128 + N
 
 
 class BwrapBackend:
@@ -31,20 +39,55 @@ class BwrapBackend:
     def __init__(self) -> None:
         self.executable = _find_bwrap()
 
+    def version(self) -> str | None:
+        return bwrap_version(self.executable)
+
     def probe(self) -> list[LayerStatus]:
         ok, detail = _namespaces_work(self.executable)
         return [
             LayerStatus(
                 name="namespaces",
                 active=ok,
-                mechanism=f"bubblewrap {bwrap_version(self.executable) or '?'}",
+                mechanism=f"bubblewrap {self.version() or '?'}",
                 detail=detail,
             ),
             network.probe(ok),
         ]
 
-    def launch_plan(self, spec: LaunchSpec) -> LaunchPlan:
-        argv = [
+    def start(self, spec: LaunchSpec, on_created: OnCreated | None = None) -> SandboxProcess:
+        """Start bwrap, and between "namespaces made" (its --info-fd names the sandbox's
+        PID 1) and "guest starts" (a byte on its --block-fd) call `on_created`: nothing of
+        the guest runs before it returns, and what it starts inherits what it set (the
+        cgroup).
+
+        Raises:
+            SandboxError: bwrap could not be started, or said something unexpected.
+        """
+        with _handshake(spec.seccomp) as fds:
+            argv = self._argv(spec, fds)
+            log.debug("bwrap.launch", extra={"argv": argv})
+            ours = (fds.info_write, fds.block_read, fds.seccomp)
+            process = spawn(
+                argv,
+                pass_fds=(*ours, spec.control_fd, spec.bridge_fd),
+                env=spec.env,
+                cwd=spec.cwd,
+                exit_status=exit_status,
+            )
+            try:
+                fds.close_sandbox_ends()
+                pid = _read_info(fds.info_read)
+                if pid is not None and on_created is not None:
+                    on_created(pid)
+                with contextlib.suppress(OSError):  # bwrap failed; its stderr says why
+                    os.write(fds.block_write, b"1")
+            except BaseException:
+                process.close()
+                raise
+        return process
+
+    def _argv(self, spec: LaunchSpec, fds: _HandshakeFds) -> list[str]:
+        return [
             self.executable,
             *_NAMESPACES,
             *_NAMESPACES_TRY,
@@ -64,23 +107,87 @@ class BwrapBackend:
             "--chdir",
             rootfs.WORKSPACE,
             "--info-fd",
-            str(spec.info_fd),
+            str(fds.info_write),
             "--block-fd",
-            str(spec.block_fd),
+            str(fds.block_read),
             "--seccomp",
-            str(spec.seccomp_fd),
+            str(fds.seccomp),
             *spec.guest_argv,
         ]
-        return LaunchPlan(
-            argv=argv,
-            pass_fds=(
-                spec.info_fd,
-                spec.block_fd,
-                spec.seccomp_fd,
-                spec.control_fd,
-                spec.bridge_fd,
-            ),
-        )
+
+
+def exit_status(returncode: int) -> ExitStatus:
+    """bwrap's exit, backend-neutral: a negative code is bwrap itself killed (e.g. its
+    parent died); above 128 it is either the child's exit code or 128 + the signal that
+    killed it, which only the guest's report tells apart."""
+    if returncode < 0:
+        return ExitStatus(code=None, signal=-returncode)
+    if returncode > _SIGNAL_EXIT_BASE:
+        return ExitStatus(code=returncode, signal=returncode - _SIGNAL_EXIT_BASE)
+    return ExitStatus(code=returncode)
+
+
+class _HandshakeFds:
+    """The fds bwrap is started with besides the guest's: the seccomp filter (a memfd), the
+    info pipe (bwrap -> host) and the block pipe (host -> bwrap). Each is closed once: a
+    second close of a number another thread reused meanwhile would close *its* fd."""
+
+    def __init__(self) -> None:
+        self._open: set[int] = set()
+        self.seccomp = self.info_read = self.info_write = self.block_read = self.block_write = -1
+
+    def add(self, fd: int) -> int:
+        self._open.add(fd)
+        return fd
+
+    def close(self, fd: int) -> None:
+        if fd in self._open:
+            self._open.discard(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def close_sandbox_ends(self) -> None:
+        for fd in (self.info_write, self.block_read, self.seccomp):
+            self.close(fd)
+
+    def close_all(self) -> None:
+        for fd in list(self._open):
+            self.close(fd)
+
+
+@contextlib.contextmanager
+def _handshake(bpf: bytes) -> Iterator[_HandshakeFds]:
+    fds = _HandshakeFds()
+    try:
+        fds.seccomp = fds.add(os.memfd_create("codecage-seccomp", os.MFD_CLOEXEC))
+        os.write(fds.seccomp, bpf)
+        os.lseek(fds.seccomp, 0, os.SEEK_SET)
+        fds.info_read, fds.info_write = map(fds.add, os.pipe())
+        fds.block_read, fds.block_write = map(fds.add, os.pipe())
+        yield fds
+    finally:
+        fds.close_all()
+
+
+def _read_info(fd: int) -> int | None:
+    """The sandbox's PID 1 as bwrap's --info-fd names it; None when bwrap failed first.
+
+    Raises:
+        SandboxError: bwrap wrote something else.
+    """
+    data = b""
+    while not data.endswith(b"}\n") and len(data) < 65536:
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    if not data:
+        return None  # bwrap failed before making the namespaces; its stderr says why
+    try:
+        pid = json.loads(data)["child-pid"]
+    except (ValueError, KeyError) as exc:
+        raise SandboxError(f"unexpected bwrap info: {data[:200]!r}") from exc
+    return int(pid)
 
 
 def _find_bwrap() -> str:

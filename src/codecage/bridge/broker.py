@@ -18,14 +18,11 @@ failure, passes one point (`RunTools._deliver`) on its way to the code.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import logging
-import os
 import tempfile
 import threading
 import time
-import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -38,6 +35,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from codecage import forks
 from codecage.bridge.channel import CallFailed, ToolAnswer
 from codecage.bridge.stdio_client import bounded_stdio_client
 from codecage.bridge.tooling import ToolPattern, allow_patterns, name_matches
@@ -58,7 +56,6 @@ _MAX_MESSAGE_BYTES = 65 * 1024 * 1024
 _MAX_NAME_CHARS = 256
 _RELIST_S = 30.0  # a name the upstream did not list lists its tools again, at most this often
 _LOG_CHARS = 300  # of a text from the guest or an upstream, in a log record
-_live_brokers: weakref.WeakSet[Broker] = weakref.WeakSet()
 
 
 class Broker:
@@ -66,7 +63,7 @@ class Broker:
 
     def __init__(self, servers: Mapping[str, Upstream]) -> None:
         self.servers = dict(servers)
-        self._owner_pid = os.getpid()  # a forked child has the sessions' copies, not the loop
+        self._process = forks.ForkGuard()  # a forked child has the sessions' copies, not the loop
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="codecage-broker", daemon=True
@@ -86,7 +83,7 @@ class Broker:
             name: _Upstream(name, cfg, credentials) for name, cfg in self.servers.items()
         }
         self._closed = False
-        _live_brokers.add(self)
+        forks.close_at_exit(self)  # stdio upstream servers exit with the host
 
     def secrets(self) -> list[str]:
         """The upstreams' credentials (env and header values): scrubbed from all output."""
@@ -165,7 +162,7 @@ class Broker:
         return upstream
 
     def _forked(self) -> bool:
-        return os.getpid() != self._owner_pid
+        return not self._process.owned_here()
 
     def _submit(self, coroutine: Any) -> Future[Any]:
         if self._forked():
@@ -680,9 +677,3 @@ def _failed(error: BaseException) -> Future[Any]:
 
 async def _gather(coroutines: list[Any]) -> None:
     await asyncio.gather(*coroutines, return_exceptions=True)
-
-
-@atexit.register
-def _close_live_brokers() -> None:
-    for broker in list(_live_brokers):
-        broker.close()

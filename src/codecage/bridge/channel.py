@@ -24,7 +24,6 @@ import collections
 import contextlib
 import json
 import logging
-import os
 import select
 import socket
 import threading
@@ -36,6 +35,7 @@ from typing import Any, Protocol
 
 from pydantic import TypeAdapter, ValidationError
 
+from codecage import forks
 from codecage.guest.contract import BRIDGE_MAX_CLOSED_REASON, OP_CALL_TOOL, WIRE_VERSION
 from codecage.guest.contract import BRIDGE_MAX_REQUEST_BYTES as MAX_REQUEST_BYTES
 from codecage.models import Event, wire
@@ -586,29 +586,18 @@ class _Watcher:
                     serve()
 
 
-_watcher: _Watcher | None = None
-_watcher_lock = threading.Lock()
+def _close_parents_epoll(copy: _Watcher) -> None:
+    with contextlib.suppress(OSError):
+        copy.close_epoll()
+
+
+# A forked child has the parent's watcher but not its thread: it makes its own.
+_watchers = forks.PerProcess(_Watcher, forget=_close_parents_epoll)
 
 
 def watcher() -> _Watcher:
     """The process's bridge watcher: made at first use, kept until exit."""
-    global _watcher
-    with _watcher_lock:
-        if _watcher is None:
-            _watcher = _Watcher()
-        return _watcher
-
-
-def _forget_watcher_in_child() -> None:
-    """A forked child has the parent's watcher but not its thread: it makes its own."""
-    global _watcher, _watcher_lock
-    if _watcher is not None:
-        with contextlib.suppress(OSError):
-            _watcher.close_epoll()
-    _watcher, _watcher_lock = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_watcher_in_child)
+    return _watchers.get()
 
 
 _CPU_SPENT = "this run's tool bridge used its budget of host CPU"

@@ -1,10 +1,12 @@
-"""The host engine: one execution end to end (`run`), its supervision, the warm pool, the
-run's workspace, and the self-test that proves the layers before the first run.
+"""The host engine: one execution end to end (`run`: its preparation in `launch`, its
+supervision, its judging in `judge`), the warm pool, the run's workspace, and the self-test
+that proves the layers before the first run. No backend is named here: a backend starts a
+sandbox from a `backends.base.LaunchSpec` and hands back a `SandboxProcess`.
 
 What the layers above use is named here; the modules hold the rest."""
 
+from codecage.engine.launch import RUN_DIR_PREFIX, sweep_stale_runs
 from codecage.engine.run import (
-    RUN_DIR_PREFIX,
     LimitsNotApplicable,
     RunRequest,
     SandboxSpec,
@@ -15,7 +17,6 @@ from codecage.engine.run import (
     prepare,
     run_in,
     start,
-    sweep_stale_runs,
     wait_ready,
 )
 

@@ -11,8 +11,8 @@ user's code, the wall timer from the moment the request is sent.
 
 After its one run a sandbox is destroyed (in a background thread, off the caller's path);
 the pool refills in the background. Nothing is reused: no process, no writable path. A
-replacement starts `_HOLD_OFF_S` after the last `take` (at once when a caller waits for a
-sandbox), and a used one is destroyed `_HOLD_OFF_S` after its release: starting one
+replacement starts `HOLD_OFF_S` after the last `take` (at once when a caller waits for a
+sandbox), and a used one is destroyed `HOLD_OFF_S` after its release: starting one
 (namespaces, an interpreter importing the profile's modules) or tearing one down competes
 for the CPUs and the GIL with the call that took a sandbox, whose run and answer take a few
 ms; on 2 cores the start made an MCP `execute_code` round trip ~2 ms slower at p50, the
@@ -22,12 +22,14 @@ Threads: two starter threads start sandboxes (bwrap's --die-with-parent is tied 
 thread that started it, so they live as long as the pool); one manager thread watches the
 starting ones until they are ready and the idle ones for a crash; one reaper thread
 destroys used ones and tells the starters when a take left them work. Callers of `take`
-only pop from a deque under a lock.
+only pop from a deque under a lock. What the pool keeps, which key starts next, how it
+grows, shrinks and backs off is decided by its `PoolPlan` (`engine.pool_plan`, pure: no
+threads, no clock); the threads here act on those decisions. A forked child leaves the
+pool alone (`codecage.forks`).
 """
 
 from __future__ import annotations
 
-import atexit
 import collections
 import contextlib
 import logging
@@ -35,44 +37,23 @@ import os
 import selectors
 import threading
 import time
-import weakref
-from dataclasses import dataclass, field
 
-from codecage import engine
+from codecage import engine, forks
 from codecage.backends.base import Backend
 from codecage.engine import SandboxSpec, StartedSandbox
+from codecage.engine.pool_plan import HOLD_OFF_S, KeyPlan, PoolPlan
 from codecage.errors import CodecageError
-from codecage.models import Limits, PoolConfig, PoolKeyState, PoolSizes, PoolState
+from codecage.models import Limits, PoolConfig, PoolKeyState, PoolState
 
 log = logging.getLogger(__name__)
 
 _TICK_S = 0.5
-_SHRINK_AFTER_S = 30.0  # a key grown under load shrinks back by one after this long calm
-_MAX_BACKOFF_S = 30.0
 _STARTER_THREADS = 2
-_HOLD_OFF_S = 0.02  # a start waits this long after a take (a start takes ~20 ms itself)
 _REAPER_POLL_S = 0.02  # while runs come and go, the reaper looks for used sandboxes so often
 _REAPER_LINGER_S = 2.0  # ... for so long after its last work; then it waits to be woken
 
 
-@dataclass(slots=True)
-class _Key:
-    """The sandboxes of one key, and its counters. Guarded by the pool's lock."""
-
-    spec: SandboxSpec
-    sizes: PoolSizes
-    target: int
-    idle: collections.deque[StartedSandbox] = field(default_factory=collections.deque)
-    starting: int = 0
-    hits: int = 0
-    misses: int = 0
-    started: int = 0
-    crashed: int = 0
-    failed_starts: int = 0
-    failures_in_a_row: int = 0
-    paused_until: float = 0.0
-    last_error: str | None = None
-    last_miss: float = 0.0
+_Key = KeyPlan[StartedSandbox]
 
 
 class Pool:
@@ -89,11 +70,11 @@ class Pool:
         self.backend = backend
         self.config = config
         self._limits = limits  # idle sandboxes' cgroups; each request sets its own
-        self._owner_pid = os.getpid()  # a forked child must not use (or close) this pool
+        self._process = forks.ForkGuard()  # a forked child must not use (or close) this pool
         self._fork_noted = False
         self._cond = threading.Condition()
-        self._keys: dict[SandboxSpec, _Key] = {}
-        self._closed = False
+        # What the pool keeps and what it starts next; guarded by `_cond`.
+        self._plan: PoolPlan[StartedSandbox] = PoolPlan(config)
         self._wake_read, self._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         # Used sandboxes, each with the time it may be destroyed (see `_reap_loop`).
         self._graveyard: collections.deque[tuple[StartedSandbox, float]] = collections.deque()
@@ -104,9 +85,7 @@ class Pool:
         self._reaper = threading.Thread(target=self._reap_loop, name="codecage-reaper", daemon=True)
         self._manager = threading.Thread(target=self._manage, name="codecage-pool", daemon=True)
         self._just_started: list[tuple[_Key, StartedSandbox]] = []
-        self._in_use = 0  # taken and not yet released
         self._waiting = 0  # callers of `take` waiting for a sandbox that is starting
-        self._last_take = 0.0  # monotonic time
         self._holding_off = 0  # starters waiting in `_hold_off`
         self._reaper_stopped = False
         self._starters = [
@@ -117,7 +96,7 @@ class Pool:
         self._manager.start()
         for starter in self._starters:
             starter.start()
-        _live_pools.add(self)
+        forks.close_at_exit(self)  # no pooled sandbox outlives the host
 
     # --- the callers' side ---------------------------------------------------------------
 
@@ -126,12 +105,8 @@ class Pool:
         if self._forked():
             return
         with self._cond:
-            if self._closed or spec in self._keys:
-                return
-            name = profile or (spec.policy.profile if spec.policy else "none")
-            sizes = self.config.sizes_for(name)
-            self._keys[spec] = _Key(spec=spec, sizes=sizes, target=sizes.min_idle)
-            self._cond.notify_all()  # the starters have work
+            if self._plan.register(spec, profile):
+                self._cond.notify_all()  # the starters have work
 
     def take(self, spec: SandboxSpec) -> StartedSandbox | None:
         """A ready sandbox of `spec`, now the caller's (run it, then `release` it); or None
@@ -141,20 +116,15 @@ class Pool:
             return None
         deadline = time.monotonic() + self.config.wait
         with self._cond:
-            key = self._keys.get(spec)
+            key = self._plan.keys.get(spec)
             waited = False
-            while key is not None and not self._closed:
-                while key.idle:
-                    sandbox = key.idle.popleft()
+            while key is not None and not self._plan.closed:
+                while (sandbox := self._plan.pop_idle(key)) is not None:
                     if sandbox.alive():
-                        key.hits += 1
-                        self._in_use += 1
-                        self._last_take = time.monotonic()
-                        if waited:  # demand outran the pool: keep more ready
-                            self._grow(key)
+                        self._plan.took(key, time.monotonic(), waited=waited)
                         self._have_it_replaced()
                         return sandbox
-                    key.crashed += 1
+                    self._plan.found_dead(key)
                     self._bury(sandbox)
                 left = deadline - time.monotonic()
                 if key.starting == 0 or left <= 0:
@@ -169,14 +139,13 @@ class Pool:
                     self._waiting -= 1
                 waited = True
             if key is not None:
-                key.misses += 1
-                self._grow(key)
+                self._plan.missed(key, time.monotonic())
                 self._cond.notify_all()
         return None
 
     def _have_it_replaced(self) -> None:
         """Get a starter to replace a sandbox just taken; the lock is held. A starter would
-        hold off `_HOLD_OFF_S` anyway: while the reaper looks around every `_REAPER_POLL_S`
+        hold off `HOLD_OFF_S` anyway: while the reaper looks around every `_REAPER_POLL_S`
         it tells them at its next look, so a take wakes no thread (a wake-up costs the
         caller ~0.1 ms here, and the woken starters compete with its run for the GIL).
         `_reaper_asleep` is read without the reaper's lock: should it fall asleep just after,
@@ -187,24 +156,14 @@ class Pool:
         else:
             self._replacements_due = True
 
-    def _grow(self, key: _Key) -> None:
-        """One more kept ready (up to max_idle); it shrinks back after a calm spell."""
-        key.last_miss = time.monotonic()
-        key.target = min(key.sizes.max_idle, max(key.target, key.sizes.min_idle) + 1)
-
     def release(self, sandbox: StartedSandbox, *, ran: bool = True) -> None:
         """Hand back a sandbox `take` gave: it is destroyed. `ran=False`: it could not take
         the request (`LimitsNotApplicable`), so the run went cold and counts as a miss."""
         if self._forked():
             return  # the parent's to destroy
         with self._cond:
-            self._in_use -= 1
-            key = self._keys.get(sandbox.spec)
-            if not ran and key is not None:
-                key.hits -= 1
-                key.misses += 1
-                self._grow(key)
-            if self._closed or not ran:  # a closing pool's starters wait for the last one;
+            self._plan.released(sandbox.spec, time.monotonic(), ran=ran)
+            if self._plan.closed or not ran:  # a closing pool's starters wait for the last one;
                 self._cond.notify_all()  # a miss gives them work. Else wake no one: the
                 # threads would compete with the caller's answer for the GIL.
         self._bury(sandbox)
@@ -224,9 +183,9 @@ class Pool:
             return False
         deadline = time.monotonic() + timeout
         with self._cond:
-            while not all(len(k.idle) >= k.sizes.min_idle for k in self._keys.values()):
+            while not self._plan.all_ready():
                 left = deadline - time.monotonic()
-                if left <= 0 or self._closed:
+                if left <= 0 or self._plan.closed:
                     return False
                 self._cond.wait(left)
         return True
@@ -236,7 +195,7 @@ class Pool:
         if self._forked():
             return PoolState(enabled=False, config=self.config, keys=[], host_rss_mb=None)
         with self._cond:
-            rows = [(_key_state(k), k.idle[0] if k.idle else None) for k in self._keys.values()]
+            rows = [(k.state(), k.idle[0] if k.idle else None) for k in self._plan.keys.values()]
         # /proc is read outside the lock: runs must not wait for a report.
         keys = [_with_memory(row, sandbox) for row, sandbox in rows]
         return PoolState(
@@ -249,9 +208,8 @@ class Pool:
         if self._forked():
             return
         with self._cond:
-            if self._closed:
+            if not self._plan.close():
                 return
-            self._closed = True
             self._cond.notify_all()
         self._wake()
         if threading.current_thread() is not self._manager:
@@ -259,7 +217,7 @@ class Pool:
         with self._cond:
             # Runs still going keep their sandboxes: the starters that started them stay
             # (their exit would kill them) until the last one is released, then go.
-            starters_done = self._in_use == 0
+            starters_done = self._plan.in_use == 0
             for _, sandbox in self._just_started:  # started after the manager drained
                 self._bury(sandbox)
             self._just_started = []
@@ -276,7 +234,6 @@ class Pool:
         for fd in (self._wake_read, self._wake_write):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        _live_pools.discard(self)
 
     def __enter__(self) -> Pool:
         return self
@@ -290,11 +247,11 @@ class Pool:
         (the parent takes it too) or steal the parent's; its threads did not survive the
         fork, and a lock one of them held stays held. So a child leaves the pool alone and
         its runs start cold; a Sandbox created after the fork has a pool of its own."""
-        if os.getpid() == self._owner_pid:
+        if self._process.owned_here():
             return False
         if not self._fork_noted:
             self._fork_noted = True
-            log.warning("pool.forked", extra={"parent_pid": self._owner_pid})
+            log.warning("pool.forked", extra={"parent_pid": self._process.owner_pid})
         return True
 
     # --- the manager thread ----------------------------------------------------------------
@@ -308,7 +265,7 @@ class Pool:
             sel.register(self._wake_read, selectors.EVENT_READ, None)
             watched: dict[int, tuple[_Key, StartedSandbox, str]] = {}
             try:
-                while not self._closed:
+                while not self._plan.closed:
                     self._watch_started(sel, watched)
                     for sel_key, _ in sel.select(_TICK_S):
                         if sel_key.data is None:
@@ -317,11 +274,12 @@ class Pool:
                             continue
                         self._on_event(sel, watched, sel_key.fd)
                     self._expire_slow_starts(sel, watched)
-                    self._shrink_calm_keys()
+                    with self._cond:
+                        self._plan.shrink_calm_keys(time.monotonic())
             except Exception:
                 log.exception("pool.manager_failed")
                 with self._cond:
-                    self._closed = True
+                    self._plan.close()
                     self._cond.notify_all()
             finally:
                 self._drain(sel, watched)
@@ -335,14 +293,14 @@ class Pool:
         """
         while True:
             with self._cond:
-                key = self._next_to_start()
-                while key is None and not self._closed:
+                key = self._plan.next_to_start(time.monotonic())
+                while key is None and not self._plan.closed:
                     self._cond.wait(_TICK_S)
-                    key = self._next_to_start()
-                if key is None or self._closed:
+                    key = self._plan.next_to_start(time.monotonic())
+                if key is None:  # closed
                     # bwrap's --die-with-parent follows this thread: a sandbox in use must
                     # not die because the pool closed under it.
-                    while self._in_use > 0:
+                    while self._plan.in_use > 0:
                         self._cond.wait(_TICK_S)
                     return
                 self._hold_off()
@@ -351,18 +309,13 @@ class Pool:
             except Exception as exc:  # a starter must survive anything, or the key starves
                 if not isinstance(exc, CodecageError):
                     log.exception("pool.start_crashed")
-                with self._cond:
-                    key.starting -= 1
                 self._failed(key, str(exc) or type(exc).__name__)
                 continue
             with self._cond:
-                key.started += 1
-                closed = self._closed
-                if closed:
-                    key.starting -= 1
-                else:
+                watch = self._plan.launched(key)
+                if watch:
                     self._just_started.append((key, sandbox))
-            if closed:
+            if not watch:
                 self._bury(sandbox)  # the pool closed meanwhile
             self._wake()
 
@@ -376,35 +329,18 @@ class Pool:
             watched[sandbox.channel.host_control.fileno()] = (key, sandbox, "starting")
 
     def _hold_off(self) -> None:
-        """Wait (lock held) until `_HOLD_OFF_S` after the last `take`; at once when a caller
-        waits for a sandbox or the pool closes."""
-        deadline = self._last_take + _HOLD_OFF_S
+        """Wait (lock held) until the plan lets a start begin (`HOLD_OFF_S` after the last
+        `take`); at once when a caller waits for a sandbox or the pool closes."""
+        deadline = self._plan.start_not_before()
         self._holding_off += 1
         try:
-            while self._waiting == 0 and not self._closed:
+            while self._waiting == 0 and not self._plan.closed:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return
                 self._cond.wait(left)
         finally:
             self._holding_off -= 1
-
-    def _next_to_start(self) -> _Key | None:
-        """The key most short of its target, marked as starting one more; the lock is held."""
-        starting = sum(k.starting for k in self._keys.values())
-        if starting >= self.config.max_starting:
-            return None
-        now = time.monotonic()
-        needy = [
-            k
-            for k in self._keys.values()
-            if len(k.idle) + k.starting < k.target and k.paused_until <= now
-        ]
-        if not needy:
-            return None
-        key = min(needy, key=lambda k: len(k.idle) + k.starting - k.target)
-        key.starting += 1
-        return key
 
     def _on_event(
         self,
@@ -420,11 +356,8 @@ class Pool:
         # An idle sandbox's process ended: it crashed (or was taken, used and is gone).
         os.close(fd)
         with self._cond:
-            # On close, the starter threads' exit kills what they started: not a crash.
-            if sandbox in key.idle and not self._closed:
-                key.idle.remove(sandbox)
-                key.crashed += 1
-                log.warning("pool.idle_sandbox_died", extra={"profile": _profile(key)})
+            if self._plan.idle_died(key, sandbox):
+                log.warning("pool.idle_sandbox_died", extra={"profile": key.profile})
                 self._bury(sandbox)
                 self._cond.notify_all()
 
@@ -439,55 +372,35 @@ class Pool:
             engine.wait_ready(sandbox, timeout_s=1.0)
             pidfd = os.pidfd_open(sandbox.proc.pid)
         except (CodecageError, OSError) as exc:
-            with self._cond:
-                key.starting -= 1
             self._bury(sandbox)
             self._failed(key, str(exc))
             return
         with self._cond:
-            key.starting -= 1
-            key.failures_in_a_row = 0
-            if self._closed:  # ready too late: nobody will take it
+            if not self._plan.ready(key, sandbox):  # ready too late: nobody will take it
                 os.close(pidfd)
                 self._bury(sandbox)
                 return
             sel.register(pidfd, selectors.EVENT_READ, "idle")
             watched[pidfd] = (key, sandbox, "idle")
-            key.idle.append(sandbox)
             self._cond.notify_all()
 
     def _failed(self, key: _Key, error: str) -> None:
-        """A sandbox did not start: note it, and back off when it keeps happening."""
-        log.warning("pool.start_failed", extra={"profile": _profile(key), "error": error})
+        """A sandbox did not start: note it (the plan backs off when it keeps happening)."""
+        log.warning("pool.start_failed", extra={"profile": key.profile, "error": error})
         with self._cond:
-            key.failed_starts += 1
-            key.failures_in_a_row += 1
-            key.last_error = error[:500]
-            backoff = min(_MAX_BACKOFF_S, 0.1 * 2**key.failures_in_a_row)
-            key.paused_until = time.monotonic() + backoff
+            self._plan.start_failed(key, error, time.monotonic())
             self._cond.notify_all()
 
     def _expire_slow_starts(
         self, sel: selectors.BaseSelector, watched: dict[int, tuple[_Key, StartedSandbox, str]]
     ) -> None:
-        limit = self.config.ready_timeout
         now = time.monotonic()
         for fd, (key, sandbox, phase) in list(watched.items()):
-            if phase == "starting" and now - sandbox.started_at > limit:
+            if phase == "starting" and self._plan.too_slow(sandbox.started_at, now):
                 watched.pop(fd)
                 sel.unregister(fd)
-                with self._cond:
-                    key.starting -= 1
                 self._bury(sandbox)
-                self._failed(key, f"not ready within {limit:g} s")
-
-    def _shrink_calm_keys(self) -> None:
-        now = time.monotonic()
-        with self._cond:
-            for key in self._keys.values():
-                if key.target > key.sizes.min_idle and now - key.last_miss > _SHRINK_AFTER_S:
-                    key.target -= 1
-                    key.last_miss = now
+                self._failed(key, f"not ready within {self.config.ready_timeout:g} s")
 
     def _drain(
         self, sel: selectors.BaseSelector, watched: dict[int, tuple[_Key, StartedSandbox, str]]
@@ -501,22 +414,20 @@ class Pool:
             else:
                 self._bury(sandbox)
         with self._cond:
-            for key in self._keys.values():
-                while key.idle:
-                    self._bury(key.idle.popleft())
-                key.starting = 0
+            for sandbox in self._plan.drain():
+                self._bury(sandbox)
             self._cond.notify_all()
 
     # --- the reaper thread -------------------------------------------------------------------
 
     def _to_graveyard(self, sandbox: StartedSandbox) -> None:
         with self._graveyard_cond:
-            self._graveyard.append((sandbox, time.monotonic() + _HOLD_OFF_S))
+            self._graveyard.append((sandbox, time.monotonic() + HOLD_OFF_S))
             if self._reaper_asleep:
                 self._graveyard_cond.notify()
 
     def _reap_loop(self) -> None:
-        """Destroy used sandboxes, each `_HOLD_OFF_S` after its release (at once when the
+        """Destroy used sandboxes, each `HOLD_OFF_S` after its release (at once when the
         pool closes): tearing one down (kill, wait, unmount, remove its cgroup and dirs)
         competes for the CPUs and the GIL with the answer of the run that just used it.
         On the way, pass the starters the replacements that takes left them."""
@@ -528,7 +439,7 @@ class Pool:
                     self._cond.notify_all()
                 continue
             sandbox, not_before = entry
-            if not self._closed:
+            if not self._plan.closed:
                 time.sleep(max(0.0, not_before - time.monotonic()))
             try:
                 sandbox.destroy()
@@ -567,44 +478,6 @@ class _ReplacementsDue:
 _REPLACEMENTS_DUE = _ReplacementsDue()
 
 
-# Every live pool is closed at interpreter exit, so no pooled sandbox outlives the host
-# (bwrap's --die-with-parent would kill them too, but leave their temp dirs).
-_live_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_live_pools() -> None:
-    for pool in list(_live_pools):
-        pool.close()
-
-
-def _profile(key: _Key) -> str:
-    return key.spec.policy.profile if key.spec.policy else "none"
-
-
-def _key_state(key: _Key) -> PoolKeyState:
-    """The key's counters; the lock is held. Memory is filled in by `_with_memory`."""
-    return PoolKeyState(
-        profile=_profile(key),
-        preload=list(key.spec.preload),
-        workspace_mb=key.spec.workspace_mb,
-        tmp_mb=key.spec.tmp_mb,
-        idle=len(key.idle),
-        starting=key.starting,
-        target=key.target,
-        min_idle=key.sizes.min_idle,
-        max_idle=key.sizes.max_idle,
-        hits=key.hits,
-        misses=key.misses,
-        started=key.started,
-        crashed=key.crashed,
-        failed_starts=key.failed_starts,
-        last_error=key.last_error,
-        idle_rss_mb=None,
-        idle_pss_mb=None,
-    )
-
-
 def _with_memory(row: PoolKeyState, sandbox: StartedSandbox | None) -> PoolKeyState:
     if sandbox is None:
         return row
@@ -615,7 +488,7 @@ def _with_memory(row: PoolKeyState, sandbox: StartedSandbox | None) -> PoolKeySt
 def _sandbox_memory(sandbox: StartedSandbox) -> tuple[float | None, float | None]:
     """RSS and PSS of every process of one sandbox: bwrap outside, its init and the guest
     inside (found in the sandbox's cgroup)."""
-    from codecage.isolation import limits as cgroups
+    from codecage.isolation import cgroups
 
     pids = {sandbox.proc.pid}
     if sandbox.cgroup is not None:

@@ -3,8 +3,9 @@
 The host plants a secret file under its own /tmp and opens a TCP listener on 127.0.0.1;
 a probe program inside the sandbox tries to read the one and reach the other, checks its
 identity and environment, calls denied syscalls, and sets off the memory and process
-limits in child processes. The engine runs this once at start-up (cached per boot, per
-codecage and bwrap version) and refuses to run code if a layer it promises is missing.
+limits in child processes. The library runs this once at start-up (cached per boot, per
+codecage and backend version, `cache_key`) and refuses to run code if a layer it promises is
+missing. It runs through the engine directly, as a plain function of the backend.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ import os
 import secrets
 import socket
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
+from codecage.backends.base import Backend
+from codecage.engine.run import RunRequest, execute
 from codecage.models import DoctorReport, ExecutionResult, Limits, ProbeResult
 
 log = logging.getLogger(__name__)
@@ -125,22 +128,31 @@ out["processes"] = child_outcome(forks)
 print(json.dumps(out))
 """
 
-# PWD is set by bwrap's --chdir; the rest by engine._sandbox_env.
+# PWD is set by the backend (the sandbox's working directory); the rest by
+# engine.launch.sandbox_env.
 _ALLOWED_ENV = (
     "PATH", "HOME", "LANG", "TMPDIR", "LD_LIBRARY_PATH", "PWD", "MPLBACKEND", "MPLCONFIGDIR"
 )  # fmt: skip
 
 
-def run_probes(run: Callable[[str, Limits], ExecutionResult], backend: str) -> DoctorReport:
-    """Run the probe program through `run` and judge each layer from what came back."""
+def run_probes(backend: Backend) -> DoctorReport:
+    """Run the probe program in a fresh sandbox of `backend` (no import policy, no
+    self-test: it is the self-test) and judge each layer from what came back.
+
+    Raises:
+        HostError: the host cannot start a sandbox at all.
+        SandboxError: the sandbox itself failed.
+    """
     token = secrets.token_hex(16)
     with _planted_file(token) as planted, _loopback_listener() as port:
         program = _PROBE_PROGRAM.format(
             planted=str(planted), token=token, port=port, allowed_env=_ALLOWED_ENV
         )
-        result = run(program, PROBE_LIMITS)
+        result = execute(
+            RunRequest(code=program, filename="doctor.py", limits=PROBE_LIMITS), backend
+        )
     probes = _judge(result, token)
-    return DoctorReport(backend=backend, passed=all(p.passed for p in probes), probes=probes)
+    return DoctorReport(backend=backend.name, passed=all(p.passed for p in probes), probes=probes)
 
 
 def _judge(result: ExecutionResult, token: str) -> list[ProbeResult]:
@@ -253,8 +265,9 @@ def _loopback_listener() -> Iterator[int]:
         yield server.getsockname()[1]
 
 
-def cache_key(backend: str, bwrap_version: str | None) -> str:
-    """Results hold until reboot or until codecage, bwrap or the kernel changes."""
+def cache_key(backend: Backend) -> str:
+    """Results hold until reboot or until codecage, the backend (or its version) or the
+    kernel changes."""
     from codecage import __version__
 
     try:
@@ -262,7 +275,8 @@ def cache_key(backend: str, bwrap_version: str | None) -> str:
     except OSError:
         boot_id = "unknown"
     probe = hashlib.sha256((_PROBE_PROGRAM + repr(_ALLOWED_ENV)).encode()).hexdigest()
-    parts = [boot_id, __version__, backend, bwrap_version or "", os.uname().release, probe]
+    parts = [boot_id, __version__, backend.name, backend.version() or "", os.uname().release]
+    parts.append(probe)
     parts.append(str(os.geteuid()))
     digest = hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
     return digest

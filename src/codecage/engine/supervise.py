@@ -9,16 +9,15 @@ import contextlib
 import logging
 import os
 import selectors
-import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-from codecage.isolation import limits as cgroups
-from codecage.isolation.limits import CgroupHandle
+from codecage.backends.base import SandboxProcess
+from codecage.engine.judge import ControlStream, Observation
+from codecage.isolation import cgroups
+from codecage.isolation.cgroups import CgroupHandle
 from codecage.output import CappedBuffer
 
 log = logging.getLogger(__name__)
@@ -28,57 +27,40 @@ _CPU_POLL_S = 0.05
 _DRAIN_AFTER_EXIT_S = 2.0
 
 
-@dataclass(slots=True)
-class Observation:
-    """What the host saw of one run."""
-
-    stdout: CappedBuffer
-    stderr: CappedBuffer
-    control: CappedBuffer
-    returncode: int | None = None
-    timed_out: bool = False
-    cpu_exceeded: bool = False
-    wall_s: float = 0.0
-    killed_by_host: bool = False
-    reported: bool = False  # ended when the guest's final report came, before its exit
-    cancelled: bool = False  # the caller gave up on the run (e.g. its client went away)
-    notes: list[str] = field(default_factory=list)
-
-
 def supervise(
-    proc: subprocess.Popen[bytes],
+    proc: SandboxProcess,
     control: socket.socket,
     request: bytes,
     *,
+    kill: Callable[[], None],
+    messages: ControlStream,
     started: float,
     wall_timeout_s: float,
     cpu_limit_ms: int,
     cpu_baseline_ms: int = 0,
     output_cap_bytes: int,
-    control_cap_bytes: int,
     cgroup: CgroupHandle | None,
-    reported: Callable[[bytes], bool] | None = None,
     cancel: threading.Event | None = None,
 ) -> Observation:
     """Send `request`, then read until the sandbox is gone or a limit ends it.
 
     `cpu_baseline_ms` is the cgroup's CPU time before the request (a warm sandbox's start).
 
-    `reported(control_data)` says whether the guest's last message ("end") has come. When
-    it has, and the guest shut its end of the control socket, the run is over without
-    waiting for the sandbox to exit: the caller answers the guest, which stops itself then
-    (the bootstrap's `_end_run`), and destroys the sandbox later. The guest flushed its
+    What comes on `control` is fed to `messages` as it arrives (parsed there, once). Once it
+    holds the guest's last message ("end"), and the guest shut its end of the control
+    socket, the run is over without waiting for the sandbox to exit: the caller answers the
+    guest, which stops itself then (the bootstrap's `_end_run`), and destroys the sandbox
+    later. The guest flushed its
     output before, so what is in the pipes then is all of it.
 
-    `cancel`, once set, kills the sandbox (checked at least every 50 ms).
+    `kill` kills the whole sandbox (`StartedSandbox.kill`): on the wall-clock or CPU limit,
+    or once `cancel` is set (checked at least every 50 ms).
     """
-    if proc.stdout is None or proc.stderr is None:
-        raise ValueError("supervise() needs a process started with stdout and stderr pipes")
     seen = Observation(
         # Head and tail, half each: the end of the output is where results and errors are.
         stdout=CappedBuffer(output_cap_bytes, tail_bytes=output_cap_bytes // 2),
         stderr=CappedBuffer(output_cap_bytes, tail_bytes=output_cap_bytes // 2),
-        control=CappedBuffer(control_cap_bytes),
+        control=messages,
     )
     deadline = started + wall_timeout_s
     pending = memoryview(request)
@@ -98,10 +80,10 @@ def supervise(
             now = time.monotonic()
             if exited_at is None and now >= deadline and not seen.killed_by_host:
                 seen.timed_out = True
-                _kill(proc, cgroup, seen)
+                _kill(kill, seen)
             if cancel is not None and cancel.is_set() and not seen.killed_by_host:
                 seen.cancelled = True
-                _kill(proc, cgroup, seen)
+                _kill(kill, seen)
             if (
                 exited_at is None
                 and cgroup is not None
@@ -112,7 +94,7 @@ def supervise(
                 used = cgroups.cpu_usage_ms(cgroup)
                 if used is not None and used - cpu_baseline_ms >= cpu_limit_ms:
                     seen.cpu_exceeded = True
-                    _kill(proc, cgroup, seen)
+                    _kill(kill, seen)
             open_streams = len(sel.get_map()) - (1 if exited_at is None else 0)
             if exited_at is not None and (
                 open_streams == 0 or now - exited_at > _DRAIN_AFTER_EXIT_S
@@ -127,34 +109,31 @@ def supervise(
                 if fd == pidfd:
                     sel.unregister(pidfd)
                     exited_at = time.monotonic()
-                    seen.returncode = proc.wait()
+                    seen.exit = proc.wait()
                 elif key.fileobj is control:
                     if mask & selectors.EVENT_WRITE and pending:
                         pending = _send_some(control, pending)
                     if not pending:
                         sel.modify(control, selectors.EVENT_READ)
                     if mask & selectors.EVENT_READ and not _read_into(
-                        control.fileno(), seen.control
+                        control.fileno(), messages.feed
                     ):
                         sel.unregister(control)
                         seen.reported = (
-                            reported is not None
-                            and exited_at is None
-                            and not seen.killed_by_host
-                            and reported(seen.control.data)
+                            exited_at is None and not seen.killed_by_host and messages.ended
                         )
-                elif not _read_into(fd, streams[fd]):
+                elif not _read_into(fd, streams[fd].append):
                     sel.unregister(fd)
             if seen.reported:
                 break
     seen.wall_s = time.monotonic() - started
     if seen.reported:
         for fd, sink in streams.items():
-            _read_into(fd, sink)  # what the guest wrote before its report
+            _read_into(fd, sink.append)  # what the guest wrote before its report
         return seen
-    if seen.returncode is None:  # drained past the grace period: make sure it is gone
-        _kill(proc, cgroup, seen)
-        seen.returncode = proc.wait()
+    if seen.exit is None:  # drained past the grace period: make sure it is gone
+        _kill(kill, seen)
+        seen.exit = proc.wait()
     return seen
 
 
@@ -192,7 +171,7 @@ def _send_some(control: socket.socket, pending: memoryview) -> memoryview:
     return pending[sent:]
 
 
-def _read_into(fd: int, sink: CappedBuffer) -> bool:
+def _read_into(fd: int, sink: Callable[[bytes], None]) -> bool:
     """Read what is there into `sink` (which discards past its cap). False at EOF."""
     while True:
         try:
@@ -203,17 +182,9 @@ def _read_into(fd: int, sink: CappedBuffer) -> bool:
             return False
         if not chunk:
             return False
-        sink.append(chunk)
+        sink(chunk)
 
 
-def _kill(proc: subprocess.Popen[bytes], cgroup: CgroupHandle | None, seen: Observation) -> None:
-    """Kill the whole sandbox: bwrap's process group, and with it PID 1 of the namespace
-    (--die-with-parent), whose death makes the kernel kill every process in it; then sweep
-    the cgroup for anything that is still alive."""
+def _kill(kill: Callable[[], None], seen: Observation) -> None:
     seen.killed_by_host = True
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        proc.kill()
-    if cgroup is not None:
-        cgroups.kill_all(cgroup)
+    kill()

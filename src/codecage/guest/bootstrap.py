@@ -55,9 +55,6 @@ if TYPE_CHECKING or __package__:  # imported on the host, as codecage.guest.boot
 else:
     contract = _guest_module("contract")
 
-# Importable by the user's code in every profile: the runtime helpers, the tool tree and
-# compiler directives (`from __future__ import annotations`).
-ALWAYS_ALLOWED = ("codecage.runtime", "servers", "skills", "__future__")
 EVERY_MODULE = "*"  # an allowed-modules entry: nothing is refused (the standard profile)
 MAX_EVENTS = contract.MAX_EVENTS  # kept in _events: the import policy appends too
 _STOP_WAIT_S = 0.05  # for the host's "stop", sent as soon as it reads the "end"
@@ -385,14 +382,20 @@ def _missing_message(name: str) -> str:
 
 
 def _install_import_policy(allowed: list[str], refusal: _Refusal) -> None:
-    """Refuse imports *made by the user's code* of modules outside the profile.
+    """Refuse imports *made by the user's code* of modules outside the profile, by the
+    rule `validate` applies too (codecage.imports, the guest package's own module).
 
     Imports made by library code (the stdlib, allowed packages) go through untouched, so
     an allowed module keeps its own internal imports. Policy, not a boundary: see the docs.
     """
     import builtins
 
-    modules = frozenset(allowed) | frozenset(ALWAYS_ALLOWED)
+    _add_guest_package()
+    # guest/imports.py, which the sandbox mounts as the package `codecage` (mypy knows it
+    # as codecage.guest.imports)
+    from codecage.imports import ALWAYS_ALLOWED, refused  # type: ignore[import-not-found]
+
+    modules = frozenset(allowed) | ALWAYS_ALLOWED
     original_import = builtins.__import__
 
     def guarded_import(
@@ -403,27 +406,23 @@ def _install_import_policy(allowed: list[str], refusal: _Refusal) -> None:
         level: int = 0,
     ) -> Any:
         if level == 0 and _imported_by_user_code():
-            wanted = [name]
-            if fromlist and not _allowed(name, modules):
-                wanted = [f"{name}.{item}" for item in fromlist if item != "*"] or [name]
-            for dotted in wanted:
-                if not _allowed(dotted, modules):
-                    refusal.refuse(dotted)
+            dotted = refused(name, fromlist, level, modules)
+            if dotted is not None:
+                refusal.refuse(dotted)
         return original_import(name, globals, locals, fromlist, level)
 
     builtins.__import__ = guarded_import
 
 
+def _add_guest_package() -> None:
+    # codecage.imports, codecage.runtime, servers.*, skills.*
+    if contract.GUEST_PACKAGE_ROOT not in sys.path:
+        sys.path.append(contract.GUEST_PACKAGE_ROOT)
+
+
 def _imported_by_user_code() -> bool:
     filename = sys._getframe(2).f_code.co_filename
     return not filename.startswith(_TRUSTED_PREFIXES)
-
-
-def _allowed(dotted: str, modules: frozenset[str]) -> bool:
-    for entry in modules:
-        if dotted == entry or dotted.startswith(entry + ".") or entry.startswith(dotted + "."):
-            return True
-    return False
 
 
 class _Refusal:
@@ -537,7 +536,7 @@ def _fresh_main_module(filename: str) -> types.ModuleType:
     sys.modules["__main__"] = module
     sys.argv = [filename]
     sys.path.insert(0, contract.WORKSPACE_DIR)
-    sys.path.append(contract.GUEST_PACKAGE_ROOT)  # codecage.runtime, servers.*, skills.*
+    _add_guest_package()
     # The profile's third-party packages, read-only (already on the path when preloaded).
     _add_added_packages()
     if os.path.isdir(SITE_PACKAGES) and SITE_PACKAGES not in sys.path:

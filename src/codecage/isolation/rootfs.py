@@ -218,9 +218,9 @@ def precompile_guest_package() -> None:
     """Write the guest package's bytecode beside its sources (subpackages included), as
     the host's own import would, where it is missing or stale: the package is read-only in
     the sandbox, so without it every start there compiles the contract again, and every
-    `import codecage.runtime` its modules (~8 ms instead of ~1 ms). Best effort: an
-    installed package whose directory this user cannot write was compiled when it was
-    installed."""
+    `import codecage.runtime` (or the import policy's `codecage.imports`) its modules
+    (~8 ms instead of ~1 ms). Best effort: an installed package whose directory this user
+    cannot write was compiled when it was installed."""
     with contextlib.suppress(OSError):
         compileall.compile_dir(str(guest_package_dir()), quiet=2)
 
@@ -254,7 +254,13 @@ def plan(
     empty_dir: Path,
     tmp_bytes: int,
 ) -> tuple[Mount, ...]:
-    """The ordered mount table of one sandbox (pure: touches nothing)."""
+    """The ordered mount table of one sandbox. Not pure: it names the guest's bytecode,
+    which `bootstrap_bytecode` compiles into the cache the first time (the guest package's
+    too), and looks whether the host has /usr/share/zoneinfo; it creates no mount.
+
+    Raises:
+        HostError: the cache directory cannot be written.
+    """
     mounts: list[Mount] = []
     seen: set[str] = set()
     for lib in interpreter.libraries:

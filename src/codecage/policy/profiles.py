@@ -13,7 +13,8 @@ OS layers (namespaces, seccomp, limits) whatever it imports. The policy's job is
 intent explicit, and to give an agent a clear, early "not allowed here, and how to ask".
 
 A profile names modules by dotted prefix: "xml.etree" allows `xml.etree.ElementTree` and the
-parent package `xml` as a stepping stone, not `xml.dom`. Profiles combine by union.
+parent package `xml` as a stepping stone, not `xml.dom` (nor `from xml import dom`). Profiles
+combine by union. The rule itself is codecage.guest.imports, which the guest runs too.
 """
 
 from __future__ import annotations
@@ -25,17 +26,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from codecage.errors import ConfigError
+from codecage.guest.imports import ALWAYS_ALLOWED, EVERY_MODULE, allowed
 from codecage.models import ProfileInfo
-
-EVERY_MODULE = "*"
-"""A profile entry that allows every module the sandbox can import (the `standard` profile)."""
 
 DEFAULT_PROFILE = "standard"
 """What runs use when neither the call nor the configuration names a profile."""
-
-RUNTIME_MODULES = frozenset({"codecage", "codecage.runtime", "servers", "skills", "__future__"})
-"""Importable under every profile: the guest's own helpers, the generated tool modules and
-the skills (both there only when a directory is given), and compiler directives."""
 
 _BASIC = frozenset(
     {
@@ -116,8 +111,8 @@ class ImportPolicy:
     modules: frozenset[str]
 
     def allows(self, dotted: str) -> bool:
-        """Whether `import dotted` is allowed (pure; mirrors the guest's check)."""
-        return module_allowed(dotted, self.modules)
+        """Whether `import dotted` is allowed (the guest's rule, codecage.guest.imports)."""
+        return allowed(dotted, self.modules)
 
     @property
     def allows_every_module(self) -> bool:
@@ -130,20 +125,6 @@ def preload_for(policy: ImportPolicy | None) -> tuple[str, ...]:
     if policy is None or policy.allows_every_module:
         return ()
     return tuple(m for m in PRELOAD if policy.allows(m) and installed(m.split(".")[0]))
-
-
-def module_allowed(dotted: str, modules: Iterable[str]) -> bool:
-    """`dotted` is allowed when it is an entry, lies under one, or is a parent of one
-    (or when `*`, every module, is an entry)."""
-    for entry in modules:
-        if (
-            entry == EVERY_MODULE
-            or dotted == entry
-            or dotted.startswith(entry + ".")
-            or entry.startswith(dotted + ".")
-        ):
-            return True
-    return False
 
 
 def resolve(
@@ -171,7 +152,7 @@ def resolve(
     if not replace:
         for name in names:
             modules |= known[name]
-    return ImportPolicy(profile=",".join(names), modules=modules | extra | RUNTIME_MODULES)
+    return ImportPolicy(profile=",".join(names), modules=modules | extra | ALWAYS_ALLOWED)
 
 
 def _checked_module(name: str) -> str:

@@ -36,6 +36,10 @@ Rules (`Finding.rule_id`; bandit's own ids, e.g. "B307", come with `source="band
 |       |          |             | any non-literal exec/eval/compile in code that also decodes |
 | CC108 | security | low         | a string built from character codes (`''.join(map(chr, ..))`|
 
+Told which tool directories the run has (`tool_packages`), an import of `servers.*` or
+`skills.*` without its directory gets a recommendation, not a finding: the import policy
+allows both, and the run fails on a missing module, not on a refusal.
+
 `valid` is False on any syntax, policy or limit finding; security findings alone leave it True,
 except that with `strict=True` a high-severity one makes it False.
 
@@ -70,6 +74,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
+from codecage.guest import imports
 from codecage.models import (
     MAX_CODE_BYTES,
     Analysis,
@@ -77,7 +82,6 @@ from codecage.models import (
     Severity,
     ValidationReport,
 )
-from codecage.policy.profiles import RUNTIME_MODULES, module_allowed
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +98,6 @@ _BANDIT_FILENAME: Final = "./agent_code.py"  # a bare relative name: bandit stat
 # B108 (hard-coded /tmp path): /tmp in the sandbox is a private tmpfs, the place to use.
 _BANDIT_EXCLUDED: Final = ("B108",)
 
-# Always allowed, as at run time: compiler directives, the runtime helpers, the tool tree.
-_ALWAYS_ALLOWED: Final = RUNTIME_MODULES
 _EXEC_NAMES: Final = frozenset({"exec", "eval", "compile"})
 _IMPORT_NAMES: Final = frozenset({"__import__", "import_module"})
 _BUILTINS_NAMES: Final = frozenset({"builtins", "__builtins__"})
@@ -161,14 +163,18 @@ def validate(
     allowed_modules: frozenset[str] | None = None,
     profile_name: str = "basic",
     strict: bool = False,
+    tool_packages: Iterable[str] | None = None,
 ) -> ValidationReport:
     """Analyse `code` statically; it is never executed, compiled to bytecode or imported.
 
     Args:
         code: Python source.
-        allowed_modules: top-level module names the profile allows; None skips the import check.
+        allowed_modules: the dotted module names the profile allows (checked by the guest's
+            own rule, codecage.guest.imports); None skips the import check.
         profile_name: named in messages about disallowed imports.
         strict: when True, a high-severity security finding makes the code invalid.
+        tool_packages: which of `servers` and `skills` the run has (it is given their
+            directories); importing another gets a recommendation. None skips that check.
 
     Raises:
         Nothing for any input text: problems with the code are findings in the report.
@@ -226,6 +232,8 @@ def validate(
         findings.extend(bandit_findings)
     counts = scan.counts
     counts.recommendations = _recommend(scan, findings)
+    if tool_packages is not None:
+        counts.recommendations.extend(scan.missing_tools(frozenset(tool_packages)))
     return _report(findings, counts, skipped, profile_name, strict, bandit_ran=bandit_ran)
 
 
@@ -297,10 +305,17 @@ class _Counts:
 
 @dataclass(slots=True)
 class _Imported:
-    module: str  # the top-level name
+    """One import as `__import__` sees it, so the guest's rule judges it as at run time."""
+
     node: ast.AST
-    name: str = ""  # the dotted name imported (`import a.b`, `from a.b import c`: a.b)
+    name: str  # `import a.b`, `from a.b import c`: a.b; `from . import c`: ""
     fromlist: tuple[str, ...] = ()  # `from a.b import c, d`: (c, d)
+    level: int = 0  # `from .. import c`: 2
+
+    @property
+    def module(self) -> str:
+        """The top-level name ("" for a relative import)."""
+        return self.name.split(".")[0] if self.level == 0 else ""
 
 
 @dataclass(slots=True)
@@ -376,11 +391,10 @@ class _Scan:
                 c.complexity += len(node.values) - 1
             case ast.Import():
                 for alias in node.names:
-                    self.imported.append(_Imported(alias.name.split(".")[0], node, alias.name))
-            case ast.ImportFrom() if node.level == 0 and node.module:
-                items = tuple(a.name for a in node.names if a.name != "*")
-                top = node.module.split(".")[0]
-                self.imported.append(_Imported(top, node, node.module, items))
+                    self.imported.append(_Imported(node, alias.name))
+            case ast.ImportFrom():
+                items = tuple(a.name for a in node.names)
+                self.imported.append(_Imported(node, node.module or "", items, node.level))
             case ast.Call():
                 self.calls.append(node)
                 self.call_funcs.add(node.func)
@@ -394,7 +408,7 @@ class _Scan:
                     self.built.append(node)
                 module = _literal_import(node)
                 if module is not None:
-                    self.imported.append(_Imported(module.split(".")[0], node, module))
+                    self.imported.append(_Imported(node, module))
             case ast.Attribute():
                 self.attributes.append(node)
             case ast.Name():
@@ -419,7 +433,7 @@ class _Scan:
 
     def findings(self, allowed: frozenset[str] | None, profile: str) -> list[Finding]:
         out: list[Finding] = []
-        self.counts.imports = {i.module for i in self.imported}
+        self.counts.imports = {i.module for i in self.imported if i.module}
         for imp in self.imported:
             refused = _refused_import(imp, allowed) if allowed is not None else None
             if refused is not None:
@@ -452,6 +466,17 @@ class _Scan:
         out.extend(self._char_codes())
         out.sort(key=lambda f: (f.line, f.col, f.rule_id))
         return out
+
+    def missing_tools(self, given: frozenset[str]) -> list[str]:
+        """What to give a run whose code imports `servers.*`/`skills.*` without that tree
+        (the import would fail: no such module), once per package."""
+        missing = sorted(({i.module for i in self.imported} & set(imports.TOOL_PACKAGES)) - given)
+        flags = {"servers": "--mcp-config or --servers-dir", "skills": "--skills-dir"}
+        return [
+            f"give the run a {name} directory ({flags[name]}; {name}_dir= in the library): "
+            f"without one, `import {name}.…` fails with ModuleNotFoundError"
+            for name in missing
+        ]
 
     def _taint(self) -> set[ast.AST]:
         """Nodes whose value may come from decoding or string building, through variables."""
@@ -691,13 +716,9 @@ def _is_literal(node: ast.AST) -> bool:
 
 
 def _refused_import(imp: _Imported, allowed: frozenset[str]) -> str | None:
-    """The dotted name the run-time import hook would refuse for `imp`, or None: the same
-    rule (`import a.b` checks a.b; `from a.b import c` checks a.b, else each a.b.c)."""
-    modules = allowed | _ALWAYS_ALLOWED
-    if module_allowed(imp.name, modules):
-        return None
-    wanted = [f"{imp.name}.{item}" for item in imp.fromlist] or [imp.name]
-    return next((name for name in wanted if not module_allowed(name, modules)), None)
+    """The dotted name the run-time import hook refuses for `imp`, or None: the same rule,
+    the same function (`import a.b` checks a.b, `from a import b` checks a.b)."""
+    return imports.refused(imp.name, imp.fromlist, imp.level, allowed | imports.ALWAYS_ALLOWED)
 
 
 def _literal_import(call: ast.Call) -> str | None:

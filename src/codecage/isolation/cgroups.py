@@ -1,16 +1,15 @@
-"""Resource limits: cgroups for the whole sandbox, rlimits for each process in it.
+"""Per-run cgroups: the memory, process and CPU limits of a sandbox as a whole.
 
 Which mechanism enforces what, best first:
 
-| limit      | cgroup v1 / v2 (when writable)       | fallback                                  |
+| limit      | cgroup v1 / v2 (when writable)       | fallback (`codecage.isolation.rlimits`)   |
 |------------|--------------------------------------|-------------------------------------------|
 | memory     | memory.limit_in_bytes / memory.max   | RLIMIT_AS per process                     |
 | processes  | pids.max                             | RLIMIT_NPROC (per host user; see below)   |
 | CPU time   | host polls cpuacct.usage / cpu.stat  | RLIMIT_CPU per process                    |
 
-RLIMIT_CPU, RLIMIT_NOFILE, RLIMIT_FSIZE and RLIMIT_CORE are always set (by the guest
-bootstrap, before any user code runs). The cgroup is created and filled by the host,
-which is also the one that reads usage and OOM kills from it: the guest is never asked.
+The cgroup is created and filled by the host, which is also the one that reads usage and
+OOM kills from it: the guest is never asked.
 
 RLIMIT_NPROC counts processes of the *host* user the sandbox maps to, and the kernel exempts
 root from it, so without a pids cgroup the process limit is weak; `probe()` says so.
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Literal
 
 from codecage.errors import HostError
-from codecage.models import GuestLimits, LayerStatus, Limits
+from codecage.models import LayerStatus, Limits
 
 log = logging.getLogger(__name__)
 
@@ -57,22 +56,6 @@ class CgroupHandle:
 
     version: Literal[1, 2]
     dirs: dict[str, Path]  # controller -> this run's dir (v2: "unified")
-
-
-def guest_limits(limits: Limits, *, by_cgroup: bool) -> GuestLimits:
-    """The rlimits the guest applies to itself before running user code (pure).
-
-    With a cgroup, memory and processes are limited for the sandbox as a whole, and the
-    per-process RLIMIT_AS / RLIMIT_NPROC would only get in the way (threads' stacks count
-    against RLIMIT_AS; RLIMIT_NPROC counts every process of the host user).
-    """
-    return GuestLimits(
-        cpu_seconds=limits.cpu_seconds,
-        max_open_files=limits.max_open_files,
-        max_file_size_bytes=limits.max_file_size_mb * MiB,
-        max_processes=None if by_cgroup else limits.max_processes,
-        address_space_bytes=None if by_cgroup else limits.memory_mb * MiB,
-    )
 
 
 # --- detection -------------------------------------------------------------------------

@@ -1,0 +1,112 @@
+"""`codecage gen`: typed Python modules for the tools of upstream MCP servers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from codecage.cli.logs import configure_logging
+from codecage.cli.options import ConfigOpt, JsonOpt, McpHostOpt, VerboseOpt
+from codecage.cli.render import fail, print_json, progress, stderr
+from codecage.cli.setup import load_config, servers_of_hosts
+from codecage.errors import CodecageError, ConfigError
+
+
+def gen(
+    mcp_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--mcp-config",
+            help="Upstream MCP servers: a JSON file with mcpServers, as MCP hosts write them "
+            "(default: the config file's \\[mcpServers.*] tables).",
+            dir_okay=False,
+            exists=True,
+            show_default=False,
+        ),
+    ] = None,
+    server: Annotated[
+        list[str] | None,
+        typer.Option("--server", help="Generate this server's tools (repeat).", show_default=False),
+    ] = None,
+    all_servers: Annotated[
+        bool, typer.Option("--all", help="Generate the tools of every configured server.")
+    ] = False,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="Where to write the tree (default: the config's \\[tools] servers_dir, "
+            "else ./servers).",
+            file_okay=False,
+            show_default=False,
+        ),
+    ] = None,
+    mcp_host: McpHostOpt = None,
+    config_file: ConfigOpt = None,
+    as_json: JsonOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Write typed Python modules for the tools of upstream MCP servers.
+
+    Connects to each server, lists its tools, and writes servers/<server>/<tool>.py with a
+    typed Params, the result type, and call()/call_sync(). Mount the tree into the sandbox
+    with `codecage run --servers-dir` (or let run/serve generate it). Regenerating gives
+    byte-identical files; files of servers no longer asked for are removed. Each module's
+    bytecode is written beside it (the tree is read-only in the sandbox).
+
+    Examples:
+
+        codecage gen --mcp-config mcp.json --all
+
+        codecage gen --mcp-config mcp.json --server memory --out ./servers
+
+        codecage gen --mcp-host claude-code --all   # the servers Claude Code has
+    """
+    from codecage.bridge import tooling
+    from codecage.bridge.broker import Broker
+
+    configure_logging(verbose)
+    try:
+        if bool(server) == all_servers:
+            raise ConfigError(
+                "name the servers with --server NAME, or pass --all",
+                hint="--all generates the tools of every server configured",
+            )
+        settings = load_config(config_file)
+        host_servers, host_reports = servers_of_hosts(mcp_host, mcp_config)
+        servers = tooling.configured_servers(mcp_config, settings, host_servers)
+        if servers is None:
+            raise ConfigError(
+                "no upstream MCP servers to generate",
+                hint="pass --mcp-config FILE or --mcp-host HOST, or add [mcpServers.NAME] "
+                "tables to the config file",
+            )
+        out = out or settings.config_relative(settings.tools.servers_dir) or Path("servers")
+        with Broker(servers) as broker:
+            names = list(broker.servers) if all_servers else list(server or [])
+            with progress(f"listing the tools of {', '.join(names)}", enabled=not as_json):
+                written = tooling.generate(broker, names, out)
+    except CodecageError as exc:
+        fail(exc, as_json=as_json, verbose=verbose)
+    modules = sorted(p for p in out.rglob("*.py") if p.name != "__init__.py")
+    packages = sorted(p.name for p in out.iterdir() if (p / "__init__.py").is_file())
+    if as_json:
+        print_json(
+            {
+                "out": str(out),
+                "servers": names,
+                "modules": [str(m.relative_to(out)) for m in modules],
+                "written": len(written),
+                "mcp_hosts": [report.as_json() for report in host_reports],
+            }
+        )
+        return
+    stderr.print(
+        f"{len(modules)} tool modules of {len(names)} server(s) in {out}/"
+        f" ({len(written)} file(s) written or changed)",
+        markup=False,
+    )
+    for package in packages:
+        stderr.print(f"  from servers.{package} import ...", markup=False)

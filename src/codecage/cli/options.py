@@ -1,0 +1,198 @@
+"""The CLI's options, declared once and shared by the commands that take them (`run`,
+`validate`, `serve`, ...): one flag, one help text, one environment variable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from codecage.models import Limits
+
+
+def _default(name: str) -> str:
+    field = Limits.model_fields[name]
+    # Parentheses, not brackets: rich would read "[default: …]" as markup and drop it.
+    return f"{field.description} (default: {field.default})"
+
+
+# One name in four spellings: field memory_mb, flag --memory-mb, env CODECAGE_MEMORY_MB.
+TimeoutOpt = Annotated[
+    float | None,
+    typer.Option("--timeout", help=_default("timeout"), envvar="CODECAGE_TIMEOUT"),
+]
+CpuOpt = Annotated[
+    int | None,
+    typer.Option("--cpu-seconds", help=_default("cpu_seconds"), envvar="CODECAGE_CPU_SECONDS"),
+]
+MemoryOpt = Annotated[
+    int | None,
+    typer.Option("--memory-mb", help=_default("memory_mb"), envvar="CODECAGE_MEMORY_MB"),
+]
+ProcessesOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-processes", help=_default("max_processes"), envvar="CODECAGE_MAX_PROCESSES"
+    ),
+]
+OpenFilesOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-open-files", help=_default("max_open_files"), envvar="CODECAGE_MAX_OPEN_FILES"
+    ),
+]
+FileSizeOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-file-size-mb",
+        help=_default("max_file_size_mb"),
+        envvar="CODECAGE_MAX_FILE_SIZE_MB",
+    ),
+]
+WorkspaceMbOpt = Annotated[
+    int | None,
+    typer.Option("--workspace-mb", help=_default("workspace_mb"), envvar="CODECAGE_WORKSPACE_MB"),
+]
+TmpMbOpt = Annotated[
+    int | None,
+    typer.Option("--tmp-mb", help=_default("tmp_mb"), envvar="CODECAGE_TMP_MB"),
+]
+OutputOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-output-bytes",
+        help=_default("max_output_bytes"),
+        envvar="CODECAGE_MAX_OUTPUT_BYTES",
+    ),
+]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print exactly one JSON object on stdout, nothing else.")
+]
+DegradedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-degraded",
+        help="Run even if the self-test finds an isolation layer missing (the result says which).",
+        envvar="CODECAGE_ALLOW_DEGRADED",
+    ),
+]
+BackendOpt = Annotated[
+    str,
+    typer.Option("--backend", help="Isolation backend: auto or bwrap.", envvar="CODECAGE_BACKEND"),
+]
+ProfileOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--profile",
+        help="Capability profile(s) for imports, comma-separated: standard (the whole "
+        "standard library and the installed data packages), or the curated basic, "
+        "data_science, filesystem, network, or one from the config file. (default: "
+        "standard, or CODECAGE_PROFILE, or the config file's policy.profile)",
+        show_default=False,
+    ),
+]
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        help="TOML config file (default: $CODECAGE_CONFIG, else config.toml in "
+        "~/.config/codecage or /etc/codecage; never the current directory), owned by you "
+        "or root, not group/world-writable.",
+        dir_okay=False,
+        show_default=False,
+    ),
+]
+AllowImportOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--allow-import",
+        help="Also allow importing this module (repeat, or separate with commas).",
+    ),
+]
+VerboseOpt = Annotated[
+    bool, typer.Option("--verbose", "-v", help="Log what codecage does, with tracebacks.")
+]
+McpConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--mcp-config",
+        help="Upstream MCP servers whose tools the code may call, through codecage, without "
+        "network or credentials: a JSON file with mcpServers, as MCP hosts write them.",
+        dir_okay=False,
+        exists=True,
+        show_default=False,
+    ),
+]
+McpHostOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--mcp-host",
+        help="Use the MCP servers already configured for this host, from its user-level "
+        "file: claude-code, cursor, vscode or claude-desktop (repeat). A project's own "
+        "file (.mcp.json, .cursor/, .vscode/) is never read.",
+        show_default=False,
+    ),
+]
+ServersDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--servers-dir",
+        help="The tool modules `codecage gen` wrote, mounted read-only at /servers "
+        "(default: generated afresh into a temp dir at start).",
+        file_okay=False,
+        show_default=False,
+    ),
+]
+SkillsDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--skills-dir",
+        help="A directory of reusable Python functions, read-only at /skills "
+        "(import skills.<module>).",
+        file_okay=False,
+        show_default=False,
+    ),
+]
+TokenizeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--tokenize",
+        help="Replace personal data in tool results with tokens ([EMAIL_1]) that only "
+        "tool arguments turn back into the real values (default: per server's config).",
+    ),
+]
+NoScrubOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-scrub",
+        help="Do not redact personal data and secrets from the result (on by default: "
+        "emails, phones, SSNs, cards, IBANs, IPs and secrets become [EMAIL], [SECRET], ...).",
+    ),
+]
+ScrubCategoriesOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--scrub-categories",
+        help="Redact only these categories, comma-separated: email, phone, ssn, "
+        "credit_card, iban, ip, secret (default: the config's \\[scrub] switches, all on).",
+        show_default=False,
+    ),
+]
+MaxToolCallsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-tool-calls",
+        help="Tool calls one run may make, 1 to 100000 (default: \\[tools] max_calls, 200).",
+        show_default=False,
+    ),
+]
+AllowToolOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--allow-tool",
+        help="Only these tools may be called: SERVER.TOOL, split at the first dot; a wildcard"
+        " (*, ?) matches only plain names (letters, digits, _ - .) (repeat).",
+        show_default=False,
+    ),
+]

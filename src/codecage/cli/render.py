@@ -1,0 +1,291 @@
+"""What the CLI shows a person: results, validation reports, host info, the doctor's
+verdict, package changes and errors, on stdout/stderr; or exactly one JSON object."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from codecage import config
+from codecage import packages as added
+from codecage.errors import CodecageError, ConfigError
+from codecage.models import (
+    DoctorReport,
+    ExecutionResult,
+    HostInfo,
+    PoolState,
+    ScrubState,
+    ToolsState,
+    ValidationReport,
+)
+from codecage.output import neutralise_line, neutralise_text
+
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def print_json(data: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(data, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def render_result(result: ExecutionResult, *, raw: bool) -> None:
+    if raw:
+        sys.stdout.buffer.write(result.raw_stdout())
+        sys.stdout.buffer.flush()
+        sys.stderr.buffer.write(result.raw_stderr())
+        sys.stderr.buffer.flush()
+    else:
+        sys.stdout.write(result.stdout)
+        sys.stdout.flush()
+        sys.stderr.write(result.stderr)
+    if result.error is not None and result.error.traceback:
+        sys.stderr.write(result.error.traceback.rstrip("\n") + "\n")
+    elif result.error is not None:
+        sys.stderr.write(f"{result.error.type}: {result.error.message}\n")
+    if result.return_value is not None:
+        shown = json.dumps(result.return_value, ensure_ascii=False)
+        stderr.print(f"[bold]→[/bold] {neutralise_text(shown)[:2000]}", markup=True)
+    for event in result.events:
+        # The detail holds text the code chose (module and tool names): never markup, and
+        # one line (Event neutralises it when made; again here, as a result can be built
+        # without validation and this costs nothing).
+        detail = escape(neutralise_line(event.detail))
+        if event.kind == "tool_call" and (event.data or {}).get("status") == "ok":
+            stderr.print(f"[dim]· tool {detail}[/dim]", markup=True)
+        else:
+            stderr.print(f"[yellow]! {event.kind}[/yellow]: {detail}", markup=True)
+    stderr.print(_summary(result), markup=True)
+
+
+def _summary(result: ExecutionResult) -> str:
+    colour = "green" if result.ok else "red"
+    parts = [f"[{colour}]{result.status}[/{colour}]", f"{result.usage.wall_ms} ms wall"]
+    if result.usage.cpu_ms is not None:
+        parts.append(f"{result.usage.cpu_ms} ms CPU")
+    if result.usage.peak_memory_mb is not None:
+        parts.append(f"{result.usage.peak_memory_mb:g} MiB peak")
+    if result.exit_code not in (None, 0):
+        parts.append(f"exit {result.exit_code}")
+    if result.signal:
+        parts.append(result.signal)
+    if result.files:
+        parts.append(f"{len(result.files)} file(s)")
+    if result.redactions:
+        counts = ", ".join(f"{n} {category}" for category, n in result.redactions.items())
+        parts.append(f"redacted {counts}")
+    return "codecage: " + " · ".join(parts)
+
+
+def render_validation(report: ValidationReport) -> None:
+    out = Console(highlight=False, soft_wrap=True)
+    for finding in report.findings:
+        where = f"{finding.line}:{finding.col}" if finding.line else "-"
+        out.print(
+            f"{where:>7} {finding.severity:<6} {finding.rule_id:<6} {finding.message}",
+            markup=False,
+        )
+    if report.omitted_findings:
+        out.print(f"        … and {report.omitted_findings} more findings", markup=False)
+    a = report.analysis
+    out.print(
+        f"{a.lines} lines · {a.functions} functions · {a.loops} loops · "
+        f"nesting {a.max_nesting_depth} · complexity {a.complexity}",
+        markup=False,
+    )
+    for tip in a.recommendations:
+        out.print(f"tip: {tip}", markup=False)
+    verdict = "[green]valid[/green]" if report.valid else "[red]invalid[/red]"
+    out.print(f"{verdict}: {report.message}")
+
+
+def render_info(report: HostInfo) -> None:
+    out = Console(highlight=False, soft_wrap=True)
+    out.print(f"codecage {report.version} · backend [bold]{report.backend}[/bold]")
+    origin = config.ORIGINS.get(report.config_origin, report.config_origin)
+    found = f"{report.config_file} (from {origin})" if report.config_file else "none found"
+    out.print(f"config file: {found}", markup=False)
+    out.print(f"python in the sandbox: {report.python}")
+    for layer in report.layers:
+        mark = "[green]✓[/green]" if layer.active else "[red]✗[/red]"
+        out.print(f" {mark} {layer.name:<11} {layer.mechanism} — {layer.detail}")
+    out.print("default limits (override per run; see `codecage run --help`), and their source:")
+    for name, value in report.default_limits.model_dump().items():
+        source = report.limit_sources.get(name, "default")
+        out.print(f"   {name:<18} {value!s:<10} ({source})")
+    out.print(
+        f"ceilings: memory_mb ≤ {report.ceilings.memory_mb}, timeout ≤ {report.ceilings.timeout:g}"
+    )
+    out.print(f"import policy: {report.import_policy or 'off'} (profiles, choose with --profile):")
+    for profile in report.profiles:
+        missing = [name for name, ok in profile.packages_importable.items() if not ok]
+        note = f" (not importable yet: {', '.join(missing)})" if missing else ""
+        mark = "*" if profile.default else " "
+        out.print(f" {mark} {profile.name:<13} {profile.description}{note}")
+    if report.pool is not None:
+        _render_pool(out, report.pool)
+    if report.scrub is not None:
+        _render_scrub(out, report.scrub)
+    if report.tools is not None:
+        _render_tools(out, report.tools)
+    if report.packages:
+        listed = ", ".join(f"{p.name}=={p.version}" for p in report.packages if p.requested)
+        extra = sum(1 for p in report.packages if not p.requested)
+        out.print(f"added packages: {listed} (+{extra} dependencies)", markup=False)
+    else:
+        out.print("added packages: none (`codecage packages add NAME`)", markup=False)
+
+
+def _render_tools(out: Console, tools: ToolsState) -> None:
+    if tools.servers:
+        servers = ", ".join(tools.servers)
+    elif tools.configured_servers:
+        servers = (
+            f"{', '.join(tools.configured_servers)} (in the config file; run and serve start them)"
+        )
+    else:
+        servers = "none (add --mcp-config FILE, or [mcpServers.NAME] to the config file)"
+    out.print(f"upstream MCP tools: {servers}", markup=False)
+    out.print(
+        f"   per run: at most {tools.max_calls} tool calls, {tools.max_in_flight} at once, "
+        f"{tools.max_result_mb:g} MiB per result ([tools] in the config file)",
+        markup=False,
+    )
+    if tools.allowed_tools is not None:
+        out.print(f"   allowed: {', '.join(tools.allowed_tools) or 'none'}", markup=False)
+    for label, directory in (("typed tools", tools.servers_dir), ("skills", tools.skills_dir)):
+        if directory is not None:
+            out.print(f"   {label}: {directory}", markup=False)
+
+
+def _render_scrub(out: Console, scrub: ScrubState) -> None:
+    if not scrub.enabled:
+        out.print(f"scrubbing of results: off ({scrub.source})", markup=False)
+        return
+    secrets = f"; {scrub.secrets} configured secret(s)" if scrub.secrets else ""
+    out.print(
+        f"scrubbing of results: {', '.join(scrub.categories) or 'configured secrets only'}"
+        f"{secrets} ({scrub.source})",
+        markup=False,
+    )
+
+
+def _render_pool(out: Console, pool: PoolState) -> None:
+    config = pool.config
+    state = "on" if config.enabled else "off (enable: [pool] enabled = true, or CODECAGE_POOL=1)"
+    sizes = config.sizes
+    out.print(
+        f"warm pool: {state}; keeps {sizes.min_idle}..{sizes.max_idle} ready per profile, "
+        f"{config.max_starting} starting at once",
+        markup=False,
+    )
+    for key in pool.keys:
+        memory = (
+            f"{key.idle_rss_mb} MB RSS / {key.idle_pss_mb} MB PSS each"
+            if key.idle_rss_mb is not None
+            else "none idle to measure"
+        )
+        preload = f", preloads {', '.join(key.preload)}" if key.preload else ""
+        out.print(
+            f"   {key.profile:<13} idle {key.idle}, starting {key.starting}, "
+            f"hits {key.hits}, misses {key.misses}, crashed {key.crashed}; {memory}{preload}",
+            markup=False,
+        )
+        if key.last_error:
+            out.print(f"   last start failure: {key.last_error}", markup=False)
+    if pool.host_rss_mb is not None:
+        out.print(f"   this process: {pool.host_rss_mb} MB RSS", markup=False)
+
+
+def render_doctor(report: DoctorReport) -> None:
+    out = Console(highlight=False, soft_wrap=True)
+    for probe in report.probes:
+        mark = "[green]PASS[/green]" if probe.passed else "[red]FAIL[/red]"
+        out.print(f"{mark} {probe.layer:<12} {probe.detail}")
+    verdict = "all layers hold" if report.passed else "some layers are missing"
+    out.print(f"backend {report.backend}: {verdict}")
+
+
+def render_package_list(directory: Path, record: added.Record) -> None:
+    out = Console(highlight=False, soft_wrap=True)
+    out.print(f"packages directory: {directory}", markup=False)
+    if not record.packages:
+        out.print("no packages added (codecage packages add NAME)", markup=False)
+        return
+    for entry in record.packages:
+        why = "" if entry.requested else "  (dependency)"
+        out.print(f"  {entry.name}=={entry.version}{why}", markup=False)
+
+
+def render_package_change(change: added.Change, *, as_json: bool) -> None:
+    before = {added.canonical(e.name): e for e in change.before.packages}
+    after = {added.canonical(e.name): e for e in change.after.packages}
+    installed = [after[k] for k in sorted(after) if k not in before]
+    removed = [before[k] for k in sorted(before) if k not in after]
+    changed = [
+        (before[k], after[k])
+        for k in sorted(after)
+        if k in before and before[k].version != after[k].version
+    ]
+    if as_json:
+        print_json(
+            {
+                "directory": str(change.directory),
+                "notes": list(change.notes),
+                "installed": [f"{e.name}=={e.version}" for e in installed],
+                "removed": [f"{e.name}=={e.version}" for e in removed],
+                "changed": [f"{a.name}=={a.version} -> {b.version}" for a, b in changed],
+                **change.after.model_dump(mode="json"),
+            }
+        )
+        return
+    for note in change.notes:
+        stderr.print(note, markup=False)
+    for entry in installed:
+        stderr.print(f"+ {entry.name}=={entry.version}", markup=False)
+    for old, new in changed:
+        stderr.print(f"~ {old.name}=={old.version} -> {new.version}", markup=False)
+    for entry in removed:
+        stderr.print(f"- {entry.name}=={entry.version}", markup=False)
+    count = len(change.after.requested())
+    stderr.print(
+        f"{count} package(s) added in {change.directory}; sandboxes started from now on see "
+        "them (a running `codecage serve` keeps its warm sandboxes until they are used)",
+        markup=False,
+    )
+
+
+def fail(exc: CodecageError, *, as_json: bool, verbose: bool) -> NoReturn:
+    code = 2 if isinstance(exc, ConfigError) else 1
+    hint = exc.hint_for("cli")  # flags, not keyword arguments (errors.render_hint)
+    if as_json:
+        print_json(
+            {"error": {"type": type(exc).__name__, "message": str(exc), "hint": hint or None}}
+        )
+    stderr.print(f"[red]Error:[/red] {escape(str(exc))}", markup=True)
+    if hint:
+        stderr.print(f"Hint: {hint}", markup=False)  # a hint may name [tables]
+    if verbose:
+        stderr.print_exception()
+    raise typer.Exit(code)
+
+
+class _NullContext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *args: object) -> None:
+        return None
+
+
+def progress(message: str, *, enabled: bool) -> Any:
+    """A spinner on stderr for slow steps, only for a person watching a terminal."""
+    if not enabled or not sys.stderr.isatty() or os.environ.get("CI") == "true":
+        return _NullContext()
+    return stderr.status(message)

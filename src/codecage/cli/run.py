@@ -1,0 +1,250 @@
+"""`codecage run` and `codecage validate`: the commands that take code."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from codecage import config
+from codecage.cli.logs import configure_logging
+from codecage.cli.options import (
+    AllowImportOpt,
+    AllowToolOpt,
+    BackendOpt,
+    ConfigOpt,
+    CpuOpt,
+    DegradedOpt,
+    FileSizeOpt,
+    JsonOpt,
+    MaxToolCallsOpt,
+    McpConfigOpt,
+    McpHostOpt,
+    MemoryOpt,
+    NoScrubOpt,
+    OpenFilesOpt,
+    OutputOpt,
+    ProcessesOpt,
+    ProfileOpt,
+    ScrubCategoriesOpt,
+    ServersDirOpt,
+    SkillsDirOpt,
+    TimeoutOpt,
+    TmpMbOpt,
+    TokenizeOpt,
+    VerboseOpt,
+    WorkspaceMbOpt,
+)
+from codecage.cli.render import fail, print_json, progress, render_result, render_validation
+from codecage.cli.setup import (
+    build_sandbox,
+    load_config,
+    read_code,
+    refuse_mcp_config_in,
+    scrub_option,
+    servers_of_hosts,
+    tool_setup,
+)
+from codecage.errors import CodecageError
+
+
+def run(
+    source: Annotated[
+        str | None, typer.Argument(help="'-' to read the code from stdin.", show_default=False)
+    ] = None,
+    code: Annotated[str | None, typer.Option("--code", "-c", help="The code to run.")] = None,
+    file: Annotated[
+        Path | None, typer.Option("--file", "-f", help="A Python file to run.", dir_okay=False)
+    ] = None,
+    timeout: TimeoutOpt = None,
+    cpu_seconds: CpuOpt = None,
+    memory_mb: MemoryOpt = None,
+    max_processes: ProcessesOpt = None,
+    max_open_files: OpenFilesOpt = None,
+    max_file_size_mb: FileSizeOpt = None,
+    workspace_mb: WorkspaceMbOpt = None,
+    tmp_mb: TmpMbOpt = None,
+    max_output_bytes: OutputOpt = None,
+    workspace: Annotated[
+        Path | None,
+        typer.Option(
+            "--workspace",
+            help="Mount this host directory at /workspace instead of a fresh empty one; "
+            "its files stay after the run.",
+            file_okay=False,
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+    raw: Annotated[
+        bool, typer.Option("--raw", help="Print the program's output bytes unescaped.")
+    ] = False,
+    profile: ProfileOpt = None,
+    allow_import: AllowImportOpt = None,
+    config_file: ConfigOpt = None,
+    replace_imports: Annotated[
+        bool,
+        typer.Option(
+            "--replace-imports", help="--allow-import replaces the profile's modules instead."
+        ),
+    ] = False,
+    no_import_policy: Annotated[
+        bool,
+        typer.Option(
+            "--no-import-policy",
+            help="Turn the import policy off; the OS sandbox still holds (it is the boundary).",
+        ),
+    ] = False,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict",
+            help="Validate first; refuse (status blocked) on a syntax error, a disallowed "
+            "import or a high-severity finding.",
+        ),
+    ] = False,
+    allow_degraded: DegradedOpt = False,
+    backend: BackendOpt = "auto",
+    mcp_config: McpConfigOpt = None,
+    mcp_host: McpHostOpt = None,
+    servers_dir: ServersDirOpt = None,
+    skills_dir: SkillsDirOpt = None,
+    allow_tool: AllowToolOpt = None,
+    max_tool_calls: MaxToolCallsOpt = None,
+    tokenize: TokenizeOpt = False,
+    no_scrub: NoScrubOpt = False,
+    scrub_categories: ScrubCategoriesOpt = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Run Python code in a fresh sandbox and report how it went.
+
+    What the run returns is scrubbed by the host: personal data and secrets in stdout,
+    stderr, the traceback, the return value and events become [EMAIL], [SECRET], ...
+    (counted in `redactions`); --no-scrub turns that off.
+
+    Examples:
+
+        codecage run --code 'import math; math.factorial(20)'
+
+        codecage run --file analysis.py --timeout 5 --memory-mb 256 --json
+
+        echo 'print("hi")' | codecage run -
+
+        codecage run --mcp-host claude-code --file agent.py  # calls MCP tools
+    """
+    configure_logging(verbose)
+    overrides: dict[str, Any] = {
+        "timeout": timeout,
+        "cpu_seconds": cpu_seconds,
+        "memory_mb": memory_mb,
+        "max_processes": max_processes,
+        "max_open_files": max_open_files,
+        "max_file_size_mb": max_file_size_mb,
+        "workspace_mb": workspace_mb,
+        "tmp_mb": tmp_mb,
+        "max_output_bytes": max_output_bytes,
+    }
+    try:
+        text, filename = read_code(source, code, file)
+        settings = load_config(config_file)
+        # Before any upstream server starts: code in the workspace may have written there.
+        config.check_workspace(settings, workspace)
+        refuse_mcp_config_in(workspace, mcp_config)
+        host_servers, host_reports = servers_of_hosts(mcp_host, mcp_config)
+        for report in host_reports:
+            for host_file in report.files:
+                refuse_mcp_config_in(workspace, host_file)
+        with progress("connecting to the upstream MCP servers", enabled=not as_json):
+            tools = tool_setup(
+                mcp_config,
+                servers_dir,
+                skills_dir,
+                allow_tool,
+                tokenize,
+                settings,
+                max_tool_calls=max_tool_calls,
+                host_servers=host_servers,
+            )
+        sandbox = build_sandbox(
+            settings,
+            tools,
+            profile=profile,
+            allow_import=allow_import,
+            backend=backend,
+            allow_degraded=allow_degraded,
+            replace_imports=replace_imports,
+            import_policy=not no_import_policy,
+            scrub=scrub_option(no_scrub, scrub_categories, settings),
+        )
+        with (
+            contextlib.closing(tools),
+            sandbox,
+            progress("starting the sandbox", enabled=not as_json),
+        ):
+            result = sandbox.run(
+                text, limits=overrides, filename=filename, workspace=workspace, strict=strict
+            )
+    except CodecageError as exc:
+        fail(exc, as_json=as_json, verbose=verbose)
+    if as_json:
+        data = result.model_dump(mode="json")
+        if host_reports:  # which servers --mcp-host found, beside the result
+            data["mcp_hosts"] = [report.as_json() for report in host_reports]
+        print_json(data)
+    else:
+        render_result(result, raw=raw)
+    raise typer.Exit(0 if result.ok else 1)
+
+
+def validate(
+    source: Annotated[
+        str | None, typer.Argument(help="'-' to read the code from stdin.", show_default=False)
+    ] = None,
+    code: Annotated[str | None, typer.Option("--code", "-c", help="The code to check.")] = None,
+    file: Annotated[
+        Path | None, typer.Option("--file", "-f", help="A Python file to check.", dir_okay=False)
+    ] = None,
+    profile: ProfileOpt = None,
+    allow_import: AllowImportOpt = None,
+    config_file: ConfigOpt = None,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="A high-severity security finding makes it invalid.")
+    ] = False,
+    mcp_config: McpConfigOpt = None,
+    servers_dir: ServersDirOpt = None,
+    skills_dir: SkillsDirOpt = None,
+    as_json: JsonOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Check code without running it: syntax, imports outside the profile, security findings.
+
+    Exit 0 when the code would run under the profile, 1 when it would be refused. The
+    rule for imports is the one the sandbox applies; `servers.*` and `skills.*` import
+    when their directories are given, as for `run`.
+
+    Examples:
+
+        codecage validate --code 'import os; os.system("ls")'
+
+        codecage validate --file job.py --profile filesystem --json
+    """
+    configure_logging(verbose)
+    try:
+        text, _ = read_code(source, code, file)
+        settings = load_config(config_file)
+        with progress("connecting to the upstream MCP servers", enabled=not as_json):
+            tools = tool_setup(mcp_config, servers_dir, skills_dir, None, False, settings)
+        with contextlib.closing(tools):
+            sandbox = build_sandbox(
+                settings, tools, profile=profile, allow_import=allow_import, pool=False
+            )
+            with sandbox:
+                report = sandbox.validate(text, strict=strict)
+    except CodecageError as exc:
+        fail(exc, as_json=as_json, verbose=verbose)
+    if as_json:
+        print_json(report.model_dump(mode="json"))
+    else:
+        render_validation(report)
+    raise typer.Exit(0 if report.valid else 1)

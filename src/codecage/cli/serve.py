@@ -1,0 +1,180 @@
+"""`codecage serve`: codecage as an MCP server, over stdio or streamable HTTP."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import signal
+import sys
+from typing import Annotated
+
+import typer
+
+from codecage.cli.logs import configure_logging
+from codecage.cli.options import (
+    AllowToolOpt,
+    ConfigOpt,
+    MaxToolCallsOpt,
+    McpConfigOpt,
+    McpHostOpt,
+    NoScrubOpt,
+    ScrubCategoriesOpt,
+    ServersDirOpt,
+    SkillsDirOpt,
+    TokenizeOpt,
+    VerboseOpt,
+)
+from codecage.cli.render import fail, stderr
+from codecage.cli.setup import load_config, scrub_option, servers_of_hosts, tool_setup
+from codecage.errors import CodecageError
+
+
+def serve(
+    http: Annotated[
+        bool, typer.Option("--http", help="Serve streamable HTTP at /mcp instead of stdio.")
+    ] = False,
+    host: Annotated[
+        str, typer.Option("--host", help="HTTP: address to bind (a token is always required).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="HTTP: port to listen on.")] = 8000,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            help="HTTP: require 'Authorization: Bearer TOKEN' on every request (required).",
+            envvar="CODECAGE_TOKEN",
+            show_default=False,
+        ),
+    ] = None,
+    insecure_no_token: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-no-token",
+            help="HTTP on loopback without a token. INSECURE: every local user of this "
+            "machine can then run code, and call the upstream tools with your credentials.",
+        ),
+    ] = False,
+    max_timeout: Annotated[
+        float, typer.Option("--max-timeout", help="Largest timeout a call may ask for (s).")
+    ] = 120.0,
+    max_memory_mb: Annotated[
+        int, typer.Option("--max-memory-mb", help="Largest memory_limit_mb a call may ask for.")
+    ] = 2048,
+    max_concurrent: Annotated[
+        int, typer.Option("--max-concurrent", help="Executions running at once.", min=1)
+    ] = 4,
+    max_queued: Annotated[
+        int,
+        typer.Option("--max-queued", help="Executions that may wait; past that, 'busy'.", min=0),
+    ] = 32,
+    no_pool: Annotated[
+        bool, typer.Option("--no-pool", help="Cold-start every sandbox (no warm pool).")
+    ] = False,
+    reply_max_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--reply-max-tokens",
+            help="Estimated tokens one tool reply may take (env CODECAGE_REPLY_MAX_TOKENS, "
+            "config key serve.reply_max_tokens; 2000 to 240000, default 20000). Longer output "
+            "keeps its head and tail.",
+            show_default=False,
+        ),
+    ] = None,
+    mcp_config: McpConfigOpt = None,
+    mcp_host: McpHostOpt = None,
+    servers_dir: ServersDirOpt = None,
+    skills_dir: SkillsDirOpt = None,
+    allow_tool: AllowToolOpt = None,
+    max_tool_calls: MaxToolCallsOpt = None,
+    tokenize: TokenizeOpt = False,
+    no_scrub: NoScrubOpt = False,
+    scrub_categories: ScrubCategoriesOpt = None,
+    config_file: ConfigOpt = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Serve codecage as an MCP server: tools execute_code, validate_code, get_sandbox_info.
+
+    Logs go to stderr: the settings at start, then one line per tool call (tool, status,
+    wall_ms, queue_ms); in stdio mode stdout carries only the protocol.
+
+    Examples:
+
+        codecage serve        # stdio: for Claude Code, Cursor, VS Code
+
+        codecage serve --http --port 8765 --token "$TOKEN"   # at :8765/mcp
+
+        codecage serve --http --host 0.0.0.0 --token "$(openssl rand -hex 16)"
+
+        codecage serve --mcp-host cursor   # code may call Cursor's MCP servers
+    """
+    from codecage.mcp import http as http_serving
+    from codecage.mcp import server as mcp_server  # the MCP SDK loads only for this command
+    from codecage.mcp import stdio
+
+    configure_logging(verbose)
+    if not verbose:  # the settings at start and one line per call, even when quiet
+        for module in (mcp_server, stdio, http_serving):
+            logging.getLogger(module.__name__).setLevel(logging.INFO)
+    _exit_on_sigterm()
+    limits = mcp_server.ServerLimits(
+        max_timeout=max_timeout,
+        max_memory_mb=max_memory_mb,
+        max_concurrent=max_concurrent,
+        max_queued=max_queued,
+        reply_max_tokens=reply_max_tokens,  # None: env, then the config file, then 20000
+    )
+    try:
+        settings = load_config(config_file)
+        host_servers, _ = servers_of_hosts(mcp_host, mcp_config)
+        tools = tool_setup(
+            mcp_config,
+            servers_dir,
+            skills_dir,
+            allow_tool,
+            tokenize,
+            settings,
+            max_tool_calls=max_tool_calls,
+            host_servers=host_servers,
+        )
+        atexit.register(tools.close)
+        options = {
+            **tools.sandbox_options(),
+            # Every Sandbox of the server (one per profile, per call with extra imports)
+            # uses the settings loaded and logged now, not a file read again later.
+            "config": settings,
+            "scrub": scrub_option(no_scrub, scrub_categories, settings),
+        }
+        app_server = mcp_server.build_server(
+            limits=limits, pool=not no_pool, sandbox_options=options
+        )
+        if not http:
+            stdio.serve(app_server)
+            _ignore_sigterm()  # the client hung up: what is left is cleanup
+            return
+        asgi = mcp_server.http_app(
+            app_server, host=host, token=token, insecure_no_token=insecure_no_token
+        )
+    except CodecageError as exc:
+        fail(exc, as_json=False, verbose=verbose)
+    stderr.print(f"codecage MCP server on http://{host}:{port}/mcp", markup=False)
+    http_serving.serve(asgi, host=host, port=port, verbose=verbose)
+
+
+def _exit_on_sigterm() -> None:
+    """Let SIGTERM (a service manager, `kill`) end the process through the interpreter's
+    exit, as Ctrl-C does, so atexit closes the warm pool and leaves nothing behind. (uvicorn
+    restores this handler when it stops and re-raises the signal to it.)"""
+
+    def leave(signum: int, _frame: object) -> None:
+        _ignore_sigterm()  # a second one must not cut the cleanup it starts short
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, leave)
+
+
+def _ignore_sigterm() -> None:
+    """From here on the process is only cleaning up (closing the warm pool, which waits
+    for a sandbox still starting): a SIGTERM raising SystemExit inside that cleanup would
+    leave the sandbox's run directory, mount and cgroup behind. MCP clients send one two
+    seconds after they close the server's stdin (the SDKs' stdio transports do)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)

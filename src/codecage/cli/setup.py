@@ -1,0 +1,216 @@
+"""From the flags to the library's inputs: the code, the settings, the upstream tools, the
+scrub option and the Sandbox of `run` and `validate`; each made in one function."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from codecage import config
+from codecage.cli.render import stderr
+from codecage.errors import ConfigError
+from codecage.models import ScrubSettings
+from codecage.sandbox import Sandbox
+
+if TYPE_CHECKING:
+    from codecage.bridge.hosts import HostServers
+    from codecage.bridge.tooling import ToolSetup
+    from codecage.bridge.upstreams import Upstream
+
+log = logging.getLogger("codecage.cli")  # the same name under `python -m codecage.cli`
+
+_MAX_TOOL_CALLS = 100_000  # as [tools] max_calls allows
+
+
+def read_code(source: str | None, code: str | None, file: Path | None) -> tuple[str, str]:
+    given = [x for x in (source, code, file) if x is not None]
+    if len(given) != 1:
+        raise ConfigError(
+            "give the code exactly one way",
+            hint="use --code SRC, --file PATH, or - to read stdin",
+        )
+    if code is not None:
+        return code, "main.py"
+    if file is not None:
+        try:
+            data = file.read_bytes()
+        except OSError as exc:
+            # The reason is the message; no hint says more than "No such file or directory".
+            raise ConfigError(f"cannot read {file}: {exc.strerror or exc}", hint="") from exc
+        return _read_text(data, str(file)), file.name
+    if source != "-":
+        raise ConfigError(
+            f"unexpected argument {source!r}",
+            hint="to run a file use --file PATH; to read stdin use -",
+        )
+    return _read_text(sys.stdin.buffer.read(), "stdin"), "main.py"
+
+
+def _read_text(data: bytes, where: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{where} is not UTF-8 text (byte {exc.start})",
+            hint="pass Python source code, not a binary file",
+        ) from exc
+
+
+def load_config(config_file: Path | None) -> config.Settings:
+    """The settings, with the config file in force logged (INFO, shown by -v).
+
+    Raises:
+        ConfigError: the file is not trusted or not valid, or a variable is invalid.
+    """
+    settings = config.load(config_file)
+    log.info(
+        "config.file",
+        extra={
+            "path": str(settings.config_file) if settings.config_file else None,
+            "origin": settings.config_origin,
+            "searched": [str(p) for p in settings.config_searched],
+        },
+    )
+    return settings
+
+
+def servers_of_hosts(
+    names: list[str] | None, mcp_config: Path | None
+) -> tuple[dict[str, Upstream] | None, list[HostServers]]:
+    """The servers of the --mcp-host hosts, each host's finding said on stderr. A server
+    the --mcp-config file names too is the file's (`tooling.configured_servers`): the
+    report says so.
+
+    Raises:
+        ConfigError: an unknown host, an untrusted or malformed file, or no server found.
+    """
+    if not names:
+        return None, []
+    from codecage.bridge import hosts, upstreams
+
+    servers, reports = hosts.load([n.strip() for item in names for n in item.split(",") if n])
+    for name in upstreams.load(mcp_config) if mcp_config is not None else {}:
+        for report in reports:
+            if report.servers.pop(name, None) is not None:
+                report.skipped[name] = "--mcp-config names a server of that name, used instead"
+    for report in reports:
+        stderr.print(f"codecage: {report.describe()}", markup=False)
+    return servers, reports
+
+
+def refuse_mcp_config_in(workspace: Path | None, mcp_config: Path | None) -> None:
+    """Refuse an --mcp-config inside the workspace: like the config file, it names the
+    commands the host starts, and code in the run could rewrite it for the next run.
+
+    Raises:
+        ConfigError: the workspace contains the file.
+    """
+    if workspace is None or mcp_config is None:
+        return
+    root = Path(workspace).resolve()
+    for place in (mcp_config.resolve(), mcp_config.absolute()):
+        if place.is_relative_to(root):
+            raise ConfigError(
+                f"the workspace {workspace} contains the --mcp-config file {mcp_config}: code "
+                "run there could rewrite the commands this host starts for later runs",
+                hint="keep the MCP config outside the workspace",
+            )
+
+
+def tool_setup(
+    mcp_config: Path | None,
+    servers_dir: Path | None,
+    skills_dir: Path | None,
+    allow_tool: list[str] | None,
+    tokenize: bool,
+    settings: config.Settings,
+    *,
+    max_tool_calls: int | None = None,
+    host_servers: Mapping[str, Upstream] | None = None,
+) -> ToolSetup:
+    """The tool flags, with the config file's [mcpServers.*] and [tools] for what they
+    leave out."""
+    from codecage.bridge import tooling
+
+    setup = tooling.prepare(
+        mcp_config,
+        servers_dir=servers_dir,
+        skills_dir=skills_dir,
+        allowed_tools=[t for item in allow_tool or [] for t in item.split(",") if t],
+        tokenize=True if tokenize else None,
+        settings=settings,
+        host_servers=host_servers,
+    )
+    if max_tool_calls is None:
+        return setup
+    if not 1 <= max_tool_calls <= _MAX_TOOL_CALLS:
+        setup.close()
+        raise ConfigError(
+            f"--max-tool-calls {max_tool_calls} is out of range",
+            hint=f"give 1 to {_MAX_TOOL_CALLS} tool calls per run",
+        )
+    limits = setup.tool_limits or tooling.bridge_limits(settings.tools)
+    return dataclasses.replace(
+        setup, tool_limits=dataclasses.replace(limits, max_calls=max_tool_calls)
+    )
+
+
+def scrub_option(
+    no_scrub: bool, categories: str | None, settings: config.Settings
+) -> bool | ScrubSettings | None:
+    """`Sandbox(scrub=...)` for the flags: None leaves it to the config.
+
+    Raises:
+        ConfigError: an unknown category, or --no-scrub with --scrub-categories.
+    """
+    if no_scrub and categories is not None:
+        raise ConfigError(
+            "--no-scrub and --scrub-categories contradict each other",
+            hint="give one: --no-scrub turns scrubbing off, --scrub-categories narrows it",
+        )
+    if no_scrub:
+        return False
+    if categories is None:
+        return None
+    wanted = [c.strip() for c in categories.split(",") if c.strip()]
+    base = settings.scrub.model_copy(update={"enabled": True})
+    return config.with_categories(base, wanted, "--scrub-categories")
+
+
+def build_sandbox(
+    settings: config.Settings,
+    tools: ToolSetup,
+    *,
+    profile: str | None,
+    allow_import: list[str] | None,
+    backend: str = "auto",
+    allow_degraded: bool = False,
+    replace_imports: bool = False,
+    import_policy: bool = True,
+    scrub: bool | ScrubSettings | None = None,
+    pool: bool | None = None,
+) -> Sandbox:
+    """The Sandbox of `run` and `validate`, so both judge code under the same policy
+    (enabled profiles included) and tool directories.
+
+    Raises:
+        ConfigError: a profile not enabled here, an unknown one, a bad module name.
+        HostError: no backend can run on this host.
+    """
+    return Sandbox(
+        backend=backend,
+        allow_degraded=allow_degraded,
+        profile=profile,
+        allowed_imports=[m for item in allow_import or [] for m in item.split(",") if m],
+        replace_imports=replace_imports,
+        import_policy=import_policy,
+        config=settings,
+        pool=pool,
+        scrub=scrub,
+        face="cli",
+        **tools.sandbox_options(),
+    )

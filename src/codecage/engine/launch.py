@@ -1,0 +1,272 @@
+"""Preparing one sandbox's launch: what it binds, its run directory and workspace, the
+channels shared with the guest, its environment and the guest's command line; and sweeping
+what runs of dead host processes left behind.
+
+Everything made here is registered on the caller's ExitStack, so any exit path undoes it.
+Nothing here knows which backend starts the sandbox (`backends.base.LaunchSpec` is the
+description it is given).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import shutil
+import socket
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from codecage import packages
+from codecage.bridge.tooling import SERVERS_DIR_PREFIX
+from codecage.engine import workspace as workspaces
+from codecage.errors import ConfigError
+from codecage.isolation import cgroups, rootfs, seccomp, shell
+from codecage.policy import profiles
+from codecage.policy.profiles import ImportPolicy
+
+log = logging.getLogger(__name__)
+
+RUN_DIR_PREFIX = "codecage-run-"
+
+
+def binds(
+    policy: ImportPolicy | None,
+    packages_dir: Path | None,
+    servers_dir: Path | None,
+    skills_dir: Path | None,
+    interpreter: rootfs.Interpreter,
+) -> tuple[rootfs.Mount, ...]:
+    """What a sandbox binds besides its root: tools, packages, the tool trees. The first
+    time, with an empty cache, this reads every package's RECORD and runs ldd (seconds).
+
+    Raises:
+        ConfigError: a servers or skills directory does not exist.
+        HostError: the host facts cannot be found.
+    """
+    return (
+        _shell_mounts(interpreter)
+        + _package_mounts(policy, interpreter)
+        + _added_package_mounts(policy, packages_dir, interpreter)
+        + _tool_tree_mounts(servers_dir, skills_dir)
+    )
+
+
+def root_mounts(
+    interpreter: rootfs.Interpreter, workspace: Path, run_dir: Path, tmp_mb: int
+) -> tuple[rootfs.Mount, ...]:
+    """The sandbox's root: the interpreter, a private /etc and the empty dirs it needs
+    (written into `run_dir` now), /workspace and a /tmp of `tmp_mb`."""
+    rootfs.write_etc(run_dir / "etc")
+    (run_dir / "empty").mkdir(mode=0o555)
+    rootfs.write_empty_file(run_dir)
+    return rootfs.plan(
+        interpreter,
+        workspace=workspace,
+        etc_dir=run_dir / "etc",
+        empty_dir=run_dir / "empty",
+        tmp_bytes=tmp_mb * cgroups.MiB,
+    )
+
+
+def _shell_mounts(interpreter: rootfs.Interpreter) -> tuple[rootfs.Mount, ...]:
+    """The shell and command-line tools (isolation/shell.py), minus libraries already bound."""
+    return shell.mounts(shell.find(), already_bound=frozenset(map(str, interpreter.libraries)))
+
+
+def _package_mounts(
+    policy: ImportPolicy | None, interpreter: rootfs.Interpreter
+) -> tuple[rootfs.Mount, ...]:
+    """Third-party packages the policy allows, bound read-only: those a curated profile
+    names, or every installed data package under the default profile or no policy."""
+    found = rootfs.packages_for(profiles.packages_to_bind(policy))
+    known = {str(lib) for lib in interpreter.libraries}
+    return tuple(
+        m for m in rootfs.package_mounts(found) if m.kind != "ro-bind" or m.dest not in known
+    )
+
+
+def _added_package_mounts(
+    policy: ImportPolicy | None, packages_dir: Path | None, interpreter: rootfs.Interpreter
+) -> tuple[rootfs.Mount, ...]:
+    """The packages the operator added (`codecage packages`), read-only at /opt/packages
+    when the policy allows any of them (codecage.packages.mounts)."""
+    if packages_dir is None:
+        return ()
+    known = frozenset(map(str, interpreter.libraries))
+    return packages.mounts(packages_dir, policy, known=known)
+
+
+def _tool_tree_mounts(
+    servers_dir: Path | None, skills_dir: Path | None
+) -> tuple[rootfs.Mount, ...]:
+    """The generated tool modules and the skills, read-only: at /servers and /skills to
+    read (search_tools), and under the guest package root to import (`servers.x.y`)."""
+    mounts: list[rootfs.Mount] = []
+    for name, source in (("servers", servers_dir), ("skills", skills_dir)):
+        if source is None:
+            continue
+        if not source.is_dir():
+            raise ConfigError(
+                f"the {name} directory {source} does not exist",
+                hint="run `codecage gen --mcp-config FILE` first"
+                if name == "servers"
+                else "check the path given with --skills-dir",
+            )
+        mounts.append(rootfs.Mount("ro-bind", f"/{name}", str(source.resolve())))
+        mounts.append(
+            rootfs.Mount("ro-bind", f"{rootfs.GUEST_PACKAGE_ROOT}/{name}", str(source.resolve()))
+        )
+    return tuple(mounts)
+
+
+@functools.cache
+def sandbox_filter() -> bytes:
+    """The seccomp filter every sandbox gets: the same program each time, so compiled once
+    (~3 ms of every cold start otherwise)."""
+    return seccomp.compile_bpf(seccomp.plan(network=False))
+
+
+def make_run_dir(cleanup: contextlib.ExitStack) -> Path:
+    """A fresh private directory for one run (its /etc, the launcher's cwd, its workspace
+    mount point), removed by `cleanup`."""
+    # The host pid in the name lets a later process clean up after one that was killed; the
+    # private parent (not /tmp itself) keeps other users from planting names to be swept.
+    run_dir = Path(
+        tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-", dir=workspaces.private_parent())
+    )  # mode 0700
+    cleanup.callback(shutil.rmtree, run_dir, ignore_errors=True)
+    return run_dir
+
+
+def prepare_workspace(
+    workspace_dir: Path | None, size_mb: int, run_dir: Path, cleanup: contextlib.ExitStack
+) -> workspaces.Workspace:
+    """The user's directory, or a fresh tmpfs of `size_mb` in `run_dir`; `cleanup` gives
+    the one back as it was lent and destroys the other."""
+    if workspace_dir is not None:
+        ws = workspaces.use_existing(workspace_dir)
+    else:
+        ws = workspaces.create_ephemeral(run_dir, size_mb)
+    cleanup.callback(workspaces.destroy, ws)
+    if not ws.owned:
+        # A user's directory outlives the run. ExitStack is LIFO, so this runs after the
+        # sandbox is reaped, on every exit path.
+        cleanup.callback(_hand_back, ws.path, workspaces.save_root(ws))
+    return ws
+
+
+def _hand_back(path: Path, root: workspaces.RootState) -> None:
+    """Give a user's --workspace DIR back as it was lent: no setuid/setgid file planted in
+    it (seccomp refuses setting the bits; this is the second layer), and DIR itself with
+    its own mode and owner again (the code may chmod /workspace, e.g. to 01777). The bits
+    the operator had set on DIR are the operator's: neither step takes them away."""
+    try:
+        workspaces.strip_privilege_bits(path, keep_on_root=root.mode)
+    finally:
+        workspaces.restore_root(root)
+
+
+@dataclass(slots=True)
+class Channels:
+    """The sockets shared with one sandbox: the control socket (request, ready, result,
+    end) and the tool bridge (docs/tool-bridge.md). The host closes the guest's ends once
+    the sandbox started; closing a socket twice is harmless."""
+
+    host_control: socket.socket
+    guest_control: socket.socket
+    host_bridge: socket.socket
+    guest_bridge: socket.socket
+
+    @classmethod
+    def open(cls, cleanup: contextlib.ExitStack) -> Channels:
+        host, guest = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            host_bridge, guest_bridge = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        except BaseException:
+            host.close()
+            guest.close()
+            raise
+        channel = cls(host, guest, host_bridge, guest_bridge)
+        cleanup.callback(channel.close_all)
+        return channel
+
+    def close_guest_ends(self) -> None:
+        self.guest_control.close()
+        self.guest_bridge.close()
+
+    def close_all(self) -> None:
+        for sock in (self.guest_control, self.host_control, self.guest_bridge, self.host_bridge):
+            sock.close()
+
+
+def sandbox_env(interpreter: rootfs.Interpreter) -> dict[str, str]:
+    """The sandbox's whole environment: a fixed allow-list, nothing from the host."""
+    env = {
+        "PATH": f"{rootfs.GUEST_PREFIX}/bin:{shell.GUEST_BIN}:/bin",
+        "HOME": rootfs.WORKSPACE,
+        "LANG": "C.UTF-8",
+        "TMPDIR": "/tmp",  # noqa: S108 - the sandbox's own private tmpfs
+        # matplotlib: draw to files (no display), and keep its cache in the private /tmp.
+        "MPLBACKEND": "Agg",
+        "MPLCONFIGDIR": "/tmp/matplotlib",  # noqa: S108
+    }
+    library_path = rootfs.library_path(interpreter)
+    if library_path is not None:
+        env["LD_LIBRARY_PATH"] = library_path
+    return env
+
+
+def guest_argv(channel: Channels, preload: tuple[str, ...], *, pooled: bool) -> tuple[str, ...]:
+    """The guest's command line inside the sandbox: the bootstrap, told its fds."""
+    # -I: isolated (no env vars, no user site, no cwd on sys.path); -S: no site module, so
+    # no .pth files run; -B: no bytecode writes; utf8 mode: text I/O is UTF-8 whatever LANG.
+    argv: tuple[str, ...] = (
+        rootfs.GUEST_PYTHON,
+        "-I",
+        "-S",
+        "-B",
+        "-X",
+        "utf8",
+        rootfs.GUEST_BOOTSTRAP_PYC,
+        "--control-fd",
+        str(channel.guest_control.fileno()),
+        "--bridge-fd",
+        str(channel.guest_bridge.fileno()),
+    )
+    if pooled:
+        argv = (*argv, "--pooled")
+    return (*argv, "--preload", ",".join(preload)) if preload else argv
+
+
+def sweep_stale_runs() -> int:
+    """Remove what runs of dead codecage processes left behind (a host process killed with
+    SIGKILL cannot clean up): their run dirs, workspace mounts, generated tool trees and
+    cgroups. Returns how many were removed. Runs of live processes are never touched.
+
+    Run dirs and tool trees live in `workspaces.private_parent()` (0700, ours), and are
+    swept through descriptors (`workspaces.sweep_stale`): no other user can put a name
+    there, and a name swapped for a symlink is never followed."""
+    removed = workspaces.sweep_stale((RUN_DIR_PREFIX, SERVERS_DIR_PREFIX), _owned_by_dead_process)
+    removed += cgroups.sweep_stale(_owned_by_dead_process)
+    if removed:
+        log.warning("engine.stale_runs_removed", extra={"count": removed})
+    return removed
+
+
+def _owned_by_dead_process(name: str) -> bool:
+    """Run dirs and cgroups are named "<host pid>-...": is that process gone?"""
+    head, _, _ = name.partition("-")
+    return head.isdigit() and not _alive(int(head))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
