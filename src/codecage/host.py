@@ -18,7 +18,6 @@ the self-test verdict memo and its lock) is `_PROCESS`, in this module only.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import threading
@@ -227,7 +226,7 @@ class Host:
             policy=policy,
             workspace_mb=limits.workspace_mb,
             tmp_mb=limits.tmp_mb,
-            preload=_preload(policy),
+            preload=profiles.preload_for(policy),
             servers_dir=self.servers_dir,
             skills_dir=self.skills_dir,
             packages_dir=self.packages_dir,
@@ -500,12 +499,6 @@ def resolve_policy(
         replace=replace,
         custom=settings.custom_profiles,
     )
-
-
-@functools.lru_cache(maxsize=64)
-def _preload(policy: ImportPolicy | None) -> tuple[str, ...]:
-    """`profiles.preload_for`, once per policy (it looks for installed packages)."""
-    return profiles.preload_for(policy)
 
 
 def _scrub_settings(
