@@ -137,7 +137,8 @@ class Host:
         The rest as `codecage.Sandbox` documents them.
 
     Raises:
-        ConfigError: an unknown backend or a bad packages directory.
+        ConfigError: no backend of that name.
+        HostError: no backend can run on this host.
     """
 
     def __init__(
