@@ -13,8 +13,7 @@ def test_all_is_sorted_and_every_name_exists() -> None:
 
 def test_public_api_is_pinned() -> None:
     assert set(codecage.__all__) == {
-        "AuditError", "BridgeError", "CodecageError", "ConfigError", "DoctorReport",
+        "BridgeError", "CodecageError", "ConfigError", "DoctorReport",
         "ErrorInfo", "Event", "ExecutionResult", "FileInfo", "HostError", "HostInfo",
-        "LayerStatus", "Limits", "Sandbox", "SandboxError", "ScrubSettings", "ToolNotAllowed",
-        "UpstreamError", "Usage", "__version__",
+        "LayerStatus", "Limits", "Sandbox", "SandboxError", "ScrubSettings", "Usage", "__version__",
     }  # fmt: skip

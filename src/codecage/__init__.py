@@ -6,14 +6,11 @@ The public API is `__all__`; everything else is internal.
 from __future__ import annotations
 
 from codecage.errors import (
-    AuditError,
     BridgeError,
     CodecageError,
     ConfigError,
     HostError,
     SandboxError,
-    ToolNotAllowed,
-    UpstreamError,
 )
 from codecage.models import (
     DoctorReport,
@@ -32,7 +29,6 @@ from codecage.sandbox import Sandbox
 __version__ = "0.1.0"
 
 __all__ = [
-    "AuditError",
     "BridgeError",
     "CodecageError",
     "ConfigError",
@@ -48,8 +44,6 @@ __all__ = [
     "Sandbox",
     "SandboxError",
     "ScrubSettings",
-    "ToolNotAllowed",
-    "UpstreamError",
     "Usage",
     "__version__",
 ]

@@ -5,10 +5,7 @@ CodecageError            anything codecage could not do; `.hint` says what to do
 ├── ConfigError          refused before anything ran (bad limits, bad arguments)
 ├── HostError            this host cannot give the isolation asked for
 ├── SandboxError         the sandbox itself failed, not the user's code
-├── BridgeError          the tool bridge failed
-│   ├── ToolNotAllowed
-│   └── UpstreamError
-└── AuditError           the audit store failed
+└── BridgeError          the tool bridge failed (e.g. writing the generated tool tree)
 ```
 
 The agent's code failing is *not* an exception: it is an `ExecutionResult` whose
@@ -175,15 +172,3 @@ class SandboxError(CodecageError):
 
 class BridgeError(CodecageError):
     """The tool bridge between the sandbox and the host failed."""
-
-
-class ToolNotAllowed(BridgeError):
-    """The code called a tool that the policy does not allow."""
-
-
-class UpstreamError(BridgeError):
-    """An upstream MCP server failed or could not be reached."""
-
-
-class AuditError(CodecageError):
-    """The audit store could not be written or read."""

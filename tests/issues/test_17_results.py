@@ -29,7 +29,7 @@ from mcp_types import ImageContent, TextContent, Tool
 from codecage.bridge import codegen
 from codecage.engine import workspace as workspaces
 from codecage.mcp import reply
-from codecage.mcp.server import _files_back
+from codecage.mcp.files import files_back
 from codecage.models import Event, ExecutionResult, FileInfo
 from codecage.output import neutralise_line, neutralise_text
 
@@ -286,7 +286,7 @@ def test_only_raster_images_whose_bytes_match_come_back_as_images(tmp_path: Path
     (tmp_path / "anim.gif").write_bytes(GIF)
     (tmp_path / "photo.webp").write_bytes(WEBP)
     files, _ = workspaces.list_files(tmp_path)
-    blocks, _ = _files_back(tmp_path, files, [], None)
+    blocks, _ = files_back(tmp_path, files, [], None)
     images = [b for b in blocks if isinstance(b, ImageContent)]
     assert sorted((i.mime_type, base64.b64decode(i.data)) for i in images) == sorted(
         [("image/png", PNG), ("image/gif", GIF), ("image/webp", WEBP)]
@@ -298,7 +298,7 @@ def test_an_svg_asked_for_comes_back_as_scrubbed_text(tmp_path: Path) -> None:
 
     (tmp_path / "pic.svg").write_bytes(SVG)
     files, _ = workspaces.list_files(tmp_path)
-    blocks, counts = _files_back(tmp_path, files, ["pic.svg"], Scrubber())
+    blocks, counts = files_back(tmp_path, files, ["pic.svg"], Scrubber())
     assert [type(b) for b in blocks] == [TextContent]
     assert isinstance(blocks[0], TextContent)
     assert blocks[0].text.startswith("--- pic.svg ---\n<svg")
@@ -312,7 +312,7 @@ def test_files_with_odd_names_are_read_back_by_their_real_names(tmp_path: Path) 
     files, _ = workspaces.list_files(tmp_path)
     assert [f.path for f in files] == ["notes\\x1b.txt", "plot\\x1b[2J\\n.png"]
     # The model asks for a file as the listing shows it.
-    blocks, _ = _files_back(tmp_path, files, ["notes\\x1b.txt"], None)
+    blocks, _ = files_back(tmp_path, files, ["notes\\x1b.txt"], None)
     images = [b for b in blocks if isinstance(b, ImageContent)]
     assert [base64.b64decode(i.data) for i in images] == [PNG]
     texts = [b.text for b in blocks if isinstance(b, TextContent)]
@@ -324,7 +324,7 @@ def test_two_files_shown_under_one_name_are_refused_not_guessed(tmp_path: Path) 
     (tmp_path / "a\\x1b").write_text("backslash")  # shows the same
     files, _ = workspaces.list_files(tmp_path)
     assert [f.path for f in files] == ["a\\x1b", "a\\x1b"]
-    blocks, _ = _files_back(tmp_path, files, ["a\\x1b", "a\n\x1b"], None)
+    blocks, _ = files_back(tmp_path, files, ["a\\x1b", "a\n\x1b"], None)
     texts = [b.text for b in blocks if isinstance(b, TextContent)]
     assert len(texts) == 2
     assert texts[0].startswith("a\\x1b: 2 files are listed under this name")

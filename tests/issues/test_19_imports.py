@@ -35,6 +35,13 @@ BASIC_CASES = [
     ("from os import path", False),
 ]
 
+FILESYSTEM_CASES = [
+    ("from os import path", True),
+    ("from os import getcwd, listdir", True),  # attributes of os, as `import os; os.getcwd`
+    ("import os; os.getcwd()", True),
+    ("from email import mime", False),  # a submodule: checked as email.mime
+]
+
 
 @pytest.fixture(scope="module")
 def basic() -> Sandbox:
@@ -64,6 +71,18 @@ def test_run_and_validate_agree_under_basic(basic: Sandbox, code: str, allowed: 
     assert report.valid is allowed, report.message
     if not allowed:  # both name the same module
         assert blocked[0].split(" ")[0] in report.message
+
+
+@pytest.mark.parametrize(("code", "allowed"), FILESYSTEM_CASES)
+def test_an_attribute_is_imported_as_its_module_is(code: str, allowed: bool) -> None:
+    """`from os import getcwd` under a profile that has os.path (so `import os` works) is
+    allowed: getcwd is os's attribute, not a submodule to check."""
+    box = Sandbox(profile="filesystem", pool=False)
+    result = box.run(code)
+    blocked = [e.detail for e in result.events if e.kind == "import_blocked"]
+    assert (result.status == "ok") is allowed, (result.status, result.error)
+    assert (not blocked) is allowed, blocked
+    assert box.validate(code).valid is allowed
 
 
 @pytest.mark.parametrize(
@@ -98,7 +117,10 @@ RULE_TABLE = [
     ("urllib", ("*",), 0, {"urllib.parse"}, None),  # a parent package is a stepping stone
     ("xml", ("etree",), 0, {"xml.etree"}, None),
     ("xml.dom", (), 0, {"xml.etree"}, "xml.dom"),
-    ("os", ("getcwd",), 0, {"os.path"}, "os.getcwd"),
+    ("os", ("getcwd",), 0, {"os.path"}, None),  # an attribute of a stepping stone: as `import os`
+    ("os", ("path",), 0, {"os.path"}, None),
+    ("email", ("utils", "mime"), 0, {"email.utils"}, "email.mime"),
+    ("xml", ("dom",), 0, {"xml.etree"}, "xml.dom"),
     ("os", ("getcwd",), 0, {"os"}, None),
     ("anything", ("x",), 0, {"*"}, None),
     ("", ("sibling",), 1, set(), None),  # relative: inside a package, never the user's
@@ -118,7 +140,8 @@ def test_one_rule_for_host_and_guest(
     assert imports.refused(name, fromlist, level, every) == refused
     policy = profiles.ImportPolicy(profile="t", modules=every)
     for dotted in imports.requested(name, fromlist, level):
-        assert policy.allows(dotted) is (dotted != refused)
+        if dotted == name or imports.is_module(dotted):  # an attribute asks for its module
+            assert policy.allows(dotted) is (dotted != refused)
     statement = (
         f"from {'.' * level}{name} import {', '.join(fromlist)}" if fromlist else f"import {name}"
     )

@@ -1,0 +1,543 @@
+"""The host runtime: what a codecage process holds once, whichever face asks it to run.
+
+A face (the library's `Sandbox`, the CLI through it, the MCP server) builds one `Host` from
+settings it loaded once, then hands it one `Request` per run. The split follows what can
+change between two runs and what cannot:
+
+- host-wide, in `Host`: the settings and their origins, the default limits, the backend,
+  the warm pool, the scrubber(s), the broker of upstream tools and the bounds of their calls,
+  the tool trees and the packages directory, the self-test verdict;
+- per run, in `Request`: the code, its limits, its import policy (a profile plus imports,
+  resolved by `Host.policy`), input files or a workspace directory, the tools it may call,
+  a cancel event, `strict`, and the face whose terms its hints use.
+
+What is process-wide whatever Hosts a process builds (the sweep of stale run directories,
+the self-test verdict memo and its lock) is `_PROCESS`, in this module only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from codecage import config as configuration
+from codecage import engine, packages
+from codecage.backends.base import Backend, available_backends, load_backend
+from codecage.bridge import channel as bridge
+from codecage.bridge import tooling
+from codecage.config import Settings
+from codecage.engine import selftest
+from codecage.engine.pool import Pool
+from codecage.errors import ConfigError, Face, HostError
+from codecage.isolation import cgroups, rootfs, seccomp, tmpfs
+from codecage.models import (
+    DoctorReport,
+    ErrorInfo,
+    Event,
+    ExecutionResult,
+    FileInfo,
+    HostInfo,
+    LayerStatus,
+    Limits,
+    PoolState,
+    ScrubSettings,
+    ToolsState,
+    Usage,
+    ValidationReport,
+)
+from codecage.policy import profiles
+from codecage.policy import scrub as scrubbing
+from codecage.policy import validate as validation
+from codecage.policy.profiles import ImportPolicy
+from codecage.policy.scrub import apply as redaction
+
+if TYPE_CHECKING:
+    from codecage.bridge.broker import Broker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One run as a face asks for it: all that may differ from the run before.
+
+    `limits` are whole (the face merged its overrides into the defaults and validated them
+    once); `policy` is what `Host.policy` resolved, or None for no import policy.
+    """
+
+    code: str
+    limits: Limits
+    policy: ImportPolicy | None
+    filename: str = "main.py"
+    files: Mapping[str, bytes] | None = None  # into the fresh /workspace before the code runs
+    workspace: Path | None = None  # a host directory at /workspace instead of a fresh one
+    allowed_tools: tuple[str, ...] | None = None  # "server.tool" patterns; None: all
+    cancel: threading.Event | None = None
+    on_files: Callable[[Path, list[FileInfo]], None] | None = None
+    strict: bool = False  # validate first; a refusal is a `blocked` result
+    face: Face = "library"
+
+
+class _ProcessWide:
+    """What one process does once however many Hosts it builds: sweep the leftovers of
+    killed codecage processes, and prove the host's isolation (the self-test verdict, kept
+    per backend and version; a passing one is also cached on disk until reboot)."""
+
+    def __init__(self) -> None:
+        self.sweep_lock = threading.Lock()
+        self.swept = False
+        self.verdict_lock = threading.Lock()  # one self-test at a time; the others wait
+        self.verdicts: dict[str, DoctorReport] = {}
+
+    def sweep_once(self) -> None:
+        with self.sweep_lock:
+            if self.swept:
+                return
+            self.swept = True
+        engine.sweep_stale_runs()
+
+    def verdict(self, key: str, prove: Callable[[], DoctorReport]) -> DoctorReport:
+        with self.verdict_lock:
+            if key in self.verdicts:
+                return self.verdicts[key]
+            report = _read_cached(key)
+            if report is None:
+                report = prove()
+                if report.passed:  # a failure is checked again next time: hosts get fixed
+                    _write_cached(key, report)
+            self.verdicts[key] = report
+            return report
+
+
+_PROCESS = _ProcessWide()
+
+
+class Host:
+    """The host runtime of one face: built once, then `run` per `Request`.
+
+    Args:
+        settings: loaded once by the face (`codecage.config.load`).
+        limits: the default limits of runs (None: the settings'); the pool starts its
+            sandboxes with their sizes.
+        pool: True: a pool of this Host's own; a `Pool`: share that one; False: none;
+            None: as the settings say. `close()` stops an own pool only.
+        scrub: None: the settings' [scrub]; a bool turns it on or off; `ScrubSettings`:
+            exactly those.
+        The rest as `codecage.Sandbox` documents them.
+
+    Raises:
+        ConfigError: no backend of that name.
+        HostError: no backend can run on this host.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        limits: Limits | None = None,
+        backend: str = "auto",
+        allow_degraded: bool = False,
+        selftest: bool = True,
+        pool: bool | Pool | None = None,
+        tools: Broker | None = None,
+        tool_limits: bridge.BridgeLimits | None = None,
+        tokenize: bool | None = None,
+        servers_dir: Path | None = None,
+        skills_dir: Path | None = None,
+        packages_dir: str | Path | None = None,
+        scrub: bool | ScrubSettings | None = None,
+    ) -> None:
+        self.settings = settings
+        self.limits = limits or settings.limits
+        self.limit_sources = dict(settings.sources)
+        if limits is not None:
+            self.limit_sources.update(dict.fromkeys(Limits.model_fields, "argument"))
+        self.backend: Backend = load_backend(backend)
+        self.allow_degraded = allow_degraded
+        self._selftest = selftest
+        self.tools = tools
+        self.tool_limits = tool_limits or tooling.bridge_limits(settings.tools)
+        self.tokenize = tokenize
+        self.servers_dir = servers_dir
+        self.skills_dir = skills_dir
+        self.packages_dir = packages.location(packages_dir, settings)[0]
+        _PROCESS.sweep_once()
+        self.scrub_settings, self._scrub_source = _scrub_settings(settings, scrub)
+        self.scrubber = redaction.build_scrubber(
+            self.scrub_settings, extra_secrets=tools.secrets() if tools is not None else ()
+        )
+        # What the code's own `codecage.runtime.scrub(text)` uses: it asked, so it gets the
+        # default detectors even when results are not scrubbed.
+        self._asked_scrubber = self.scrubber or scrubbing.Scrubber()
+        self.pool, self._owns_pool = self._pool(pool)
+        self._verdict: DoctorReport | None = None
+
+    def _pool(self, pool: bool | Pool | None) -> tuple[Pool | None, bool]:
+        if isinstance(pool, Pool):
+            return pool, False
+        if pool is False or (pool is None and not self.settings.pool.enabled):
+            return None, False
+        config = self.settings.pool.model_copy(update={"enabled": True})
+        return Pool(self.backend, config, self.limits), True
+
+    # --- policy ----------------------------------------------------------------------------
+
+    def policy(
+        self, profile: str | None, allowed_imports: Iterable[str] = (), replace: bool = False
+    ) -> ImportPolicy:
+        """`resolve_policy` under this Host's settings.
+
+        Raises:
+            ConfigError: a profile is unknown, or not among the operator's enabled ones.
+        """
+        return resolve_policy(self.settings, profile, allowed_imports, replace)
+
+    @property
+    def wider_profile(self) -> str | None:
+        """The profile an import refusal suggests: the default one, which refuses nothing,
+        when the operator lets callers choose it."""
+        enabled = self.settings.enabled_profiles
+        if enabled is not None and profiles.DEFAULT_PROFILE not in enabled:
+            return None
+        return profiles.DEFAULT_PROFILE
+
+    def keep_warm(self, policy: ImportPolicy | None) -> None:
+        """Have the pool keep sandboxes of `policy` (at the default limits' sizes) ready;
+        runs of another spec start cold. Nothing without a pool."""
+        if self.pool is None:
+            return
+        spec = self._spec(policy, self.limits)
+        engine.prepare(spec)  # here, not in a starter thread that a stop cannot wait for
+        self.pool.register(spec, policy.profile if policy else "none")
+
+    def _spec(self, policy: ImportPolicy | None, limits: Limits) -> engine.SandboxSpec:
+        """What a warm sandbox for a run of `policy` and `limits` was started with."""
+        return engine.SandboxSpec(
+            policy=policy,
+            workspace_mb=limits.workspace_mb,
+            tmp_mb=limits.tmp_mb,
+            preload=profiles.preload_for(policy),
+            servers_dir=self.servers_dir,
+            skills_dir=self.skills_dir,
+            packages_dir=self.packages_dir,
+        )
+
+    # --- running ---------------------------------------------------------------------------
+
+    def run(self, request: Request) -> ExecutionResult:
+        """Run one request, warm when the pool has its spec, and scrub what it returns.
+
+        Raises:
+            ConfigError: the request was refused before anything ran.
+            HostError: the host cannot provide the isolation (see `doctor()`).
+            SandboxError: the sandbox itself failed.
+        """
+        configuration.check_workspace(self.settings, request.workspace)
+        packages.check_workspace(self.packages_dir, request.workspace)
+        if request.files and request.workspace is not None:
+            raise ConfigError(
+                "input files and a workspace directory were both given",
+                hint="put the files in the workspace directory, or pass no workspace",
+            )
+        if request.strict:
+            blocked = self._blocked_by_validation(request)
+            if blocked is not None:
+                return redaction.scrub_result(blocked, self.scrubber)
+        return redaction.scrub_result(self._execute(request), self.scrubber)
+
+    def _execute(self, request: Request) -> ExecutionResult:
+        tools = (
+            self.tools.for_run(
+                allowed_tools=request.allowed_tools,
+                scrubber=self._asked_scrubber,
+                tokenize=self.tokenize,
+            )
+            if self.tools
+            else None
+        )
+        run = engine.RunRequest(
+            code=request.code,
+            filename=request.filename,
+            limits=request.limits,
+            workspace_dir=request.workspace,
+            files=request.files,
+            degraded=self.missing_layers(),
+            policy=request.policy,
+            cancel=request.cancel,
+            on_files=request.on_files,
+            tools=tools or bridge.NoServers(self._scrub_asked),
+            tool_limits=self.tool_limits,
+            servers_dir=self.servers_dir,
+            skills_dir=self.skills_dir,
+            packages_dir=self.packages_dir,
+            face=request.face,
+            wider_profile=self.wider_profile,
+        )
+        try:
+            waited_ms = 0
+            if self.pool is not None and run.workspace_dir is None:
+                result, waited_ms = self._run_warm(self.pool, run)
+                if result is not None:
+                    return _with_wait(result, waited_ms)
+            return _with_wait(engine.execute(run, self.backend), waited_ms)
+        finally:
+            if tools is not None:
+                tools.close()  # the run's token vault goes with it
+
+    def _scrub_asked(self, text: str) -> str:
+        # Detectors only: the configured secrets would make it an oracle on them.
+        return self._asked_scrubber.without_secrets().scrub(text).text
+
+    def _run_warm(
+        self, pool: Pool, request: engine.RunRequest
+    ) -> tuple[ExecutionResult | None, int]:
+        """Run in a warm sandbox, and the ms spent waiting for one; no result when there is
+        none for this request (its spec is not kept warm, none became ready in time, or it
+        cannot take the limits): then run cold."""
+        engine.check_request(request.code, request.filename, request.limits, request.files)
+        asked = time.monotonic()
+        sandbox = pool.take(self._spec(request.policy, request.limits))
+        waited_ms = int((time.monotonic() - asked) * 1000)
+        if sandbox is None:
+            return None, waited_ms
+        ran = True
+        try:
+            return engine.run_in(sandbox, request, backend_name=self.backend.name), waited_ms
+        except engine.LimitsNotApplicable as exc:
+            log.info("sandbox.warm_refused_limits", extra={"error": str(exc)})
+            ran = False
+            return None, waited_ms
+        finally:
+            pool.release(sandbox, ran=ran)
+
+    def _blocked_by_validation(self, request: Request) -> ExecutionResult | None:
+        report = self.validate(request.code, request.policy, strict=True)
+        if report.valid:
+            return None
+        refusing = [f for f in report.findings if f.severity == "high"] or report.findings
+        listing = "\n".join(f"line {f.line}:{f.col} {f.rule_id} {f.message}" for f in refusing[:50])
+        return ExecutionResult(
+            execution_id=uuid.uuid4().hex,
+            status="blocked",
+            exit_code=None,
+            signal=None,
+            stdout="",
+            stderr="",
+            stdout_truncated=False,
+            stderr_truncated=False,
+            return_value=None,
+            error=ErrorInfo(type="ValidationError", message=report.message, traceback=listing),
+            files=[],
+            usage=Usage(wall_ms=0, cpu_ms=None, peak_memory_mb=None),
+            limits=request.limits,
+            events=[
+                Event(
+                    kind="validation_finding",
+                    detail=f"{f.rule_id} {f.severity} line {f.line}: {f.message}"[:2000],
+                )
+                for f in refusing[:50]
+            ],
+            backend=self.backend.name,
+        )
+
+    def validate(
+        self, code: str, policy: ImportPolicy | None, *, strict: bool = False
+    ) -> ValidationReport:
+        """Check `code` against `policy` and this host's tool directories without running
+        it: by the rule the sandbox's import hook applies, so `validate` and `run` agree
+        (findings, never raises)."""
+        given = {"servers": self.servers_dir, "skills": self.skills_dir}
+        return validation.validate(
+            code,
+            allowed_modules=policy.modules if policy else None,
+            profile_name=policy.profile if policy else "none",
+            strict=strict,
+            tool_packages=[name for name, path in given.items() if path is not None],
+        )
+
+    # --- the self-test ---------------------------------------------------------------------
+
+    def missing_layers(self) -> tuple[str, ...]:
+        """The layers the self-test found missing (none when it is off).
+
+        Raises:
+            HostError: some are missing and degraded runs were not allowed.
+        """
+        if not self._selftest:
+            return ()
+        if self._verdict is None:
+            key = selftest.cache_key(self.backend)
+            self._verdict = _PROCESS.verdict(key, self._prove)
+        missing = tuple(self._verdict.failed_layers())
+        if missing and not self.allow_degraded:
+            details = "; ".join(
+                f"{p.layer}: {p.detail}" for p in self._verdict.probes if not p.passed
+            )
+            raise HostError(f"isolation layers missing on this host: {details}")
+        if missing:
+            log.warning("sandbox.degraded", extra={"missing": list(missing)})
+        return missing
+
+    def _prove(self) -> DoctorReport:
+        log.info("sandbox.selftest", extra={"backend": self.backend.name})
+        return self.doctor()
+
+    def doctor(self) -> DoctorReport:
+        """Prove each layer by running probes in a real sandbox (never cached).
+
+        Raises:
+            HostError: the host cannot start a sandbox at all.
+            SandboxError: the sandbox itself failed.
+        """
+        return selftest.run_probes(self.backend)
+
+    # --- reports and lifecycle -------------------------------------------------------------
+
+    def info(
+        self,
+        *,
+        policy: ImportPolicy | None,
+        allowed_tools: tuple[str, ...] | None,
+        limit_sources: Mapping[str, str],
+    ) -> HostInfo:
+        """What this host provides: backend, layers really in force, defaults (those of a
+        run with `policy` and `allowed_tools`), ceilings."""
+        layers: list[LayerStatus] = [
+            *self.backend.probe(),
+            seccomp.probe(),
+            *cgroups.probe(),
+            tmpfs.probe(),
+        ]
+        interpreter = rootfs.find_interpreter()
+        settings = self.settings
+        return HostInfo(
+            version=_version(),
+            backend=self.backend.name,
+            backends=available_backends(),
+            bwrap_version=self.backend.version() if self.backend.name == "bwrap" else None,
+            python=f"{interpreter.executable} ({interpreter.version})",
+            layers=layers,
+            default_limits=self.limits,
+            limit_sources=dict(limit_sources),
+            profiles=profiles.describe(
+                default=settings.profile,
+                custom=settings.custom_profiles,
+                enabled=settings.enabled_profiles,
+            ),
+            config_file=str(settings.config_file) if settings.config_file else None,
+            config_origin=settings.config_origin,
+            import_policy=policy.profile if policy else None,
+            ceilings=engine.ceilings(),
+            pool=self.pool.state()
+            if self.pool is not None
+            else PoolState(
+                enabled=settings.pool.enabled, config=settings.pool, keys=[], host_rss_mb=None
+            ),
+            scrub=redaction.state(self.scrub_settings, self.scrubber, self._scrub_source),
+            tools=self._tools_state(allowed_tools),
+            packages=packages.added_packages(self.packages_dir),
+        )
+
+    def _tools_state(self, allowed_tools: tuple[str, ...] | None) -> ToolsState:
+        limits = self.tool_limits
+        return ToolsState(
+            servers=sorted(self.tools.servers) if self.tools is not None else [],
+            configured_servers=sorted(self.settings.mcp_servers),
+            allowed_tools=list(allowed_tools) if allowed_tools is not None else None,
+            tokenize=self.tokenize,
+            max_calls=limits.max_calls,
+            max_in_flight=limits.max_in_flight,
+            max_result_mb=round(limits.max_result_bytes / (1024 * 1024), 2),
+            servers_dir=str(self.servers_dir) if self.servers_dir is not None else None,
+            skills_dir=str(self.skills_dir) if self.skills_dir is not None else None,
+        )
+
+    def warm(self, timeout: float) -> bool:
+        """Wait until the pool has its warm sandboxes ready; False on timeout or no pool."""
+        return self.pool.wait_ready(timeout) if self.pool is not None else False
+
+    def close(self) -> None:
+        """Stop this Host's own pool, killing its idle sandboxes (a shared one stays)."""
+        if self.pool is not None and self._owns_pool:
+            self.pool.close()
+
+
+def resolve_policy(
+    settings: Settings,
+    profile: str | None,
+    allowed_imports: Iterable[str] = (),
+    replace: bool = False,
+) -> ImportPolicy:
+    """The import policy of `profile` (None: the settings' default) with the settings' and
+    the caller's `allowed_imports` added (or, with `replace`, instead).
+
+    Raises:
+        ConfigError: a profile is unknown, or not among the operator's enabled ones.
+    """
+    names = [p.strip() for p in (profile or settings.profile).split(",") if p.strip()]
+    enabled = settings.enabled_profiles
+    refused = [n for n in names if enabled is not None and n not in enabled]
+    if refused:
+        raise ConfigError(
+            f"profile {', '.join(map(repr, refused))} is not enabled on this host",
+            hint=f"pass one of the enabled profiles as {{profile}}: "
+            f"{', '.join(enabled or ())} (the operator's config enables them)",
+        )
+    return profiles.resolve(
+        names,
+        allowed_imports=[*settings.allowed_imports, *allowed_imports],
+        replace=replace,
+        custom=settings.custom_profiles,
+    )
+
+
+def _scrub_settings(
+    settings: Settings, scrub: bool | ScrubSettings | None
+) -> tuple[ScrubSettings, str]:
+    """The scrub settings in force, and where they came from."""
+    if isinstance(scrub, ScrubSettings):
+        return scrub, "argument"
+    if scrub is None:
+        return settings.scrub, settings.sources.get("scrub", "default")
+    return settings.scrub.model_copy(update={"enabled": scrub}), "argument"
+
+
+def _cache_file(key: str) -> Path:
+    return rootfs.cache_dir() / f"selftest-{key}.json"
+
+
+def _read_cached(key: str) -> DoctorReport | None:
+    try:
+        return DoctorReport.model_validate_json(_cache_file(key).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _write_cached(key: str, report: DoctorReport) -> None:
+    path = _cache_file(key)
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.write_text(json.dumps(report.model_dump(mode="json")), encoding="utf-8")
+
+
+def _version() -> str:
+    from codecage import __version__
+
+    return __version__
+
+
+def _with_wait(result: ExecutionResult, waited_ms: int) -> ExecutionResult:
+    """`result` with the time its call waited for a warm sandbox (`Usage.waited_ms`)."""
+    if not waited_ms:
+        return result
+    return result.model_copy(
+        update={"usage": result.usage.model_copy(update={"waited_ms": waited_ms})}
+    )

@@ -1,0 +1,179 @@
+"""The server's runner: one host runtime for every call, the queue in front of it, and one
+run of `execute_code` (its limits, its import policy, its files read back).
+
+Executions run in worker threads, at most `max_concurrent` at once; up to `max_queued` more
+wait, and past that a call is refused with a clear "busy" error.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.to_thread
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import ContentBlock
+
+from codecage import host
+from codecage.errors import CodecageError, ConfigError
+from codecage.mcp import files as run_files
+from codecage.mcp.arguments import current_call, refusal
+from codecage.models import ExecutionResult, FileInfo, Limits
+from codecage.policy.profiles import ImportPolicy
+from codecage.policy.scrub import merge_counts
+from codecage.sandbox import Sandbox
+
+if TYPE_CHECKING:
+    from codecage.mcp.server import ServerLimits
+
+_MAX_CACHED_PROFILES = 16
+
+
+@dataclass(slots=True)
+class Runner:
+    """What every call of the server shares: the `Sandbox` built once from the server's
+    options (its host runtime runs every call, one warm pool for all), the import policies
+    of the profiles called so far, and the queue."""
+
+    base: Sandbox
+    limits: ServerLimits
+    slots: anyio.Semaphore
+    waiting: int = 0
+    policies: dict[str, ImportPolicy | None] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        if self.base.policy is not None:
+            self.policies[self.base.policy.profile] = self.base.policy
+
+    def policy_for(
+        self, profile: str | None, allowed_imports: list[str] | None
+    ) -> ImportPolicy | None:
+        """The import policy of a call (None when the server runs without one).
+
+        A single profile's policy is kept, and its sandboxes kept warm. Combinations
+        ("basic,filesystem", in any order) and calls with extra imports get their own policy
+        per call, kept by nobody: callers must not be able to make the pool keep a key, and
+        memory, per spelling or import list. Their runs start cold.
+
+        Raises:
+            ToolError: an unknown profile, or one the operator did not enable.
+        """
+        if self.base.policy is None:
+            return None
+        name = profile or self.base.settings.profile
+        try:
+            if allowed_imports:
+                return self.base.host.policy(name, allowed_imports)
+            with self.lock:
+                if name in self.policies:
+                    return self.policies[name]
+            policy = self.base.host.policy(name)
+        except ConfigError as exc:
+            raise ToolError(refusal(exc)) from exc
+        if "," not in name:
+            self.base.host.keep_warm(policy)
+        with self.lock:
+            if len(self.policies) < _MAX_CACHED_PROFILES:
+                self.policies.setdefault(name, policy)
+        return policy
+
+    def call_limits(self, timeout: float | None, memory_mb: int | None) -> Limits:
+        """The defaults with a call's timeout and memory, within the server's maximums.
+
+        Raises:
+            ToolError: above a maximum, or out of the limits' bounds.
+        """
+        limits = self.limits
+        if timeout is not None and timeout > limits.max_timeout:
+            raise ToolError(
+                f"timeout={timeout:g} is above this server's maximum of {limits.max_timeout:g} s; "
+                "ask for less, or split the work"
+            )
+        if memory_mb is not None and memory_mb > limits.max_memory_mb:
+            raise ToolError(
+                f"memory_limit_mb={memory_mb} is above this server's maximum of "
+                f"{limits.max_memory_mb} MiB"
+            )
+        if timeout is None and memory_mb is None:
+            return self.base.limits
+        try:
+            return self.base.limits.merged({"timeout": timeout, "memory_mb": memory_mb})
+        except ValueError as exc:
+            raise ToolError(f"invalid limits: {exc}") from exc
+
+    async def queued(self, job: Any, cancel: threading.Event) -> Any:
+        """Run `job` in a worker thread once a slot is free; refuse when too many wait. When
+        the call is cancelled (its client went away), `cancel` is set: the job kills its
+        sandbox. (The counter is only touched on the event loop's thread.)"""
+        if self.waiting >= self.limits.max_queued:
+            raise ToolError(
+                f"the server is busy: {self.waiting} executions are waiting already; "
+                "try again shortly"
+            )
+        self.waiting += 1
+        waiting_since = time.monotonic()
+        try:
+            await self.slots.acquire()
+        finally:
+            self.waiting -= 1
+            if (call := current_call.get()) is not None:
+                call.queue_ms = (time.monotonic() - waiting_since) * 1000
+        try:
+            return await anyio.to_thread.run_sync(job, abandon_on_cancel=True)
+        except anyio.get_cancelled_exc_class():
+            cancel.set()
+            raise
+        finally:
+            self.slots.release()
+
+    def execute(
+        self,
+        code: str,
+        *,
+        limits: Limits,
+        policy: ImportPolicy | None,
+        uploads: dict[str, bytes],
+        return_files: list[str],
+        cancel: threading.Event,
+    ) -> tuple[ExecutionResult, list[ContentBlock]]:
+        """One run, as a request to the host runtime. Uploads go into the run's fresh
+        workspace (its tmpfs, bounded by workspace_mb, removed with it) before the code runs.
+        Images and the asked-for files are read from the workspace after the run, before it
+        is removed (a warm sandbox's workspace too).
+
+        Raises:
+            ToolError: what the caller must fix.
+        """
+        blocks: list[ContentBlock] = []
+        redacted: list[dict[str, int]] = []
+        scrubber = self.base.host.scrubber
+
+        def read_back(workspace: Path, written: list[FileInfo]) -> None:
+            found, counts = run_files.files_back(workspace, written, return_files, scrubber)
+            blocks.extend(found)
+            redacted.append(counts)
+
+        request = host.Request(
+            code=code,
+            limits=limits,
+            policy=policy,
+            files=uploads or None,
+            allowed_tools=self.base.allowed_tools,
+            cancel=cancel,
+            on_files=read_back,
+            face=self.base.face,
+        )
+        try:
+            result = self.base.host.run(request)
+        except CodecageError as exc:
+            raise ToolError(refusal(exc)) from exc
+        if not any(redacted):
+            return result, blocks
+        # model_copy keeps the private raw output (the CLI's --raw reads it)
+        counted = merge_counts(result.redactions, *redacted)
+        return result.model_copy(update={"redactions": counted}), blocks

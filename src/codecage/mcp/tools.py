@@ -1,0 +1,287 @@
+"""The server's tools: `execute_code`, `validate_code`, `get_sandbox_info`, their
+descriptions (true of this server: its profile, limits, upstream tools) and their replies.
+
+Every failure that is the *caller's* (bad arguments, limits above the server's maximums, a
+full queue) is a `ToolError`, whose message reaches the model; the *code's* failures
+(exceptions, timeouts, refused imports) are normal results with a status, because the model
+must read them to fix its code.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Annotated, Any, cast
+
+from mcp.server.mcpserver.tools import Tool
+from mcp_types import CallToolResult, ToolAnnotations
+from pydantic import BaseModel, ConfigDict, Field
+
+from codecage.mcp import reply
+from codecage.mcp.arguments import registrar
+from codecage.mcp.files import MAX_INLINE_FILE_BYTES, MAX_RETURN_FILES, decode_uploads
+from codecage.mcp.runner import Runner
+from codecage.models import DEFAULT_REPLY_MAX_TOKENS, HostInfo, ValidationReport
+from codecage.output import neutralise_line
+from codecage.sandbox import Sandbox
+
+
+def tools(runner: Runner) -> list[Tool]:
+    """The three tools, bound to `runner` (for `MCPServer(tools=...)`)."""
+    limits = runner.limits
+    budget = limits.reply_max_tokens or DEFAULT_REPLY_MAX_TOKENS
+    default = runner.base.limits
+    made: list[Tool] = []
+    tool = registrar(made)
+    upstream = runner.base.tools is not None
+
+    @tool(
+        description=(
+            "Run Python 3.11 code in a fresh isolated sandbox and return what happened: "
+            "stdout, stderr, the value of the last expression and the traceback in the text; "
+            "status (ok, error, timeout, memory_limit, cpu_limit, killed), exit code, files "
+            "written to /workspace and resource usage in the structured content. No network. "
+            + _imports_note(runner.base)
+            + " A POSIX shell and common tools are there for subprocess. Top-level await works. "
+            f"Defaults: timeout {default.timeout:g} s (at most {limits.max_timeout:g}), "
+            f"memory {default.memory_mb} MiB (at most {limits.max_memory_mb}). "
+            "Images the code saves in /workspace (png, jpeg, gif, webp) are returned as "
+            "images; ask for an SVG with return_files, as text. "
+            f"The reply is kept within about {budget:,} tokens: long output keeps its head "
+            "and tail; print summaries, not bulk data." + _tools_note(runner.base)
+        ),
+        annotations=_annotations("Run Python in a sandbox", read_only=False, open_world=upstream),
+    )
+    async def execute_code(
+        code: Annotated[str, Field(description="Python source to run.")],
+        timeout: Annotated[
+            float | None, Field(description="Wall-clock limit in seconds.", gt=0)
+        ] = None,
+        profile: Annotated[
+            str | None,
+            Field(
+                description="Import profile(s): standard (the default: nothing refused), "
+                "or a curated one such as basic, data_science, filesystem."
+            ),
+        ] = None,
+        allowed_imports: Annotated[
+            list[str] | None, Field(description="Modules to allow on top of the profile.")
+        ] = None,
+        memory_limit_mb: Annotated[
+            int | None, Field(description="Memory limit in MiB.", ge=32)
+        ] = None,
+        files: Annotated[
+            dict[str, str] | None,
+            Field(
+                description="Input files to put in /workspace: name -> text, or "
+                "'base64:' + base64 data for binary files."
+            ),
+        ] = None,
+        return_files: Annotated[
+            list[str] | None,
+            Field(
+                description="Text files (paths in /workspace) to return inline, up to "
+                f"{MAX_RETURN_FILES} files of {MAX_INLINE_FILE_BYTES // 1024} KiB each; "
+                "they count towards the reply's size (a long one keeps head and tail).",
+                max_length=MAX_RETURN_FILES,
+            ),
+        ] = None,
+    ) -> Annotated[CallToolResult, reply.ExecutionReply]:
+        run_limits = runner.call_limits(timeout, memory_limit_mb)
+        uploads = decode_uploads(files or {})
+        policy = runner.policy_for(profile, allowed_imports)
+        cancel = threading.Event()
+        result, extra = await runner.queued(
+            lambda: runner.execute(
+                code,
+                limits=run_limits,
+                policy=policy,
+                uploads=uploads,
+                return_files=return_files or [],
+                cancel=cancel,
+            ),
+            cancel,
+        )
+        return reply.build(result, extra, budget)
+
+    @tool(
+        description=(
+            "Check Python code without running it: syntax, imports outside the profile, "
+            "and risky constructs. Returns valid, the findings (line, rule, severity, "
+            "message) and a one-line verdict."
+        ),
+        annotations=_annotations("Check Python code", read_only=True, open_world=False),
+    )
+    def validate_code(
+        code: Annotated[str, Field(description="Python source to check.")],
+        profile: Annotated[str | None, Field(description="Import profile(s).")] = None,
+    ) -> Annotated[CallToolResult, ValidationReport]:
+        report = runner.base.host.validate(code, runner.policy_for(profile, None))
+        return reply.for_data(_validation_text(report), report.model_dump(mode="json"), budget)
+
+    @tool(
+        description=(
+            "What this sandbox offers, in short: backend, isolation in force, default "
+            "limits and the most a call may ask for, profiles, tools. detail=true adds the "
+            "modules of each profile, every isolation layer, the warm pool, scrubbing and "
+            "the bounds of upstream tool calls."
+        ),
+        annotations=_annotations("Describe the sandbox", read_only=True, open_world=False),
+    )
+    def get_sandbox_info(
+        detail: Annotated[
+            bool, Field(description="Add the modules per profile, layers, pool, scrub, tools.")
+        ] = False,
+    ) -> Annotated[CallToolResult, SandboxInfoReply]:
+        info = runner.base.info()
+        data = _short_info(runner, info, [t.name for t in made], budget)
+        if not detail:
+            return reply.for_data(_info_text(data), data, budget)
+        data["detail"] = _info_detail(info)
+        text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+        return reply.for_data(text, data, budget)
+
+    return made
+
+
+def _imports_note(sandbox: Sandbox) -> str:
+    """What the code may import by default, as the model must know it before it writes."""
+    policy = sandbox.policy
+    if policy is None or policy.allows_every_module:
+        return (
+            "The whole standard library and the installed data packages (numpy, pandas, "
+            "matplotlib, ...) can be imported."
+        )
+    return (
+        f"Imports outside the profile {policy.profile!r} are refused (allowed_imports or "
+        "another profile widens it; get_sandbox_info lists the profiles)."
+    )
+
+
+def _tools_note(sandbox: Sandbox) -> str:
+    """What the model must know to call upstream MCP tools from its code (--mcp-config)."""
+    if sandbox.tools is None:
+        return ""
+    servers = ", ".join(sorted(sandbox.tools.servers)) or "none"
+    return (
+        f" The code can call the tools of these MCP servers: {servers}. Each tool is a typed "
+        "module: `from servers.<server> import <tool>` then `await <tool>.call(arg=...)` "
+        "(its docstring lists the arguments); find tools with `from codecage.runtime import "
+        "search_tools; search_tools('what you need')`. Call many tools in one program and "
+        "return only what matters; a failed call raises codecage.runtime.ToolCallError."
+    )
+
+
+# The tools' hints for clients (MCP ToolAnnotations), true of this server: a run touches
+# nothing outside its throwaway sandbox, so nothing of the caller's is destroyed, but each
+# run is new (not idempotent: the code may be random or time-dependent) and, with upstream
+# tools configured, the code may reach the world through them.
+def _annotations(title: str, *, read_only: bool, open_world: bool) -> ToolAnnotations:
+    return ToolAnnotations(
+        title=title,
+        read_only_hint=read_only,
+        destructive_hint=False,
+        idempotent_hint=read_only,
+        open_world_hint=open_world,
+    )
+
+
+class SandboxInfoReply(BaseModel):
+    """The structured content of get_sandbox_info (no host paths in it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    backend: str = Field(description="The isolation backend runs use.")
+    isolation: str = Field(description="The isolation layers in force, in one line.")
+    default_limits: dict[str, Any] = Field(description="Limits of a run that asks for none.")
+    call_maximums: dict[str, Any] = Field(description="The most a call may ask for.")
+    profiles: list[str] = Field(description="Import profiles a call may pick.")
+    default_profile: str = Field(description="The profile of a call that names none.")
+    tools: list[str] = Field(description="This server's tools.")
+    tool_servers: list[str] = Field(description="Upstream MCP servers the code may call.")
+    reply_max_tokens: int = Field(description="Estimated tokens a reply takes at most.")
+    detail: dict[str, Any] | None = Field(
+        None, description="With detail=true: modules per profile, layers, pool, scrub, tools."
+    )
+
+
+def _short_info(runner: Runner, info: HostInfo, tools: list[str], budget: int) -> dict[str, Any]:
+    limits = runner.limits
+    active = [layer.name for layer in info.layers if layer.active]
+    missing = [layer.name for layer in info.layers if not layer.active]
+    isolation = "in force: " + ", ".join(active)
+    if "network" in active:
+        isolation += " (no network)"
+    if missing:
+        isolation += "; missing: " + ", ".join(missing)
+    defaults = info.default_limits
+    return SandboxInfoReply(
+        backend=info.backend,
+        isolation=isolation,
+        default_limits={
+            "timeout": defaults.timeout,
+            "memory_limit_mb": defaults.memory_mb,
+            "cpu_seconds": defaults.cpu_seconds,
+            "max_processes": defaults.max_processes,
+            "workspace_mb": defaults.workspace_mb,
+            "max_output_bytes": defaults.max_output_bytes,
+        },
+        call_maximums={"timeout": limits.max_timeout, "memory_limit_mb": limits.max_memory_mb},
+        profiles=[p.name for p in info.profiles],
+        default_profile=runner.base.settings.profile,
+        tools=tools,
+        tool_servers=info.tools.servers if info.tools is not None else [],
+        reply_max_tokens=budget,
+    ).model_dump(mode="json", exclude_none=True)
+
+
+def _info_text(data: dict[str, Any]) -> str:
+    limits = data["default_limits"]
+    maximums = data["call_maximums"]
+    profiles = [
+        p + (" (default)" if p == data["default_profile"] else "") for p in data["profiles"]
+    ]
+    return "\n".join(
+        [
+            f"backend: {data['backend']}",
+            f"isolation: {data['isolation']}",
+            f"default limits: timeout {limits['timeout']:g} s (at most {maximums['timeout']:g}), "
+            f"memory_limit_mb {limits['memory_limit_mb']} (at most {maximums['memory_limit_mb']}), "
+            f"cpu {limits['cpu_seconds']} s, {limits['max_processes']} processes, "
+            f"workspace {limits['workspace_mb']} MiB, output {limits['max_output_bytes']:,} "
+            "bytes per stream (head and tail kept)",
+            "profiles: " + ", ".join(profiles),
+            "tools: " + ", ".join(data["tools"]),
+            "upstream MCP servers the code may call: "
+            + (", ".join(data["tool_servers"]) or "none"),
+            f"replies: at most about {data['reply_max_tokens']:,} tokens",
+            "get_sandbox_info with detail=true lists each profile's modules and every layer.",
+        ]
+    )
+
+
+def _info_detail(info: HostInfo) -> dict[str, Any]:
+    """Everything `codecage info` says that a model may use, without the host's paths
+    (the interpreter, the config file, the tool trees, where settings came from)."""
+    data = info.model_dump(
+        mode="json", exclude={"python", "config_file", "backends", "default_limits"}
+    )
+    data["limit_sources"] = {
+        name: "config file" if source.startswith("file ") else source
+        for name, source in info.limit_sources.items()
+    }
+    if data.get("tools"):
+        for key in ("servers_dir", "skills_dir"):
+            data["tools"][key] = "/" + key.removesuffix("_dir") if data["tools"][key] else None
+    return cast(dict[str, Any], reply.without_host_paths(data))
+
+
+def _validation_text(report: ValidationReport) -> str:
+    lines = [report.message]
+    lines += [
+        f"line {f.line}: {f.rule_id} ({f.severity}) {neutralise_line(f.message)}"
+        for f in report.findings[:50]
+    ]
+    more = len(report.findings) - 50 + report.omitted_findings
+    if more > 0:
+        lines.append(f"… and {more} more findings")
+    return "\n".join(lines)
