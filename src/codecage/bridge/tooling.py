@@ -30,11 +30,8 @@ from codecage.bridge import upstreams
 from codecage.bridge.channel import BridgeLimits, CallFailed
 from codecage.config import Settings, ToolsFile
 from codecage.engine import workspace as workspaces
+from codecage.engine.launch import SERVERS_DIR_PREFIX
 from codecage.errors import ConfigError, SandboxError
-
-SERVERS_DIR_PREFIX = "codecage-servers-"
-"""Followed by the pid: the generated tree of a process that was killed is swept by the
-next one (`engine.sweep_stale_runs`)."""
 
 # The characters the MCP spec recommends for tool names; only such names match a wildcard.
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_.\-]+")

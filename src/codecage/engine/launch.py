@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from codecage import packages
-from codecage.bridge.tooling import SERVERS_DIR_PREFIX
 from codecage.engine import workspace as workspaces
 from codecage.errors import ConfigError
+from codecage.guest import contract
 from codecage.isolation import cgroups, rootfs, seccomp, shell
 from codecage.policy import profiles
 from codecage.policy.profiles import ImportPolicy
@@ -30,6 +30,10 @@ from codecage.policy.profiles import ImportPolicy
 log = logging.getLogger(__name__)
 
 RUN_DIR_PREFIX = "codecage-run-"
+SERVERS_DIR_PREFIX = "codecage-servers-"
+"""Both followed by the host pid: what a process that was killed left in the private parent
+(a run's directory, the tool tree `codecage gen` wrote for a process's upstream servers)
+is swept by the next one (`sweep_stale_runs`)."""
 
 
 def binds(
@@ -105,7 +109,11 @@ def _tool_tree_mounts(
     """The generated tool modules and the skills, read-only: at /servers and /skills to
     read (search_tools), and under the guest package root to import (`servers.x.y`)."""
     mounts: list[rootfs.Mount] = []
-    for name, source in (("servers", servers_dir), ("skills", skills_dir)):
+    trees = (
+        ("servers", contract.SERVERS_DIR, servers_dir),
+        ("skills", contract.SKILLS_DIR, skills_dir),
+    )
+    for name, readable_at, source in trees:
         if source is None:
             continue
         if not source.is_dir():
@@ -115,7 +123,7 @@ def _tool_tree_mounts(
                 if name == "servers"
                 else "check the path given with --skills-dir",
             )
-        mounts.append(rootfs.Mount("ro-bind", f"/{name}", str(source.resolve())))
+        mounts.append(rootfs.Mount("ro-bind", readable_at, str(source.resolve())))
         mounts.append(
             rootfs.Mount("ro-bind", f"{rootfs.GUEST_PACKAGE_ROOT}/{name}", str(source.resolve()))
         )

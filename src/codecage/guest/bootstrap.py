@@ -390,12 +390,9 @@ def _install_import_policy(allowed: list[str], refusal: _Refusal) -> None:
     """
     import builtins
 
-    _add_guest_package()
-    # guest/imports.py, which the sandbox mounts as the package `codecage` (mypy knows it
-    # as codecage.guest.imports)
-    from codecage.imports import ALWAYS_ALLOWED, refused  # type: ignore[import-not-found]
-
-    modules = frozenset(allowed) | ALWAYS_ALLOWED
+    rule = _guest_module("imports")  # guest/imports.py, validate's rule too
+    refused = rule.refused
+    modules = frozenset(allowed) | rule.ALWAYS_ALLOWED
     original_import = builtins.__import__
 
     def guarded_import(

@@ -39,6 +39,7 @@ from typing import Any, Literal
 from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
 from pydantic import BaseModel, ConfigDict, Field
 
+from codecage.guest import contract
 from codecage.models import (
     DEFAULT_REPLY_MAX_TOKENS,
     Event,
@@ -600,7 +601,7 @@ def _shrunk(value: Any) -> Any:
 
 
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.:/-])/(?:[\w.+@-]+/?)+")
-_SANDBOX_PATHS = ("/workspace", "/servers", "/skills")
+_SANDBOX_PATHS = (contract.WORKSPACE_DIR, contract.SERVERS_DIR, contract.SKILLS_DIR)
 
 
 def without_host_paths(value: Any) -> Any:

@@ -74,7 +74,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
-from codecage.guest import imports
+from codecage.guest import contract, imports
 from codecage.models import (
     MAX_CODE_BYTES,
     Analysis,
@@ -139,7 +139,7 @@ _DECODERS: Final = frozenset(
 _BUILDERS: Final = frozenset({"join", "format", "replace", "format_map"})
 _PATH_FUNCS: Final = frozenset({"open", "Path", "PurePath", "PosixPath", "PurePosixPath"})
 _PATH_MODULES: Final = frozenset({"os", "pathlib", "shutil", "glob", "io"})
-_ALLOWED_ROOTS: Final = ("/workspace", "/tmp")  # noqa: S108 - the sandbox's own /tmp
+_ALLOWED_ROOTS: Final = (contract.WORKSPACE_DIR, "/tmp")  # noqa: S108 - the sandbox's own /tmp
 _NETWORK_MODULES: Final = frozenset({"socket", "urllib", "http", "requests", "httpx", "ssl"})
 _BLOCK_NODES: Final = (
     ast.If,
