@@ -138,3 +138,32 @@ def test_the_readme_json_result_has_the_fields_the_cli_prints() -> None:
     assert re.findall(r'^    "(\w+)":', shown, re.MULTILINE) == list(printed)
     usage = re.search(r'"usage": (\{.*?\})', shown)
     assert usage is not None and list(json.loads(usage.group(1))) == list(printed["usage"])
+
+
+def _modules() -> list[str]:
+    package = ROOT / "src" / "codecage"
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if "__pycache__" in path.parts or path.stem in {"__init__", "__main__"}:
+            continue
+        found.append(str(path.relative_to(package).with_suffix("")))
+    return found
+
+
+@pytest.mark.parametrize("module", _modules())
+def test_every_module_is_in_the_architecture_doc(module: str) -> None:
+    """docs/architecture.md shows the layout as built: a new module is named there, on the
+    lines of its folder (or of the folder above, which may describe a subpackage), or this
+    fails."""
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    tree = doc.split("```")[1] + "\n  end"
+    folder, _, stem = module.rpartition("/")
+    if not folder:
+        assert re.search(rf"^  {re.escape(stem)}\.py ", tree, re.M), module
+        return
+    blocks = [
+        block.group(1)
+        for name in (folder, folder.split("/")[0])
+        if (block := re.search(rf"^  {re.escape(name)}/ (.*?)(?=^  \S)", tree, re.M | re.S))
+    ]
+    assert any(stem in re.findall(r"[a-z_]+", block) for block in blocks), (module, blocks)
