@@ -67,3 +67,29 @@ def test_the_cold_binds_benchmark_runs_both_pairings() -> None:
     p = run_bench("bench_cold_binds.py", "-n", "2", "--no-write")
     for side in ("with_tools", "without_tools", "standard", "basic"):
         assert side in p.stdout
+
+
+def test_the_ab_benchmark_runs_both_sides_and_compares_them() -> None:
+    """bench_ab.py runs a bench on an archived commit's code and on this checkout's; HEAD
+    against itself here (what is compared is the plumbing, not a number)."""
+    results = ROOT / "benchmarks" / "results"
+    kept = set(results.iterdir())
+    p = run_bench(
+        "bench_ab.py",
+        "--base",
+        "HEAD",
+        "--bench",
+        "mcp",
+        "--rounds",
+        "1",
+        "--no-write",
+        "--",
+        "-n",
+        "2",
+        "--pause",
+        "0",
+        timeout=300,
+    )
+    assert "round 1 base:" in p.stderr and "round 1 new:" in p.stderr
+    assert "execute_code p50_ms" in p.stdout
+    assert set(results.iterdir()) == kept  # the runs' own files removed, --no-write kept
