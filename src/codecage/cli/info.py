@@ -8,7 +8,7 @@ import typer
 
 from codecage.cli.logs import configure_logging
 from codecage.cli.options import BackendOpt, ConfigOpt, JsonOpt, VerboseOpt
-from codecage.cli.render import fail, print_json, progress, render_doctor, render_info
+from codecage.cli.render import fail, progress, render_doctor, render_info, show
 from codecage.cli.setup import load_config
 from codecage.errors import CodecageError
 from codecage.sandbox import Sandbox
@@ -47,10 +47,7 @@ def info(
             report = sb.info()
     except CodecageError as exc:
         fail(exc, as_json=as_json, verbose=verbose)
-    if as_json:
-        print_json(report.model_dump(mode="json"))
-    else:
-        render_info(report)
+    show(report, render_info, as_json=as_json)
 
 
 def doctor(
@@ -72,8 +69,5 @@ def doctor(
             report = Sandbox(backend=backend, selftest=False).doctor()
     except CodecageError as exc:
         fail(exc, as_json=as_json, verbose=verbose)
-    if as_json:
-        print_json(report.model_dump(mode="json"))
-    else:
-        render_doctor(report)
+    show(report, render_doctor, as_json=as_json)
     raise typer.Exit(0 if report.passed else 1)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -17,55 +17,22 @@ def _default(name: str) -> str:
     return f"{field.description} (default: {field.default})"
 
 
-# One name in four spellings: field memory_mb, flag --memory-mb, env CODECAGE_MEMORY_MB.
-TimeoutOpt = Annotated[
-    float | None,
-    typer.Option("--timeout", help=_default("timeout"), envvar="CODECAGE_TIMEOUT"),
-]
-CpuOpt = Annotated[
-    int | None,
-    typer.Option("--cpu-seconds", help=_default("cpu_seconds"), envvar="CODECAGE_CPU_SECONDS"),
-]
-MemoryOpt = Annotated[
-    int | None,
-    typer.Option("--memory-mb", help=_default("memory_mb"), envvar="CODECAGE_MEMORY_MB"),
-]
-ProcessesOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--max-processes", help=_default("max_processes"), envvar="CODECAGE_MAX_PROCESSES"
-    ),
-]
-OpenFilesOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--max-open-files", help=_default("max_open_files"), envvar="CODECAGE_MAX_OPEN_FILES"
-    ),
-]
-FileSizeOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--max-file-size-mb",
-        help=_default("max_file_size_mb"),
-        envvar="CODECAGE_MAX_FILE_SIZE_MB",
-    ),
-]
-WorkspaceMbOpt = Annotated[
-    int | None,
-    typer.Option("--workspace-mb", help=_default("workspace_mb"), envvar="CODECAGE_WORKSPACE_MB"),
-]
-TmpMbOpt = Annotated[
-    int | None,
-    typer.Option("--tmp-mb", help=_default("tmp_mb"), envvar="CODECAGE_TMP_MB"),
-]
-OutputOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--max-output-bytes",
-        help=_default("max_output_bytes"),
-        envvar="CODECAGE_MAX_OUTPUT_BYTES",
-    ),
-]
+def _limit_option(name: str) -> Any:
+    """The option of the `Limits` field `name`: one name in four spellings (field
+    memory_mb, flag --memory-mb, env CODECAGE_MEMORY_MB), its help and default the field's."""
+    flag = "--" + name.replace("_", "-")
+    return typer.Option(flag, help=_default(name), envvar=f"CODECAGE_{name.upper()}")
+
+
+TimeoutOpt = Annotated[float | None, _limit_option("timeout")]
+CpuOpt = Annotated[int | None, _limit_option("cpu_seconds")]
+MemoryOpt = Annotated[int | None, _limit_option("memory_mb")]
+ProcessesOpt = Annotated[int | None, _limit_option("max_processes")]
+OpenFilesOpt = Annotated[int | None, _limit_option("max_open_files")]
+FileSizeOpt = Annotated[int | None, _limit_option("max_file_size_mb")]
+WorkspaceMbOpt = Annotated[int | None, _limit_option("workspace_mb")]
+TmpMbOpt = Annotated[int | None, _limit_option("tmp_mb")]
+OutputOpt = Annotated[int | None, _limit_option("max_output_bytes")]
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print exactly one JSON object on stdout, nothing else.")
 ]

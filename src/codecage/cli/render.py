@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import typer
+from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 
@@ -29,10 +31,20 @@ from codecage.output import neutralise_line, neutralise_text
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
+Report = TypeVar("Report", bound=BaseModel)
+
 
 def print_json(data: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(data, ensure_ascii=False) + "\n")
     sys.stdout.flush()
+
+
+def show(report: Report, render: Callable[[Report], None], *, as_json: bool) -> None:
+    """A report as --json asks: its JSON alone on stdout, or `render`ed for a person."""
+    if as_json:
+        print_json(report.model_dump(mode="json"))
+    else:
+        render(report)
 
 
 def render_result(result: ExecutionResult, *, raw: bool) -> None:

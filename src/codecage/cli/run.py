@@ -37,7 +37,14 @@ from codecage.cli.options import (
     VerboseOpt,
     WorkspaceMbOpt,
 )
-from codecage.cli.render import fail, print_json, progress, render_result, render_validation
+from codecage.cli.render import (
+    fail,
+    print_json,
+    progress,
+    render_result,
+    render_validation,
+    show,
+)
 from codecage.cli.setup import (
     build_sandbox,
     load_config,
@@ -243,8 +250,5 @@ def validate(
                 report = sandbox.validate(text, strict=strict)
     except CodecageError as exc:
         fail(exc, as_json=as_json, verbose=verbose)
-    if as_json:
-        print_json(report.model_dump(mode="json"))
-    else:
-        render_validation(report)
+    show(report, render_validation, as_json=as_json)
     raise typer.Exit(0 if report.valid else 1)
