@@ -73,10 +73,11 @@ def main(argv: list[str]) -> int:
     request = _receive(control)
     _apply_limits(request["limits"])
     sys.addaudithook(_audit)
-    _explain_missing_modules()  # before the policy: its refusals pass through untouched
-    allowed = request.get("allowed_modules")
+    allowed = request.get("allowed_modules")  # None: no policy; with "*": nothing refused
+    policy = None
     if allowed is not None and EVERY_MODULE not in allowed:
-        _install_import_policy(allowed, _Refusal.of(request))
+        policy = _ImportCheck(allowed, _Refusal.of(request))
+    _install_import_hook(policy)
     gc.freeze()  # what exists now is ours: the collections at the end skip it
     exit_code, report = _run_user_code(request)
     _finish_like_python()
@@ -326,49 +327,65 @@ def _add_added_packages() -> None:
         sys.path.insert(at, PACKAGES_DIR)
 
 
-def _explain_missing_modules() -> None:
-    """Say, in the ModuleNotFoundError of a module the code imports, that it is not
-    installed here and how the operator adds it: an agent reading it knows it cannot
-    install it itself (no network, read-only packages) and need not try.
+def _install_import_hook(policy: _ImportCheck | None) -> None:
+    """One wrapper of `__import__`, for imports made *by the user's code* (those made by
+    library code, the stdlib and allowed packages, go through untouched, so an allowed
+    module keeps its own internal imports):
 
-    Only the code's own `import X` of a missing top-level name: library code's optional
-    imports keep their plain error, and so do modules of the standard library. Wrapped
-    inside the import policy (installed after this), which refuses what the profile does not
-    allow before any lookup, with its own message.
+    - the import policy, when the profile refuses anything: what it does not allow is
+      refused before any lookup, by the rule `validate` applies too (guest/imports.py);
+    - a missing module explained: the code's own `import X` of a missing top-level name
+      says it is not installed here and how the operator adds it, so an agent knows it
+      cannot install it itself (no network, read-only packages) and need not try. Modules
+      of the standard library keep their plain error.
+
+    Policy and comfort, not a boundary: see the docs.
     """
     import builtins
 
     original_import = builtins.__import__
 
-    def import_explaining(
+    def user_import(
         name: str,
         globals: Any = None,
         locals: Any = None,
         fromlist: Any = (),
         level: int = 0,
     ) -> Any:
+        by_user = level == 0 and _imported_by_user_code()
+        if by_user and policy is not None:
+            policy.check(name, fromlist)
         try:
             return original_import(name, globals, locals, fromlist, level)
         except ModuleNotFoundError as exc:
             missing = exc.name
             if (
-                level != 0
+                not by_user
                 or not isinstance(missing, str)
                 or missing != name.partition(".")[0]
                 or missing in sys.stdlib_module_names
-                or not _called_from_user_code()
             ):
                 raise
             raise ModuleNotFoundError(_missing_message(missing), name=missing) from None
 
-    builtins.__import__ = import_explaining
+    builtins.__import__ = user_import
 
 
-def _called_from_user_code() -> bool:
-    frame: types.FrameType | None = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename == _OWN_FILE:
-        frame = frame.f_back  # the import policy's wrapper, when it is on
-    return frame is not None and not frame.f_code.co_filename.startswith(_TRUSTED_PREFIXES)
+class _ImportCheck:
+    """The profile's import policy: refuses, through `refusal`, what `modules` do not allow."""
+
+    __slots__ = ("modules", "refusal", "refused")
+
+    def __init__(self, allowed: list[str], refusal: _Refusal) -> None:
+        rule = _guest_module("imports")  # guest/imports.py, validate's rule too
+        self.refused = rule.refused
+        self.modules = frozenset(allowed) | rule.ALWAYS_ALLOWED
+        self.refusal = refusal
+
+    def check(self, name: str, fromlist: Any) -> None:
+        dotted = self.refused(name, fromlist, 0, self.modules)
+        if dotted is not None:
+            self.refusal.refuse(dotted)
 
 
 def _missing_message(name: str) -> str:
@@ -379,36 +396,6 @@ def _missing_message(name: str) -> str:
         "packages (no network, read-only package directories): use what is installed, or "
         "ask the operator"
     )
-
-
-def _install_import_policy(allowed: list[str], refusal: _Refusal) -> None:
-    """Refuse imports *made by the user's code* of modules outside the profile, by the
-    rule `validate` applies too (codecage.imports, the guest package's own module).
-
-    Imports made by library code (the stdlib, allowed packages) go through untouched, so
-    an allowed module keeps its own internal imports. Policy, not a boundary: see the docs.
-    """
-    import builtins
-
-    rule = _guest_module("imports")  # guest/imports.py, validate's rule too
-    refused = rule.refused
-    modules = frozenset(allowed) | rule.ALWAYS_ALLOWED
-    original_import = builtins.__import__
-
-    def guarded_import(
-        name: str,
-        globals: Any = None,
-        locals: Any = None,
-        fromlist: Any = (),
-        level: int = 0,
-    ) -> Any:
-        if level == 0 and _imported_by_user_code():
-            dotted = refused(name, fromlist, level, modules)
-            if dotted is not None:
-                refusal.refuse(dotted)
-        return original_import(name, globals, locals, fromlist, level)
-
-    builtins.__import__ = guarded_import
 
 
 def _add_guest_package() -> None:
