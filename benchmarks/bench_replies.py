@@ -1,8 +1,8 @@
 """How large are the MCP tools' replies for typical runs, before and after issue 18?
 
 Each case is one tool call through the official SDK's in-memory client
-(`Client(build_server(pool=False))`), once with the code of this tree and once with the code
-of an older commit (`--before`, exported with `git archive` into a temporary directory);
+(`Client(build_server(Sandbox(pool=False)))`), once with the code of this tree and once with
+the code of an older commit (`--before`, exported with `git archive` into a temporary directory);
 each side runs in its own Python process with PYTHONPATH pointing at its `src`.
 
 Measured per reply: `bytes`, the length of the CallToolResult's JSON as the client received
@@ -86,7 +86,17 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
 CHILD = """
 import json, sys, anyio
 from mcp import Client
-from codecage.mcp.server import build_server
+try:
+    from codecage import Sandbox
+    from codecage.mcp.server import build_server
+
+    def make_server():
+        return build_server(Sandbox(pool=False))
+except ImportError:  # an older commit's code, from before the mcp/ package (issue 19)
+    from codecage.server import build_server
+
+    def make_server():
+        return build_server(pool=False)
 
 def tokens(result):
     data = result.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -103,7 +113,7 @@ def tokens(result):
 async def main():
     cases = json.loads(sys.argv[1])
     out = []
-    async with Client(build_server(pool=False), read_timeout_seconds=300) as client:
+    async with Client(make_server(), read_timeout_seconds=300) as client:
         names = {t.name: t for t in (await client.list_tools()).tools}
         for label, tool, arguments in cases:
             accepted = set(names[tool].input_schema.get("properties", {}))

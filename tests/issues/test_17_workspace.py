@@ -76,7 +76,7 @@ def anyio_backend() -> str:
 @needs_tmpfs
 @pytest.mark.anyio
 async def test_an_upload_run_stops_at_the_workspace_quota() -> None:
-    server = build_server(pool=False, sandbox_options={"limits": Limits(workspace_mb=16)})
+    server = build_server(Sandbox(pool=False, limits=Limits(workspace_mb=16)))
     async with Client(server, read_timeout_seconds=120) as client:
         result = await client.call_tool(
             "execute_code", {"code": FILL, "files": {"in/note.txt": "hello"}, "timeout": 60}
@@ -94,7 +94,7 @@ async def test_an_upload_run_stops_at_the_workspace_quota() -> None:
 
 @pytest.mark.anyio
 async def test_an_upload_larger_than_the_workspace_is_refused_clearly() -> None:
-    server = build_server(pool=False, sandbox_options={"limits": Limits(workspace_mb=1)})
+    server = build_server(Sandbox(pool=False, limits=Limits(workspace_mb=1)))
     async with Client(server, read_timeout_seconds=120) as client:
         result = await client.call_tool(
             "execute_code", {"code": "print('ran')", "files": {"big.bin": "x" * (2 * 2**20)}}

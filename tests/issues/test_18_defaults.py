@@ -271,7 +271,7 @@ def test_the_cli_and_the_server_run_under_the_standard_profile_by_default(
     assert json.loads(p.stdout)["import_policy"] == "standard", p.stderr
 
     async def main() -> dict[str, Any]:
-        async with Client(build_server(pool=False), read_timeout_seconds=60) as client:
+        async with Client(build_server(Sandbox(pool=False)), read_timeout_seconds=60) as client:
             reply = await client.call_tool("get_sandbox_info", {})
         return reply.structured_content or {}
 
@@ -362,7 +362,7 @@ def test_a_refusal_over_the_cli_names_the_flags(clean_env: dict[str, str]) -> No
 
 def test_a_refusal_over_mcp_names_the_tools_arguments(clean_env: dict[str, str]) -> None:
     async def main() -> dict[str, Any]:
-        async with Client(build_server(pool=False), read_timeout_seconds=60) as client:
+        async with Client(build_server(Sandbox(pool=False)), read_timeout_seconds=60) as client:
             reply = await client.call_tool(
                 "execute_code", {"code": "import os", "profile": "basic"}
             )

@@ -115,7 +115,7 @@ def text_of(result: CallToolResult) -> str:
 def test_the_server_runs_calls_with_imports_or_a_profile_without_building_a_sandbox(
     clean_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    server = build_server(pool=False, sandbox_options={"config": load(environ={})})
+    server = build_server(Sandbox(pool=False, config=load(environ={})))
     built: list[dict[str, Any]] = []
     real_init = Sandbox.__init__
 

@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from codecage.bridge import upstreams
 from codecage.bridge.channel import BridgeLimits, CallFailed
@@ -53,17 +53,6 @@ class ToolSetup:
     allowed_tools: tuple[str, ...] | None = None
     tokenize: bool | None = None
     tool_limits: BridgeLimits | None = None
-
-    def sandbox_options(self) -> dict[str, Any]:
-        """Keyword arguments for `Sandbox(...)`."""
-        return {
-            "tools": self.broker,
-            "servers_dir": self.servers_dir,
-            "skills_dir": self.skills_dir,
-            "allowed_tools": self.allowed_tools,
-            "tokenize": self.tokenize,
-            "tool_limits": self.tool_limits,
-        }
 
     def close(self) -> None:
         if self.broker is not None:

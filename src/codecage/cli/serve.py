@@ -25,7 +25,13 @@ from codecage.cli.options import (
     VerboseOpt,
 )
 from codecage.cli.render import fail, stderr
-from codecage.cli.setup import load_config, scrub_option, servers_of_hosts, tool_setup
+from codecage.cli.setup import (
+    build_sandbox,
+    load_config,
+    scrub_option,
+    servers_of_hosts,
+    tool_setup,
+)
 from codecage.errors import CodecageError
 
 
@@ -137,16 +143,16 @@ def serve(
             host_servers=host_servers,
         )
         atexit.register(tools.close)
-        options = {
-            **tools.sandbox_options(),
-            # Every Sandbox of the server (one per profile, per call with extra imports)
-            # uses the settings loaded and logged now, not a file read again later.
-            "config": settings,
-            "scrub": scrub_option(no_scrub, scrub_categories, settings),
-        }
-        app_server = mcp_server.build_server(
-            limits=limits, pool=not no_pool, sandbox_options=options
+        # Every call of the server runs in this one Sandbox's host runtime, with the
+        # settings loaded and logged now, not a file read again later.
+        sandbox = build_sandbox(
+            settings,
+            tools,
+            scrub=scrub_option(no_scrub, scrub_categories, settings),
+            pool=not no_pool,
+            face="mcp",
         )
+        app_server = mcp_server.build_server(sandbox, limits=limits)
         if not http:
             stdio.serve(app_server)
             _ignore_sigterm()  # the client hung up: what is left is cleanup

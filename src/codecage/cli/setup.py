@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from codecage import config
 from codecage.cli.render import stderr
-from codecage.errors import ConfigError
+from codecage.errors import ConfigError, Face
 from codecage.models import ScrubSettings
 from codecage.sandbox import Sandbox
 
@@ -185,17 +185,18 @@ def build_sandbox(
     settings: config.Settings,
     tools: ToolSetup,
     *,
-    profile: str | None,
-    allow_import: list[str] | None,
+    profile: str | None = None,
+    allow_import: list[str] | None = None,
     backend: str = "auto",
     allow_degraded: bool = False,
     replace_imports: bool = False,
     import_policy: bool = True,
     scrub: bool | ScrubSettings | None = None,
     pool: bool | None = None,
+    face: Face = "cli",
 ) -> Sandbox:
-    """The Sandbox of `run` and `validate`, so both judge code under the same policy
-    (enabled profiles included) and tool directories.
+    """The one Sandbox of `run`, `validate` and `serve` (face "mcp"), so all judge code
+    under the same policy (enabled profiles included) and tool directories.
 
     Raises:
         ConfigError: a profile not enabled here, an unknown one, a bad module name.
@@ -211,6 +212,11 @@ def build_sandbox(
         config=settings,
         pool=pool,
         scrub=scrub,
-        face="cli",
-        **tools.sandbox_options(),
+        face=face,
+        tools=tools.broker,
+        servers_dir=tools.servers_dir,
+        skills_dir=tools.skills_dir,
+        allowed_tools=tools.allowed_tools,
+        tokenize=tools.tokenize,
+        tool_limits=tools.tool_limits,
     )

@@ -166,7 +166,7 @@ class Runner:
             allowed_tools=self.base.allowed_tools,
             cancel=cancel,
             on_files=read_back,
-            face=self.base.face,
+            face="mcp",  # hints name execute_code's arguments
         )
         try:
             result = self.base.host.run(request)

@@ -54,12 +54,16 @@ class ServerLimits:
 
 
 def build_server(
-    *,
-    limits: ServerLimits | None = None,
-    pool: bool = True,
-    sandbox_options: dict[str, Any] | None = None,
+    sandbox: Sandbox | None = None, *, limits: ServerLimits | None = None
 ) -> MCPServer:
     """The MCP server, ready for `run()` (stdio) or `streamable_http_app()`.
+
+    Args:
+        sandbox: the one host runtime every call runs in, with its settings, backend,
+            pool, tools and defaults (`codecage serve` builds it from its flags); None:
+            `Sandbox(pool=True)` with the config found. The calls' hints name the tools'
+            arguments whatever face the Sandbox was made for.
+        limits: what one call may ask for at most.
 
     Raises:
         ConfigError: the config file or environment is invalid, or reply_max_tokens is out
@@ -67,9 +71,7 @@ def build_server(
         HostError: this host cannot run sandboxes.
     """
     server_limits = limits or ServerLimits()
-    # e.g. ToolSetup.sandbox_options(); hints in results name the tool's arguments
-    options = {"face": "mcp", **(sandbox_options or {})}
-    base = Sandbox(pool=pool, **options)  # the one host runtime of every call
+    base = sandbox if sandbox is not None else Sandbox(pool=True, face="mcp")
     budget = server_limits.reply_max_tokens
     if budget is None:
         budget = base.settings.serve.reply_max_tokens
