@@ -4,10 +4,10 @@ rounds, so that machine drift hits both alike.
 The base is `git archive REV` unpacked into a temporary directory that borrows this
 checkout's `.venv` and `tools/node_modules`; each run gets `PYTHONPATH=<tree>/src`, so the
 bench and every codecage process it starts (`codecage serve`, `codecage run`) use that
-tree's code. Each run writes its usual JSON into its own tree; this script reads the key
-figures out of them (and removes them) and writes benchmarks/results/ab-<bench>-<UTC
-timestamp>.json with every round and, per figure, the median of the rounds for each side
-and their ratio.
+tree's code (see OWN_SCRIPT for which tree's bench script runs). Each run writes its usual
+JSON; this script reads the key figures out of them (and removes them) and writes
+benchmarks/results/ab-<bench>-<UTC timestamp>.json with every round and, per figure, the
+median of the rounds for each side and their ratio.
 
     .venv/bin/python benchmarks/bench_ab.py --base 9ca428d --bench mcp --rounds 3 -- -n 150
     .venv/bin/python benchmarks/bench_ab.py --base 9ca428d --bench suite -- --only cold,warm
@@ -34,6 +34,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHES = {"mcp": ("bench_mcp.py", "mcp-"), "suite": ("bench_suite.py", "suite-")}
+OWN_SCRIPT = {"suite"}
+"""Benches that import codecage's internals run from each tree; the others (bench_mcp talks to
+`codecage serve` over stdio only) run from this checkout on both sides: the same instrument,
+only the code under it differs."""
 
 
 def main() -> int:
@@ -51,7 +55,8 @@ def main() -> int:
         rounds = []
         for number in range(1, args.rounds + 1):
             for side, tree in trees.items():
-                figures = _run(tree, script, prefix, args.bench_args)
+                bench = (tree if args.bench in OWN_SCRIPT else ROOT) / "benchmarks" / script
+                figures = _run(tree, bench, prefix, args.bench_args)
                 print(f"round {number} {side}: {_short(figures)}", file=sys.stderr)
                 rounds.append({"round": number, "code": side, "figures": figures})
     summary = _summary(rounds)
@@ -76,12 +81,13 @@ def _unpack(rev: str, where: Path) -> Path:
     return where
 
 
-def _run(tree: Path, script: str, prefix: str, bench_args: list[str]) -> dict[str, float]:
-    results = tree / "benchmarks" / "results"
+def _run(tree: Path, bench: Path, prefix: str, bench_args: list[str]) -> dict[str, float]:
+    """Run `bench` with `tree`'s code; its figures, from the JSON it wrote (then removed)."""
+    results = bench.parent / "results"
     before = set(results.glob(f"{prefix}*.json"))
     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
     subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "python"), str(tree / "benchmarks" / script), *bench_args],
+        [str(ROOT / ".venv" / "bin" / "python"), str(bench), *bench_args],
         cwd=tree,
         env=env,
         check=True,
@@ -89,7 +95,7 @@ def _run(tree: Path, script: str, prefix: str, bench_args: list[str]) -> dict[st
     )
     written = sorted(set(results.glob(f"{prefix}*.json")) - before)
     if not written:
-        raise SystemExit(f"{script} in {tree} wrote no result (was --no-write passed?)")
+        raise SystemExit(f"{bench} wrote no result (was --no-write passed?)")
     data = json.loads(written[-1].read_text(encoding="utf-8"))
     written[-1].unlink()  # the A/B file keeps what is compared
     return _figures(data)

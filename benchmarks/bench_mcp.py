@@ -30,7 +30,7 @@ from pathlib import Path
 
 import anyio
 from mcp.client.session import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
 
 ROOT = Path(__file__).resolve().parent.parent
 SNIPPET = "sum(range(1000))"
@@ -45,8 +45,18 @@ def empty() -> str:
 server.run("stdio")
 """
 EMPTY_SERVER_FAST = EMPTY_SERVER.replace(
-    'server.run("stdio")', "from codecage.mcp import stdio\nstdio.serve(server)"
+    'server.run("stdio")',
+    "try:\n    from codecage.mcp import stdio\n"
+    "except ImportError:  # code from before the mcp/ package (bench_ab.py's base)\n"
+    "    from codecage import stdio\n"
+    "stdio.serve(server)",
 )
+# The SDK starts servers with a minimal environment; PYTHONPATH is kept so that they run the
+# code this bench was pointed at (bench_ab.py runs it against an older commit's src too).
+SERVER_ENV = {
+    **get_default_environment(),
+    **({"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}),
+}
 
 
 async def _timed_calls(
@@ -86,10 +96,12 @@ def main() -> int:
     parser.add_argument("--pause", type=float, default=0.1, help="seconds between calls")
     parser.add_argument("--no-write", action="store_true", help="do not write a JSON result")
     args = parser.parse_args()
-    empty = StdioServerParameters(command=sys.executable, args=["-c", EMPTY_SERVER])
-    empty_fast = StdioServerParameters(command=sys.executable, args=["-c", EMPTY_SERVER_FAST])
+    empty = StdioServerParameters(command=sys.executable, args=["-c", EMPTY_SERVER], env=SERVER_ENV)
+    empty_fast = StdioServerParameters(
+        command=sys.executable, args=["-c", EMPTY_SERVER_FAST], env=SERVER_ENV
+    )
     codecage = StdioServerParameters(
-        command=str(ROOT / ".venv" / "bin" / "codecage"), args=["serve"]
+        command=str(ROOT / ".venv" / "bin" / "codecage"), args=["serve"], env=SERVER_ENV
     )
     results = {
         "empty_tool": _percentiles(anyio.run(_timed_calls, empty, "empty", {}, args.n, args.pause)),
