@@ -1,5 +1,5 @@
 """A/B: one benchmark, run on an older commit's code and on this checkout's, in alternating
-rounds, so that machine drift hits both alike.
+rounds (base first, then new first, ...), so that machine drift hits both alike.
 
 The base is `git archive REV` unpacked into a temporary directory that borrows this
 checkout's `.venv` and `tools/node_modules`; each run gets `PYTHONPATH=<tree>/src`, so the
@@ -54,7 +54,10 @@ def main() -> int:
         trees = {"base": base, "new": ROOT}
         rounds = []
         for number in range(1, args.rounds + 1):
-            for side, tree in trees.items():
+            # Odd rounds base first, even rounds new first: what runs second in a pair
+            # tends to be slower (drift), and alternating cancels it out in the medians.
+            order = list(trees.items()) if number % 2 else list(reversed(trees.items()))
+            for side, tree in order:
                 bench = (tree if args.bench in OWN_SCRIPT else ROOT) / "benchmarks" / script
                 figures = _run(tree, bench, prefix, args.bench_args)
                 print(f"round {number} {side}: {_short(figures)}", file=sys.stderr)
@@ -156,8 +159,9 @@ def _write(args: argparse.Namespace, rounds: list[dict[str, Any]], summary: Any)
         json.dumps(
             {
                 "bench": f"{BENCHES[args.bench][0]} A/B",
-                "how": f"{args.rounds} rounds, each: the base commit's code, then this "
-                f"checkout's, same machine, same arguments: {' '.join(args.bench_args)}",
+                "how": f"{args.rounds} rounds, each: the base commit's code and this checkout's "
+                "(base first in odd rounds, new first in even ones), same machine, same "
+                f"arguments: {' '.join(args.bench_args)}",
                 "base_commit": args.base,
                 "new_commit": head,
                 "when": datetime.now(UTC).isoformat(timespec="seconds"),
