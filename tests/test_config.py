@@ -361,9 +361,7 @@ def test_the_tools_table_bounds_each_runs_tool_calls(tmp_path: Path) -> None:
     (tmp_path / "generated").mkdir()  # no tree needed: the code calls by name
     setup = tooling.prepare(None, settings=load(config))
     try:
-        with Sandbox(
-            pool=False, scrub=False, tools=setup.broker, tool_limits=setup.tool_limits
-        ) as box:
+        with Sandbox(pool=False, scrub=False, **setup.sandbox_arguments()) as box:
             result = box.run(THREE_TOOL_CALLS, limits={"timeout": 60})
     finally:
         setup.close()

@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from codecage.bridge import upstreams
 from codecage.bridge.channel import BridgeLimits, CallFailed
@@ -43,6 +43,18 @@ if TYPE_CHECKING:  # the MCP SDK (~0.5 s to import) loads only when there are se
     from codecage.bridge.broker import Broker
 
 
+class SandboxToolArguments(TypedDict):
+    """The keyword arguments of `Sandbox(...)` that a `ToolSetup` fills, typed (mypy checks
+    `Sandbox(**setup.sandbox_arguments())` against the signature)."""
+
+    tools: Broker | None
+    servers_dir: Path | None
+    skills_dir: Path | None
+    allowed_tools: tuple[str, ...] | None
+    tokenize: bool | None
+    tool_limits: BridgeLimits | None
+
+
 @dataclass(frozen=True, slots=True)
 class ToolSetup:
     """Upstream servers and tool trees for the Sandboxes of one codecage process."""
@@ -53,6 +65,17 @@ class ToolSetup:
     allowed_tools: tuple[str, ...] | None = None
     tokenize: bool | None = None
     tool_limits: BridgeLimits | None = None
+
+    def sandbox_arguments(self) -> SandboxToolArguments:
+        """What `Sandbox(...)` takes of this setup."""
+        return SandboxToolArguments(
+            tools=self.broker,
+            servers_dir=self.servers_dir,
+            skills_dir=self.skills_dir,
+            allowed_tools=self.allowed_tools,
+            tokenize=self.tokenize,
+            tool_limits=self.tool_limits,
+        )
 
     def close(self) -> None:
         if self.broker is not None:

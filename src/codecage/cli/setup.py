@@ -213,10 +213,5 @@ def build_sandbox(
         pool=pool,
         scrub=scrub,
         face=face,
-        tools=tools.broker,
-        servers_dir=tools.servers_dir,
-        skills_dir=tools.skills_dir,
-        allowed_tools=tools.allowed_tools,
-        tokenize=tools.tokenize,
-        tool_limits=tools.tool_limits,
+        **tools.sandbox_arguments(),
     )
