@@ -1,11 +1,17 @@
-"""The installed `codecage` command run from a test, as a user runs it."""
+"""The installed `codecage` command run from a test, as a user runs it (or as an MCP host
+starts `codecage serve`)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
+
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters, stdio_client
 
 CODECAGE = str(Path(sys.executable).with_name("codecage"))
 
@@ -28,3 +34,21 @@ def codecage(
         timeout=timeout,
         check=False,
     )
+
+
+@contextlib.asynccontextmanager
+async def serve_stdio(
+    workdir: Path, *args: str, env: Mapping[str, str] | None = None, read_timeout: float = 60
+) -> AsyncIterator[Client]:
+    """An MCP client of `codecage serve ARGS` over stdio, started in `workdir` as an MCP
+    host starts it: this checkout's code (PYTHONPATH passed on) and nothing else of this
+    process's environment but `env`; the server's stderr goes to workdir/stderr.log."""
+    passed = {k: v for k, v in os.environ.items() if k == "PYTHONPATH"}
+    params = StdioServerParameters(
+        command=CODECAGE, args=["serve", *args], cwd=str(workdir), env={**passed, **(env or {})}
+    )
+    with (workdir / "stderr.log").open("w", encoding="utf-8") as errlog:
+        async with Client(
+            stdio_client(params, errlog=errlog), read_timeout_seconds=read_timeout
+        ) as client:
+            yield client

@@ -78,6 +78,19 @@ class HostCanary:
 
 
 @pytest.fixture
+def clean_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    """The defaults as shipped: no CODECAGE_* variable and no config of the user's (an empty
+    XDG_CONFIG_HOME of its own, `tmp_path / "xdg"`); this process gets it too, and the
+    environment is yielded for subprocesses."""
+    xdg = tmp_path / "xdg"
+    xdg.mkdir()
+    for key in [k for k in os.environ if k.startswith("CODECAGE_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(xdg))
+    yield dict(os.environ)
+
+
+@pytest.fixture
 def host_canary() -> Iterator[HostCanary]:
     """A random token in world-readable files under the host's /tmp and $HOME."""
     token = "canary-" + secrets.token_hex(12)

@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import ast
 import sys
 from pathlib import Path
+
+from tests._source import imports_of
 
 import codecage.guest
 
 GUEST_DIR = Path(codecage.guest.__file__).parent
-
-
-def _imported(path: Path) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-    return names
 
 
 def test_guest_modules_import_only_the_standard_library() -> None:
@@ -35,7 +26,7 @@ def test_guest_modules_import_only_the_standard_library() -> None:
     for path in files:
         outside = {
             name
-            for name in _imported(path)
+            for name in imports_of(path)
             if name.split(".")[0] not in sys.stdlib_module_names
             and name != "__future__"
             and name not in own

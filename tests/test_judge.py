@@ -3,12 +3,12 @@ sandbox, no process, no I/O."""
 
 from __future__ import annotations
 
-import ast
 import json
 import signal
 from pathlib import Path
 
 import pytest
+from tests._source import top_level_imports
 
 import codecage.engine.judge as judge_module
 from codecage.backends.base import ExitStatus
@@ -223,17 +223,7 @@ def test_a_memory_error_without_a_memory_cgroup_is_the_memory_limit() -> None:
 
 def test_the_judge_does_no_io() -> None:
     """Pure: it imports nothing that reaches a process, a file, a socket or the clock."""
-    tree = ast.parse(Path(judge_module.__file__).read_text(encoding="utf-8"))
-    imported = {
-        alias.name.split(".")[0]
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Import)
-        for alias in node.names
-    } | {
-        node.module.split(".")[0]
-        for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and node.module
-    }
+    imported = top_level_imports(Path(judge_module.__file__))
     io = {"os", "subprocess", "socket", "selectors", "time", "threading", "pathlib", "shutil"}
     assert imported & io == set()
     assert "open(" not in Path(judge_module.__file__).read_text(encoding="utf-8")

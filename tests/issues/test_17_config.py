@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,18 +35,6 @@ enabled = false
 command = "/bin/sh"
 args = ["-c", "touch {marker}"]
 """
-
-
-@pytest.fixture
-def clean_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
-    """An environment with no config of the user's (an empty XDG_CONFIG_HOME of its own)
-    and no CODECAGE_* variable; this process gets it too."""
-    xdg = tmp_path / "xdg"
-    xdg.mkdir()
-    for key in [k for k in os.environ if k.startswith("CODECAGE_")]:
-        monkeypatch.delenv(key)
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(xdg))
-    yield {k: v for k, v in os.environ.items() if not k.startswith("CODECAGE_")}
 
 
 def cli(

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 from mcp import Client
-from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import ImageContent, TextContent, Tool
+from tests._cli import serve_stdio
 
 from codecage.bridge import codegen
 from codecage.engine import workspace as workspaces
@@ -204,14 +204,8 @@ def anyio_backend() -> str:
 @pytest.fixture(scope="module")
 async def mcp_client(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]:
     """`codecage serve` over stdio, running this checkout's code (PYTHONPATH passed on)."""
-    workdir = tmp_path_factory.mktemp("serve")
-    env = {k: v for k, v in os.environ.items() if k == "PYTHONPATH"}
-    command = str(Path(sys.executable).with_name("codecage"))
-    params = StdioServerParameters(command=command, args=["serve"], cwd=str(workdir), env=env)
-    with (workdir / "stderr.log").open("w", encoding="utf-8") as errlog:
-        transport = stdio_client(params, errlog=errlog)
-        async with Client(transport, read_timeout_seconds=60) as client:
-            yield client
+    async with serve_stdio(tmp_path_factory.mktemp("serve")) as client:
+        yield client
 
 
 @pytest.mark.anyio

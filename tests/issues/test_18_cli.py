@@ -4,7 +4,6 @@ as JSON, errors with their reason, hints only where they help)."""
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import re
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from tests._source import top_level_imports
 
 import codecage
 from codecage.bridge import hosts
@@ -193,11 +193,7 @@ def _third_party_imports() -> set[str]:
     for path in (ROOT / "src" / "codecage").rglob("*.py"):
         if "guest" in path.parts:  # runs inside the sandbox, on the stdlib only
             continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Import):
-                found |= {alias.name.split(".")[0] for alias in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                found.add(node.module.split(".")[0])
+        found |= top_level_imports(path)
     return found - set(sys.stdlib_module_names) - {"codecage", "servers", "__future__"}
 
 

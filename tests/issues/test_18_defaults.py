@@ -19,10 +19,9 @@ the SDK's stdio client); at least 95% of them must run correctly on each.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,16 +141,6 @@ def from_result(result: dict[str, Any]) -> Seen:
 def run_all(run_one: Callable[[Program], Seen]) -> dict[str, Seen]:
     with ThreadPoolExecutor(WORKERS) as pool:
         return dict(zip([p.name for p in PROGRAMS], pool.map(run_one, PROGRAMS), strict=True))
-
-
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[str, str]]:
-    """No CODECAGE_* setting and no config file of the user's: the defaults as shipped."""
-    for key in list(os.environ):
-        if key.startswith("CODECAGE_"):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-config"))
-    yield {k: v for k, v in os.environ.items()}
 
 
 def test_the_corpus_is_big_and_says_what_each_program_must_show() -> None:

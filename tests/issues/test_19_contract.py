@@ -19,6 +19,7 @@ from typing import Any, get_args
 
 import pytest
 from pydantic import BaseModel, TypeAdapter
+from tests._source import relative_imports, top_level_imports
 
 import codecage.runtime as host_runtime
 from codecage import Sandbox
@@ -73,18 +74,9 @@ def _guest_python(code: str) -> str:
 
 
 def test_the_contract_imports_only_the_standard_library() -> None:
-    tree = ast.parse(Path(contract.__file__).read_text(encoding="utf-8"))
-    imported = {
-        alias.name.split(".")[0]
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Import)
-        for alias in node.names
-    } | {
-        node.module.split(".")[0]
-        for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and node.module
-    }
-    assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree))
+    path = Path(contract.__file__)
+    assert not relative_imports(path)
+    imported = top_level_imports(path)
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
 
 

@@ -14,18 +14,17 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from mcp import Client
-from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult, TextContent
+from tests._cli import serve_stdio
 
 from codecage import host
 from codecage.config import load
@@ -66,16 +65,6 @@ try:
 finally:
     print(json.dumps(counts), file=sys.stderr)
 """
-
-
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[str, str]]:
-    """No CODECAGE_* setting and no config file of the user's: the defaults as shipped."""
-    for key in list(os.environ):
-        if key.startswith("CODECAGE_"):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-config"))
-    yield dict(os.environ)
 
 
 def counted_cli_run(env: dict[str, str], *flags: str) -> dict[str, int]:
@@ -169,12 +158,9 @@ def anyio_backend() -> str:
 async def pooled_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]:
     """`codecage serve` with its warm pool, in its own process (which stops the pool)."""
     workdir = tmp_path_factory.mktemp("serve-pool")
-    env = {k: v for k, v in os.environ.items() if k == "PYTHONPATH"}
-    env["XDG_CONFIG_HOME"] = str(workdir / "no-config")
-    params = StdioServerParameters(command=CODECAGE, args=["serve"], cwd=str(workdir), env=env)
-    with (workdir / "stderr.log").open("w", encoding="utf-8") as errlog:
-        async with Client(stdio_client(params, errlog=errlog), read_timeout_seconds=120) as c:
-            yield c
+    no_config = {"XDG_CONFIG_HOME": str(workdir / "no-config")}
+    async with serve_stdio(workdir, env=no_config, read_timeout=120) as client:
+        yield client
 
 
 @pytest.mark.anyio

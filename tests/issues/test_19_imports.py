@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tests._cli import codecage
 
 from codecage import Sandbox
 from codecage.guest import bootstrap, imports
@@ -50,15 +50,7 @@ def basic() -> Sandbox:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CODECAGE_")}
-    return subprocess.run(
-        [sys.executable, "-m", "codecage.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=120,
-        check=False,
-    )
+    return codecage(*args, env=env, cwd=ROOT)
 
 
 @pytest.mark.parametrize(("code", "allowed"), BASIC_CASES)
