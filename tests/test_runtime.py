@@ -24,7 +24,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 from hypothesis import given, settings
@@ -47,6 +47,7 @@ from codecage.guest.runtime import (
     search_tools,
 )
 from codecage.guest.runtime import bridge as guest_bridge
+from codecage.models.wire import BridgeErrorKind
 
 GUEST_DIR = Path(runtime.__file__).parent.parent  # the guest package
 
@@ -154,19 +155,7 @@ def test_the_text_is_returned_when_the_tool_sends_no_structured_content(
     assert asyncio.run(call_tool("fs", "read_file", {"path": "a"})) == "line 1\nline 2"
 
 
-@pytest.mark.parametrize(
-    "kind",
-    [
-        "bad_request",
-        "no_servers",
-        "unknown_server",
-        "not_allowed",
-        "limit",
-        "timeout",
-        "tool_error",
-        "upstream_error",
-    ],
-)
+@pytest.mark.parametrize("kind", get_args(BridgeErrorKind))  # every kind the host may send
 def test_every_error_kind_raises_a_tool_call_error_naming_the_tool(
     host: Callable[[Responder], FakeHost], kind: str
 ) -> None:
