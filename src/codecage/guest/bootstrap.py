@@ -352,15 +352,20 @@ def _install_import_hook(policy: _ImportCheck | None) -> None:
         fromlist: Any = (),
         level: int = 0,
     ) -> Any:
-        by_user = level == 0 and _imported_by_user_code()
-        if by_user and policy is not None:
-            policy.check(name, fromlist)
+        # Whose import it is, asked only when it matters (a frame lookup per import
+        # otherwise): before a policy check, or when a module is missing.
+        by_user = False
+        if policy is not None and level == 0:
+            by_user = _imported_by_user_code()
+            if by_user:
+                policy.check(name, fromlist)
         try:
             return original_import(name, globals, locals, fromlist, level)
         except ModuleNotFoundError as exc:
             missing = exc.name
             if (
-                not by_user
+                level != 0
+                or not (by_user or (policy is None and _imported_by_user_code()))
                 or not isinstance(missing, str)
                 or missing != name.partition(".")[0]
                 or missing in sys.stdlib_module_names
