@@ -34,7 +34,9 @@ from codecage.models import (
 from codecage.policy.profiles import ImportPolicy
 
 if TYPE_CHECKING:
+    from codecage.backends.base import Backend
     from codecage.bridge.broker import Broker
+    from codecage.policy.scrub import Scrubber
 
 
 class Sandbox:
@@ -153,17 +155,59 @@ class Sandbox:
             packages_dir=packages_dir,
             scrub=scrub,
         )
-        # What callers read of it (info, tests, the MCP server's notes): the Host's values.
-        self.settings, self.limits, self.backend = settings, runtime.limits, runtime.backend
-        self.pool, self.tools, self.tool_limits = runtime.pool, tools, runtime.tool_limits
-        self.scrub_settings, self.scrubber = runtime.scrub_settings, runtime.scrubber
-        self.servers_dir, self.skills_dir = runtime.servers_dir, runtime.skills_dir
-        self.packages_dir, self.tokenize = runtime.packages_dir, tokenize
+        self.settings = settings
         self.limit_sources = dict(runtime.limit_sources)
         if profile is not None:
             self.limit_sources["profile"] = "argument"
         self.face: Face = face
         runtime.keep_warm(self.policy)
+
+    # What callers read of the host runtime (info, tests, the MCP server's notes): its own
+    # values, not copies that could drift from them.
+
+    @property
+    def limits(self) -> Limits:
+        return self.host.limits
+
+    @property
+    def backend(self) -> Backend:
+        return self.host.backend
+
+    @property
+    def pool(self) -> Pool | None:
+        return self.host.pool
+
+    @property
+    def tools(self) -> Broker | None:
+        return self.host.tools
+
+    @property
+    def tool_limits(self) -> bridge.BridgeLimits:
+        return self.host.tool_limits
+
+    @property
+    def scrub_settings(self) -> ScrubSettings:
+        return self.host.scrub_settings
+
+    @property
+    def scrubber(self) -> Scrubber | None:
+        return self.host.scrubber
+
+    @property
+    def servers_dir(self) -> Path | None:
+        return self.host.servers_dir
+
+    @property
+    def skills_dir(self) -> Path | None:
+        return self.host.skills_dir
+
+    @property
+    def packages_dir(self) -> Path | None:
+        return self.host.packages_dir
+
+    @property
+    def tokenize(self) -> bool | None:
+        return self.host.tokenize
 
     def run(
         self,
