@@ -1,0 +1,73 @@
+"""The containment suite runs on every backend (parametrised, not copied).
+
+Here `sandbox` and `runner` are overridden: each containment test runs once per backend in
+`BACKENDS_UNDER_TEST`, and (for `runner`) once more on the null runner, where it must fail.
+A backend that cannot meet a test says so by name in `_backends.KNOWN_GAPS`: that test is
+a strict xfail on that backend (it must keep failing there, and it is listed, not
+skipped). A backend not available on this host is skipped, except under CI, where
+`scripts/setup --test` installs them all and a missing one is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from codecage import Sandbox
+from codecage.errors import CodecageError
+from conftest import _run_sandboxed, _run_unsandboxed
+
+from ._backends import BACKENDS_UNDER_TEST, KNOWN_GAPS
+from ._support import Runner
+
+_sandboxes: dict[str, Sandbox | str] = {}
+
+
+def sandbox_on(backend: str) -> Sandbox:
+    """One Sandbox per backend for the whole session (the import policy and scrubbing off,
+    as in the root conftest: the OS layers are what is tested)."""
+    if backend not in _sandboxes:
+        try:
+            _sandboxes[backend] = Sandbox(backend=backend, import_policy=False, scrub=False)
+        except CodecageError as exc:
+            _sandboxes[backend] = f"backend {backend!r} is not available here: {exc}"
+    found = _sandboxes[backend]
+    if isinstance(found, str):
+        if os.environ.get("CI") == "true":
+            pytest.fail(found + " (CI installs every backend: scripts/setup --test)")
+        pytest.skip(found)
+    return found
+
+
+@pytest.fixture(scope="session", params=BACKENDS_UNDER_TEST)
+def sandbox(request: pytest.FixtureRequest) -> Sandbox:
+    return sandbox_on(request.param)
+
+
+_NULL_RUNNER = pytest.param(
+    "null",
+    marks=pytest.mark.xfail(
+        strict=True, reason="null runner has no isolation: the test must fail there"
+    ),
+)
+
+
+@pytest.fixture(params=[*BACKENDS_UNDER_TEST, _NULL_RUNNER])
+def runner(request: pytest.FixtureRequest) -> Runner:
+    if request.param == "null":
+        return _run_unsandboxed
+    return _run_sandboxed(sandbox_on(request.param))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each known gap of a backend becomes a strict xfail of that test on that backend."""
+    for item in items:
+        callspec: Any = getattr(item, "callspec", None)
+        if callspec is None:
+            continue
+        backend = callspec.params.get("runner", callspec.params.get("sandbox"))
+        gap = KNOWN_GAPS.get(backend, {}).get(getattr(item, "originalname", item.name))
+        if gap is not None:
+            item.add_marker(pytest.mark.xfail(strict=True, reason=f"{backend}: {gap}"))
