@@ -24,6 +24,14 @@ from codecage.models import LayerStatus
 
 
 @dataclass(frozen=True, slots=True)
+class Identity:
+    """The host uid and gid a sandbox's processes run as (never 0: `isolation.identity`)."""
+
+    uid: int
+    gid: int
+
+
+@dataclass(frozen=True, slots=True)
 class LaunchSpec:
     """Everything a backend needs to start one sandbox; fds are the host's, still open."""
 
@@ -34,6 +42,7 @@ class LaunchSpec:
     control_fd: int  # the guest's end of the control socket, passed under the same number
     bridge_fd: int  # the guest's end of the tool bridge (docs/tool-bridge.md)
     cwd: Path  # the host directory the launcher runs in (the run's own directory)
+    identity: Identity | None = None  # None: the ids of the process that runs codecage
     network: bool = False
 
 
