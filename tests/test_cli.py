@@ -114,6 +114,7 @@ def test_info_json_reports_layers_and_defaults() -> None:
     assert report["backend"] == "bwrap"
     layers = {layer["name"]: layer for layer in report["layers"]}
     assert {"namespaces", "network", "seccomp", "memory", "processes", "cpu"} <= set(layers)
+    assert layers["host identity"]["active"] is True
     assert report["default_limits"]["memory_mb"] == 512
     assert report["default_limits"]["timeout"] == 30
 
@@ -124,8 +125,11 @@ def test_doctor_passes_every_layer_on_this_host() -> None:
     assert p.returncode == 0, report
     assert report["passed"] is True
     assert {probe["layer"] for probe in report["probes"]} == {
-        "namespaces", "filesystem", "environment", "network", "seccomp", "memory", "processes",
+        "namespaces", "host identity", "filesystem", "environment", "network", "seccomp",
+        "memory", "processes",
     }  # fmt: skip
+    identity = next(p for p in report["probes"] if p["layer"] == "host identity")
+    assert "not root" in identity["detail"]
 
 
 def test_every_command_has_help_with_an_example() -> None:

@@ -141,6 +141,21 @@ class PackagesFile(_FileModel):
     )
 
 
+class SandboxFile(_FileModel):
+    uid: int | None = Field(
+        None,
+        ge=1,
+        le=2**32 - 2,
+        description="Host uid sandboxes run as when codecage runs as root (never 0).",
+    )
+    gid: int | None = Field(
+        None,
+        ge=1,
+        le=2**32 - 2,
+        description="Host gid sandboxes run as when codecage runs as root (never 0).",
+    )
+
+
 class ConfigFile(_FileModel):
     """The TOML file's shape; unknown keys are refused with their name."""
 
@@ -152,6 +167,7 @@ class ConfigFile(_FileModel):
     serve: ServeSettings = Field(ServeSettings(), description="Settings of `codecage serve`.")
     tools: ToolsFile = Field(ToolsFile(), description="Tool trees and allow-list.")
     packages: PackagesFile = Field(PackagesFile(), description="Packages the operator added.")
+    sandbox: SandboxFile = Field(SandboxFile(), description="Who sandboxes are on the host.")
     mcp_servers: dict[str, Any] = Field(
         {}, alias="mcpServers", description="Upstream MCP servers, as in an MCP host's JSON."
     )
@@ -178,6 +194,7 @@ class Settings:
     serve: ServeSettings = field(default_factory=ServeSettings)
     tools: ToolsFile = field(default_factory=ToolsFile)
     packages: PackagesFile = field(default_factory=PackagesFile)
+    sandbox: SandboxFile = field(default_factory=SandboxFile)
     mcp_servers: dict[str, Any] = field(default_factory=dict)  # the file's [mcpServers.*]
 
     def config_relative(self, path: str | None) -> Path | None:
@@ -267,6 +284,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
         serve=serve,
         tools=parsed.tools,
         packages=parsed.packages,
+        sandbox=parsed.sandbox,
         mcp_servers=parsed.mcp_servers,
     )
 

@@ -38,6 +38,7 @@ from codecage.engine import selftest
 from codecage.engine.pool import Pool
 from codecage.errors import ConfigError, Face, HostError
 from codecage.isolation import cgroups, rootfs, seccomp, tmpfs
+from codecage.isolation import identity as identities
 from codecage.models import (
     DoctorReport,
     ErrorInfo,
@@ -161,6 +162,7 @@ class Host:
         if limits is not None:
             self.limit_sources.update(dict.fromkeys(Limits.model_fields, "argument"))
         self.backend: Backend = load_backend(backend)
+        self.identity = identities.plan(settings.sandbox.uid, settings.sandbox.gid)
         self.allow_degraded = allow_degraded
         self._selftest = selftest
         self.tools = tools
@@ -228,6 +230,7 @@ class Host:
             servers_dir=self.servers_dir,
             skills_dir=self.skills_dir,
             packages_dir=self.packages_dir,
+            identity=self.identity.identity,
         )
 
     # --- running ---------------------------------------------------------------------------
@@ -273,6 +276,7 @@ class Host:
             policy=request.policy,
             cancel=request.cancel,
             on_files=request.on_files,
+            identity=self.identity.identity,
             tools=tools or bridge.NoServers(self._scrub_asked),
             tool_limits=self.tool_limits,
             servers_dir=self.servers_dir,
@@ -374,7 +378,7 @@ class Host:
         if not self._selftest:
             return ()
         if self._verdict is None:
-            key = selftest.cache_key(self.backend)
+            key = selftest.cache_key(self.backend, self.identity.identity)
             self._verdict = _PROCESS.verdict(key, self._prove)
         missing = tuple(self._verdict.failed_layers())
         if missing and not self.allow_degraded:
@@ -397,7 +401,7 @@ class Host:
             HostError: the host cannot start a sandbox at all.
             SandboxError: the sandbox itself failed.
         """
-        return selftest.run_probes(self.backend)
+        return selftest.run_probes(self.backend, self.identity.identity)
 
     # --- reports and lifecycle -------------------------------------------------------------
 
@@ -412,6 +416,7 @@ class Host:
         run with `policy` and `allowed_tools`), ceilings."""
         layers: list[LayerStatus] = [
             *self.backend.probe(),
+            identities.probe(self.identity),
             seccomp.probe(),
             *cgroups.probe(),
             tmpfs.probe(),

@@ -4,6 +4,7 @@ namespaces, in a session of its own, and cannot make new namespaces."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -12,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from codecage import Sandbox
 
 from ._support import Runner, guest, report
 
@@ -50,26 +53,78 @@ print(json.dumps({"uid": os.getresuid(), "gid": os.getresgid(), "groups": os.get
     assert 0 not in ids["groups"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="KNOWN WEAKNESS (docs/security-model.md, 'The sandbox's uid is the host uid that "
-    "runs codecage'): run as root, bwrap maps the sandbox user to host uid 0 (uid_map "
-    "'1000 0 1'); its kuid 0 passes every check made against GLOBAL_ROOT_UID, e.g. the "
-    "sysctl permission check (test_fs shows /proc/sys is kept read-only because of it)",
-)
-def test_the_sandbox_user_is_not_host_root(runner: Runner) -> None:
+def _descendants(pid: int) -> set[int]:
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                kids = {int(p) for p in (task / "children").read_text().split()}
+                todo += sorted(kids - found)
+                found |= kids
+    return found
+
+
+def _host_ids(pid: int) -> list[int]:
+    """Real, effective, saved and filesystem uids and gids of `pid`, as the host sees them."""
+    ids: list[int] = []
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(("Uid:", "Gid:")):
+                ids += [int(v) for v in line.split()[1:]]
+    return ids
+
+
+def test_the_sandbox_is_not_host_root(sandbox: Sandbox) -> None:
+    """Seen from the host, while the run is still there: every process of the sandbox (its
+    launcher included) and every file the code made belong to an id other than 0. Inside,
+    /proc/self/uid_map cannot tell: it shows the parent namespace's view, which bwrap's
+    intermediate namespace makes "0" whoever the host id is."""
+    seen: dict[str, object] = {}
+
+    def look(workspace: Path, _files: object) -> None:
+        made = (workspace / "made-by-the-code").stat()
+        seen["file"] = (made.st_uid, made.st_gid)
+        seen["processes"] = {pid: _host_ids(pid) for pid in _descendants(os.getpid())}
+
+    r = sandbox.run(
+        "open('made-by-the-code', 'w').write('x')", on_files=look, limits={"timeout": 10}
+    )
+    assert r.status == "ok", r.stderr
+    assert 0 not in seen["file"], seen  # type: ignore[operator]
+    processes: dict[int, list[int]] = seen["processes"]  # type: ignore[assignment]
+    assert processes, "no process of the sandbox was seen"
+    for pid, ids in processes.items():
+        assert ids and 0 not in ids, (pid, ids)
+
+
+def test_rlimit_nproc_applies_to_the_sandbox_user(runner: Runner) -> None:
+    """RLIMIT_NPROC holds (the kernel exempts host root from it, so it does only because
+    the sandbox is not host root): at a limit of 1, a fork is refused with EAGAIN."""
     code = """
-import json
-maps = {}
-for name in ("uid_map", "gid_map"):
-    with open(f"/proc/self/{name}", encoding="ascii") as f:
-        maps[name] = [[int(n) for n in line.split()] for line in f]
-print(json.dumps(maps))
+import errno, json, os, resource
+resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))
+try:
+    pid = os.fork()
+except OSError as exc:
+    outcome = errno.errorcode.get(exc.errno, str(exc.errno))
+else:
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    outcome = "forked"
+print(json.dumps({"fork": outcome}))
 """
-    maps = report(runner(code, timeout=10))
-    for name in ("uid_map", "gid_map"):
-        host_ids = {host for _inside, host, _count in maps[name]}
-        assert 0 not in host_ids, (name, maps[name])
+    assert report(runner(code, timeout=10)) == {"fork": "EAGAIN"}
+
+
+def test_the_code_starts_with_rlimit_nproc_at_max_processes(runner: Runner) -> None:
+    code = """
+import json, resource
+print(json.dumps({"nproc": resource.getrlimit(resource.RLIMIT_NPROC)}))
+"""
+    got = report(runner(code, max_processes=40, timeout=10))
+    assert got == {"nproc": [41, 41]}  # the sandbox's init counts too, as in pids.max
 
 
 def test_every_capability_set_is_empty(runner: Runner) -> None:

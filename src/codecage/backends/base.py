@@ -136,13 +136,24 @@ def spawn(
     env: dict[str, str],
     cwd: Path,
     exit_status: Callable[[int], ExitStatus],
+    identity: Identity | None = None,
 ) -> SandboxProcess:
     """Start a backend's launcher in a process group of its own, nothing inherited but
-    `pass_fds` and `env`, stdin empty, stdout and stderr piped to the host.
+    `pass_fds` and `env`, stdin empty, stdout and stderr piped to the host; as `identity`
+    (no supplementary groups) when that is not who runs codecage, which only root can do.
 
     Raises:
         SandboxError: it could not be started.
     """
+    user = group = None
+    extra_groups: list[int] | None = None
+    if identity is not None and (identity.uid, identity.gid) != (os.getuid(), os.getgid()):
+        if os.geteuid() != 0:
+            raise SandboxError(
+                f"cannot start the sandbox as uid {identity.uid}: only root can",
+                hint="leave [sandbox] uid/gid unset when codecage is not run as root",
+            )
+        user, group, extra_groups = identity.uid, identity.gid, []
     try:
         popen = subprocess.Popen(
             argv,
@@ -153,6 +164,9 @@ def spawn(
             env=env,
             cwd=cwd,
             process_group=0,
+            user=user,
+            group=group,
+            extra_groups=extra_groups,
         )
     except OSError as exc:
         raise SandboxError(f"cannot start the sandbox: {exc}") from exc

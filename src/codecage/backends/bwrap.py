@@ -73,6 +73,7 @@ class BwrapBackend:
                 env=spec.env,
                 cwd=spec.cwd,
                 exit_status=exit_status,
+                identity=spec.identity,
             )
             try:
                 fds.close_sandbox_ends()
@@ -81,8 +82,8 @@ class BwrapBackend:
                     on_created(pid)
                 with contextlib.suppress(OSError):  # bwrap failed; its stderr says why
                     os.write(fds.block_write, b"1")
-            except BaseException:
-                process.close()
+            except BaseException as exc:
+                _raise_if_bwrap_failed(process, exc)
                 raise
         return process
 
@@ -114,6 +115,21 @@ class BwrapBackend:
             str(fds.seccomp),
             *spec.guest_argv,
         ]
+
+
+def _raise_if_bwrap_failed(process: SandboxProcess, exc: BaseException) -> None:
+    """Close `process`; when bwrap had already failed (what went wrong after it then is a
+    consequence, e.g. a cgroup move of a process that is gone), raise what bwrap said."""
+    said = _stderr_of(process) if process.poll() is not None else None
+    process.close()
+    if said is not None and isinstance(exc, Exception):
+        raise SandboxError(f"the sandbox failed to start: {said}") from exc
+
+
+def _stderr_of(process: SandboxProcess) -> str:
+    with contextlib.suppress(OSError, ValueError):
+        return process.stderr.read(4096).decode("utf-8", "replace").strip() or "no message"
+    return "no message"
 
 
 def exit_status(returncode: int) -> ExitStatus:

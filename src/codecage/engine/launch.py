@@ -10,6 +10,7 @@ description it is given).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -20,10 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from codecage import packages
+from codecage.backends.base import Identity
 from codecage.engine import workspace as workspaces
 from codecage.errors import ConfigError
 from codecage.guest import contract
-from codecage.isolation import cgroups, rootfs, seccomp, shell
+from codecage.isolation import cgroups, rootfs, seccomp, shell, staging
 from codecage.policy import profiles
 from codecage.policy.profiles import ImportPolicy
 
@@ -59,19 +61,69 @@ def binds(
 
 
 def root_mounts(
-    interpreter: rootfs.Interpreter, workspace: Path, run_dir: Path, tmp_mb: int
+    interpreter: rootfs.Interpreter,
+    workspace: Path,
+    run_dir: Path,
+    tmp_mb: int,
+    identity: Identity,
 ) -> tuple[rootfs.Mount, ...]:
     """The sandbox's root: the interpreter, a private /etc and the empty dirs it needs
-    (written into `run_dir` now), /workspace and a /tmp of `tmp_mb`."""
+    (written into `run_dir` now), /workspace and a /tmp of `tmp_mb`; every bound source
+    one the sandbox's host `identity` can read (`reachable`)."""
     rootfs.write_etc(run_dir / "etc")
     (run_dir / "empty").mkdir(mode=0o555)
     rootfs.write_empty_file(run_dir)
+    if _stages_for(identity):
+        interpreter = _reachable_interpreter(interpreter, identity)
     return rootfs.plan(
         interpreter,
         workspace=workspace,
         etc_dir=run_dir / "etc",
         empty_dir=run_dir / "empty",
         tmp_bytes=tmp_mb * cgroups.MiB,
+    )
+
+
+def reachable(
+    mounts: tuple[rootfs.Mount, ...], identity: Identity, run_dir: Path
+) -> tuple[rootfs.Mount, ...]:
+    """`mounts` with every bind source the sandbox's host `identity` cannot read replaced
+    by its staged, world-readable copy (`isolation.staging`; only when codecage is root and
+    the sandbox another id). The run's own directory is made for it and left as is."""
+    if not _stages_for(identity):
+        return mounts
+    own = f"{run_dir}/"
+    found: list[rootfs.Mount] = []
+    for m in mounts:
+        if m.kind in ("ro-bind", "bind") and m.source and not m.source.startswith(own):
+            source = _reachable_source(m.source, identity)
+            if source != m.source:
+                m = dataclasses.replace(m, source=source)
+        found.append(m)
+    return tuple(found)
+
+
+@functools.cache
+def _reachable_source(source: str, identity: Identity) -> str:
+    """Every run binds the same few hundred host paths: decided once per process."""
+    return str(staging.readable(Path(source), identity))
+
+
+def _stages_for(identity: Identity) -> bool:
+    return os.geteuid() == 0 and identity.uid != 0
+
+
+def _reachable_interpreter(
+    interpreter: rootfs.Interpreter, identity: Identity
+) -> rootfs.Interpreter:
+    """The interpreter's own files, staged where its host id cannot read them (a pyenv
+    under /root); its stdlib without site-packages, which the sandbox never sees."""
+    libpython = interpreter.libpython
+    return dataclasses.replace(
+        interpreter,
+        executable=staging.readable(interpreter.executable, identity),
+        stdlib=staging.readable(interpreter.stdlib, identity, skip=("site-packages",)),
+        libpython=None if libpython is None else staging.readable(libpython, identity),
     )
 
 
@@ -145,34 +197,57 @@ def make_run_dir(cleanup: contextlib.ExitStack) -> Path:
     run_dir = Path(
         tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-", dir=workspaces.private_parent())
     )  # mode 0700
-    cleanup.callback(shutil.rmtree, run_dir, ignore_errors=True)
+    cleanup.callback(_remove_run_dir, run_dir)
+    # 0711 for root: the sandbox's own host id passes through to what it binds from here.
+    run_dir.chmod(workspaces.run_dir_mode())
     return run_dir
 
 
+def _remove_run_dir(run_dir: Path) -> None:
+    """Remove a run's directory, unless its workspace is still a mount point (an unmount
+    that failed): removing through it would delete a lent directory's files."""
+    with contextlib.suppress(OSError):
+        if os.lstat(run_dir / "workspace").st_dev != os.lstat(run_dir).st_dev:
+            log.error("engine.run_dir_kept", extra={"path": str(run_dir)})
+            return
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def prepare_workspace(
-    workspace_dir: Path | None, size_mb: int, run_dir: Path, cleanup: contextlib.ExitStack
+    workspace_dir: Path | None,
+    size_mb: int,
+    run_dir: Path,
+    cleanup: contextlib.ExitStack,
+    owner: Identity | None = None,
 ) -> workspaces.Workspace:
     """The user's directory, or a fresh tmpfs of `size_mb` in `run_dir`; `cleanup` gives
-    the one back as it was lent and destroys the other."""
+    the one back as it was lent and destroys the other. What is in it belongs to `owner`
+    (the sandbox's host ids) during the run."""
     if workspace_dir is not None:
-        ws = workspaces.use_existing(workspace_dir)
+        ws = workspaces.use_existing(workspace_dir, owner, run_dir)
     else:
-        ws = workspaces.create_ephemeral(run_dir, size_mb)
+        ws = workspaces.create_ephemeral(run_dir, size_mb, owner)
     cleanup.callback(workspaces.destroy, ws)
     if not ws.owned:
         # A user's directory outlives the run. ExitStack is LIFO, so this runs after the
         # sandbox is reaped, on every exit path.
-        cleanup.callback(_hand_back, ws.path, workspaces.save_root(ws))
+        root = workspaces.save_root(ws)
+        cleanup.callback(_hand_back, ws.path, root, owner)
+        if workspaces.ownership.needs_lending(owner, root.uid) and owner is not None:
+            workspaces.ownership.give(ws.path, owner.uid, owner.gid)
     return ws
 
 
-def _hand_back(path: Path, root: workspaces.RootState) -> None:
+def _hand_back(path: Path, root: workspaces.RootState, owner: Identity | None) -> None:
     """Give a user's --workspace DIR back as it was lent: no setuid/setgid file planted in
-    it (seccomp refuses setting the bits; this is the second layer), and DIR itself with
-    its own mode and owner again (the code may chmod /workspace, e.g. to 01777). The bits
+    it (seccomp refuses setting the bits; this is the second layer), everything in it owned
+    by DIR's owner again (what the sandbox's own host id made included), and DIR itself
+    with its own mode and owner (the code may chmod /workspace, e.g. to 01777). The bits
     the operator had set on DIR are the operator's: neither step takes them away."""
     try:
         workspaces.strip_privilege_bits(path, keep_on_root=root.mode)
+        if workspaces.ownership.needs_lending(owner, root.uid):
+            workspaces.ownership.give(path, root.uid, root.gid)
     finally:
         workspaces.restore_root(root)
 

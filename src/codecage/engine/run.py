@@ -25,7 +25,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from codecage import packages
-from codecage.backends.base import Backend, LaunchSpec, SandboxProcess
+from codecage.backends.base import Backend, Identity, LaunchSpec, SandboxProcess
 from codecage.bridge import channel as bridge
 from codecage.engine import judge, launch
 from codecage.engine import workspace as workspaces
@@ -34,6 +34,7 @@ from codecage.engine.supervise import supervise
 from codecage.errors import ConfigError, Face, SandboxError
 from codecage.guest.contract import STOP_LINE
 from codecage.isolation import cgroups, rlimits, rootfs
+from codecage.isolation import identity as identities
 from codecage.isolation.cgroups import CgroupHandle
 from codecage.models import (
     MAX_CODE_BYTES,
@@ -81,6 +82,7 @@ class RunRequest:
     packages_dir: Path | None = None
     face: Face = "library"  # who asked: an import refusal's hint is worded for it
     wider_profile: str | None = None  # an enabled profile that refuses nothing, for hints
+    identity: Identity | None = None  # see SandboxSpec
 
 
 def ceilings() -> Ceilings:
@@ -156,6 +158,9 @@ class SandboxSpec:
     servers_dir: Path | None = None  # `codecage gen`'s tree, read-only at /servers
     skills_dir: Path | None = None  # reusable functions, read-only at /skills
     packages_dir: Path | None = None  # the operator's added packages, at /opt/packages
+    # The host ids the sandbox runs as (never 0); None: this process's default
+    # (`isolation.identity.plan()`: a dedicated id for root, the caller's own otherwise).
+    identity: Identity | None = None
 
     @classmethod
     def for_request(cls, request: RunRequest) -> SandboxSpec:
@@ -166,6 +171,7 @@ class SandboxSpec:
             servers_dir=request.servers_dir,
             skills_dir=request.skills_dir,
             packages_dir=request.packages_dir,
+            identity=request.identity,
         )
 
 
@@ -246,6 +252,7 @@ def start(
         SandboxError: the sandbox failed to start.
     """
     execution_id = uuid.uuid4().hex
+    identity = spec.identity or identities.plan().identity
     interpreter = rootfs.find_interpreter()
     bpf = launch.sandbox_filter()
     started_at = time.monotonic()
@@ -255,8 +262,14 @@ def start(
     cleanup = contextlib.ExitStack()
     try:
         run_dir = launch.make_run_dir(cleanup)
-        ws = launch.prepare_workspace(workspace_dir, spec.workspace_mb, run_dir, cleanup)
-        mounts = launch.root_mounts(interpreter, ws.path, run_dir, spec.tmp_mb) + binds
+        ws = launch.prepare_workspace(
+            workspace_dir, spec.workspace_mb, run_dir, cleanup, owner=identity
+        )
+        mounts = launch.reachable(
+            launch.root_mounts(interpreter, ws.bind_source, run_dir, spec.tmp_mb, identity) + binds,
+            identity,
+            run_dir,
+        )
         cgroup = cgroups.create(f"{os.getpid()}-{execution_id}", limits)
         if cgroup is not None:
             cleanup.callback(_destroy_cgroup, cgroup)
@@ -270,10 +283,12 @@ def start(
                 control_fd=channel.guest_control.fileno(),
                 bridge_fd=channel.guest_bridge.fileno(),
                 cwd=run_dir,
+                identity=identity,
             ),
-            # Between "namespaces made" and "guest starts": what the guest starts, and
-            # every process it makes, is in the run's cgroup from its first instruction.
-            on_created=None if cgroup is None else functools.partial(cgroups.attach, cgroup),
+            # Between "namespaces made" and "guest starts": never host root (checked on
+            # the process itself), and what the guest starts, and every process it makes,
+            # is in the run's cgroup from its first instruction.
+            on_created=functools.partial(_on_created, cgroup),
         )
         cleanup.callback(proc.close)
         channel.close_guest_ends()
@@ -291,6 +306,12 @@ def start(
         started_at=started_at,
         cleanup=cleanup,
     )
+
+
+def _on_created(cgroup: CgroupHandle | None, pid: int) -> None:
+    identities.ensure_not_root(pid)
+    if cgroup is not None:
+        cgroups.attach(cgroup, pid)
 
 
 def prepare(spec: SandboxSpec) -> None:

@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from codecage.backends.base import Backend
+from codecage.backends.base import Backend, Identity
 from codecage.engine.run import RunRequest, execute
 from codecage.models import DoctorReport, ExecutionResult, Limits, ProbeResult
 
@@ -36,6 +36,7 @@ import ctypes, errno, json, os, socket, sys, time
 
 PLANTED, TOKEN, PORT, ALLOWED_ENV = {planted!r}, {token!r}, {port!r}, {allowed_env!r}
 out = {{}}
+open("/workspace/doctor-owner", "w").close()  # the host looks at who owns it
 libc = ctypes.CDLL(None, use_errno=True)
 
 def status_field(name):
@@ -135,9 +136,10 @@ _ALLOWED_ENV = (
 )  # fmt: skip
 
 
-def run_probes(backend: Backend) -> DoctorReport:
-    """Run the probe program in a fresh sandbox of `backend` (no import policy, no
-    self-test: it is the self-test) and judge each layer from what came back.
+def run_probes(backend: Backend, identity: Identity | None = None) -> DoctorReport:
+    """Run the probe program in a fresh sandbox of `backend` as `identity` (None: this
+    process's default) with no import policy and no self-test (it is the self-test), and
+    judge each layer from what came back and from who owns what it made on the host.
 
     Raises:
         HostError: the host cannot start a sandbox at all.
@@ -148,10 +150,18 @@ def run_probes(backend: Backend) -> DoctorReport:
         program = _PROBE_PROGRAM.format(
             planted=str(planted), token=token, port=port, allowed_env=_ALLOWED_ENV
         )
-        result = execute(
-            RunRequest(code=program, filename="doctor.py", limits=PROBE_LIMITS), backend
+        owners: list[tuple[int, int]] = []
+        request = RunRequest(
+            code=program,
+            filename="doctor.py",
+            limits=PROBE_LIMITS,
+            identity=identity,
+            on_files=lambda ws, _files: owners.extend(_owner(ws / "doctor-owner")),
         )
+        result = execute(request, backend)
     probes = _judge(result, token)
+    if result.status == "ok":
+        probes.insert(1, _host_identity(owners))
     return DoctorReport(backend=backend.name, passed=all(p.passed for p in probes), probes=probes)
 
 
@@ -199,6 +209,28 @@ def _judge(result: ExecutionResult, token: str) -> list[ProbeResult]:
 
 def _check(layer: str, passed: bool, ok_detail: str, fail_detail: str) -> ProbeResult:
     return ProbeResult(layer=layer, passed=passed, detail=ok_detail if passed else fail_detail)
+
+
+def _owner(path: Path) -> list[tuple[int, int]]:
+    with contextlib.suppress(OSError):
+        st = path.lstat()
+        return [(st.st_uid, st.st_gid)]
+    return []
+
+
+def _host_identity(owners: list[tuple[int, int]]) -> ProbeResult:
+    """Who the sandbox is on the host, seen from the host: the owner of a file it made.
+    (Every start also refuses a sandbox whose first process is host root.)"""
+    if not owners:
+        return _check("host identity", False, "", "the probe's file was not found on the host")
+    uid, gid = owners[0]
+    return _check(
+        "host identity",
+        uid != 0 and gid != 0,
+        f"the sandbox is host uid {uid}, gid {gid}, not root "
+        + ("(the user running codecage)" if uid == os.getuid() else "(a dedicated id)"),
+        f"the sandbox is host root (uid {uid}, gid {gid}): refused",
+    )
 
 
 def _identity(facts: dict[str, object]) -> ProbeResult:
@@ -265,9 +297,9 @@ def _loopback_listener() -> Iterator[int]:
         yield server.getsockname()[1]
 
 
-def cache_key(backend: Backend) -> str:
-    """Results hold until reboot or until codecage, the backend (or its version) or the
-    kernel changes."""
+def cache_key(backend: Backend, identity: Identity | None = None) -> str:
+    """Results hold until reboot or until codecage, the backend (or its version), the
+    kernel or the sandbox's host ids change."""
     from codecage import __version__
 
     try:
@@ -278,5 +310,7 @@ def cache_key(backend: Backend) -> str:
     parts = [boot_id, __version__, backend.name, backend.version() or "", os.uname().release]
     parts.append(probe)
     parts.append(str(os.geteuid()))
+    if identity is not None:
+        parts.append(f"{identity.uid}:{identity.gid}")
     digest = hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
     return digest

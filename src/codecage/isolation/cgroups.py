@@ -5,14 +5,15 @@ Which mechanism enforces what, best first:
 | limit      | cgroup v1 / v2 (when writable)       | fallback (`codecage.isolation.rlimits`)   |
 |------------|--------------------------------------|-------------------------------------------|
 | memory     | memory.limit_in_bytes / memory.max   | RLIMIT_AS per process                     |
-| processes  | pids.max                             | RLIMIT_NPROC (per host user; see below)   |
+| processes  | pids.max, and RLIMIT_NPROC beside it | RLIMIT_NPROC (see below)                  |
 | CPU time   | host polls cpuacct.usage / cpu.stat  | RLIMIT_CPU per process                    |
 
 The cgroup is created and filled by the host, which is also the one that reads usage and
 OOM kills from it: the guest is never asked.
 
-RLIMIT_NPROC counts processes of the *host* user the sandbox maps to, and the kernel exempts
-root from it, so without a pids cgroup the process limit is weak; `probe()` says so.
+RLIMIT_NPROC is counted per user of the sandbox's own user namespace, so each run has its
+own count; it applies because the sandbox is never host root (`isolation.identity`: the
+kernel exempts root). It holds whether or not a pids cgroup does.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Literal
 
 from codecage.errors import HostError
+from codecage.isolation import rlimits
 from codecage.models import LayerStatus, Limits
 
 log = logging.getLogger(__name__)
@@ -39,7 +41,7 @@ _V1_CONTROLLERS = ("memory", "pids", "cpuacct")
 MiB = 1024 * 1024
 
 # bwrap's init (PID 1 of the sandbox) lives in the cgroup too and takes one pid.
-_INIT_PIDS = 1
+_INIT_PIDS = rlimits.SANDBOX_INIT_PROCESSES
 
 
 @dataclass(frozen=True, slots=True)

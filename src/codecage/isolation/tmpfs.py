@@ -1,4 +1,5 @@
-"""Size- and inode-limited tmpfs mounts: what bounds a run's fresh /workspace.
+"""Size- and inode-limited tmpfs mounts: what bounds a run's fresh /workspace (and the
+bind mount that brings a lent one where the sandbox's host id can reach it).
 
 Only a process with CAP_SYS_ADMIN over its mount namespace (root, in practice) can mount;
 `can_mount_tmpfs` proves it once by mounting, and `probe` says whether the workspace quota
@@ -17,13 +18,15 @@ from pathlib import Path
 
 from codecage.models import LayerStatus
 
-__all__ = ["can_mount_tmpfs", "mount", "probe", "umount", "umount_fd"]
+__all__ = ["bind", "can_mount_tmpfs", "mount", "probe", "umount", "umount_fd"]
 
 log = logging.getLogger(__name__)
 
 # <sys/mount.h>
 _MS_NOSUID = 0x2
 _MS_NODEV = 0x4
+_MS_REMOUNT = 0x20
+_MS_BIND = 0x1000
 _MNT_DETACH = 0x2
 _UMOUNT_NOFOLLOW = 0x8
 _CAP_SYS_ADMIN = 21
@@ -47,8 +50,9 @@ def _libc() -> ctypes.CDLL:
     return libc
 
 
-def mount(path: Path, size_mb: int) -> None:
-    """Mount a tmpfs of `size_mb` MiB (mode 0700, nosuid, nodev) on `path`.
+def mount(path: Path, size_mb: int, owner: tuple[int, int] | None = None) -> None:
+    """Mount a tmpfs of `size_mb` MiB (mode 0700, nosuid, nodev) on `path`, its root owned
+    by `owner` (uid, gid) when given (the sandbox's host ids), else by the caller.
 
     Raises:
         OSError: the kernel refused (EPERM without privilege over the mount namespace).
@@ -56,12 +60,36 @@ def mount(path: Path, size_mb: int) -> None:
     # Inodes are not counted in size=: bound them too, or a run could make millions of empty
     # files in host memory. 256 per MiB is far more files than agent code writes.
     nr_inodes = max(4096, size_mb * 256)
-    options = f"size={size_mb}m,nr_inodes={nr_inodes},mode=0700".encode("ascii")
+    options_text = f"size={size_mb}m,nr_inodes={nr_inodes},mode=0700"
+    if owner is not None:
+        options_text += f",uid={owner[0]},gid={owner[1]}"
+    options = options_text.encode("ascii")
     rc: int = _libc().mount(b"tmpfs", os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV, options)
     if rc != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), str(path))
     log.debug("workspace_tmpfs_mounted", extra={"path": str(path), "size_mb": size_mb})
+
+
+def bind(source_fd: int, target: Path) -> None:
+    """Bind the directory `source_fd` holds (not a path a symlink could redirect) on
+    `target`, nosuid and nodev: how a lent ``--workspace DIR`` under a directory the
+    sandbox's host id cannot pass through (a home, mode 0700) reaches the sandbox.
+
+    Raises:
+        OSError: the kernel refused (EPERM without privilege over the mount namespace).
+    """
+    libc = _libc()
+    source = f"/proc/self/fd/{source_fd}".encode("ascii")
+    if libc.mount(source, os.fsencode(target), None, _MS_BIND, None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(target))
+    flags = _MS_REMOUNT | _MS_BIND | _MS_NOSUID | _MS_NODEV
+    if libc.mount(None, os.fsencode(target), None, flags, None) != 0:
+        err = ctypes.get_errno()
+        umount(target)
+        raise OSError(err, os.strerror(err), str(target))
+    log.debug("workspace_bound", extra={"path": str(target)})
 
 
 def umount(path: Path) -> None:

@@ -15,10 +15,12 @@ sequences or invalid UTF-8, and trees deeper than Python's recursion limit. So:
 One concern a module: `lifecycle` (create, use, destroy; the private parent of run
 directories and its sweep; a ``--workspace DIR``'s own mode), `listing` (what a run left:
 paths, sizes, hashes, MIME types), `privileges` (setuid/setgid bits), `files` (uploads in,
-`read_file` out). The size-limited tmpfs itself is `codecage.isolation.tmpfs`. What the
+`read_file` out), `ownership` (a lent directory given to the sandbox's host id and
+back). The size-limited tmpfs itself is `codecage.isolation.tmpfs`. What the
 layers above use is named here.
 """
 
+from codecage.engine.workspace import ownership
 from codecage.engine.workspace.fds import MAX_DEPTH
 from codecage.engine.workspace.files import check_files, read_file, write_files
 from codecage.engine.workspace.lifecycle import (
@@ -28,6 +30,7 @@ from codecage.engine.workspace.lifecycle import (
     destroy,
     private_parent,
     restore_root,
+    run_dir_mode,
     save_root,
     sweep_stale,
     use_existing,
@@ -43,9 +46,11 @@ __all__ = [
     "create_ephemeral",
     "destroy",
     "list_files",
+    "ownership",
     "private_parent",
     "read_file",
     "restore_root",
+    "run_dir_mode",
     "save_root",
     "strip_privilege_bits",
     "sweep_stale",

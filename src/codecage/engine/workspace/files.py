@@ -15,6 +15,7 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
+from codecage.backends.base import Identity
 from codecage.engine.workspace import fds
 from codecage.engine.workspace.lifecycle import Workspace
 from codecage.errors import ConfigError, SandboxError
@@ -71,18 +72,20 @@ def write_files(ws: Workspace, files: Mapping[str, bytes], size_mb: int) -> None
         SandboxError: writing failed otherwise.
     """
     root_fd = fds.open_root(ws.path, "write the files into")
+    # The sandbox's own host id owns what is in its workspace: it may change its inputs.
+    owner = ws.owner if ws.owner is not None and ws.owner.uid != os.geteuid() else None
     try:
         for name, data in files.items():
             parts = _upload_parts(name)
             try:
-                _write_one(root_fd, parts, data)
+                _write_one(root_fd, parts, data, owner)
             except OSError as exc:
                 raise _write_refusal(name, exc, size_mb) from exc
     finally:
         os.close(root_fd)
 
 
-def _write_one(root_fd: int, parts: list[str], data: bytes) -> None:
+def _write_one(root_fd: int, parts: list[str], data: bytes, owner: Identity | None) -> None:
     dir_fd = os.dup(root_fd)
     try:
         for part in parts[:-1]:
@@ -91,8 +94,12 @@ def _write_one(root_fd: int, parts: list[str], data: bytes) -> None:
             next_fd = os.open(part, fds.DIR_FLAGS, dir_fd=dir_fd)
             os.close(dir_fd)
             dir_fd = next_fd
+            if owner is not None:
+                os.fchown(dir_fd, owner.uid, owner.gid)
         fd = os.open(parts[-1], _CREATE_FLAGS, 0o644, dir_fd=dir_fd)
         try:
+            if owner is not None:
+                os.fchown(fd, owner.uid, owner.gid)
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from codecage.backends.base import Identity
 from codecage.engine.workspace import fds
 from codecage.errors import ConfigError, HostError, SandboxError
 from codecage.isolation import tmpfs
@@ -42,6 +43,16 @@ class Workspace:
     """A size-limited tmpfs is mounted at `path`; `destroy` unmounts it."""
     owned: bool
     """codecage created `path` and `destroy` removes it; False for a user's --workspace DIR."""
+    owner: Identity | None = None
+    """The sandbox's host ids, which own what is in it during the run (None: this process's)."""
+    mount_point: Path | None = None
+    """Where a lent `path` is bound for the sandbox (in the run's directory, which the
+    sandbox's host id can reach when `path`'s parents are closed to it); None: `path`."""
+
+    @property
+    def bind_source(self) -> Path:
+        """The host directory bound at /workspace."""
+        return self.mount_point or self.path
 
 
 # --- the private parent of run directories --------------------------------------------
@@ -51,12 +62,15 @@ _SYSTEM_RUN_DIR = Path("/run")
 
 def private_parent() -> Path:
     """The directory that holds this effective uid's run directories and temp trees,
-    created 0700 on first use: ``/run/codecage`` for root (only root can write /run),
-    else ``codecage-<euid>`` in the temp directory ($TMPDIR, else /tmp).
+    created on first use: ``/run/codecage`` for root (only root can write /run), else
+    ``codecage-<euid>`` in the temp directory ($TMPDIR, else /tmp).
 
-    It is checked on every call, through an ``O_NOFOLLOW`` fd: a directory (not a symlink),
-    owned by the effective uid; a wider mode is narrowed to 0700. Another user who made
-    that name first (in a shared /tmp) gets codecage refused, never used.
+    Its mode is 0700, or 0711 for root: sandboxes then run as another host id
+    (`isolation.identity`), whose launcher must pass through it to its own run directory
+    (random names, which it cannot list). It is checked on every call, through an
+    ``O_NOFOLLOW`` fd: a directory (not a symlink), owned by the effective uid; any other
+    mode is set back. Another user who made that name first (in a shared /tmp) gets
+    codecage refused, never used.
 
     Raises:
         HostError: the directory cannot be created, or is not ours.
@@ -77,6 +91,11 @@ def _private_parent_path() -> Path:
             if stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022:
                 return _SYSTEM_RUN_DIR / "codecage"
     return Path(tempfile.gettempdir()) / f"codecage-{euid}"
+
+
+def run_dir_mode() -> int:
+    """0711 for root, whose sandboxes run as another id and must pass through; else 0700."""
+    return 0o711 if os.geteuid() == 0 else 0o700
 
 
 def _open_private_parent() -> int:
@@ -103,8 +122,8 @@ def _open_private_parent() -> int:
                 "will not keep its run directories there",
                 hint=hint,
             )
-        if stat.S_IMODE(st.st_mode) != 0o700:
-            os.fchmod(fd, 0o700)
+        if stat.S_IMODE(st.st_mode) != run_dir_mode():
+            os.fchmod(fd, run_dir_mode())
     except BaseException:
         os.close(fd)
         raise
@@ -193,8 +212,8 @@ def _unmount_below(dir_fd: int, name: str, dir_dev: int) -> None:
 # --- creating and destroying ------------------------------------------------------------
 
 
-def create_ephemeral(parent: Path, size_mb: int) -> Workspace:
-    """Create ``parent/"workspace"`` (mode 0700) for one run.
+def create_ephemeral(parent: Path, size_mb: int, owner: Identity | None = None) -> Workspace:
+    """Create ``parent/"workspace"`` (mode 0700, owned by `owner` when given) for one run.
 
     When `tmpfs.can_mount_tmpfs()`, a tmpfs of `size_mb` MiB (mode 0700, nosuid, nodev) is
     mounted on it, so the run's files live in memory, are bounded in total and vanish at
@@ -220,15 +239,17 @@ def create_ephemeral(parent: Path, size_mb: int) -> Workspace:
         path.mkdir(mode=0o700)
         # mkdir's mode is filtered by the umask; the workspace must be 0700 whatever it is.
         path.chmod(0o700)
+        if owner is not None:
+            os.chown(path, owner.uid, owner.gid, follow_symlinks=False)
     except OSError as exc:
         raise SandboxError(
             f"cannot create the workspace {path}: {exc.strerror}",
             hint=f"check that {parent} exists, is a directory and is writable by this user",
         ) from exc
     if not tmpfs.can_mount_tmpfs():
-        return Workspace(path=path, tmpfs=False, owned=True)
+        return Workspace(path=path, tmpfs=False, owned=True, owner=owner)
     try:
-        tmpfs.mount(path, size_mb)
+        tmpfs.mount(path, size_mb, None if owner is None else (owner.uid, owner.gid))
     except OSError as exc:
         with contextlib.suppress(OSError):
             path.rmdir()
@@ -242,11 +263,15 @@ def create_ephemeral(parent: Path, size_mb: int) -> Workspace:
             f"mounting a {size_mb} MiB tmpfs on {path} failed: {exc.strerror}",
             hint="pass a smaller --workspace-mb, or check the host's memory and mount table",
         ) from exc
-    return Workspace(path=path, tmpfs=True, owned=True)
+    return Workspace(path=path, tmpfs=True, owned=True, owner=owner)
 
 
-def use_existing(path: Path) -> Workspace:
+def use_existing(
+    path: Path, owner: Identity | None = None, run_dir: Path | None = None
+) -> Workspace:
     """Use a host directory the user passed (``--workspace DIR``). It is never removed.
+    When the sandbox runs as another host id (codecage is root), the directory is bound
+    at ``run_dir/"workspace"`` for it (its own parents may be closed to that id).
 
     Raises:
         ConfigError: `path` does not exist, is a symlink or is not a directory.
@@ -274,7 +299,35 @@ def use_existing(path: Path) -> Workspace:
             f"workspace {shown} is not a directory",
             hint="pass a directory, or omit --workspace to get a fresh one per run",
         )
-    return Workspace(path=path.absolute(), tmpfs=False, owned=False)
+    mount_point = None
+    if run_dir is not None and owner is not None and os.geteuid() == 0 and owner.uid != 0:
+        mount_point = _bind_for_sandbox(path.absolute(), run_dir / "workspace")
+    return Workspace(
+        path=path.absolute(), tmpfs=False, owned=False, owner=owner, mount_point=mount_point
+    )
+
+
+def _bind_for_sandbox(path: Path, mount_point: Path) -> Path:
+    """Bind `path` (opened without following a symlink) on `mount_point`.
+
+    Raises:
+        SandboxError: the bind mount failed.
+    """
+    fd = fds.open_root(path, "lend")
+    try:
+        mount_point.mkdir(mode=0o700)
+        tmpfs.bind(fd, mount_point)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            mount_point.rmdir()
+        raise SandboxError(
+            f"cannot lend the workspace {neutralise_line(str(path))} to the sandbox: "
+            f"{exc.strerror}",
+            hint="pass a directory on a local filesystem, or omit --workspace",
+        ) from exc
+    finally:
+        os.close(fd)
+    return mount_point
 
 
 @dataclass(slots=True)
@@ -339,6 +392,9 @@ def destroy(ws: Workspace) -> None:
     try:
         if ws.tmpfs:
             tmpfs.umount(ws.path)
+        if ws.mount_point is not None:
+            tmpfs.umount(ws.mount_point)
+            ws.mount_point.rmdir()
         if ws.owned:
             _remove_tree(ws.path)
     except OSError as exc:

@@ -1,0 +1,152 @@
+"""Who the sandbox is on the host (isolation/identity.py), what it can reach
+(isolation/staging.py) and a lent workspace changing hands (engine/workspace/ownership.py).
+The containment side (seen from the host while a run is there) is in
+tests/containment/test_identity.py."""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from codecage import Sandbox
+from codecage.backends.base import Identity
+from codecage.config import load
+from codecage.engine.workspace import ownership
+from codecage.errors import ConfigError, SandboxError
+from codecage.isolation import identity, staging
+
+SANDBOX = Identity(identity.DEFAULT_ID, identity.DEFAULT_ID)
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="only root can give files away")
+
+
+def test_root_gets_a_dedicated_id_and_an_ordinary_user_keeps_their_own() -> None:
+    assert identity.plan(euid=0) == identity.IdentityPlan(SANDBOX, "default")
+    assert identity.plan(4242, 4343, euid=0).identity == Identity(4242, 4343)
+    as_user = identity.plan(4242, 4343, euid=1000)
+    assert as_user.source == "caller"
+    assert as_user.identity == Identity(os.getuid(), os.getgid())
+
+
+@pytest.mark.parametrize("uid", [0, 2**32 - 1, -5])
+def test_a_configured_id_of_root_or_out_of_range_is_refused(uid: int) -> None:
+    with pytest.raises(ConfigError, match="never be host"):
+        identity.plan(uid, None, euid=0)
+
+
+def test_the_config_file_sets_the_ids_and_refuses_zero(tmp_path: Path) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text("[sandbox]\nuid = 1234567\ngid = 7654321\n", encoding="utf-8")
+    good.chmod(0o600)
+    settings = load(good, environ={})
+    assert (settings.sandbox.uid, settings.sandbox.gid) == (1234567, 7654321)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[sandbox]\nuid = 0\n", encoding="utf-8")
+    bad.chmod(0o600)
+    with pytest.raises(ConfigError, match=r"sandbox\.uid"):
+        load(bad, environ={})
+
+
+def test_ensure_not_root_refuses_a_root_process_and_names_the_ids() -> None:
+    if os.geteuid() == 0:
+        with pytest.raises(SandboxError, match="host root"):
+            identity.ensure_not_root(os.getpid())
+    else:
+        assert identity.ensure_not_root(os.getpid()).uid == os.getuid()
+    with pytest.raises(SandboxError, match="cannot read"):
+        identity.ensure_not_root(2**22 + 12345)  # above pid_max's default: no such process
+
+
+def test_can_read_needs_search_on_every_parent() -> None:
+    with tempfile.TemporaryDirectory(dir="/tmp") as made:
+        base = Path(made)
+        base.chmod(0o755)
+        _check_can_read(base)
+
+
+def _check_can_read(tmp_path: Path) -> None:
+    closed = tmp_path / "closed"
+    (closed / "inner").mkdir(parents=True)
+    target = closed / "inner" / "file"
+    target.write_text("x", encoding="utf-8")
+    target.chmod(0o644)
+    (closed / "inner").chmod(0o755)
+    for parent in [tmp_path, *tmp_path.parents]:
+        if not parent.stat().st_mode & stat.S_IXOTH:
+            pytest.skip(f"{parent} is closed to others already")
+    closed.chmod(0o755)
+    assert identity.can_read(target, SANDBOX)
+    closed.chmod(0o700)
+    assert not identity.can_read(target, SANDBOX)
+    assert not identity.can_read(tmp_path / "missing", SANDBOX)
+
+
+@root_only
+def test_staging_makes_a_verified_world_readable_copy_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(staging, "STAGE_ROOT", tmp_path / "stage")
+    source = tmp_path / "home" / "lib"
+    (source / "site-packages").mkdir(parents=True)
+    (source / "site-packages" / "big.py").write_text("skip me", encoding="utf-8")
+    (source / "pkg").mkdir()
+    (source / "pkg" / "mod.py").write_text("print(1)", encoding="utf-8")
+    (source / "private.py").write_text("secret-ish", encoding="utf-8")
+    (source / "private.py").chmod(0o600)
+    (source / "link").symlink_to("pkg/mod.py")
+    (tmp_path / "home").chmod(0o700)
+    tmp_path.chmod(0o755)
+
+    staged = staging.readable(source, SANDBOX, skip=("site-packages",))
+
+    assert staged != source and staged.is_relative_to(tmp_path / "stage")
+    assert (staged / "pkg" / "mod.py").read_text(encoding="utf-8") == "print(1)"
+    assert (staged / "private.py").stat().st_mode & 0o777 == 0o644  # a copy, readable
+    assert (staged / "link").is_symlink()
+    assert list((staged / "site-packages").iterdir()) == []  # kept as an empty mount point
+    assert staging.readable(source, SANDBOX, skip=("site-packages",)) == staged  # once
+
+
+@root_only
+def test_a_lent_directory_is_given_to_the_sandbox_and_back(tmp_path: Path) -> None:
+    lent = tmp_path / "lent"
+    (lent / "sub").mkdir(parents=True)
+    (lent / "sub" / "f").write_text("x", encoding="utf-8")
+    (lent / "dangling").symlink_to("/etc/passwd")
+    passwd_owner = Path("/etc/passwd").stat().st_uid
+
+    assert ownership.give(lent, SANDBOX.uid, SANDBOX.gid) == 4
+    assert {p.lstat().st_uid for p in [lent, *lent.rglob("*")]} == {SANDBOX.uid}
+    assert Path("/etc/passwd").stat().st_uid == passwd_owner  # a symlink is not followed
+
+    ownership.give(lent, 0, 0)
+    assert {p.lstat().st_uid for p in [lent, *lent.rglob("*")]} == {0}
+
+
+@root_only
+def test_a_lent_workspace_comes_back_owned_by_its_owner(tmp_path: Path) -> None:
+    owner_uid, owner_gid = 4321, 4321
+    lent = tmp_path / "lent"
+    lent.mkdir()
+    (lent / "input.csv").write_text("a,b\n", encoding="utf-8")
+    for path in (lent, lent / "input.csv"):
+        os.chown(path, owner_uid, owner_gid)
+    tmp_path.chmod(0o700)  # the sandbox's id could not pass through: the bind brings it
+
+    r = Sandbox(pool=False, import_policy=False).run(
+        "open('input.csv', 'a').write('1,2\\n'); open('made.txt', 'w').write('hi')",
+        workspace=lent,
+    )
+
+    assert r.status == "ok", r.stderr
+    assert (lent / "input.csv").read_text(encoding="utf-8") == "a,b\n1,2\n"
+    owners = {(p.lstat().st_uid, p.lstat().st_gid) for p in [lent, *lent.rglob("*")]}
+    assert owners == {(owner_uid, owner_gid)}
+    assert not any(line.split()[4].startswith(str(tmp_path)) for line in _mountinfo())
+
+
+def _mountinfo() -> list[str]:
+    return Path("/proc/self/mountinfo").read_text(encoding="utf-8").splitlines()
