@@ -6,6 +6,7 @@ import pytest
 
 from codecage import ConfigError, Limits, Sandbox
 from codecage.config import load
+from codecage.isolation import landlock
 
 
 def test_limit_variables_set_the_defaults_and_say_so() -> None:
@@ -27,7 +28,7 @@ def test_info_reports_where_each_default_came_from(monkeypatch: pytest.MonkeyPat
     assert report.default_limits.max_processes == 32
     assert report.limit_sources["max_processes"] == "env CODECAGE_MAX_PROCESSES"
     assert {layer.name for layer in report.layers} >= {"workspace", "seccomp", "namespaces"}
-    assert report.backends == {"bwrap": True}
+    assert report.backends == {"bwrap": True, "landlock": landlock.abi() >= 1}
 
 
 def test_explicit_limits_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

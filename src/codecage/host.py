@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from codecage import config as configuration
 from codecage import engine, packages
-from codecage.backends.base import Backend, available_backends, load_backend
+from codecage.backends.base import Backend, available_backends, load_backend, selftest_gaps
 from codecage.bridge import channel as bridge
 from codecage.bridge import tooling
 from codecage.config import Settings
@@ -161,7 +161,7 @@ class Host:
         self.limit_sources = dict(settings.sources)
         if limits is not None:
             self.limit_sources.update(dict.fromkeys(Limits.model_fields, "argument"))
-        self.backend: Backend = load_backend(backend)
+        self.backend: Backend = load_backend(backend, allow_degraded=allow_degraded)
         self.identity = identities.plan(settings.sandbox.uid, settings.sandbox.gid)
         self.allow_degraded = allow_degraded
         self._selftest = selftest
@@ -380,7 +380,10 @@ class Host:
         if self._verdict is None:
             key = selftest.cache_key(self.backend, self.identity.identity)
             self._verdict = _PROCESS.verdict(key, self._prove)
-        missing = tuple(self._verdict.failed_layers())
+        # A backend's gaps by design (the Landlock fallback's) were accepted by choosing
+        # it, and each result names them (backends.base.lost_layers).
+        gaps = selftest_gaps(self.backend)
+        missing = tuple(layer for layer in self._verdict.failed_layers() if layer not in gaps)
         if missing and not self.allow_degraded:
             details = "; ".join(
                 f"{p.layer}: {p.detail}" for p in self._verdict.probes if not p.passed

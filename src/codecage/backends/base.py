@@ -199,29 +199,46 @@ class Backend(Protocol):
 
 BACKENDS: dict[str, str] = {
     "bwrap": "codecage.backends.bwrap:BwrapBackend",
+    "landlock": "codecage.backends.landlock:LandlockBackend",
 }
 """Name -> "module:Class". `auto` picks the first available, strongest first."""
 
 AUTO_ORDER = ("bwrap",)
+DEGRADED_ORDER = ("landlock",)
+"""Backends without namespaces: `auto` picks one only when degraded isolation is allowed."""
 
 
-def load_backend(name: str) -> Backend:
-    """Instantiate the backend called `name` ("auto" picks the strongest available).
+def load_backend(name: str, *, allow_degraded: bool = False) -> Backend:
+    """Instantiate the backend called `name` ("auto" picks the strongest available; a
+    backend of `DEGRADED_ORDER` only when `allow_degraded`, and only where user
+    namespaces are unavailable).
 
     Raises:
         ConfigError: no backend has that name.
         HostError: no backend can run on this host.
     """
     if name == "auto":
+        from codecage.isolation import userns
+
         errors: list[str] = []
-        for candidate in AUTO_ORDER:
+        usable, why = userns.available()
+        if not usable:
+            errors.append(f"user namespaces are unavailable ({why})")
+        for candidate in AUTO_ORDER if usable else ():
+            try:
+                return load_backend(candidate)
+            except HostError as exc:
+                errors.append(f"{candidate}: {exc}")
+        for candidate in DEGRADED_ORDER if allow_degraded else ():
             try:
                 return load_backend(candidate)
             except HostError as exc:
                 errors.append(f"{candidate}: {exc}")
         raise HostError(
             "no isolation backend is available here: " + "; ".join(errors),
-            hint="install bubblewrap (Debian: apt-get install bubblewrap)",
+            hint=userns.remedy()
+            if not usable
+            else "install bubblewrap (Debian: apt-get install bubblewrap)",
         )
     if name not in BACKENDS:
         raise ConfigError(
@@ -231,6 +248,16 @@ def load_backend(name: str) -> Backend:
     module_name, class_name = BACKENDS[name].split(":")
     backend: Backend = getattr(importlib.import_module(module_name), class_name)()
     return backend
+
+
+def lost_layers(backend: Backend) -> tuple[str, ...]:
+    """What `backend` lacks by design (each result says so): none for a full backend."""
+    return tuple(getattr(backend, "lost_layers", ()))
+
+
+def selftest_gaps(backend: Backend) -> frozenset[str]:
+    """The self-test's layers `backend` fails by design, explained by `lost_layers`."""
+    return frozenset(getattr(backend, "selftest_gaps", ()))
 
 
 def available_backends() -> dict[str, bool]:

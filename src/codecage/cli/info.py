@@ -11,6 +11,7 @@ from codecage.cli.options import BackendOpt, ConfigOpt, JsonOpt, VerboseOpt
 from codecage.cli.render import fail, progress, render_doctor, render_info, show
 from codecage.cli.setup import load_config
 from codecage.errors import CodecageError
+from codecage.isolation import userns
 from codecage.sandbox import Sandbox
 
 
@@ -70,4 +71,9 @@ def doctor(
     except CodecageError as exc:
         fail(exc, as_json=as_json, verbose=verbose)
     show(report, render_doctor, as_json=as_json)
+    usable, why = userns.available()
+    if not usable and not as_json:  # the Landlock fallback: say how to get full isolation
+        typer.echo(f"user namespaces are unavailable ({why}); for full isolation:")
+        for step in userns.changes():
+            typer.echo(f"  - {step}")
     raise typer.Exit(0 if report.passed else 1)

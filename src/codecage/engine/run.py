@@ -25,7 +25,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from codecage import packages
-from codecage.backends.base import Backend, Identity, LaunchSpec, SandboxProcess
+from codecage.backends.base import Backend, Identity, LaunchSpec, SandboxProcess, lost_layers
 from codecage.bridge import channel as bridge
 from codecage.engine import judge, launch
 from codecage.engine import workspace as workspaces
@@ -189,6 +189,7 @@ class StartedSandbox:
     cgroup_limits: Limits  # what its cgroup is set to now
     started_at: float
     cleanup: contextlib.ExitStack
+    lost: tuple[str, ...] = ()  # what its backend lacks by design (backends.base.lost_layers)
     ready_pid: int | None = None
     baseline: _Baseline | None = None  # what it used before its request (see wait_ready)
     used: bool = False
@@ -305,6 +306,7 @@ def start(
         cgroup_limits=limits,
         started_at=started_at,
         cleanup=cleanup,
+        lost=lost_layers(backend),
     )
 
 
@@ -441,7 +443,7 @@ def run_in(sandbox: StartedSandbox, request: RunRequest, *, backend_name: str) -
         backend=backend_name,
         limits=limits,
         policy=request.policy,
-        degraded=request.degraded,
+        degraded=(*request.degraded, *sandbox.lost),
         seen=seen,
         said=said,
         events=report_events + bridge_events,

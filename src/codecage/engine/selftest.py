@@ -36,7 +36,7 @@ import ctypes, errno, json, os, socket, sys, time
 
 PLANTED, TOKEN, PORT, ALLOWED_ENV = {planted!r}, {token!r}, {port!r}, {allowed_env!r}
 out = {{}}
-open("/workspace/doctor-owner", "w").close()  # the host looks at who owns it
+open("doctor-owner", "w").close()  # in the workspace: the host looks at who owns it
 libc = ctypes.CDLL(None, use_errno=True)
 
 def status_field(name):

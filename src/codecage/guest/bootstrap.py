@@ -42,7 +42,10 @@ def _guest_module(name: str) -> types.ModuleType:
     above this file's source (the interpreter runs with -I: nothing of it is on sys.path,
     and this file runs as a script, so a relative import does not work). The path is put
     back as it was: the code's path is set up later, in _fresh_main_module."""
-    sys.path.append(os.path.dirname(os.path.dirname(_OWN_FILE)))
+    # Under the Landlock backend the guest's paths sit under a host directory, named by
+    # contract.GUEST_ROOT_ENV (which the contract reads and removes once loaded).
+    root = os.environ.get("CODECAGE_GUEST_ROOT", "").rstrip("/")
+    sys.path.append(root + os.path.dirname(os.path.dirname(_OWN_FILE)))
     try:
         __import__(f"codecage.{name}")
     finally:

@@ -53,19 +53,37 @@ BRIDGE_MAX_CLOSED_REASON: Final = 2000
 
 CONTROL_FD: Final = 3
 BRIDGE_FD: Final = 4
-GUEST_PREFIX: Final = "/opt/python"  # the interpreter and its stdlib
-GUEST_PACKAGE_ROOT: Final = "/opt/codecage"
+GUEST_ROOT_ENV: Final = "CODECAGE_GUEST_ROOT"
+"""Set by the Landlock backend only (backends/landlock.py): no namespaces there, so the
+guest's paths below live under this host directory, a tree of links to what bwrap would
+mount. Read (and removed from the environment) by the guest's copy of this module only:
+the host's paths are the sandbox's, whatever its own environment says."""
+
+
+def _guest_root() -> str:
+    if __name__ == "codecage.guest.contract":
+        return ""  # the host's copy
+    import os
+
+    root = os.environ.pop(GUEST_ROOT_ENV, "")
+    return root.rstrip("/") if root.startswith("/") else ""
+
+
+GUEST_ROOT: Final = _guest_root()
+""""" in bwrap's sandbox; the tree's host directory under the Landlock backend."""
+GUEST_PREFIX: Final = f"{GUEST_ROOT}/opt/python"  # the interpreter and its stdlib
+GUEST_PACKAGE_ROOT: Final = f"{GUEST_ROOT}/opt/codecage"
 """Holds codecage/ (the guest package, importable as `codecage`), servers/ and skills/
 (importable as `servers.*`, `skills.*`) and the bootstrap's bytecode."""
 GUEST_PACKAGE_DIR: Final = f"{GUEST_PACKAGE_ROOT}/codecage"
 GUEST_BOOTSTRAP: Final = f"{GUEST_PACKAGE_DIR}/bootstrap.py"  # what its tracebacks name
 GUEST_BOOTSTRAP_PYC: Final = f"{GUEST_PACKAGE_ROOT}/bootstrap.pyc"  # what the guest runs
-WORKSPACE_DIR: Final = "/workspace"
-SERVERS_DIR: Final = "/servers"
+WORKSPACE_DIR: Final = f"{GUEST_ROOT}/workspace"
+SERVERS_DIR: Final = f"{GUEST_ROOT}/servers"
 """Where the generated tool tree (`codecage gen`) is mounted, read-only."""
-SKILLS_DIR: Final = "/skills"
+SKILLS_DIR: Final = f"{GUEST_ROOT}/skills"
 """Where the skills (reusable functions) are mounted, read-only."""
-GUEST_SITE_PACKAGES: Final = "/opt/site-packages"
+GUEST_SITE_PACKAGES: Final = f"{GUEST_ROOT}/opt/site-packages"
 """The host's third-party packages the profile allows, read-only."""
-PACKAGES_DIR: Final = "/opt/packages"
+PACKAGES_DIR: Final = f"{GUEST_ROOT}/opt/packages"
 """The packages the operator added (`codecage packages add`), read-only."""
