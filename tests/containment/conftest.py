@@ -17,9 +17,11 @@ import pytest
 
 from codecage import Sandbox
 from codecage.errors import CodecageError
+from codecage.isolation import cgroups, tmpfs
 from conftest import _run_sandboxed, _run_unsandboxed
 
 from ._backends import BACKENDS_UNDER_TEST, KNOWN_GAPS
+from ._hostmode import NONROOT_GAPS, null_baseline_holds
 from ._support import Runner
 
 _sandboxes: dict[str, Sandbox | str] = {}
@@ -62,16 +64,29 @@ def runner(request: pytest.FixtureRequest) -> Runner:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each known gap of a backend becomes a strict xfail of that test on that backend."""
+    """Each known gap of a backend becomes a strict xfail of that test on that backend;
+    as non-root, so does each limit the rlimit/plain-directory fallback cannot keep, and a
+    null baseline the host itself already refuses is skipped (`_hostmode`)."""
+    nonroot = os.geteuid() != 0
+    missing: set[str] = set()
+    if nonroot:
+        missing |= {"cgroup"} if cgroups.detect() is None else set()
+        missing |= {"tmpfs"} if not tmpfs.can_mount_tmpfs() else set()
+    null_holds = null_baseline_holds() if nonroot else {}
     for item in items:
         callspec: Any = getattr(item, "callspec", None)
         if callspec is None:
             continue
         backend = callspec.params.get("runner", callspec.params.get("sandbox"))
+        name = getattr(item, "originalname", item.name)
         gaps = KNOWN_GAPS.get(backend, {})
         # By test name, or by "name[variant]" for one variant of a parametrised test.
-        gap = gaps.get(getattr(item, "originalname", item.name)) or gaps.get(
-            item.name.replace(f"[{backend}-", "[", 1)
-        )
+        gap = gaps.get(name) or gaps.get(item.name.replace(f"[{backend}-", "[", 1))
         if gap is not None:
             item.add_marker(pytest.mark.xfail(strict=True, reason=f"{backend}: {gap}"))
+        if backend == "null":
+            held = null_holds.get(item.name, null_holds.get(name))
+            if held is not None:
+                item.add_marker(pytest.mark.skip(reason=held))
+        elif name in NONROOT_GAPS and NONROOT_GAPS[name][0] in missing:
+            item.add_marker(pytest.mark.xfail(strict=True, reason=NONROOT_GAPS[name][1]))

@@ -6,6 +6,8 @@ These run only in the real sandbox: on the null runner a memory bomb would eat t
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from codecage import ExecutionResult, Sandbox
@@ -56,7 +58,8 @@ if killed:
 
 @pytest.fixture(autouse=True)
 def _needs_memory_cgroup() -> None:
-    if cgroups.detect() is None:
+    # As an ordinary user they run, as strict xfails by name (_hostmode.NONROOT_GAPS).
+    if cgroups.detect() is None and os.geteuid() == 0:
         pytest.skip("no writable cgroup: RLIMIT_AS is per process and does not count tmpfs")
 
 

@@ -29,6 +29,7 @@ from codecage import Sandbox
 from codecage.backends.base import load_backend
 from codecage.engine import RunRequest, SandboxSpec, run_in
 from codecage.engine.pool import Pool
+from codecage.isolation import tmpfs
 from codecage.models import Limits, PoolConfig, PoolSizes
 
 from ._support import (
@@ -350,7 +351,7 @@ print(json.dumps({
     "workspace": sorted(os.listdir(".")),
     "tmp": sorted(x for x in os.listdir("/tmp") if x.startswith($token)),
     "procs": marked(),
-    "dev": os.stat(".").st_dev,
+    "dev": [os.stat(".").st_dev, os.stat(".").st_ino],
 }))
 """
     )
@@ -367,8 +368,10 @@ print(json.dumps({
             "procs": [f"{token}-proc-{n}"],
             "dev": None,
         }, n
-        devices.add(report(seen)["dev"])
+        devices.add(tuple(report(seen)["dev"]))
     assert len(devices) == 6, "each run has a /workspace of its own"
+    if tmpfs.can_mount_tmpfs():  # as root; an ordinary user's workspaces are plain dirs
+        assert len({dev for dev, _ in devices}) == 6, "each run's /workspace is its own tmpfs"
     assert pooled.warm_runs() - warm_before >= 3, "the 3 idle sandboxes should have served"
     _wait_for(lambda: host_pids_with(token) == [], "the runs' processes to be killed")
 
@@ -408,8 +411,12 @@ def test_two_idle_pool_members_share_no_writable_path() -> None:
             a, b = list(pool._plan.keys[spec].idle)
         assert a.workspace.path != b.workspace.path
         assert a.workspace.path.parent != b.workspace.path.parent  # the run dirs
-        dev_a = os.stat(a.workspace.path).st_dev
-        assert dev_a != os.stat(b.workspace.path).st_dev
+        st_a, st_b = os.stat(a.workspace.path), os.stat(b.workspace.path)
+        dev_a = st_a.st_dev
+        assert (dev_a, st_a.st_ino) != (st_b.st_dev, st_b.st_ino)
+        if tmpfs.can_mount_tmpfs():  # as root: each is a tmpfs of its own
+            assert a.workspace.tmpfs and b.workspace.tmpfs
+            assert dev_a != st_b.st_dev
         (a.workspace.path / name).write_text(name, encoding="utf-8")
 
         first, second = pool.take(spec), pool.take(spec)
@@ -429,7 +436,8 @@ def test_two_idle_pool_members_share_no_writable_path() -> None:
     assert in_b["planted"] is None and in_b["workspace"] == [] and in_b["tmp"] == []
     mounts_a = {point: dev for point, dev, _ in in_a["writable"]}
     assert {"/workspace", "/tmp"} <= set(mounts_a)
-    # What A sees at /workspace is the tmpfs at A's host workspace path, nothing else.
+    # What A sees at /workspace is what is at A's host workspace path (its tmpfs as root),
+    # nothing else.
     assert mounts_a["/workspace"] == f"{os.major(dev_a)}:{os.minor(dev_a)}"
     backing_a = {(dev, root) for _, dev, root in in_a["writable"]}
     backing_b = {(dev, root) for _, dev, root in in_b["writable"]}

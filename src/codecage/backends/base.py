@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import select
 import signal
 import subprocess
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,7 +81,13 @@ class SandboxProcess:
     `kill` is the one way a sandbox's processes are killed (the engine sweeps its cgroup
     too, `engine.run.StartedSandbox.kill`); `close` kills, reaps and closes, once.
     A backend whose sandbox outlives its launcher's process group overrides `kill`.
+    A backend that knows the host pid of the sandbox's init (the PID 1 of its pid
+    namespace) passes it to `track_init`: `kill` then returns only once that init has
+    exited, which the kernel lets happen only after every other process of the namespace
+    is gone. Without a cgroup (an ordinary user's codecage) nothing else waits for them.
     """
+
+    _INIT_EXIT_WAIT_S = 5.0
 
     def __init__(
         self, popen: subprocess.Popen[bytes], exit_status: Callable[[int], ExitStatus]
@@ -90,6 +98,16 @@ class SandboxProcess:
         self._exit_status = exit_status
         self.stdout: IO[bytes] = popen.stdout
         self.stderr: IO[bytes] = popen.stderr
+        self._init_pidfd: int | None = None
+        self._init_lock = threading.Lock()  # kill may run in one thread while close runs
+
+    def track_init(self, pid: int) -> None:
+        """Hold a pidfd of the sandbox's init, host pid `pid`: call it while the launcher
+        (its parent) has not reaped it, so the pid cannot have been reused. Best effort: a
+        kernel without pidfd_open leaves `kill` as it was."""
+        with self._init_lock, contextlib.suppress(OSError):
+            if self._init_pidfd is None:
+                self._init_pidfd = os.pidfd_open(pid)
 
     @property
     def pid(self) -> int:
@@ -114,11 +132,24 @@ class SandboxProcess:
 
     def kill(self) -> None:
         """SIGKILL the launcher's process group; the sandbox's PID 1 dies with its parent,
-        and the kernel then kills every process of its pid namespace."""
+        and the kernel then kills every process of its pid namespace (waited for when
+        `track_init` was called)."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._popen.pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             self._popen.kill()
+        self._wait_for_init()
+
+    def _wait_for_init(self) -> None:
+        """Until the tracked init has exited (its pidfd turns readable), at most a few
+        seconds: it dies of its parent's death (bwrap's --die-with-parent), asynchronously."""
+        with self._init_lock:
+            if self._init_pidfd is None:
+                return
+            poller = select.poll()
+            poller.register(self._init_pidfd, select.POLLIN)
+            with contextlib.suppress(OSError):
+                poller.poll(self._INIT_EXIT_WAIT_S * 1000)
 
     def close(self) -> None:
         """Kill it if it still runs, reap it, close its pipes; idempotent."""
@@ -127,6 +158,10 @@ class SandboxProcess:
         self._popen.wait()
         self.stdout.close()
         self.stderr.close()
+        with self._init_lock:
+            if self._init_pidfd is not None:
+                os.close(self._init_pidfd)
+                self._init_pidfd = None
 
 
 def spawn(

@@ -78,6 +78,8 @@ class BwrapBackend:
             try:
                 fds.close_sandbox_ends()
                 pid = _read_info(fds.info_read)
+                if pid is not None:
+                    process.track_init(pid)
                 if pid is not None and on_created is not None:
                     on_created(pid)
                 with contextlib.suppress(OSError):  # bwrap failed; its stderr says why

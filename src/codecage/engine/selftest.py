@@ -23,6 +23,7 @@ from pathlib import Path
 
 from codecage.backends.base import Backend, Identity
 from codecage.engine.run import RunRequest, execute
+from codecage.isolation import cgroups
 from codecage.models import DoctorReport, ExecutionResult, Limits, ProbeResult
 
 log = logging.getLogger(__name__)
@@ -176,6 +177,10 @@ def _judge(result: ExecutionResult, token: str) -> list[ProbeResult]:
     except (ValueError, IndexError):
         return [ProbeResult(layer="sandbox", passed=False, detail="probe output unreadable")]
     leaked = token in result.stdout or token in result.stderr
+    # Which mechanism stopped the memory and process probes: said, since rlimits keep far
+    # less than a cgroup (docs/security-model.md).
+    no_cgroup = cgroups.why_unavailable()
+    by = "a cgroup" if no_cgroup is None else f"rlimits only (no cgroup: {no_cgroup})"
     return [
         _identity(facts["identity"]),
         _filesystem(facts["filesystem"], leaked),
@@ -195,13 +200,14 @@ def _judge(result: ExecutionResult, token: str) -> list[ProbeResult]:
         _check(
             "memory",
             facts["memory"] in (9, -3),
-            f"a child allocating 512 MiB under a {PROBE_LIMITS.memory_mb} MiB limit was stopped",
+            f"a child allocating 512 MiB under a {PROBE_LIMITS.memory_mb} MiB limit was stopped"
+            f" by {by}",
             f"a child allocated 512 MiB under a {PROBE_LIMITS.memory_mb} MiB limit",
         ),
         _check(
             "processes",
             facts["processes"] == 0,
-            f"fork was refused below {PROBE_LIMITS.max_processes + 1} processes",
+            f"fork was refused below {PROBE_LIMITS.max_processes + 1} processes by {by}",
             f"64 forks succeeded under a limit of {PROBE_LIMITS.max_processes}",
         ),
     ]

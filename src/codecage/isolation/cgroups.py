@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _V1_CONTROLLERS = ("memory", "pids", "cpuacct")
+_V2_CONTROLLERS = ("memory", "pids", "cpu")
 MiB = 1024 * 1024
 
 # bwrap's init (PID 1 of the sandbox) lives in the cgroup too and takes one pid.
@@ -84,6 +85,24 @@ def _own_cgroups() -> dict[str, str]:
     return result
 
 
+@functools.cache
+def why_unavailable() -> str | None:
+    """Why no per-run cgroup can be made here, for a person; None when one can."""
+    if detect() is not None:
+        return None
+    who = f"uid {os.geteuid()}"
+    if (CGROUP_ROOT / "cgroup.controllers").exists():
+        return (
+            f"cgroup v2 without a subtree delegated to {who} that has the memory, pids and "
+            "cpu controllers"
+        )
+    if any((CGROUP_ROOT / c / "cgroup.procs").exists() for c in _V1_CONTROLLERS):
+        if os.geteuid() != 0:
+            return f"cgroup v1, whose hierarchies belong to root: {who} cannot make groups"
+        return "cgroup v1 hierarchies that are not writable here"
+    return f"no cgroup hierarchy at {CGROUP_ROOT}"
+
+
 def _detect_v1(own: dict[str, str]) -> CgroupSupport | None:
     parents: dict[str, Path] = {}
     for controller in _V1_CONTROLLERS:
@@ -104,14 +123,15 @@ def _detect_v2(own: dict[str, str]) -> CgroupSupport | None:
     parent = base / "codecage"
     try:
         available = (base / "cgroup.controllers").read_text(encoding="utf-8").split()
-        if not {"memory", "pids", "cpu"} <= set(available):
+        if not set(_V2_CONTROLLERS) <= set(available):
             return None
         # Controllers must be enabled for our children. This fails with EBUSY when our own
         # cgroup has processes and is not the root (the "no internal processes" rule): then
         # the host has not delegated a subtree to us, and we fall back to rlimits.
-        (base / "cgroup.subtree_control").write_text("+memory +pids +cpu", encoding="utf-8")
+        enable = " ".join(f"+{c}" for c in _V2_CONTROLLERS)
+        (base / "cgroup.subtree_control").write_text(enable, encoding="utf-8")
         parent.mkdir(exist_ok=True)
-        (parent / "cgroup.subtree_control").write_text("+memory +pids +cpu", encoding="utf-8")
+        (parent / "cgroup.subtree_control").write_text(enable, encoding="utf-8")
     except OSError as exc:
         log.debug("cgroup.v2_unusable", extra={"path": str(base), "error": str(exc)})
         return None
@@ -347,21 +367,28 @@ def probe() -> list[LayerStatus]:
     """Which mechanism enforces memory, processes and CPU on this host."""
     support = detect()
     if support is None:
+        why = f"no cgroup ({why_unavailable()}), so rlimits instead"
         return [
             LayerStatus(
                 name="memory",
                 active=True,
                 mechanism="RLIMIT_AS",
-                detail="no writable cgroup: per-process address-space limit; tmpfs is not counted",
+                detail=f"{why}: a per-process address-space limit; processes are not limited "
+                "together, tmpfs, memfd and kernel memory are not counted, no peak is measured",
             ),
             LayerStatus(
                 name="processes",
                 active=os.geteuid() != 0,
                 mechanism="RLIMIT_NPROC",
-                detail="no writable cgroup: counted per host user"
+                detail=f"{why}: counted per host user (every process of uid {os.geteuid()})"
                 + ("; root is exempt, so not enforced" if os.geteuid() == 0 else ""),
             ),
-            LayerStatus(name="cpu", active=True, mechanism="RLIMIT_CPU", detail="per process"),
+            LayerStatus(
+                name="cpu",
+                active=True,
+                mechanism="RLIMIT_CPU",
+                detail=f"{why}: per process; the run's CPU time is not summed",
+            ),
         ]
     mechanism = f"cgroup v{support.version}"
     where = ", ".join(str(p) for p in support.parents.values())

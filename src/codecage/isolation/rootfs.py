@@ -272,13 +272,17 @@ def plan(
         Mount(
             "ro-bind", f"{GUEST_PREFIX}/lib/python{interpreter.version}", str(interpreter.stdlib)
         ),
-        # The base interpreter's own site-packages is not ours to expose: hide it.
-        Mount(
-            "ro-bind",
-            f"{GUEST_PREFIX}/lib/python{interpreter.version}/site-packages",
-            str(empty_dir),
-        ),
     ]
+    if (interpreter.stdlib / "site-packages").is_dir():
+        # The base interpreter's own site-packages is not ours to expose: hide it. (Debian's
+        # python3 has none there, and bwrap cannot make one in the read-only stdlib bind.)
+        mounts.append(
+            Mount(
+                "ro-bind",
+                f"{GUEST_PREFIX}/lib/python{interpreter.version}/site-packages",
+                str(empty_dir),
+            )
+        )
     if interpreter.libpython is not None:
         mounts.append(
             Mount(
