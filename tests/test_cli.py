@@ -115,6 +115,9 @@ def test_info_json_reports_layers_and_defaults() -> None:
     layers = {layer["name"]: layer for layer in report["layers"]}
     assert {"namespaces", "network", "seccomp", "memory", "processes", "cpu"} <= set(layers)
     assert layers["host identity"]["active"] is True
+    states = {state["name"]: state for state in report["backend_states"]}
+    assert states["bwrap"]["in_force"] and states["bwrap"]["available"]
+    assert states["landlock"]["degraded"] and not states["landlock"]["in_force"]
     assert report["default_limits"]["memory_mb"] == 512
     assert report["default_limits"]["timeout"] == 30
 

@@ -30,7 +30,13 @@ from typing import TYPE_CHECKING
 
 from codecage import config as configuration
 from codecage import engine, packages
-from codecage.backends.base import Backend, available_backends, load_backend, selftest_gaps
+from codecage.backends.base import (
+    Backend,
+    available_backends,
+    backend_states,
+    load_backend,
+    selftest_gaps,
+)
 from codecage.bridge import channel as bridge
 from codecage.bridge import tooling
 from codecage.config import Settings
@@ -430,6 +436,7 @@ class Host:
             version=_version(),
             backend=self.backend.name,
             backends=available_backends(),
+            backend_states=backend_states(self.backend.name),
             bwrap_version=self.backend.version() if self.backend.name == "bwrap" else None,
             python=f"{interpreter.executable} ({interpreter.version})",
             layers=layers,

@@ -22,7 +22,7 @@ from typing import IO, Protocol
 
 from codecage.errors import ConfigError, HostError, SandboxError
 from codecage.isolation.rootfs import Mount
-from codecage.models import LayerStatus
+from codecage.models import BackendState, LayerStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +293,28 @@ def lost_layers(backend: Backend) -> tuple[str, ...]:
 def selftest_gaps(backend: Backend) -> frozenset[str]:
     """The self-test's layers `backend` fails by design, explained by `lost_layers`."""
     return frozenset(getattr(backend, "selftest_gaps", ()))
+
+
+def backend_states(in_force: str) -> list[BackendState]:
+    """Every known backend: can it run here (and if not, why and what to do), is it the
+    one `in_force`, is it a degraded fallback."""
+    states: list[BackendState] = []
+    for name in BACKENDS:
+        why: str | None = None
+        try:
+            load_backend(name)
+        except HostError as exc:
+            why = f"{exc} ({exc.hint})" if exc.hint else str(exc)
+        states.append(
+            BackendState(
+                name=name,
+                available=why is None,
+                in_force=name == in_force,
+                degraded=name in DEGRADED_ORDER,
+                why_not=why,
+            )
+        )
+    return states
 
 
 def available_backends() -> dict[str, bool]:

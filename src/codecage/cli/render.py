@@ -124,6 +124,12 @@ def render_info(report: HostInfo) -> None:
     found = f"{report.config_file} (from {origin})" if report.config_file else "none found"
     out.print(f"config file: {found}", markup=False)
     out.print(f"python in the sandbox: {report.python}")
+    for state in report.backend_states:
+        label = "in force" if state.in_force else "available" if state.available else "unavailable"
+        if state.degraded:
+            label += ", degraded fallback (only by name or with --allow-degraded)"
+        why = f": {state.why_not}" if state.why_not else ""
+        out.print(f"   backend {state.name:<9} {label}{why}", markup=False)
     for layer in report.layers:
         mark = "[green]✓[/green]" if layer.active else "[red]✗[/red]"
         out.print(f" {mark} {layer.name:<11} {layer.mechanism} — {layer.detail}")

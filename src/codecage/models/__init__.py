@@ -6,6 +6,7 @@ Everything is importable from here, as before the split."""
 
 from codecage.models.host import (
     AddedPackage,
+    BackendState,
     Ceilings,
     DoctorReport,
     HostInfo,
@@ -75,6 +76,7 @@ __all__ = [
     "WIRE_VERSION",
     "AddedPackage",
     "Analysis",
+    "BackendState",
     "BridgeAnswer",
     "BridgeClosed",
     "BridgeErrorInfo",

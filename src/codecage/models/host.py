@@ -115,12 +115,28 @@ class AddedPackage(Model):
     requested: bool = Field(True, description="Named by the operator, not only a dependency.")
 
 
+class BackendState(Model):
+    """One backend as `info` lists it."""
+
+    name: str
+    available: bool = Field(description="It can run on this host.")
+    in_force: bool = Field(description="The backend this process runs sandboxes with.")
+    degraded: bool = Field(
+        description="A fallback without namespaces: never picked unless allowed by name "
+        "or with --allow-degraded, and every result says what it lacks."
+    )
+    why_not: str | None = Field(None, description="Why it is not available, and what to do.")
+
+
 class HostInfo(Model):
     """What `codecage info` reports: backend, mechanisms in force, defaults and ceilings."""
 
     version: str
     backend: str
     backends: dict[str, bool] = Field(description="Every backend codecage knows: available here?")
+    backend_states: list[BackendState] = Field(
+        [], description="Every backend: available, in force, degraded, and why not."
+    )
     bwrap_version: str | None
     python: str = Field(description="Interpreter that runs inside the sandbox.")
     layers: list[LayerStatus]
