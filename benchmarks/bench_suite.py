@@ -14,6 +14,11 @@ Sections (`--only` takes a comma-separated list of these names):
                   how fast the pool can start sandboxes
     data_science  a pandas snippet, cold vs warm (the data_science profile preloads pandas)
     memory        RSS of this host process and RSS/PSS of one idle pooled sandbox, per profile
+    gvisor        bwrap vs gVisor side by side: cold `Sandbox(pool=False).run()` on each, the
+                  runsc floor (`runsc do true`) and raw runsc + the interpreter with the
+                  snippet (interleaved rounds); then warm runs on a pool of each (interleaved,
+                  both pools refilled before each run). Skipped, and said, where the gvisor
+                  backend is not available (runsc missing, not root)
 
 floors, raw_bwrap and cold run interleaved in rounds (each round runs every variant once), so
 machine drift hits them alike; warm and data_science interleave their variants the same way,
@@ -36,6 +41,7 @@ import dataclasses
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -55,10 +61,13 @@ from codecage.backends.base import load_backend
 from codecage.engine import RUN_DIR_PREFIX
 from codecage.engine import workspace as workspaces
 from codecage.engine.pool import Pool
+from codecage.errors import CodecageError
 from codecage.isolation import cgroups
 from codecage.models import Limits, PoolConfig, PoolSizes
 
-SECTIONS = ("floors", "raw_bwrap", "cold", "warm", "throughput", "data_science", "memory")
+SECTIONS = (
+    "floors", "raw_bwrap", "cold", "warm", "throughput", "data_science", "memory", "gvisor"
+)  # fmt: skip
 SNIPPET_STDOUT = "499500\n"
 PANDAS = "import pandas as pd; df = pd.DataFrame({'a': range(100)}); print(df['a'].sum())"
 PANDAS_STDOUT = "4950\n"
@@ -76,9 +85,11 @@ class Sizes:
     fill: int = 16  # sandboxes started from empty to measure the pool's start rate
     ds_warm: int = 30  # warm pandas runs
     ds_cold: int = 5  # cold pandas runs
+    gv_cold: int = 20  # rounds of bwrap cold / gvisor cold / runsc floors
+    gv_warm: int = 50  # warm runs on each of the bwrap and gvisor pools
 
 
-QUICK = Sizes(cold=2, warm=10, throughput=40, fill=2, ds_warm=2, ds_cold=1)
+QUICK = Sizes(cold=2, warm=10, throughput=40, fill=2, ds_warm=2, ds_cold=1, gv_cold=1, gv_warm=2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +121,9 @@ FLOORS_OF = {
     "warm_lib": ("python_pass_paired", "python_pass", "raw_bwrap", "cold_lib"),
     "ds_cold_pandas": ("raw_bwrap", "python_pass"),
     "ds_warm_pandas": ("ds_cold_pandas", "python_pass_paired", "python_pass", "warm_lib"),
+    "raw_runsc": ("runsc_floor",),
+    "gvisor_cold": ("bwrap_cold", "runsc_floor", "raw_runsc"),
+    "gvisor_warm": ("bwrap_warm",),
 }
 
 
@@ -169,11 +183,13 @@ def _warm_or_fail(sandbox: Sandbox) -> Callable[[], None]:
 
 
 @contextmanager
-def pooled(profile: str, sizes: PoolSizes | None = None) -> Iterator[tuple[Pool, Sandbox]]:
+def pooled(
+    profile: str, sizes: PoolSizes | None = None, backend: str = "auto"
+) -> Iterator[tuple[Pool, Sandbox]]:
     """A pool of our own (model defaults unless `sizes`), and a Sandbox of `profile` on it."""
     config = PoolConfig(enabled=True, sizes=sizes or PoolSizes())
     with (
-        Pool(load_backend("auto"), config, Limits()) as pool,
+        Pool(load_backend(backend), config, Limits()) as pool,
         Sandbox(pool=pool, profile=profile) as sandbox,
     ):
         yield pool, sandbox
@@ -246,6 +262,46 @@ def measure_memory() -> dict[str, dict[str, Any]]:
                 "preload": key.preload,
             }
     return rows
+
+
+def gvisor_unavailable() -> str | None:
+    """Why the gvisor section cannot run here, or None."""
+    try:
+        load_backend("gvisor")
+    except CodecageError as exc:
+        return str(exc)
+    return None
+
+
+def measure_gvisor(sizes: Sizes) -> dict[str, list[float]]:
+    """bwrap vs gVisor, cold then warm, each pair interleaved, with runsc's floors."""
+    runsc = shutil.which("runsc") or "runsc"
+    floor_flags = ["--network=none", "--platform=ptrace", "--ignore-cgroups"]
+    cold_bwrap = Sandbox(pool=False, backend="bwrap")
+    cold_gvisor = Sandbox(pool=False, backend="gvisor")
+    fns = {
+        "bwrap_cold": _lib_run(cold_bwrap, SNIPPET, SNIPPET_STDOUT, "bwrap cold run"),
+        "gvisor_cold": _lib_run(cold_gvisor, SNIPPET, SNIPPET_STDOUT, "gvisor cold run"),
+        "runsc_floor": _run([runsc, *floor_flags, "do", "true"]),
+        "raw_runsc": _run([runsc, *floor_flags, "do", _python(), "-I", "-S", "-c", SNIPPET]),
+    }
+    samples = interleave(fns, dict.fromkeys(fns, sizes.gv_cold))
+    with (
+        pooled("basic", backend="bwrap") as (_, warm_bwrap),
+        pooled("basic", backend="gvisor") as (_, warm_gvisor),
+    ):
+        settles = (_warm_or_fail(warm_bwrap), _warm_or_fail(warm_gvisor))
+
+        def settle_both() -> None:
+            for settle in settles:
+                settle()
+
+        warm = {
+            "bwrap_warm": _lib_run(warm_bwrap, SNIPPET, SNIPPET_STDOUT, "bwrap warm run"),
+            "gvisor_warm": _lib_run(warm_gvisor, SNIPPET, SNIPPET_STDOUT, "gvisor warm run"),
+        }
+        samples |= interleave(warm, dict.fromkeys(warm, sizes.gv_warm), settle=settle_both)
+    return samples
 
 
 # --- throughput --------------------------------------------------------------------------
@@ -434,6 +490,12 @@ SECTION_OF = {
     "python_pass_paired": "warm",
     "ds_warm_pandas": "data_science",
     "ds_cold_pandas": "data_science",
+    "bwrap_cold": "gvisor",
+    "gvisor_cold": "gvisor",
+    "runsc_floor": "gvisor",
+    "raw_runsc": "gvisor",
+    "bwrap_warm": "gvisor",
+    "gvisor_warm": "gvisor",
 }
 
 
@@ -537,6 +599,8 @@ def render(report: dict[str, Any]) -> str:
                 f"{name:<23}{row['n']:>5}{row['p50_ms']:>9.2f}"
                 f"{row['p90_ms']:>9.2f}{row['p99_ms']:>9.2f}  {ratios}"
             )
+    if report.get("gvisor_skipped"):
+        out.append(f"== gvisor == skipped: {report['gvisor_skipped']}")
     tp = report.get("throughput")
     if tp:
         out.append("== throughput == (basic profile, model-default pool sizes)")
@@ -688,6 +752,12 @@ def main(argv: list[str] | None = None) -> int:
     if "data_science" in sections:
         print(f"data_science: {sizes.ds_warm} warm, {sizes.ds_cold} cold", file=sys.stderr)
         samples |= measure_data_science(sizes)
+    report["gvisor_skipped"] = None
+    if "gvisor" in sections:
+        report["gvisor_skipped"] = gvisor_unavailable()
+        if report["gvisor_skipped"] is None:
+            print(f"gvisor: {sizes.gv_cold} cold rounds, {sizes.gv_warm} warm", file=sys.stderr)
+            samples |= measure_gvisor(sizes)
     order = list(SECTION_OF)
     report["variants"] = summarise({k: samples[k] for k in order if k in samples})
     report["throughput"] = None

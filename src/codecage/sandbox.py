@@ -49,7 +49,7 @@ class Sandbox:
 
     Args:
         limits: default limits of this Sandbox's runs (each run may override them).
-        backend: "auto" (the strongest available) or a backend name ("bwrap").
+        backend: "auto" (the strongest available) or a backend name ("bwrap", "gvisor").
         allow_degraded: run even when the self-test finds a promised layer missing; each
             result then carries a `degraded_isolation` event naming the missing layer.
         profile: capability profile(s) for imports: "standard" (the default unless the

@@ -1,15 +1,75 @@
 """Which backends the containment suite runs on, and what each cannot meet, by test name.
 
-A gap is a strict xfail: the test keeps running on that backend and must keep failing
-there; when a backend closes a gap, the XPASS says to remove the line. Every entry names
-why (docs/security-model.md says the same to users).
+A gap names a test, or one case of a parametrised one ("test_x[mnt]"). A gap is a strict
+xfail: the test keeps running on that backend and must keep failing there; when a backend
+closes a gap, the XPASS says to remove the line. Every entry names why
+(docs/security-model.md says the same to users).
 """
 
 from __future__ import annotations
 
-BACKENDS_UNDER_TEST: tuple[str, ...] = ("bwrap", "landlock")
+BACKENDS_UNDER_TEST: tuple[str, ...] = ("bwrap", "gvisor", "landlock")
+
+_GVISOR_PROC = (
+    "gVisor's /proc is the Sentry's own, not Linux's: it has no {what}; "
+    "the property itself holds (tests/test_gvisor_backend.py checks it another way)"
+)
+_GVISOR_MEMORY = (
+    "the Sentry enforces memory per guest process (RLIMIT_AS, MemoryError); the host "
+    "cgroup bounds the sandbox as a whole, the Sentry included, at memory_mb + 256 MiB "
+    "(backends/gvisor.py _HOST_MEMORY_MB): {what}"
+)
 
 KNOWN_GAPS: dict[str, dict[str, str]] = {
+    "gvisor": {
+        "test_nothing_is_left_after_a_timeout": (
+            "the test finds the host run dir in bwrap's argv (/proc/1/cmdline); under gVisor "
+            "PID 1 is the guest's interpreter, which names no host path "
+            "(tests/test_gvisor_backend.py checks that nothing is left after a timeout)"
+        ),
+        "test_a_memory_bomb_ends_as_memory_limit": _GVISOR_MEMORY.format(
+            what="a bomb ends in MemoryError (status error), not in an OOM kill"
+        ),
+        "test_memory_held_in_tmpfs_or_memfd_counts_against_the_limit": _GVISOR_MEMORY.format(
+            what="tmpfs and memfd pages are the Sentry's memory, not the process's address "
+            "space: RLIMIT_FSIZE (64 MiB) stops them before memory_mb does"
+        ),
+        "test_kernel_memory_of_many_empty_files_counts_against_the_limit": _GVISOR_MEMORY.format(
+            what="the inodes are the Sentry's heap, inside the 256 MiB allowance"
+        ),
+        "test_the_limit_is_for_the_sandbox_as_a_whole_not_per_process": _GVISOR_MEMORY.format(
+            what="four processes of 24 MiB under 64 MiB each all succeed"
+        ),
+        "test_host_home_root_shadow_var_and_run_do_not_exist": (
+            "runsc always mounts the Sentry's own sysfs at /sys (synthetic, no host "
+            "device or setting in it); /root, /home, /etc/shadow, /var and /run do not exist"
+        ),
+        "test_host_kernel_settings_under_proc_sys_cannot_be_written": _GVISOR_PROC.format(
+            what="/proc/sys/kernel/core_pattern (its /proc/sys has a few read-only files)"
+        ),
+        "test_every_capability_set_is_empty": _GVISOR_PROC.format(
+            what="CapAmb line in /proc/self/status (the OCI ambient set is empty)"
+        ),
+        "test_no_new_privs_is_set": _GVISOR_PROC.format(
+            what="NoNewPrivs line in /proc/self/status (prctl(PR_GET_NO_NEW_PRIVS) says 1: "
+            "the self-test reads it there)"
+        ),
+        **{
+            f"test_the_sandbox_has_a_namespace_of_its_own[{ns}]": _GVISOR_PROC.format(
+                what=f"/proc/self/ns/{ns} (only pid, user and net): the whole kernel, its "
+                "mounts, IPC, hostname and cgroups included, is the sandbox's own"
+            )
+            for ns in ("mnt", "ipc", "uts", "cgroup")
+        },
+        "test_only_the_sandboxs_own_processes_are_visible": (
+            "there is no bwrap init: the guest interpreter is PID 1 and the only process "
+            "(the test expects bwrap as 1 and python3 as 2)"
+        ),
+        "test_sysv_ipc_of_the_host_is_out_of_reach": _GVISOR_PROC.format(
+            what="/proc/sysvipc (shmget of the host's key gives ENOENT: the Sentry's IPC "
+            "is its own)"
+        ),
+    },
     "landlock": {
         "test_nothing_is_left_after_a_timeout": (
             "no pid namespace: /proc/1 is the host's init, not a launcher whose argv names the "

@@ -25,6 +25,7 @@ from ._hostmode import NONROOT_GAPS, null_baseline_holds
 from ._support import Runner
 
 _sandboxes: dict[str, Sandbox | str] = {}
+_BACKEND_PARAMS = ("runner", "sandbox")
 
 
 def sandbox_on(backend: str) -> Sandbox:
@@ -79,9 +80,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         backend = callspec.params.get("runner", callspec.params.get("sandbox"))
         name = getattr(item, "originalname", item.name)
+        # A gap names a test, or one of its cases: "test_x[mnt]" (its other parameters).
+        case = "-".join(str(v) for k, v in callspec.params.items() if k not in _BACKEND_PARAMS)
         gaps = KNOWN_GAPS.get(backend, {})
-        # By test name, or by "name[variant]" for one variant of a parametrised test.
-        gap = gaps.get(name) or gaps.get(item.name.replace(f"[{backend}-", "[", 1))
+        gap = (
+            gaps.get(name)
+            or gaps.get(f"{name}[{case}]")
+            or gaps.get(item.name.replace(f"[{backend}-", "[", 1))  # the id, less the backend
+        )
         if gap is not None:
             item.add_marker(pytest.mark.xfail(strict=True, reason=f"{backend}: {gap}"))
         if backend == "null":

@@ -69,6 +69,31 @@ class ExitStatus:
         return f"signal {self.signal}"
 
 
+@dataclass(frozen=True, slots=True)
+class HostOverhead:
+    """What a backend's own host processes take in the run's cgroup beside the guest's, so
+    that the guest still gets its limits: bwrap's init is one pid; gVisor's runsc, gofer,
+    Sentry and stub processes are host threads per guest process and tens of MiB.
+
+    pids.max = max_processes * pids_per_process + pids; memory = memory_mb + this memory_mb.
+    `guest_rlimits`: the guest runs on a kernel of its own (gVisor's Sentry), where
+    RLIMIT_NPROC counts this sandbox's tasks only and RLIMIT_AS is the Sentry's to enforce:
+    the guest sets both (max_processes; memory_mb per process) even under a cgroup, which
+    then bounds the sandbox as a whole, its kernel included.
+    """
+
+    pids: int = 1
+    pids_per_process: int = 1
+    memory_mb: int = 0
+    guest_rlimits: bool = False
+
+
+def host_overhead(backend: Backend) -> HostOverhead:
+    """The backend's `host_overhead` attribute, or bwrap's (one pid) when it has none."""
+    found = getattr(backend, "host_overhead", None)
+    return found if isinstance(found, HostOverhead) else HostOverhead()
+
+
 OnCreated = Callable[[int], None]
 """Called with the host pid of the sandbox's first process once its namespaces exist and
 before anything of the guest runs (the engine moves it into the run's cgroup then)."""
@@ -234,11 +259,14 @@ class Backend(Protocol):
 
 BACKENDS: dict[str, str] = {
     "bwrap": "codecage.backends.bwrap:BwrapBackend",
+    "gvisor": "codecage.backends.gvisor:GvisorBackend",
     "landlock": "codecage.backends.landlock:LandlockBackend",
 }
 """Name -> "module:Class". `auto` picks the first available, strongest first."""
 
-AUTO_ORDER = ("bwrap",)
+AUTO_ORDER = ("bwrap", "gvisor")
+"""bwrap first: gVisor isolates more (a user-space kernel) but enforces memory per process,
+not for the sandbox as a whole, and its cold start is ~6x bwrap's (docs/security-model.md)."""
 DEGRADED_ORDER = ("landlock",)
 """Backends without namespaces: `auto` picks one only when degraded isolation is allowed."""
 
@@ -273,7 +301,8 @@ def load_backend(name: str, *, allow_degraded: bool = False) -> Backend:
             "no isolation backend is available here: " + "; ".join(errors),
             hint=userns.remedy()
             if not usable
-            else "install bubblewrap (Debian: apt-get install bubblewrap)",
+            else "install bubblewrap (Debian: apt-get install bubblewrap) or gVisor "
+            "(apt-get install runsc)",
         )
     if name not in BACKENDS:
         raise ConfigError(

@@ -46,7 +46,9 @@ DegradedOpt = Annotated[
 ]
 BackendOpt = Annotated[
     str,
-    typer.Option("--backend", help="Isolation backend: auto or bwrap.", envvar="CODECAGE_BACKEND"),
+    typer.Option(
+        "--backend", help="Isolation backend: auto, bwrap or gvisor.", envvar="CODECAGE_BACKEND"
+    ),
 ]
 ProfileOpt = Annotated[
     str | None,

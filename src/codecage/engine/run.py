@@ -25,7 +25,14 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from codecage import packages
-from codecage.backends.base import Backend, Identity, LaunchSpec, SandboxProcess, lost_layers
+from codecage.backends.base import (
+    Backend,
+    Identity,
+    LaunchSpec,
+    SandboxProcess,
+    host_overhead,
+    lost_layers,
+)
 from codecage.bridge import channel as bridge
 from codecage.engine import judge, launch
 from codecage.engine import workspace as workspaces
@@ -193,6 +200,7 @@ class StartedSandbox:
     ready_pid: int | None = None
     baseline: _Baseline | None = None  # what it used before its request (see wait_ready)
     used: bool = False
+    guest_rlimits: bool = False  # backends.base.HostOverhead.guest_rlimits
 
     def alive(self) -> bool:
         return self.proc.alive()
@@ -271,7 +279,14 @@ def start(
             identity,
             run_dir,
         )
-        cgroup = cgroups.create(f"{os.getpid()}-{execution_id}", limits)
+        overhead = host_overhead(backend)
+        cgroup = cgroups.create(
+            f"{os.getpid()}-{execution_id}",
+            limits,
+            extra_pids=overhead.pids,
+            pids_per_process=overhead.pids_per_process,
+            extra_memory_mb=overhead.memory_mb,
+        )
         if cgroup is not None:
             cleanup.callback(_destroy_cgroup, cgroup)
         channel = launch.Channels.open(cleanup)
@@ -289,7 +304,9 @@ def start(
             # Between "namespaces made" and "guest starts": never host root (checked on
             # the process itself), and what the guest starts, and every process it makes,
             # is in the run's cgroup from its first instruction.
-            on_created=functools.partial(_on_created, cgroup),
+            on_created=functools.partial(
+                _on_created, cgroup, check_identity=not getattr(backend, "root_launcher", False)
+            ),
         )
         cleanup.callback(proc.close)
         channel.close_guest_ends()
@@ -307,11 +324,13 @@ def start(
         started_at=started_at,
         cleanup=cleanup,
         lost=lost_layers(backend),
+        guest_rlimits=overhead.guest_rlimits,
     )
 
 
-def _on_created(cgroup: CgroupHandle | None, pid: int) -> None:
-    identities.ensure_not_root(pid)
+def _on_created(cgroup: CgroupHandle | None, pid: int, *, check_identity: bool = True) -> None:
+    if check_identity:
+        identities.ensure_not_root(pid)
     if cgroup is not None:
         cgroups.attach(cgroup, pid)
 
@@ -410,7 +429,9 @@ def run_in(sandbox: StartedSandbox, request: RunRequest, *, backend_name: str) -
     guest_request = GuestRequest(
         code=request.code,
         filename=request.filename,
-        limits=rlimits.guest_limits(limits, by_cgroup=cgroup is not None),
+        limits=rlimits.guest_limits(
+            limits, by_cgroup=cgroup is not None and not sandbox.guest_rlimits
+        ),
         return_value_max_bytes=RETURN_VALUE_MAX_BYTES,
         profile=request.policy.profile if request.policy else "",
         allowed_modules=sorted(request.policy.modules) if request.policy else None,

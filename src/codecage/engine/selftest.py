@@ -47,7 +47,9 @@ def status_field(name):
 
 out["identity"] = {{
     "uid": os.getuid(), "cap_eff": status_field("CapEff"),
-    "no_new_privs": status_field("NoNewPrivs"), "pid": os.getpid(),
+    # gVisor's /proc/self/status has no NoNewPrivs line: ask prctl(PR_GET_NO_NEW_PRIVS).
+    "no_new_privs": status_field("NoNewPrivs") or str(libc.prctl(39, 0, 0, 0, 0)),
+    "pid": os.getpid(),
     "tty": os.path.exists("/dev/tty") and os.isatty(0),
 }}
 try:

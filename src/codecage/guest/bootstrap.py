@@ -101,8 +101,11 @@ def main(argv: list[str]) -> int:
 def _take_fds(argv: list[str]) -> _socket.socket:
     """Move the control socket to fd 3 and the tool bridge to fd 4 (the host's numbers
     may be any, even each other's targets: hence the detour through high numbers)."""
-    control = int(argv[argv.index("--control-fd") + 1])
-    bridge = int(argv[argv.index("--bridge-fd") + 1]) if "--bridge-fd" in argv else -1
+    if "--fds-from" in argv:  # a backend that cannot pass fds (gVisor) hands them over
+        control, bridge = _receive_fds(argv[argv.index("--fds-from") + 1])
+    else:
+        control = int(argv[argv.index("--control-fd") + 1])
+        bridge = int(argv[argv.index("--bridge-fd") + 1]) if "--bridge-fd" in argv else -1
     moves = [(control, contract.CONTROL_FD)]
     moves += [(bridge, contract.BRIDGE_FD)] if bridge >= 0 else []
     parked = []
@@ -117,6 +120,27 @@ def _take_fds(argv: list[str]) -> _socket.socket:
     # _socket, not socket: the wrapper module (enums, selectors) costs ~1 MB in every idle
     # warm sandbox, and the control channel needs none of it.
     return _socket.socket(fileno=contract.CONTROL_FD)
+
+
+def _receive_fds(path: str) -> tuple[int, int]:
+    """The control socket and the tool bridge, received by SCM_RIGHTS over the Unix socket
+    at `path` (the host accepts one connection, sends both, and removes the socket)."""
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+        size = _socket.CMSG_SPACE(2 * 4)
+        _, ancillary, _, _ = sock.recvmsg(16, size, _socket.MSG_CMSG_CLOEXEC)
+    finally:
+        sock.close()
+    fds = [
+        int.from_bytes(data[i : i + 4], sys.byteorder, signed=True)
+        for level, kind, data in ancillary
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS
+        for i in range(0, len(data) - len(data) % 4, 4)
+    ]
+    if len(fds) != 2:
+        raise SystemExit(f"codecage: expected 2 channels from {path}, got {len(fds)}")
+    return fds[0], fds[1]
 
 
 def _preload_list(argv: list[str]) -> list[str]:

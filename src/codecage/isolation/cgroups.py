@@ -59,6 +59,10 @@ class CgroupHandle:
 
     version: Literal[1, 2]
     dirs: dict[str, Path]  # controller -> this run's dir (v2: "unified")
+    # What the backend's own processes take besides the guest's (backends.base.HostOverhead)
+    extra_pids: int = _INIT_PIDS
+    pids_per_process: int = 1
+    extra_memory_mb: int = 0
 
 
 # --- detection -------------------------------------------------------------------------
@@ -152,7 +156,14 @@ def _can_create_under(parent: Path) -> bool:
 # --- one run's cgroup ------------------------------------------------------------------
 
 
-def create(run_id: str, limits: Limits) -> CgroupHandle | None:
+def create(
+    run_id: str,
+    limits: Limits,
+    *,
+    extra_pids: int = _INIT_PIDS,
+    pids_per_process: int = 1,
+    extra_memory_mb: int = 0,
+) -> CgroupHandle | None:
     """Create this run's cgroup(s) with the memory and pids limits, or None without support.
 
     Raises:
@@ -162,7 +173,7 @@ def create(run_id: str, limits: Limits) -> CgroupHandle | None:
     if support is None:
         return None
     dirs = {name: parent / run_id for name, parent in support.parents.items()}
-    handle = CgroupHandle(support.version, dirs)
+    handle = CgroupHandle(support.version, dirs, extra_pids, pids_per_process, extra_memory_mb)
     try:
         for d in dirs.values():
             d.mkdir()
@@ -177,8 +188,8 @@ def create(run_id: str, limits: Limits) -> CgroupHandle | None:
 def _write_limits(handle: CgroupHandle, limits: Limits, *, raising: bool = False) -> None:
     """Write the memory and pids limits. v1 insists that memsw >= memory at every moment,
     so when `raising` a limit, memsw goes first; when lowering, memory goes first."""
-    memory = str(limits.memory_mb * MiB)
-    pids = str(limits.max_processes + _INIT_PIDS)
+    memory = str((limits.memory_mb + handle.extra_memory_mb) * MiB)
+    pids = str(limits.max_processes * handle.pids_per_process + handle.extra_pids)
     if handle.version == 1:
         mem_dir = handle.dirs["memory"]
         memsw = mem_dir / "memory.memsw.limit_in_bytes"

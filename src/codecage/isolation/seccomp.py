@@ -552,6 +552,43 @@ def compile_bpf(seccomp_plan: SeccompPlan) -> bytes:
     return _compile(seccomp_plan).program
 
 
+_OCI_OPS = {
+    "EQ": "SCMP_CMP_EQ",
+    "NE": "SCMP_CMP_NE",
+    "GE": "SCMP_CMP_GE",
+    "MASKED_EQ": "SCMP_CMP_MASKED_EQ",
+}
+
+
+def oci_profile(seccomp_plan: SeccompPlan, *, arch: str = "x86_64") -> dict[str, Any]:
+    """The same rules as an OCI `linux.seccomp` profile (for runtimes that take rules, not
+    BPF: gVisor's runsc with --oci-seccomp). Pure. Everything not named is allowed; calls
+    of another ABI are not covered (the OCI profile names one architecture, the runtime's
+    answer to others is its own). MASKED_EQ is libseccomp's: `value` the mask, `valueTwo`
+    the datum.
+    """
+    oci_arch = {"x86_64": "SCMP_ARCH_X86_64", "aarch64": "SCMP_ARCH_AARCH64"}[arch]
+    syscalls: list[dict[str, Any]] = []
+    for rule in _rules(seccomp_plan, clone_flags_arg=0):
+        entry: dict[str, Any] = {
+            "names": [rule.syscall],
+            "action": "SCMP_ACT_ERRNO",
+            "errnoRet": rule.errno,
+        }
+        if rule.conditions:
+            entry["args"] = [
+                {
+                    "index": c.arg,
+                    "op": _OCI_OPS[c.op],
+                    "value": c.mask if c.op == "MASKED_EQ" else c.value,
+                    "valueTwo": c.value if c.op == "MASKED_EQ" else 0,
+                }
+                for c in rule.conditions
+            ]
+        syscalls.append(entry)
+    return {"defaultAction": "SCMP_ACT_ALLOW", "architectures": [oci_arch], "syscalls": syscalls}
+
+
 def skipped_syscalls(seccomp_plan: SeccompPlan) -> tuple[str, ...]:
     """Syscalls that `compile_bpf(seccomp_plan)` leaves out of the filter on this host:
     unknown to this libseccomp, or not syscalls of this architecture. Empty on x86_64

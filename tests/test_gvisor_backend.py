@@ -1,0 +1,198 @@
+"""The gVisor backend (backends/gvisor.py): what the containment suite cannot see from inside.
+
+Real sandboxes (runsc, as root); the pure parts (the OCI profile, the guest's argv) without.
+The containment suite runs on gVisor too (tests/containment/_backends.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from codecage import Sandbox
+from codecage.backends import gvisor
+from codecage.backends.base import LaunchSpec, load_backend
+from codecage.errors import HostError
+from codecage.isolation import identity, seccomp
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _runsc_usable() -> str | None:
+    if shutil.which("runsc") is None:
+        return "runsc is not installed (scripts/setup --test installs it)"
+    if os.geteuid() != 0:
+        return "the gVisor backend needs root"
+    return None
+
+
+needs_runsc = pytest.mark.skipif(
+    _runsc_usable() is not None and os.environ.get("CI") != "true",
+    reason=str(_runsc_usable()),
+)
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[Sandbox]:
+    with Sandbox(backend="gvisor", import_policy=False, scrub=False, pool=False) as sb:
+        yield sb
+
+
+# --- pure -------------------------------------------------------------------------------
+
+
+def test_the_oci_profile_carries_every_rule_of_the_plan() -> None:
+    profile = seccomp.oci_profile(seccomp.plan(network=False))
+    assert profile["defaultAction"] == "SCMP_ACT_ALLOW"
+    names = [entry["names"][0] for entry in profile["syscalls"]]
+    for name in ("ptrace", "mount", "unshare", "bpf", "keyctl", "io_uring_setup"):
+        assert name in names
+    clone3 = next(e for e in profile["syscalls"] if e["names"] == ["clone3"])
+    assert clone3["errnoRet"] == errno.ENOSYS
+    # S_ISUID on chmod: libseccomp's MASKED_EQ takes the mask in value, the datum in valueTwo.
+    chmod = [e for e in profile["syscalls"] if e["names"] == ["chmod"]]
+    assert {"index": 1, "op": "SCMP_CMP_MASKED_EQ", "value": 0o4000, "valueTwo": 0o4000} in [
+        e["args"][0] for e in chmod
+    ]
+    sockets = [e for e in profile["syscalls"] if e["names"] == ["socket"]]
+    assert sockets == [
+        {
+            "names": ["socket"],
+            "action": "SCMP_ACT_ERRNO",
+            "errnoRet": errno.EPERM,
+            "args": [{"index": 0, "op": "SCMP_CMP_NE", "value": 1, "valueTwo": 0}],
+        }
+    ]
+
+
+def test_the_guest_is_told_where_its_channels_are_instead_of_fd_numbers() -> None:
+    argv = ("/opt/python/bin/python3", "-I", "boot.pyc", "--control-fd", "9", "--bridge-fd", "11")
+    assert gvisor._guest_argv((*argv, "--pooled")) == (
+        "/opt/python/bin/python3",
+        "-I",
+        "boot.pyc",
+        "--fds-from",
+        f"{gvisor.HANDOFF_DIR}/channels.sock",
+        "--pooled",
+    )
+
+
+def test_a_missing_runsc_is_a_host_error_naming_the_package(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(gvisor.shutil, "which", lambda _name: None)
+    monkeypatch.setattr(gvisor.os, "access", lambda _path, _mode: False)
+    with pytest.raises(HostError) as caught:
+        load_backend("gvisor")
+    assert "apt-get install runsc" in (caught.value.hint or "")
+
+
+# --- real sandboxes ---------------------------------------------------------------------
+
+
+@needs_runsc
+def test_a_run_has_the_guest_and_its_channels(sandbox: Sandbox) -> None:
+    r = sandbox.run(
+        "import os\nprint(os.getuid(), sorted(os.listdir('/opt/codecage-channels')))\n6 * 7"
+    )
+    assert (r.status, r.return_value, r.backend) == ("ok", 42, "gvisor")
+    # The handover socket is gone before the code runs: nothing left to connect to. gVisor
+    # maps no ids: the code's uid is the sandbox's host id, whose files it makes.
+    assert r.stdout == f"{identity.plan().identity.uid} []\n"
+
+
+@needs_runsc
+def test_the_probe_names_the_user_space_kernel_and_its_platform() -> None:
+    layers = {layer.name: layer for layer in load_backend("gvisor").probe()}
+    kernel = layers["user-space kernel"]
+    assert kernel.active, kernel.detail
+    assert "platform ptrace" in kernel.mechanism
+    assert layers["network"].active
+
+
+class _Recorder:
+    """The bundles the backend writes, and every host process of their sandboxes seen
+    while they ran (the Sentry, the gofer, the Sentry's stubs)."""
+
+    def __init__(self) -> None:
+        self.bundles: list[gvisor._Bundle] = []
+        self.pids: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            for bundle in list(self.bundles):
+                self.pids.update(gvisor._with_descendants(bundle.sandbox_pids()))
+            time.sleep(0.05)
+
+    def __enter__(self) -> _Recorder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@needs_runsc
+def test_nothing_of_a_sandbox_is_left_after_a_timeout(
+    sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorder = _Recorder()
+    write = gvisor._Bundle.write
+
+    def recording_write(spec: LaunchSpec) -> gvisor._Bundle:
+        bundle = write(spec)
+        recorder.bundles.append(bundle)
+        return bundle
+
+    monkeypatch.setattr(gvisor._Bundle, "write", staticmethod(recording_write))
+    code = "import os\nfor _ in range(3):\n    os.fork()\nwhile True:\n    pass\n"
+    with recorder:
+        r = sandbox.run(code, limits={"timeout": 2})
+    assert r.status == "timeout"
+    (bundle,) = recorder.bundles
+    assert len(recorder.pids) >= 3  # the Sentry, the gofer, stubs: they were seen
+    assert [p for p in recorder.pids if gvisor._running(p)] == []
+    for word in (bundle.container_id, str(bundle.dir)):
+        assert _processes_naming(word) == []
+    assert not bundle.dir.exists()
+    assert str(bundle.dir.parent) not in Path("/proc/self/mountinfo").read_text()
+
+
+def _processes_naming(word: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if word.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@needs_runsc
+def test_a_setuid_chmod_in_the_workspace_is_refused_by_the_sentry(sandbox: Sandbox) -> None:
+    code = (
+        "import errno, os\nopen('f', 'w').close()\n"
+        "try:\n    os.chmod('f', 0o4755)\n    got = 'changed'\n"
+        "except OSError as e:\n    got = errno.errorcode[e.errno]\ngot\n"
+    )
+    assert sandbox.run(code).return_value == "EPERM"
+
+
+@needs_runsc
+def test_the_warm_pool_runs_on_gvisor() -> None:
+    with Sandbox(backend="gvisor", import_policy=False, scrub=False, pool=True) as sb:
+        sb.warm()
+        results = [sb.run(f"{i} * 2") for i in range(3)]
+    assert [(r.status, r.return_value) for r in results] == [("ok", 0), ("ok", 2), ("ok", 4)]
