@@ -6,21 +6,30 @@ tests/containment/test_identity.py."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from codecage import Sandbox
-from codecage.backends.base import Identity
-from codecage.config import load
+from codecage import host as host_module
+from codecage.backends.base import Identity, load_backend
+from codecage.config import Settings, load
+from codecage.engine import selftest
 from codecage.engine.workspace import ownership
 from codecage.errors import ConfigError, SandboxError
+from codecage.host import Host
 from codecage.isolation import identity, staging
+from codecage.models import DoctorReport, ProbeResult
 
 SANDBOX = Identity(identity.DEFAULT_ID, identity.DEFAULT_ID)
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="only root can give files away")
+needs_runsc = pytest.mark.skipif(
+    shutil.which("runsc") is None or os.geteuid() != 0, reason="gVisor's runsc runs as root"
+)
 
 
 def test_root_gets_a_dedicated_id_and_an_ordinary_user_keeps_their_own() -> None:
@@ -150,3 +159,41 @@ def test_a_lent_workspace_comes_back_owned_by_its_owner(tmp_path: Path) -> None:
 
 def _mountinfo() -> list[str]:
     return Path("/proc/self/mountinfo").read_text(encoding="utf-8").splitlines()
+
+
+# --- auto: the strongest backend whose self-test passes (issue 20, item 5) --------------
+
+
+def _settings_with(tmp_path: Path, text: str) -> Settings:
+    path = tmp_path / "config.toml"
+    path.write_text(text, encoding="utf-8")
+    path.chmod(0o600)
+    return load(path, environ={})
+
+
+@needs_runsc
+def test_auto_takes_the_configured_order_and_the_first_that_passes_its_selftest(
+    tmp_path: Path,
+) -> None:
+    settings = _settings_with(tmp_path, '[sandbox]\nbackends = ["gvisor", "bwrap"]\n')
+    host = Host(settings, pool=False)
+    assert host.backend.name == "gvisor"  # its self-test really ran (or its cache passed)
+
+    # A failing self-test cannot be made for real here (every layer holds on this host):
+    # its verdict is planted where the host keeps it, and the choice must move on.
+    gvisor = load_backend("gvisor")
+    key = selftest.cache_key(gvisor, host.identity.identity)
+    failing = DoctorReport(
+        backend="gvisor",
+        passed=False,
+        probes=[ProbeResult(layer="seccomp", passed=False, detail="pretend: not in force")],
+    )
+    with mock.patch.dict(host_module._PROCESS.verdicts, {key: failing}):
+        assert Host(settings, pool=False).backend.name == "bwrap"
+
+
+def test_an_unknown_backend_in_the_order_is_a_clear_error(tmp_path: Path) -> None:
+    settings = _settings_with(tmp_path, '[sandbox]\nbackends = ["firecracker"]\n')
+    with pytest.raises(ConfigError, match="firecracker") as caught:
+        Host(settings, pool=False)
+    assert "bwrap" in (caught.value.hint or "")

@@ -154,6 +154,11 @@ class SandboxFile(_FileModel):
         le=2**32 - 2,
         description="Host gid sandboxes run as when codecage runs as root (never 0).",
     )
+    backends: list[str] | None = Field(
+        None,
+        description="The order `auto` tries backends in, strongest first (default: bwrap, "
+        "gvisor); it takes the first whose self-test passes.",
+    )
 
 
 class ConfigFile(_FileModel):

@@ -32,6 +32,7 @@ from codecage import config as configuration
 from codecage import engine, packages
 from codecage.backends.base import (
     Backend,
+    auto_candidates,
     available_backends,
     backend_states,
     load_backend,
@@ -167,10 +168,10 @@ class Host:
         self.limit_sources = dict(settings.sources)
         if limits is not None:
             self.limit_sources.update(dict.fromkeys(Limits.model_fields, "argument"))
-        self.backend: Backend = load_backend(backend, allow_degraded=allow_degraded)
         self.identity = identities.plan(settings.sandbox.uid, settings.sandbox.gid)
         self.allow_degraded = allow_degraded
         self._selftest = selftest
+        self.backend: Backend = self._choose_backend(backend)
         self.tools = tools
         self.tool_limits = tool_limits or tooling.bridge_limits(settings.tools)
         self.tokenize = tokenize
@@ -187,6 +188,40 @@ class Host:
         self._asked_scrubber = self.scrubber or scrubbing.Scrubber()
         self.pool, self._owns_pool = self._pool(pool)
         self._verdict: DoctorReport | None = None
+
+    def _choose_backend(self, name: str) -> Backend:
+        """`name`, or for "auto" the first of the candidates (in the order the config's
+        sandbox table gives, else `AUTO_ORDER`) whose self-test passes here; with the
+        self-test off, the first that loads. When none passes, the first: its run then
+        fails with what is missing (or runs degraded, when allowed).
+
+        Raises:
+            ConfigError: no backend has that name.
+            HostError: no backend can run on this host.
+        """
+        order = self.settings.sandbox.backends
+        if name != "auto":
+            return load_backend(name, allow_degraded=self.allow_degraded)
+        candidates = auto_candidates(
+            tuple(order) if order is not None else None, allow_degraded=self.allow_degraded
+        )
+        if not self._selftest:
+            return candidates[0]
+        for candidate in candidates:
+            if not self._failed_layers(candidate):
+                return candidate
+            log.warning("sandbox.backend_failed_selftest", extra={"backend": candidate.name})
+        return candidates[0]
+
+    def _failed_layers(self, backend: Backend) -> tuple[str, ...]:
+        """The layers `backend`'s self-test finds missing here, less its gaps by design
+        (cached per process, and on disk while they pass)."""
+        key = selftest.cache_key(backend, self.identity.identity)
+        verdict = _PROCESS.verdict(
+            key, lambda: selftest.run_probes(backend, self.identity.identity)
+        )
+        gaps = selftest_gaps(backend)
+        return tuple(layer for layer in verdict.failed_layers() if layer not in gaps)
 
     def _pool(self, pool: bool | Pool | None) -> tuple[Pool | None, bool]:
         if isinstance(pool, Pool):

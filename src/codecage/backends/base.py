@@ -271,39 +271,17 @@ DEGRADED_ORDER = ("landlock",)
 """Backends without namespaces: `auto` picks one only when degraded isolation is allowed."""
 
 
-def load_backend(name: str, *, allow_degraded: bool = False) -> Backend:
-    """Instantiate the backend called `name` ("auto" picks the strongest available; a
-    backend of `DEGRADED_ORDER` only when `allow_degraded`, and only where user
-    namespaces are unavailable).
+def load_backend(
+    name: str, *, allow_degraded: bool = False, order: tuple[str, ...] | None = None
+) -> Backend:
+    """Instantiate the backend called `name` ("auto": the first of `auto_candidates`).
 
     Raises:
         ConfigError: no backend has that name.
         HostError: no backend can run on this host.
     """
     if name == "auto":
-        from codecage.isolation import userns
-
-        errors: list[str] = []
-        usable, why = userns.available()
-        if not usable:
-            errors.append(f"user namespaces are unavailable ({why})")
-        for candidate in AUTO_ORDER if usable else ():
-            try:
-                return load_backend(candidate)
-            except HostError as exc:
-                errors.append(f"{candidate}: {exc}")
-        for candidate in DEGRADED_ORDER if allow_degraded else ():
-            try:
-                return load_backend(candidate)
-            except HostError as exc:
-                errors.append(f"{candidate}: {exc}")
-        raise HostError(
-            "no isolation backend is available here: " + "; ".join(errors),
-            hint=userns.remedy()
-            if not usable
-            else "install bubblewrap (Debian: apt-get install bubblewrap) or gVisor "
-            "(apt-get install runsc)",
-        )
+        return auto_candidates(order, allow_degraded=allow_degraded)[0]
     if name not in BACKENDS:
         raise ConfigError(
             f"unknown backend {name!r}",
@@ -312,6 +290,49 @@ def load_backend(name: str, *, allow_degraded: bool = False) -> Backend:
     module_name, class_name = BACKENDS[name].split(":")
     backend: Backend = getattr(importlib.import_module(module_name), class_name)()
     return backend
+
+
+def auto_candidates(
+    order: tuple[str, ...] | None = None, *, allow_degraded: bool = False
+) -> list[Backend]:
+    """The backends `auto` may use here, loaded, strongest first: those of `order` (default
+    `AUTO_ORDER`) where user namespaces can be made, then those of `DEGRADED_ORDER` when
+    `allow_degraded`. The caller picks the first whose self-test passes.
+
+    Raises:
+        ConfigError: `order` names an unknown backend.
+        HostError: none can run here (the message says why each could not, and what to do).
+    """
+    from codecage.isolation import userns
+
+    strong = AUTO_ORDER if order is None else order
+    for name in strong:
+        if name not in BACKENDS:
+            raise ConfigError(
+                f"unknown backend {name!r} in the sandbox table's backends",
+                hint=f"choose among: {', '.join(BACKENDS)}",
+            )
+    errors: list[str] = []
+    usable, why = userns.available()
+    if not usable:
+        errors.append(f"user namespaces are unavailable ({why})")
+    names = [n for n in strong if n not in DEGRADED_ORDER] if usable else []
+    names += [n for n in DEGRADED_ORDER if allow_degraded]
+    found: list[Backend] = []
+    for candidate in names:
+        try:
+            found.append(load_backend(candidate))
+        except HostError as exc:
+            errors.append(f"{candidate}: {exc}")
+    if not found:
+        raise HostError(
+            "no isolation backend is available here: " + "; ".join(errors),
+            hint=userns.remedy()
+            if not usable
+            else "install bubblewrap (Debian: apt-get install bubblewrap) or gVisor "
+            "(apt-get install runsc)",
+        )
+    return found
 
 
 def lost_layers(backend: Backend) -> tuple[str, ...]:
