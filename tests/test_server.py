@@ -375,7 +375,7 @@ async def test_bad_arguments_are_a_tool_error_and_the_server_keeps_serving(
 
 
 EXECUTE_CODE_ARGUMENTS = (
-    "code, timeout, profile, allowed_imports, memory_limit_mb, files, return_files"
+    "code, timeout, profile, allowed_imports, memory_limit_mb, files, return_files, backend"
 )
 
 

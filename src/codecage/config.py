@@ -636,7 +636,7 @@ def _serve_settings(
         return from_file, source
     return _validated(
         ServeSettings,
-        {"reply_max_tokens": env[key]},
+        {**from_file.model_dump(exclude_unset=True), "reply_max_tokens": env[key]},
         lambda err: (
             f"{key}={env[key]!r}: {err['msg']}",
             "give a number of tokens from 2000 to 240000 (the default is 20000)",

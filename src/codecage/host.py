@@ -92,6 +92,7 @@ class Request:
     on_files: Callable[[Path, list[FileInfo]], None] | None = None
     strict: bool = False  # validate first; a refusal is a `blocked` result
     face: Face = "library"
+    backend: str | None = None  # one of `Host.call_backends`; None: the host's own
 
 
 class _ProcessWide:
@@ -188,6 +189,43 @@ class Host:
         self._asked_scrubber = self.scrubber or scrubbing.Scrubber()
         self.pool, self._owns_pool = self._pool(pool)
         self._verdict: DoctorReport | None = None
+        self._other_backends: dict[str, Backend] = {}
+        self._other_backends_lock = threading.Lock()
+
+    @property
+    def call_backends(self) -> tuple[str, ...]:
+        """The backends a run may ask for by name: the host's own, and those the operator
+        enabled (the config's [serve] backends)."""
+        enabled = self.settings.serve.backends or []
+        return (self.backend.name, *(b for b in enabled if b != self.backend.name))
+
+    def backend_for(self, name: str | None) -> Backend:
+        """The backend a run asked for: the host's own when `name` is None or names it,
+        else one the operator enabled, loaded once and proven by its self-test.
+
+        Raises:
+            ConfigError: `name` is not enabled here.
+            HostError: it cannot run here, or its self-test finds a layer missing.
+        """
+        if name is None or name == self.backend.name:
+            return self.backend
+        if name not in self.call_backends:
+            raise ConfigError(
+                f"backend {name!r} is not enabled here",
+                hint=f"choose one of: {', '.join(self.call_backends)} (the operator enables "
+                "more in the config's [serve] backends)",
+            )
+        with self._other_backends_lock:
+            if name not in self._other_backends:
+                backend = load_backend(name, allow_degraded=self.allow_degraded)
+                missing = self._failed_layers(backend) if self._selftest else ()
+                if missing and not self.allow_degraded:
+                    raise HostError(
+                        f"backend {name!r} fails its self-test here: {', '.join(missing)}",
+                        hint=f"run `codecage doctor --backend {name}` to see why",
+                    )
+                self._other_backends[name] = backend
+            return self._other_backends[name]
 
     def _choose_backend(self, name: str) -> Backend:
         """`name`, or for "auto" the first of the candidates (in the order the config's
@@ -298,6 +336,7 @@ class Host:
         return redaction.scrub_result(self._execute(request), self.scrubber)
 
     def _execute(self, request: Request) -> ExecutionResult:
+        backend = self.backend_for(request.backend)
         tools = (
             self.tools.for_run(
                 allowed_tools=request.allowed_tools,
@@ -313,7 +352,11 @@ class Host:
             limits=request.limits,
             workspace_dir=request.workspace,
             files=request.files,
-            degraded=self.missing_layers(),
+            degraded=self.missing_layers()
+            if backend is self.backend
+            else self._failed_layers(backend)
+            if self._selftest
+            else (),
             policy=request.policy,
             cancel=request.cancel,
             on_files=request.on_files,
@@ -328,11 +371,11 @@ class Host:
         )
         try:
             waited_ms = 0
-            if self.pool is not None and run.workspace_dir is None:
+            if self.pool is not None and run.workspace_dir is None and backend is self.backend:
                 result, waited_ms = self._run_warm(self.pool, run)
                 if result is not None:
                     return _with_wait(result, waited_ms)
-            return _with_wait(engine.execute(run, self.backend), waited_ms)
+            return _with_wait(engine.execute(run, backend), waited_ms)
         finally:
             if tools is not None:
                 tools.close()  # the run's token vault goes with it

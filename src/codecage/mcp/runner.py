@@ -140,6 +140,7 @@ class Runner:
         uploads: dict[str, bytes],
         return_files: list[str],
         cancel: threading.Event,
+        backend: str | None = None,
     ) -> tuple[ExecutionResult, list[ContentBlock]]:
         """One run, as a request to the host runtime. Uploads go into the run's fresh
         workspace (its tmpfs, bounded by workspace_mb, removed with it) before the code runs.
@@ -167,6 +168,7 @@ class Runner:
             cancel=cancel,
             on_files=read_back,
             face="mcp",  # hints name execute_code's arguments
+            backend=backend,
         )
         try:
             result = self.base.host.run(request)

@@ -34,6 +34,12 @@ def tools(runner: Runner) -> list[Tool]:
     made: list[Tool] = []
     tool = registrar(made)
     upstream = runner.base.tools is not None
+    backends = runner.base.host.call_backends
+    backend_help = (
+        f"Isolation backend: {backends[0]} (the default)"
+        + (f", or {', '.join(backends[1:])}" if len(backends) > 1 else ", the only one enabled")
+        + ". gvisor puts a user-space kernel between the code and the host; it starts slower."
+    )
 
     @tool(
         description=(
@@ -86,6 +92,8 @@ def tools(runner: Runner) -> list[Tool]:
                 max_length=MAX_RETURN_FILES,
             ),
         ] = None,
+        # A default, not an annotation: annotations are evaluated later, without this scope.
+        backend: str | None = Field(None, description=backend_help, max_length=32),
     ) -> Annotated[CallToolResult, reply.ExecutionReply]:
         run_limits = runner.call_limits(timeout, memory_limit_mb)
         uploads = decode_uploads(files or {})
@@ -99,6 +107,7 @@ def tools(runner: Runner) -> list[Tool]:
                 uploads=uploads,
                 return_files=return_files or [],
                 cancel=cancel,
+                backend=backend,
             ),
             cancel,
         )

@@ -102,6 +102,12 @@ class ServeSettings(Model):
         "other UTF-8 a token; an image 1,600). Claude Code refuses replies over 25,000 by "
         "default. Longer output is cut in the middle, head and tail kept.",
     )
+    backends: list[str] | None = Field(
+        None,
+        description="Backends an execute_code call may ask for by name (its `backend` "
+        'argument), e.g. ["bwrap", "gvisor"]; None: only the one the server runs with. '
+        "A call on another backend than the server's runs cold (no warm pool).",
+    )
 
 
 class PoolSizes(Model):
