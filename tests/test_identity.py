@@ -117,6 +117,9 @@ def test_staging_makes_a_verified_world_readable_copy_once(
     assert (staged / "link").is_symlink()
     assert list((staged / "site-packages").iterdir()) == []  # kept as an empty mount point
     assert staging.readable(source, SANDBOX, skip=("site-packages",)) == staged  # once
+    stage_root = (tmp_path / "stage").stat()  # no other local user may enter it
+    assert (stage_root.st_uid, stage_root.st_gid) == (0, SANDBOX.gid)
+    assert stat.S_IMODE(stage_root.st_mode) == 0o710
 
 
 @root_only

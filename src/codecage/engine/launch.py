@@ -88,7 +88,7 @@ def reachable(
     mounts: tuple[rootfs.Mount, ...], identity: Identity, run_dir: Path
 ) -> tuple[rootfs.Mount, ...]:
     """`mounts` with every bind source the sandbox's host `identity` cannot read replaced
-    by its staged, world-readable copy (`isolation.staging`; only when codecage is root and
+    by its staged copy (`isolation.staging`; only when codecage is root and
     the sandbox another id). The run's own directory is made for it and left as is."""
     if not _stages_for(identity):
         return mounts

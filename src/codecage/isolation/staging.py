@@ -1,13 +1,14 @@
-"""A world-readable copy of what the sandbox must read but its host id cannot reach.
+"""A readable copy of what the sandbox must read but its host id cannot reach.
 
 When codecage runs as root, the sandbox runs as an unprivileged host id
 (`isolation.identity`), and its launcher must reach every path it binds. Most are readable
 by anyone (/usr, /lib, the data packages in a venv under /opt or /work); some are not: a
 pyenv interpreter under /root (mode 0700), a cache under ~/.cache, a checkout in a home
 directory. Those are staged: hard-linked (or, across filesystems or for files not readable
-by others, copied) once into a root-owned, world-readable tree under `STAGE_ROOT`, and each
-staged file is checked against its source by SHA-256 before the tree is used. The user's
-home keeps its permissions.
+by others, copied) once into a root-owned tree under `STAGE_ROOT`, which only root and the sandbox's
+group may pass through, and each staged file is checked against its source by SHA-256
+before the tree is used. The user's home keeps its permissions, and no other local user
+gains a way in.
 
 A staged tree is named by its source's path and a signature of its contents (its direct
 entries' names, sizes and mtimes), so an upgrade of the source makes a new tree; an
@@ -50,18 +51,41 @@ def readable(source: Path, identity: Identity, *, skip: tuple[str, ...] = ()) ->
     """
     if identities.can_read(source, identity):
         return source
-    return _staged(source.resolve(), skip)
+    return _staged(source.resolve(), skip, identity.gid)
 
 
 @functools.cache
-def _staged(source: Path, skip: tuple[str, ...]) -> Path:
+def _staged(source: Path, skip: tuple[str, ...], gid: int) -> Path:
     signature = _signature(source, skip)
     name = hashlib.sha256(f"{source}\0{signature}".encode()).hexdigest()[:24]
     target = STAGE_ROOT / name / source.name
     with _LOCK:
+        _open_stage_root_to(gid)
         if not (target.parent / _COMPLETE).is_file():
             _make(source, target, skip)
     return target
+
+
+def _open_stage_root_to(gid: int) -> None:
+    """`STAGE_ROOT` is root's, mode 0710, group the sandbox's gid: sandboxes pass through
+    it, no other local user does (what is staged came from places closed to them, such as
+    /root; staging must not open it to everyone).
+
+    Raises:
+        HostError: it cannot be made or set so.
+    """
+    try:
+        STAGE_ROOT.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = STAGE_ROOT.lstat()
+        if (st.st_uid, st.st_gid) != (0, gid):
+            os.chown(STAGE_ROOT, 0, gid, follow_symlinks=False)
+        if stat.S_IMODE(st.st_mode) != 0o710:
+            STAGE_ROOT.chmod(0o710)
+    except OSError as exc:
+        raise HostError(
+            f"cannot prepare {STAGE_ROOT} for the sandbox: {exc.strerror}",
+            hint="codecage needs to write /var/lib/codecage when it runs as root",
+        ) from exc
 
 
 def _signature(source: Path, skip: tuple[str, ...]) -> str:
@@ -100,9 +124,6 @@ def _walk(source: Path, skip: tuple[str, ...]) -> list[tuple[str, os.stat_result
 def _make(source: Path, target: Path, skip: tuple[str, ...]) -> None:
     """Build the staged tree in a temporary directory beside it, verify it, rename it."""
     try:
-        STAGE_ROOT.mkdir(parents=True, exist_ok=True, mode=0o755)
-        for directory in (STAGE_ROOT, STAGE_ROOT.parent):
-            directory.chmod(0o755)
         work = Path(tempfile.mkdtemp(prefix=".staging-", dir=STAGE_ROOT))
     except OSError as exc:
         raise HostError(
