@@ -189,6 +189,64 @@ class SandboxProcess:
                 self._init_pidfd = None
 
 
+class LauncherFds:
+    """The fds a backend's launcher is started with besides the guest's (a filter or config
+    memfd, handshake pipes). Each is closed once: a second close of a number another thread
+    reused meanwhile would close *its* fd. A subclass names its fds as attributes and, in
+    `sandbox_ends`, those the launcher keeps (closed here once it started)."""
+
+    sandbox_ends: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self._open: set[int] = set()
+
+    def add(self, fd: int) -> int:
+        self._open.add(fd)
+        return fd
+
+    def memfd(self, name: str, data: bytes) -> int:
+        """A memfd holding `data`, read from its start."""
+        fd = self.add(os.memfd_create(name, os.MFD_CLOEXEC))
+        os.write(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+        return fd
+
+    def pipe(self) -> tuple[int, int]:
+        read, write = os.pipe()
+        return self.add(read), self.add(write)
+
+    def close(self, fd: int) -> None:
+        if fd in self._open:
+            self._open.discard(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def close_sandbox_ends(self) -> None:
+        for name in self.sandbox_ends:
+            self.close(getattr(self, name))
+
+    def close_all(self) -> None:
+        for fd in list(self._open):
+            self.close(fd)
+
+
+def version_line(executable: str) -> str | None:
+    """The first line `executable --version` prints, None when it cannot be run."""
+    try:
+        out = subprocess.run(
+            [executable, "--version"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+            env={"PATH": os.defpath},
+            cwd="/",
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.splitlines()[0] if out.strip() else None
+
+
 def spawn(
     argv: list[str],
     *,
@@ -197,10 +255,12 @@ def spawn(
     cwd: Path,
     exit_status: Callable[[int], ExitStatus],
     identity: Identity | None = None,
+    new_session: bool = False,
 ) -> SandboxProcess:
     """Start a backend's launcher in a process group of its own, nothing inherited but
     `pass_fds` and `env`, stdin empty, stdout and stderr piped to the host; as `identity`
     (no supplementary groups) when that is not who runs codecage, which only root can do.
+    `new_session`: a session of its own instead (a session leader's group is its own).
 
     Raises:
         SandboxError: it could not be started.
@@ -223,7 +283,8 @@ def spawn(
             pass_fds=pass_fds,
             env=env,
             cwd=cwd,
-            process_group=0,
+            process_group=None if new_session else 0,
+            start_new_session=new_session,
             user=user,
             group=group,
             extra_groups=extra_groups,

@@ -19,7 +19,15 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 
-from codecage.backends.base import ExitStatus, LaunchSpec, OnCreated, SandboxProcess, spawn
+from codecage.backends.base import (
+    ExitStatus,
+    LauncherFds,
+    LaunchSpec,
+    OnCreated,
+    SandboxProcess,
+    spawn,
+    version_line,
+)
 from codecage.errors import HostError, SandboxError
 from codecage.isolation import network, rootfs
 from codecage.models import LayerStatus
@@ -145,43 +153,24 @@ def exit_status(returncode: int) -> ExitStatus:
     return ExitStatus(code=returncode)
 
 
-class _HandshakeFds:
-    """The fds bwrap is started with besides the guest's: the seccomp filter (a memfd), the
-    info pipe (bwrap -> host) and the block pipe (host -> bwrap). Each is closed once: a
-    second close of a number another thread reused meanwhile would close *its* fd."""
+class _HandshakeFds(LauncherFds):
+    """The seccomp filter (a memfd), the info pipe (bwrap -> host), the block pipe (host ->
+    bwrap)."""
 
-    def __init__(self) -> None:
-        self._open: set[int] = set()
-        self.seccomp = self.info_read = self.info_write = self.block_read = self.block_write = -1
+    sandbox_ends = ("info_write", "block_read", "seccomp")
+    seccomp = info_read = info_write = block_read = block_write = -1
 
-    def add(self, fd: int) -> int:
-        self._open.add(fd)
-        return fd
-
-    def close(self, fd: int) -> None:
-        if fd in self._open:
-            self._open.discard(fd)
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-    def close_sandbox_ends(self) -> None:
-        for fd in (self.info_write, self.block_read, self.seccomp):
-            self.close(fd)
-
-    def close_all(self) -> None:
-        for fd in list(self._open):
-            self.close(fd)
+    def open(self, bpf: bytes) -> None:
+        self.seccomp = self.memfd("codecage-seccomp", bpf)
+        self.info_read, self.info_write = self.pipe()
+        self.block_read, self.block_write = self.pipe()
 
 
 @contextlib.contextmanager
 def _handshake(bpf: bytes) -> Iterator[_HandshakeFds]:
     fds = _HandshakeFds()
     try:
-        fds.seccomp = fds.add(os.memfd_create("codecage-seccomp", os.MFD_CLOEXEC))
-        os.write(fds.seccomp, bpf)
-        os.lseek(fds.seccomp, 0, os.SEEK_SET)
-        fds.info_read, fds.info_write = map(fds.add, os.pipe())
-        fds.block_read, fds.block_write = map(fds.add, os.pipe())
+        fds.open(bpf)
         yield fds
     finally:
         fds.close_all()
@@ -220,19 +209,8 @@ def _find_bwrap() -> str:
 
 @functools.cache
 def bwrap_version(executable: str) -> str | None:
-    try:
-        out = subprocess.run(
-            [executable, "--version"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-            env={},
-            cwd="/",
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.split()[-1] if out.split() else None
+    line = version_line(executable)  # "bubblewrap 0.8.0"
+    return line.split()[-1] if line and line.split() else None
 
 
 @functools.cache

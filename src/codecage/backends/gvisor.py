@@ -47,7 +47,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from codecage.backends.base import ExitStatus, HostOverhead, LaunchSpec, OnCreated, SandboxProcess
+from codecage.backends.base import (
+    ExitStatus,
+    HostOverhead,
+    LaunchSpec,
+    OnCreated,
+    SandboxProcess,
+    version_line,
+)
 from codecage.errors import HostError, SandboxError
 from codecage.isolation import rootfs, seccomp
 from codecage.models import LayerStatus
@@ -586,20 +593,8 @@ def _find_runsc() -> str:
 
 @functools.cache
 def runsc_version(executable: str) -> str | None:
-    try:
-        out = subprocess.run(
-            [executable, "--version"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-            env={"PATH": os.defpath},
-            cwd="/",
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    first = out.splitlines()[0].split() if out.strip() else []
-    return first[-1] if first else None
+    line = version_line(executable)  # "runsc version 0.0~20221219.0"
+    return line.split()[-1] if line and line.split() else None
 
 
 @functools.cache

@@ -34,13 +34,19 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from codecage.backends.base import ExitStatus, LaunchSpec, OnCreated, SandboxProcess
+from codecage.backends.base import (
+    ExitStatus,
+    LauncherFds,
+    LaunchSpec,
+    OnCreated,
+    SandboxProcess,
+    spawn,
+)
 from codecage.errors import HostError, SandboxError
 from codecage.guest import contract
 from codecage.isolation import landlock, rootfs
@@ -149,33 +155,29 @@ class LandlockBackend:
             os.write(fds.config, json.dumps(config).encode())
             os.lseek(fds.config, 0, os.SEEK_SET)
             argv = [self.python, "-I", "-S", "-B", str(_LAUNCHER), "--config-fd", str(fds.config)]
-            try:
-                popen = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    pass_fds=(
-                        fds.config,
-                        fds.seccomp,
-                        fds.block_read,
-                        fds.ready_write,
-                        spec.control_fd,
-                        spec.bridge_fd,
-                    ),
-                    env={},
-                    cwd=spec.cwd,
-                    start_new_session=True,  # its own session and process group
-                )
-            except OSError as exc:
-                raise SandboxError(f"cannot start the sandbox: {exc}") from exc
-            process = SandboxProcess(popen, exit_status)
+            # Its own session (the launcher makes it so: setsid), never a process group
+            # of the host's; nothing inherited but these fds.
+            process = spawn(
+                argv,
+                pass_fds=(
+                    fds.config,
+                    fds.seccomp,
+                    fds.block_read,
+                    fds.ready_write,
+                    spec.control_fd,
+                    spec.bridge_fd,
+                ),
+                env={},
+                cwd=spec.cwd,
+                exit_status=exit_status,
+                new_session=True,
+            )
             try:
                 fds.close_sandbox_ends()
                 # The launcher says it has become the sandbox's identity (or it dies: EOF,
                 # and its stderr says why); only then is it checked and put in its cgroup.
                 if os.read(fds.ready_read, 1) and on_created is not None:
-                    on_created(popen.pid)
+                    on_created(process.pid)
                 with contextlib.suppress(OSError):  # the launcher died; its stderr says why
                     os.write(fds.block_write, b"1")
             except BaseException:
@@ -343,44 +345,25 @@ def write_tree(tree: Tree, *, identity: object = None) -> None:
 # --- fds ------------------------------------------------------------------------------
 
 
-class _Fds:
-    """The launcher's fds besides the guest's: its config and the seccomp filter (memfds)
-    and the block pipe (host -> launcher); each closed once."""
+class _Fds(LauncherFds):
+    """The launcher's config and the seccomp filter (memfds), the block pipe (host ->
+    launcher) and the ready pipe (launcher -> host: it has become the sandbox's identity)."""
 
-    def __init__(self) -> None:
-        self._open: set[int] = set()
-        self.config = self.seccomp = self.block_read = self.block_write = -1
-        self.ready_read = self.ready_write = -1
+    sandbox_ends = ("config", "seccomp", "block_read", "ready_write")
+    config = seccomp = block_read = block_write = ready_read = ready_write = -1
 
-    def add(self, fd: int) -> int:
-        self._open.add(fd)
-        return fd
-
-    def close(self, fd: int) -> None:
-        if fd in self._open:
-            self._open.discard(fd)
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-    def close_sandbox_ends(self) -> None:
-        for fd in (self.config, self.seccomp, self.block_read, self.ready_write):
-            self.close(fd)
-
-    def close_all(self) -> None:
-        for fd in list(self._open):
-            self.close(fd)
+    def open(self, bpf: bytes) -> None:
+        self.config = self.memfd("codecage-landlock", b"")
+        self.seccomp = self.memfd("codecage-seccomp", bpf)
+        self.block_read, self.block_write = self.pipe()
+        self.ready_read, self.ready_write = self.pipe()
 
 
 @contextlib.contextmanager
 def _fds(bpf: bytes) -> Iterator[_Fds]:
     fds = _Fds()
     try:
-        fds.config = fds.add(os.memfd_create("codecage-landlock", os.MFD_CLOEXEC))
-        fds.seccomp = fds.add(os.memfd_create("codecage-seccomp", os.MFD_CLOEXEC))
-        os.write(fds.seccomp, bpf)
-        os.lseek(fds.seccomp, 0, os.SEEK_SET)
-        fds.block_read, fds.block_write = map(fds.add, os.pipe())
-        fds.ready_read, fds.ready_write = map(fds.add, os.pipe())
+        fds.open(bpf)
         yield fds
     finally:
         fds.close_all()
