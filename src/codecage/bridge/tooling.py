@@ -259,6 +259,8 @@ def _temporary_tree() -> Path:
         )
     )
     atexit.register(shutil.rmtree, path, ignore_errors=True)
+    # Like a run's directory: the sandbox's own host id (issue 20) passes through to bind it.
+    path.chmod(workspaces.run_dir_mode())
     return path / "servers"
 
 
