@@ -47,7 +47,10 @@ DegradedOpt = Annotated[
 BackendOpt = Annotated[
     str,
     typer.Option(
-        "--backend", help="Isolation backend: auto, bwrap or gvisor.", envvar="CODECAGE_BACKEND"
+        "--backend",
+        help="Isolation backend: auto (bwrap, else gvisor: the config sets the order), bwrap, "
+        "gvisor, or landlock (no namespaces: a labelled fallback).",
+        envvar="CODECAGE_BACKEND",
     ),
 ]
 ProfileOpt = Annotated[
