@@ -150,3 +150,23 @@ KNOWN_GAPS: dict[str, dict[str, str]] = {
         ),
     },
 }
+
+
+NEEDS_ROOT: dict[str, str] = {
+    "gvisor": "codecage's gVisor backend runs runsc as root (not rootless)",
+}
+"""Backends an ordinary user cannot run: skipped as non-root, even under CI."""
+
+NONROOT_KNOWN_GAPS: dict[str, dict[str, str]] = {
+    "landlock": {
+        "test_every_capability_set_is_empty": (
+            "as non-root the launcher cannot empty the bounding set (that needs CAP_SETPCAP); "
+            "no_new_privs keeps the code from ever gaining a capability in it"
+        ),
+        "test_a_double_forked_daemon_ignoring_sigterm_is_gone_after_the_run": (
+            "no pid namespace and, as non-root, no cgroup: a daemon that left the run's "
+            "session is not found when the run ends"
+        ),
+    },
+}
+"""Gaps of a backend only when codecage runs as an ordinary user (strict xfails)."""

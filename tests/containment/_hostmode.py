@@ -70,6 +70,9 @@ NULL_BASELINE_HOLDS: dict[str, str] = {
     "test_the_code_runs_as_an_unprivileged_user_and_group": (
         f"{_HOST_REFUSES}: the test runner is already an unprivileged user"
     ),
+    "test_rlimit_nproc_applies_to_the_sandbox_user": (
+        f"{_HOST_REFUSES}: the kernel applies RLIMIT_NPROC to every user but root"
+    ),
     "test_a_socket_of_a_network_family_cannot_be_created[null-AF_PACKET-SOCK_RAW-0]": (
         f"{_HOST_REFUSES}: packet sockets need CAP_NET_RAW"
     ),

@@ -20,7 +20,7 @@ from codecage.errors import CodecageError
 from codecage.isolation import cgroups, tmpfs
 from conftest import _run_sandboxed, _run_unsandboxed
 
-from ._backends import BACKENDS_UNDER_TEST, KNOWN_GAPS
+from ._backends import BACKENDS_UNDER_TEST, KNOWN_GAPS, NEEDS_ROOT, NONROOT_KNOWN_GAPS
 from ._hostmode import NONROOT_GAPS, null_baseline_holds
 from ._support import Runner
 
@@ -31,6 +31,8 @@ _BACKEND_PARAMS = ("runner", "sandbox")
 def sandbox_on(backend: str) -> Sandbox:
     """One Sandbox per backend for the whole session (the import policy and scrubbing off,
     as in the root conftest: the OS layers are what is tested)."""
+    if os.geteuid() != 0 and backend in NEEDS_ROOT:
+        pytest.skip(f"not as an ordinary user: {NEEDS_ROOT[backend]}")
     if backend not in _sandboxes:
         try:
             _sandboxes[backend] = Sandbox(backend=backend, import_policy=False, scrub=False)
@@ -88,6 +90,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             or gaps.get(f"{name}[{case}]")
             or gaps.get(item.name.replace(f"[{backend}-", "[", 1))  # the id, less the backend
         )
+        if gap is None and nonroot:
+            gap = NONROOT_KNOWN_GAPS.get(backend, {}).get(name)
         if gap is not None:
             item.add_marker(pytest.mark.xfail(strict=True, reason=f"{backend}: {gap}"))
         if backend == "null":
