@@ -139,6 +139,23 @@ def test_a_lent_directory_is_given_to_the_sandbox_and_back(tmp_path: Path) -> No
 
 
 @root_only
+def test_a_file_linked_from_elsewhere_is_not_lent(tmp_path: Path) -> None:
+    """A hard link in a lent directory may be a host file too: giving it to the sandbox's id
+    would let the code write the host's copy."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("the host's", encoding="utf-8")
+    lent = tmp_path / "lent"
+    lent.mkdir()
+    os.link(elsewhere, lent / "linked")
+    (lent / "own").write_text("x", encoding="utf-8")
+
+    ownership.give(lent, SANDBOX.uid, SANDBOX.gid, skip_linked=True)
+
+    assert (lent / "own").stat().st_uid == SANDBOX.uid
+    assert elsewhere.stat().st_uid == 0
+
+
+@root_only
 def test_a_lent_workspace_comes_back_owned_by_its_owner(tmp_path: Path) -> None:
     owner_uid, owner_gid = 4321, 4321
     lent = tmp_path / "lent"

@@ -234,7 +234,7 @@ def prepare_workspace(
         root = workspaces.save_root(ws)
         cleanup.callback(_hand_back, ws.path, root, owner)
         if workspaces.ownership.needs_lending(owner, root.uid) and owner is not None:
-            workspaces.ownership.give(ws.path, owner.uid, owner.gid)
+            workspaces.ownership.give(ws.path, owner.uid, owner.gid, skip_linked=True)
     return ws
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from pathlib import Path
 
 from codecage.backends.base import Identity
@@ -30,8 +31,11 @@ def needs_lending(owner: Identity | None, path_uid: int) -> bool:
     return owner is not None and os.geteuid() == 0 and owner.uid != path_uid
 
 
-def give(ws_path: Path, uid: int, gid: int) -> int:
+def give(ws_path: Path, uid: int, gid: int, *, skip_linked: bool = False) -> int:
     """Make every entry under `ws_path` (and it) owned by uid:gid; return how many changed.
+    `skip_linked`: leave regular files with more than one hard link alone (when lending: such
+    a file may also be somewhere else on the host, which the sandbox must not be able to
+    write through it).
 
     Raises:
         SandboxError: `ws_path` itself is missing, a symlink or not a directory.
@@ -44,7 +48,7 @@ def give(ws_path: Path, uid: int, gid: int) -> int:
         if (st.st_uid, st.st_gid) != (uid, gid):
             os.fchown(root_fd, uid, gid)
             changed += 1
-        changed += _give_below(root_fd, uid, gid, 0, budget)
+        changed += _give_below(root_fd, uid, gid, 0, budget, skip_linked)
     finally:
         os.close(root_fd)
     if budget[0] <= 0:
@@ -52,13 +56,18 @@ def give(ws_path: Path, uid: int, gid: int) -> int:
     return changed
 
 
-def _give_below(dir_fd: int, uid: int, gid: int, depth: int, budget: list[int]) -> int:
+def _give_below(
+    dir_fd: int, uid: int, gid: int, depth: int, budget: list[int], skip_linked: bool
+) -> int:
     entries, scanned, _more = fds.scan(dir_fd, budget[0])
     budget[0] -= scanned
     changed = 0
     for entry in entries:
         try:
             st = os.stat(entry.name, dir_fd=dir_fd, follow_symlinks=False)
+            if skip_linked and stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                log.warning("workspace_linked_file_not_lent", extra={"links": st.st_nlink})
+                continue
             if (st.st_uid, st.st_gid) != (uid, gid):
                 os.chown(entry.name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
                 changed += 1
@@ -71,7 +80,7 @@ def _give_below(dir_fd: int, uid: int, gid: int, depth: int, budget: list[int]) 
         except OSError:
             continue  # replaced by a symlink (ELOOP) or gone since it was listed
         try:
-            changed += _give_below(child, uid, gid, depth + 1, budget)
+            changed += _give_below(child, uid, gid, depth + 1, budget, skip_linked)
         finally:
             os.close(child)
     return changed
