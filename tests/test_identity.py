@@ -117,6 +117,16 @@ def test_staging_makes_a_verified_world_readable_copy_once(
     assert (staged / "link").is_symlink()
     assert list((staged / "site-packages").iterdir()) == []  # kept as an empty mount point
     assert staging.readable(source, SANDBOX, skip=("site-packages",)) == staged  # once
+    # A tree whose source is gone is pruned when another is made (once per process).
+    gone = tmp_path / "gone"
+    gone.write_text("x", encoding="utf-8")
+    gone_stage = staging.readable(gone, SANDBOX)
+    gone.unlink()
+    staging._prune_once.cache_clear()
+    staging.readable(tmp_path / "home" / "lib" / "pkg", SANDBOX)  # makes a new tree
+    assert not gone_stage.parent.exists()
+    assert staged.exists()
+
     stage_root = (tmp_path / "stage").stat()  # no other local user may enter it
     assert (stage_root.st_uid, stage_root.st_gid) == (0, SANDBOX.gid)
     assert stat.S_IMODE(stage_root.st_mode) == 0o710

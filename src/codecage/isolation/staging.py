@@ -27,6 +27,7 @@ import shutil
 import stat
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from codecage.backends.base import Identity
@@ -62,8 +63,35 @@ def _staged(source: Path, skip: tuple[str, ...], gid: int) -> Path:
     with _LOCK:
         _open_stage_root_to(gid)
         if not (target.parent / _COMPLETE).is_file():
+            _prune_once()
             _make(source, target, skip)
     return target
+
+
+_ABANDONED_AFTER_S = 3600.0  # a half-made tree this old was left by a crash
+
+
+@functools.cache
+def _prune_once() -> None:
+    """Remove, once per process, the staged trees whose source is gone (a test's or a
+    removed checkout's cache, a deleted skills directory) and the half-made trees a crash
+    left. A tree whose source still exists is kept, even when it is an older copy: another
+    process's sandbox may be using it."""
+    with contextlib.suppress(OSError):
+        for entry in STAGE_ROOT.iterdir():
+            if _stale(entry):
+                shutil.rmtree(entry, ignore_errors=True)
+                log.info("staging.pruned", extra={"tree": entry.name})
+
+
+def _stale(entry: Path) -> bool:
+    try:
+        if entry.name.startswith(".staging-"):
+            return time.time() - entry.lstat().st_mtime > _ABANDONED_AFTER_S
+        source = (entry / _COMPLETE).read_text(encoding="utf-8").strip()
+    except OSError:
+        return False
+    return bool(source) and not os.path.lexists(source)
 
 
 def _open_stage_root_to(gid: int) -> None:
