@@ -525,6 +525,7 @@ def _run_user_code(request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         "return_value": None,
     }
     main_module = _fresh_main_module(filename)
+    _keep_output_on_kill()
     # The source has no file in the sandbox: linecache (tracebacks, inspect) asks this.
     setattr(main_module, "__loader__", _SourceLoader(source))  # noqa: B010 - not its type
     exit_code = 0
@@ -543,6 +544,20 @@ def _run_user_code(request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     # the main process's (the one whose exit it observes).
     report["pid"] = os.getpid()
     return exit_code, report
+
+
+def _keep_output_on_kill() -> None:
+    """Line-buffer stdout (stderr already is): a run killed by its timeout, its memory or
+    CPU limit, or ended by os._exit never gets to flush, and what it printed before must
+    reach the host anyway. One write per line, as in a terminal; a line not yet ended when
+    the kill comes is still lost."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(line_buffering=True)
+            except (ValueError, OSError):  # replaced by the code earlier, or closed
+                continue
 
 
 def _fresh_main_module(filename: str) -> types.ModuleType:
