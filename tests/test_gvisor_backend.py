@@ -196,3 +196,10 @@ def test_the_warm_pool_runs_on_gvisor() -> None:
         sb.warm()
         results = [sb.run(f"{i} * 2") for i in range(3)]
     assert [(r.status, r.return_value) for r in results] == [("ok", 0), ("ok", 2), ("ok", 4)]
+
+
+@needs_runsc
+def test_the_codes_uid_has_a_name(sandbox: Sandbox) -> None:
+    """gVisor maps no ids: /etc/passwd names the uid the code really has."""
+    r = sandbox.run("import os, pwd\nprint(pwd.getpwuid(os.getuid()).pw_name)")
+    assert (r.status, r.stdout) == ("ok", "sandbox\n"), r.error

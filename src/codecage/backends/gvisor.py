@@ -33,6 +33,7 @@ How one sandbox starts (`GvisorBackend.start`):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -298,7 +299,7 @@ class _Bundle:
             bundle.state_dir.mkdir(mode=0o700)
             bundle.handoff_dir.mkdir(mode=0o755)
             bundle.rootfs.mkdir(mode=0o755)
-            mounts = _oci_mounts(spec.mounts, bundle.rootfs)
+            mounts = _oci_mounts(_with_own_etc(spec, bundle.dir / "etc"), bundle.rootfs)
             mounts.append(_bind(HANDOFF_DIR, str(bundle.handoff_dir), read_only=True))
             _mount_point(bundle.rootfs, HANDOFF_DIR, directory=True)
             config = _config(spec, mounts)
@@ -342,6 +343,18 @@ def guest_ids(spec: LaunchSpec) -> tuple[int, int]:
     if spec.identity is not None:
         return spec.identity.uid, spec.identity.gid
     return rootfs.SANDBOX_UID, rootfs.SANDBOX_GID
+
+
+def _with_own_etc(spec: LaunchSpec, etc_dir: Path) -> tuple[rootfs.Mount, ...]:
+    """The mounts with /etc/passwd and /etc/group naming the guest's own ids: gVisor maps
+    none, so the engine's (uid 1000) would leave the code's uid without a name (`getpass`,
+    `pwd.getpwuid` fail)."""
+    uid, gid = guest_ids(spec)
+    rootfs.write_etc(etc_dir, uid, gid)
+    own = {"/etc/passwd": etc_dir / "passwd", "/etc/group": etc_dir / "group"}
+    return tuple(
+        dataclasses.replace(m, source=str(own[m.dest])) if m.dest in own else m for m in spec.mounts
+    )
 
 
 def _give_workspace(spec: LaunchSpec) -> None:

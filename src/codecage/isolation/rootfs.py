@@ -230,14 +230,13 @@ def guest_package_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "guest"
 
 
-def write_etc(etc_dir: Path) -> None:
-    """Write the sandbox's synthetic /etc: one user, one group, localhost."""
+def write_etc(etc_dir: Path, uid: int = SANDBOX_UID, gid: int = SANDBOX_GID) -> None:
+    """Write the sandbox's synthetic /etc: one user (`uid`, `gid`: the ids the code runs
+    as inside), one group, localhost."""
     etc_dir.mkdir(mode=0o755)
     files = {
-        "passwd": (
-            f"sandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:codecage sandbox:{WORKSPACE}:/nonexistent\n"
-        ),
-        "group": f"sandbox:x:{SANDBOX_GID}:\n",
+        "passwd": f"sandbox:x:{uid}:{gid}:codecage sandbox:{WORKSPACE}:/nonexistent\n",
+        "group": f"sandbox:x:{gid}:\n",
         "hosts": "127.0.0.1 localhost\n::1 localhost\n",
         "hostname": "sandbox\n",
     }
