@@ -608,9 +608,13 @@ def _execute(code: types.CodeType, namespace: dict[str, Any]) -> Any:
     return namespace.pop(_RESULT_NAME, None)
 
 
+_PLAIN_ARRAY_MAX_ITEMS = 10_000  # a bigger array comes back as its (bounded) repr
+
+
 def _encode_return_value(value: Any, max_bytes: int) -> Any:
     if value is None:
         return None
+    value = _plain(value)
     try:
         encoded = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError, RecursionError):
@@ -627,6 +631,21 @@ def _encode_return_value(value: Any, max_bytes: int) -> Any:
             }
         )
     return text
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python number or bool it holds (`np.int64(8)` -> 8), a small
+    numpy array as nested lists: what the code meant, not its repr. Anything else as is."""
+    if getattr(type(value), "__module__", None) != "numpy":
+        return value
+    try:
+        if getattr(value, "ndim", None) == 0:
+            return value.item()
+        if getattr(value, "size", _PLAIN_ARRAY_MAX_ITEMS + 1) <= _PLAIN_ARRAY_MAX_ITEMS:
+            return value.tolist()
+    except Exception:  # the code's object: its repr is the fallback
+        return value
+    return value
 
 
 def _bounded_repr(value: Any, max_bytes: int) -> str:
