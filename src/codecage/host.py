@@ -188,7 +188,6 @@ class Host:
         # default detectors even when results are not scrubbed.
         self._asked_scrubber = self.scrubber or scrubbing.Scrubber()
         self.pool, self._owns_pool = self._pool(pool)
-        self._verdict: DoctorReport | None = None
         self._other_backends: dict[str, Backend] = {}
         self._other_backends_lock = threading.Lock()
 
@@ -253,13 +252,22 @@ class Host:
 
     def _failed_layers(self, backend: Backend) -> tuple[str, ...]:
         """The layers `backend`'s self-test finds missing here, less its gaps by design
-        (cached per process, and on disk while they pass)."""
-        key = selftest.cache_key(backend, self.identity.identity)
-        verdict = _PROCESS.verdict(
-            key, lambda: selftest.run_probes(backend, self.identity.identity)
-        )
+        (the Landlock fallback's: accepted by choosing it, and named in each result by
+        `backends.base.lost_layers`)."""
         gaps = selftest_gaps(backend)
-        return tuple(layer for layer in verdict.failed_layers() if layer not in gaps)
+        return tuple(
+            layer for layer in self._verdict_of(backend).failed_layers() if layer not in gaps
+        )
+
+    def _verdict_of(self, backend: Backend) -> DoctorReport:
+        """`backend`'s self-test verdict for this host's sandbox ids: once per process, and
+        from the disk cache while it passes."""
+
+        def prove() -> DoctorReport:
+            log.info("sandbox.selftest", extra={"backend": backend.name})
+            return selftest.run_probes(backend, self.identity.identity)
+
+        return _PROCESS.verdict(selftest.cache_key(backend, self.identity.identity), prove)
 
     def _pool(self, pool: bool | Pool | None) -> tuple[Pool | None, bool]:
         if isinstance(pool, Pool):
@@ -461,25 +469,14 @@ class Host:
         """
         if not self._selftest:
             return ()
-        if self._verdict is None:
-            key = selftest.cache_key(self.backend, self.identity.identity)
-            self._verdict = _PROCESS.verdict(key, self._prove)
-        # A backend's gaps by design (the Landlock fallback's) were accepted by choosing
-        # it, and each result names them (backends.base.lost_layers).
-        gaps = selftest_gaps(self.backend)
-        missing = tuple(layer for layer in self._verdict.failed_layers() if layer not in gaps)
+        missing = self._failed_layers(self.backend)
         if missing and not self.allow_degraded:
-            details = "; ".join(
-                f"{p.layer}: {p.detail}" for p in self._verdict.probes if not p.passed
-            )
+            verdict = self._verdict_of(self.backend)
+            details = "; ".join(f"{p.layer}: {p.detail}" for p in verdict.probes if not p.passed)
             raise HostError(f"isolation layers missing on this host: {details}")
         if missing:
             log.warning("sandbox.degraded", extra={"missing": list(missing)})
         return missing
-
-    def _prove(self) -> DoctorReport:
-        log.info("sandbox.selftest", extra={"backend": self.backend.name})
-        return self.doctor()
 
     def doctor(self) -> DoctorReport:
         """Prove each layer by running probes in a real sandbox (never cached).
