@@ -165,8 +165,9 @@ NONROOT_KNOWN_GAPS: dict[str, dict[str, str]] = {
         ),
         "test_a_double_forked_daemon_ignoring_sigterm_is_gone_after_the_run": (
             "no pid namespace and, as non-root, no cgroup: a daemon that left the run's "
-            "session is not found when the run ends"
+            "session is not found when the run ends (racy: sometimes it is gone by then)"
         ),
     },
 }
-"""Gaps of a backend only when codecage runs as an ordinary user (strict xfails)."""
+"""Gaps of a backend only when codecage runs as an ordinary user: xfails, not strict (a
+daemon's race can make one pass by chance)."""

@@ -90,8 +90,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             or gaps.get(f"{name}[{case}]")
             or gaps.get(item.name.replace(f"[{backend}-", "[", 1))  # the id, less the backend
         )
-        if gap is None and nonroot:
-            gap = NONROOT_KNOWN_GAPS.get(backend, {}).get(name)
+        racy = NONROOT_KNOWN_GAPS.get(backend, {}).get(name) if gap is None and nonroot else None
+        if racy is not None:  # may hold by chance: an xfail that is not strict
+            item.add_marker(pytest.mark.xfail(strict=False, reason=f"{backend}: {racy}"))
         if gap is not None:
             item.add_marker(pytest.mark.xfail(strict=True, reason=f"{backend}: {gap}"))
         if backend == "null":
