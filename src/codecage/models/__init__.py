@@ -19,10 +19,14 @@ from codecage.models.host import (
     ToolsState,
 )
 from codecage.models.result import (
+    DISPLAY_MIME_TYPES,
     EVENT_KINDS,
     MAX_CODE_BYTES,
     MAX_EVENT_DETAIL,
     STATUSES,
+    DisplayMime,
+    DisplayOutput,
+    DisplaySource,
     ErrorInfo,
     Event,
     EventKind,
@@ -68,6 +72,7 @@ from codecage.models.wire import (
 
 __all__ = [
     "DEFAULT_REPLY_MAX_TOKENS",
+    "DISPLAY_MIME_TYPES",
     "EVENT_KINDS",
     "MAX_CODE_BYTES",
     "MAX_EVENT_DETAIL",
@@ -85,6 +90,9 @@ __all__ = [
     "BridgeRequest",
     "CallToolRequest",
     "Ceilings",
+    "DisplayMime",
+    "DisplayOutput",
+    "DisplaySource",
     "DoctorReport",
     "ErrorInfo",
     "Event",

@@ -34,6 +34,8 @@ EventKind = Literal[
     "tool_call",
     "bridge_closed",
     "reply_trimmed",
+    "display_truncated",
+    "session_ended",
 ]
 """Things worth knowing that happened during a run (see docs/security-model.md)."""
 
@@ -90,6 +92,37 @@ class FileInfo(Model):
         """The path as it is on disk, for `workspace.read_file`: `path` itself unless
         neutralising changed it. A FileInfo read back from JSON only has `path`."""
         return self.path if self._raw_path is None else self._raw_path
+
+
+DisplayMime = Literal[
+    "text/plain",
+    "text/markdown",
+    "text/html",
+    "image/png",
+    "image/jpeg",
+    "image/svg+xml",
+    "application/json",
+]
+"""The MIME types a display output may carry (a notebook's), text first, richest last."""
+
+DISPLAY_MIME_TYPES: tuple[DisplayMime, ...] = DisplayMime.__args__  # type: ignore[attr-defined]
+
+DisplaySource = Literal["display", "figure", "last_expression"]
+"""What made a display output: `display(obj)`, a matplotlib figure (at `plt.show()` or at
+the end of the run), or the value of the run's last expression."""
+
+
+class DisplayOutput(Model):
+    """One rich output of a run, in the order the code made it: a MIME bundle, as a
+    notebook cell has them. Text types hold text; image/png and image/jpeg hold base64;
+    application/json holds a JSON value. Every bundle has text/plain."""
+
+    index: int = Field(ge=0, description="Position among the run's display outputs.")
+    source: DisplaySource = Field(description="display, figure or last_expression.")
+    data: dict[DisplayMime, Any] = Field(
+        description="MIME type -> content: text, base64 for raster images, JSON for "
+        "application/json. text/plain is always there."
+    )
 
 
 class Usage(Model):
@@ -217,6 +250,14 @@ class ExecutionResult(Model):
         description="What else happened: blocked imports or syscalls, truncation, tool calls."
     )
     backend: str = Field(description="The isolation backend that ran the code.")
+    displays: list[DisplayOutput] = Field(
+        default_factory=list,
+        description="Rich outputs in order (figures, display(obj), the last expression's "
+        "rich form), as MIME bundles; empty when the code made none.",
+    )
+    session_id: str | None = Field(
+        None, description="The session the run belongs to; null for a one-off run."
+    )
     redactions: dict[str, int] = Field(
         default_factory=dict,
         description="How many values the host replaced by a placeholder ([EMAIL], [SECRET], "
