@@ -131,11 +131,18 @@ def structured(result: CallToolResult) -> dict[str, Any]:
 # --- tools -------------------------------------------------------------------------------
 
 
-async def test_the_server_lists_three_tools_with_descriptions_and_parameter_schemas(
+async def test_the_server_lists_its_tools_with_descriptions_and_parameter_schemas(
     stdio: StdioServer,
 ) -> None:
     tools = {t.name: t for t in (await stdio.client.list_tools()).tools}
-    assert set(tools) == {"execute_code", "validate_code", "get_sandbox_info"}
+    assert set(tools) == {
+        "execute_code",
+        "validate_code",
+        "get_sandbox_info",
+        "open_session",
+        "close_session",
+        "list_sessions",
+    }
     for tool in tools.values():
         assert tool.description and len(tool.description) > 20, tool.name
         assert tool.input_schema["type"] == "object", tool.name
@@ -148,8 +155,10 @@ async def test_the_server_lists_three_tools_with_descriptions_and_parameter_sche
         "memory_limit_mb",
         "files",
         "return_files",
+        "session_id",
     }
     assert tools["execute_code"].input_schema.get("required") == ["code"]
+    assert "ctx" not in tools["execute_code"].input_schema["properties"]
     assert set(tools["validate_code"].input_schema["properties"]) >= {"code", "profile"}
     assert set(tools["get_sandbox_info"].input_schema.get("properties", {})) == {"detail"}
 
@@ -375,7 +384,8 @@ async def test_bad_arguments_are_a_tool_error_and_the_server_keeps_serving(
 
 
 EXECUTE_CODE_ARGUMENTS = (
-    "code, timeout, profile, allowed_imports, memory_limit_mb, files, return_files, backend"
+    "code, timeout, profile, allowed_imports, memory_limit_mb, files, return_files, backend, "
+    "session_id"
 )
 
 

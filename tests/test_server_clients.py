@@ -35,7 +35,14 @@ CONFORMANCE_PACKAGE = TOOLS / "@modelcontextprotocol" / "conformance"
 # The Inspector picks the protocol by era: "legacy" is the 2025-11-25 initialize handshake,
 # "modern" pins 2026-07-28 (server/discover, no fallback).
 ERAS = {"2025-11-25": "legacy", "2026-07-28": "modern"}
-TOOL_NAMES = {"execute_code", "validate_code", "get_sandbox_info"}
+TOOL_NAMES = {
+    "execute_code",
+    "validate_code",
+    "get_sandbox_info",
+    "open_session",
+    "close_session",
+    "list_sessions",
+}
 
 # The conformance suite's server scenarios that need no test_* tool of the suite's own.
 # (tools-call-error calls the suite's `test_error_handling`, which codecage does not have:

@@ -11,8 +11,10 @@ from codecage.errors import (
     ConfigError,
     HostError,
     SandboxError,
+    SessionError,
 )
 from codecage.models import (
+    DisplayOutput,
     DoctorReport,
     ErrorInfo,
     Event,
@@ -25,6 +27,7 @@ from codecage.models import (
     Usage,
 )
 from codecage.sandbox import Sandbox
+from codecage.session import Session
 
 __version__ = "0.1.0"
 
@@ -32,6 +35,7 @@ __all__ = [
     "BridgeError",
     "CodecageError",
     "ConfigError",
+    "DisplayOutput",
     "DoctorReport",
     "ErrorInfo",
     "Event",
@@ -44,6 +48,8 @@ __all__ = [
     "Sandbox",
     "SandboxError",
     "ScrubSettings",
+    "Session",
+    "SessionError",
     "Usage",
     "__version__",
 ]

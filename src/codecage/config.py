@@ -48,6 +48,12 @@ secrets_env = ["GITHUB_TOKEN"]        # values of these variables are redacted a
 [serve]                               # codecage serve (MCP)
 reply_max_tokens = 20000              # estimated tokens a tool reply may take at most
 
+[sessions]                            # state across runs, where a caller asks for it
+idle_ttl = 600                        # seconds unused before a session is closed
+lifetime = 3600                       # seconds a session lives at most
+cpu_seconds = 600                     # CPU seconds of all of one session's runs
+max_per_client = 4                    # open sessions per client (max_total per process)
+
 [mcpServers.memory]                   # upstream MCP servers, as in an MCP host's JSON
 command = "npx"                       # (used when no --mcp-config is given)
 args = ["-y", "@modelcontextprotocol/server-memory"]
@@ -86,7 +92,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 
 from codecage.errors import ConfigError
-from codecage.models import SCRUB_CATEGORIES, Limits, PoolConfig, ScrubSettings, ServeSettings
+from codecage.models import (
+    SCRUB_CATEGORIES,
+    Limits,
+    PoolConfig,
+    ScrubSettings,
+    ServeSettings,
+    SessionSettings,
+)
 from codecage.policy.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE
 
 ENV_CONFIG = "CODECAGE_CONFIG"
@@ -170,6 +183,7 @@ class ConfigFile(_FileModel):
     pool: PoolConfig = Field(PoolConfig(), description="The warm pool.")
     scrub: ScrubSettings = Field(ScrubSettings(), description="Scrubbing of results.")
     serve: ServeSettings = Field(ServeSettings(), description="Settings of `codecage serve`.")
+    sessions: SessionSettings = Field(SessionSettings(), description="Sessions' limits.")
     tools: ToolsFile = Field(ToolsFile(), description="Tool trees and allow-list.")
     packages: PackagesFile = Field(PackagesFile(), description="Packages the operator added.")
     sandbox: SandboxFile = Field(SandboxFile(), description="Who sandboxes are on the host.")
@@ -197,6 +211,7 @@ class Settings:
     pool: PoolConfig = field(default_factory=PoolConfig)
     scrub: ScrubSettings = field(default_factory=ScrubSettings)
     serve: ServeSettings = field(default_factory=ServeSettings)
+    sessions: SessionSettings = field(default_factory=SessionSettings)
     tools: ToolsFile = field(default_factory=ToolsFile)
     packages: PackagesFile = field(default_factory=PackagesFile)
     sandbox: SandboxFile = field(default_factory=SandboxFile)
@@ -287,6 +302,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
         pool=pool,
         scrub=scrub,
         serve=serve,
+        sessions=parsed.sessions,
         tools=parsed.tools,
         packages=parsed.packages,
         sandbox=parsed.sandbox,

@@ -5,6 +5,7 @@ CodecageError            anything codecage could not do; `.hint` says what to do
 ├── ConfigError          refused before anything ran (bad limits, bad arguments)
 ├── HostError            this host cannot give the isolation asked for
 ├── SandboxError         the sandbox itself failed, not the user's code
+├── SessionError         no such session, or it ended (expired, closed, its interpreter died)
 └── BridgeError          the tool bridge failed (e.g. writing the generated tool tree)
 ```
 
@@ -65,6 +66,7 @@ SETTINGS: dict[str, Spelling] = {
     "workspace": Spelling(cli="--workspace", library="workspace", mcp=None),
     "allow_degraded": Spelling(cli="--allow-degraded", library="allow_degraded", mcp=None),
     "config": Spelling(cli="--config", library="config", mcp=None),
+    "session_id": Spelling(cli="--session", library="Session.run", mcp="session_id"),
     "reply_max_tokens": Spelling(
         cli="--reply-max-tokens", library="ServerLimits(reply_max_tokens=...)", mcp=None
     ),
@@ -76,6 +78,11 @@ _COMMANDS: dict[str, dict[Face, str]] = {
         "cli": "`codecage info`",
         "library": "`Sandbox().info()`",
         "mcp": "the get_sandbox_info tool",
+    },
+    "open_session": {
+        "cli": "`codecage session open`",
+        "library": "`Sandbox().session()`",
+        "mcp": "the open_session tool",
     },
     "doctor": {
         "cli": "`codecage doctor`",
@@ -168,6 +175,13 @@ class HostError(CodecageError):
 
 class SandboxError(CodecageError):
     """The sandbox failed to start or to report, through no fault of the user's code."""
+
+
+class SessionError(CodecageError):
+    """A session could not be used: unknown, ended (expired, closed, its interpreter died),
+    or one too many."""
+
+    default_hint = "open a new session with {open_session}"
 
 
 class BridgeError(CodecageError):

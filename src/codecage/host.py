@@ -18,6 +18,7 @@ the self-test verdict memo and its lock) is `_PROCESS`, in this module only.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import threading
@@ -42,6 +43,7 @@ from codecage.bridge import channel as bridge
 from codecage.bridge import tooling
 from codecage.config import Settings
 from codecage.engine import selftest
+from codecage.engine import session as sessions_engine
 from codecage.engine.pool import Pool
 from codecage.errors import ConfigError, Face, HostError
 from codecage.isolation import cgroups, rootfs, seccomp, tmpfs
@@ -68,7 +70,7 @@ from codecage.policy.profiles import ImportPolicy
 from codecage.policy.scrub import apply as redaction
 
 if TYPE_CHECKING:
-    from codecage.bridge.broker import Broker
+    from codecage.bridge.broker import Broker, RunTools
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,25 @@ class Request:
     strict: bool = False  # validate first; a refusal is a `blocked` result
     face: Face = "library"
     backend: str | None = None  # one of `Host.call_backends`; None: the host's own
+    session_id: str | None = None  # run in this open session (see `Host.open_session`)
+    client: str = ""  # who asks: a session is used by the client that opened it only
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRequest:
+    """A session as a face asks for it. `limits` hold for the whole session (memory,
+    processes, disk) and are the defaults of its runs (timeout, CPU seconds, output)."""
+
+    limits: Limits
+    policy: ImportPolicy | None
+    idle_ttl: float | None = None  # None: the settings' [sessions]
+    lifetime: float | None = None
+    client: str = ""
+    face: Face = "library"
+
+
+_PER_RUN_LIMITS = frozenset({"timeout", "cpu_seconds", "max_output_bytes"})
+"""What a run in a session may set for itself; the rest is the session's."""
 
 
 class _ProcessWide:
@@ -190,6 +211,7 @@ class Host:
         self.pool, self._owns_pool = self._pool(pool)
         self._other_backends: dict[str, Backend] = {}
         self._other_backends_lock = threading.Lock()
+        self.sessions = sessions_engine.Sessions(settings.sessions)
 
     @property
     def call_backends(self) -> tuple[str, ...]:
@@ -341,20 +363,38 @@ class Host:
             blocked = self._blocked_by_validation(request)
             if blocked is not None:
                 return redaction.scrub_result(blocked, self.scrubber)
+        if request.session_id is not None:
+            return redaction.scrub_result(self._run_in_session(request), self.scrubber)
         return redaction.scrub_result(self._execute(request), self.scrubber)
+
+    def _tools_for(self, request: Request) -> RunTools | None:
+        if self.tools is None:
+            return None
+        return self.tools.for_run(
+            allowed_tools=request.allowed_tools,
+            scrubber=self._asked_scrubber,
+            tokenize=self.tokenize,
+        )
 
     def _execute(self, request: Request) -> ExecutionResult:
         backend = self.backend_for(request.backend)
-        tools = (
-            self.tools.for_run(
-                allowed_tools=request.allowed_tools,
-                scrubber=self._asked_scrubber,
-                tokenize=self.tokenize,
-            )
-            if self.tools
-            else None
-        )
-        run = engine.RunRequest(
+        tools = self._tools_for(request)
+        run = self._engine_request(request, backend, tools)
+        try:
+            waited_ms = 0
+            if self.pool is not None and run.workspace_dir is None and backend is self.backend:
+                result, waited_ms = self._run_warm(self.pool, run)
+                if result is not None:
+                    return _with_wait(result, waited_ms)
+            return _with_wait(engine.execute(run, backend), waited_ms)
+        finally:
+            if tools is not None:
+                tools.close()  # the run's token vault goes with it
+
+    def _engine_request(
+        self, request: Request, backend: Backend, tools: RunTools | None
+    ) -> engine.RunRequest:
+        return engine.RunRequest(
             code=request.code,
             filename=request.filename,
             limits=request.limits,
@@ -377,16 +417,72 @@ class Host:
             face=request.face,
             wider_profile=self.wider_profile,
         )
+
+    # --- sessions ----------------------------------------------------------------------------
+
+    def open_session(self, request: SessionRequest) -> sessions_engine.Session:
+        """Open a session: a sandbox of its own (from the pool when one of its spec is
+        warm, else started now) whose runs share one interpreter.
+
+        Raises:
+            SessionError: the client or this process has as many sessions as allowed.
+            HostError: the host cannot provide the isolation.
+            SandboxError: the sandbox failed to start.
+        """
+        engine.check_request("", "main.py", request.limits)
+        self.missing_layers()  # the self-test verdict, as before any run
+        terms = sessions_engine.SessionTerms(
+            limits=request.limits,
+            owner=request.client,
+            idle_ttl=request.idle_ttl,
+            lifetime=request.lifetime,
+            policy=request.policy,
+        )
+        return self.sessions.open(terms, lambda: self._session_sandbox(terms))
+
+    def _session_sandbox(
+        self, terms: sessions_engine.SessionTerms
+    ) -> tuple[engine.StartedSandbox, str, Callable[[engine.StartedSandbox], None]]:
+        """A ready sandbox for a new session, its backend's name and how to dispose of it.
+        Runs on the session registry's own thread (the sandbox lives as long as it)."""
+        spec = self._spec(terms.policy, terms.limits)
+        pool = self.pool
+        if pool is not None:
+            sandbox = pool.take(spec)
+            if sandbox is not None:
+                try:
+                    engine.apply_limits(sandbox, terms.limits)
+                except engine.LimitsNotApplicable:
+                    pool.release(sandbox, ran=False)
+                else:
+                    return sandbox, self.backend.name, pool.release
+        sandbox = engine.start(spec, terms.limits, self.backend)
         try:
-            waited_ms = 0
-            if self.pool is not None and run.workspace_dir is None and backend is self.backend:
-                result, waited_ms = self._run_warm(self.pool, run)
-                if result is not None:
-                    return _with_wait(result, waited_ms)
-            return _with_wait(engine.execute(run, backend), waited_ms)
+            engine.wait_ready(sandbox, _SESSION_START_TIMEOUT_S)
+        except BaseException:
+            sandbox.destroy()
+            raise
+        return sandbox, self.backend.name, engine.StartedSandbox.destroy
+
+    def _run_in_session(self, request: Request) -> ExecutionResult:
+        assert request.session_id is not None  # noqa: S101 - the caller checked
+        if request.workspace is not None:
+            raise ConfigError(
+                "a session has its own workspace; a workspace directory cannot be given",
+                hint="write files in the session's /workspace, or pass them as {files}",
+            )
+        session = self.sessions.get(request.session_id, request.client)
+        _check_session_limits(session.terms.limits, request.limits)
+        tools = self._tools_for(request)
+        run = self._engine_request(
+            dataclasses.replace(request, policy=session.terms.policy), self.backend, tools
+        )
+        engine.check_request(run.code, run.filename, run.limits, run.files)
+        try:
+            return session.run(run)
         finally:
             if tools is not None:
-                tools.close()  # the run's token vault goes with it
+                tools.close()
 
     def _scrub_asked(self, text: str) -> str:
         # Detectors only: the configured secrets would make it an oracle on them.
@@ -555,9 +651,30 @@ class Host:
         return self.pool.wait_ready(timeout) if self.pool is not None else False
 
     def close(self) -> None:
-        """Stop this Host's own pool, killing its idle sandboxes (a shared one stays)."""
+        """Close every session, then stop this Host's own pool, killing its idle sandboxes
+        (a shared one stays)."""
+        self.sessions.close_all()
         if self.pool is not None and self._owns_pool:
             self.pool.close()
+
+
+_SESSION_START_TIMEOUT_S = 60.0
+
+
+def _check_session_limits(session: Limits, run: Limits) -> None:
+    """A run in a session sets its own timeout, CPU seconds and output cap only: memory,
+    processes and disk are the session's, fixed when it was opened.
+
+    Raises:
+        ConfigError: the run asks for another value of one of those.
+    """
+    for name in Limits.model_fields:
+        if name not in _PER_RUN_LIMITS and getattr(run, name) != getattr(session, name):
+            raise ConfigError(
+                f"{name} is the session's ({getattr(session, name)}), set when it was "
+                f"opened; a run in it sets only timeout, cpu_seconds and max_output_bytes",
+                hint="open a new session with the limits you need ({open_session})",
+            )
 
 
 def resolve_policy(

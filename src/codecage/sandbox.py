@@ -1,4 +1,5 @@
-"""The library API: `Sandbox(...).run(code) -> ExecutionResult`, and its async twin.
+"""The library API: `Sandbox(...).run(code) -> ExecutionResult`, its async twin, and
+`Sandbox(...).session()` for state across runs (`codecage.session`).
 
 A thin facade over the host runtime (`codecage.host.Host`): the constructor loads the
 settings once and builds one `Host` with what is host-wide, keeps what is per run (the
@@ -32,6 +33,7 @@ from codecage.models import (
     ValidationReport,
 )
 from codecage.policy.profiles import ImportPolicy
+from codecage.session import Session, open_session
 
 if TYPE_CHECKING:
     from codecage.backends.base import Backend
@@ -262,6 +264,37 @@ class Sandbox:
             face=self.face,
         )
         return self.host.run(request)
+
+    def session(
+        self,
+        *,
+        ttl: float | None = None,
+        lifetime: float | None = None,
+        limits: Limits | dict[str, Any] | None = None,
+    ) -> Session:
+        """Open a session: one sandbox whose runs share an interpreter, so that globals,
+        imports and /workspace persist between them (`with sandbox.session() as s:`).
+
+        Args:
+            ttl: seconds the session may sit unused before it is closed (each run starts
+                the count again); default: the config's `[sessions] idle_ttl` (600).
+            lifetime: seconds it lives at most; default `[sessions] lifetime` (3600).
+            limits: the session's limits (memory, processes, disk for the whole session;
+                timeout, CPU seconds, output as its runs' defaults), as for `run`.
+
+        Raises:
+            SessionError: as many sessions are open as `[sessions] max_total` allows.
+            ConfigError: a limit is out of bounds.
+            HostError: the host cannot provide the isolation (see `doctor()`).
+            SandboxError: the sandbox failed to start.
+        """
+        for name, value in (("ttl", ttl), ("lifetime", lifetime)):
+            if value is not None and not 0 < value <= 7 * 86_400:
+                raise ConfigError(
+                    f"{name}={value!r} is not a number of seconds in (0, 604800]",
+                    hint=f"pass {name}=600 for ten minutes",
+                )
+        return open_session(self, ttl=ttl, lifetime=lifetime, limits=self._limits_for(limits))
 
     def warm(self, timeout: float = 60.0) -> bool:
         """Wait until the pool has its warm sandboxes ready; False on timeout or no pool."""

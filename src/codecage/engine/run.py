@@ -403,18 +403,34 @@ class LimitsNotApplicable(SandboxError):
     already use more memory than asked for): run the request in a fresh one instead."""
 
 
-def run_in(sandbox: StartedSandbox, request: RunRequest, *, backend_name: str) -> ExecutionResult:
-    """Run `request` in `sandbox` (started by `start`), which is used up by it; the caller
-    destroys it.
+@dataclass(frozen=True, slots=True)
+class SessionRun:
+    """A run in a session's sandbox (`engine.session`): the guest keeps its interpreter for
+    the next run, the cgroup keeps the session's limits, and the CPU the run may use is
+    its own seconds within what is left of the session's budget."""
+
+    cpu_limit_ms: int  # this run's CPU: its own seconds, within the session's budget left
+    session_cpu_seconds: int  # the whole session's (the guest's hard RLIMIT_CPU)
+
+
+def run_in(
+    sandbox: StartedSandbox,
+    request: RunRequest,
+    *,
+    backend_name: str,
+    session: SessionRun | None = None,
+) -> ExecutionResult:
+    """Run `request` in `sandbox` (started by `start`), which is used up by it (unless it
+    is a `session`'s, which is ready again afterwards if it lives); the caller destroys it.
 
     Raises:
         LimitsNotApplicable: the sandbox cannot take this request's limits; it is unused.
         SandboxError: the sandbox failed to start or broke down.
     """
-    if sandbox.used:
+    if sandbox.used and session is None:
         raise SandboxError("a sandbox runs one request only")
     limits = request.limits
-    baseline = _apply_late_limits(sandbox, limits)
+    baseline = _session_baseline(sandbox) if session else apply_limits(sandbox, limits)
     sandbox.used = True
     if request.files:
         if sandbox.workspace.owned is False:
@@ -430,7 +446,9 @@ def run_in(sandbox: StartedSandbox, request: RunRequest, *, backend_name: str) -
         code=request.code,
         filename=request.filename,
         limits=rlimits.guest_limits(
-            limits, by_cgroup=cgroup is not None and not sandbox.guest_rlimits
+            limits,
+            by_cgroup=cgroup is not None and not sandbox.guest_rlimits,
+            session_cpu_seconds=session.session_cpu_seconds if session else None,
         ),
         return_value_max_bytes=RETURN_VALUE_MAX_BYTES,
         profile=request.policy.profile if request.policy else "",
@@ -438,6 +456,7 @@ def run_in(sandbox: StartedSandbox, request: RunRequest, *, backend_name: str) -
         face=request.face,
         installed_packages=_hint_packages(request.policy, request.packages_dir),
         wider_profile=request.wider_profile,
+        session=session is not None,
     )
     tool_bridge = bridge.Channel(
         sandbox.channel.host_bridge,
@@ -447,10 +466,10 @@ def run_in(sandbox: StartedSandbox, request: RunRequest, *, backend_name: str) -
     )
     tool_bridge.start()
     try:
-        seen = _supervise(sandbox, request, guest_request, baseline)
+        seen = _supervise(sandbox, request, guest_request, baseline, session)
     finally:
         bridge_events = tool_bridge.stop()
-    if seen.reported:
+    if seen.reported and session is None:
         _tell_guest_to_stop(sandbox.channel.host_control)
     said, report_events = judge.guest_messages(seen)
     judge.check_started(seen, said)
@@ -491,7 +510,11 @@ def run_in(sandbox: StartedSandbox, request: RunRequest, *, backend_name: str) -
 
 
 def _supervise(
-    sandbox: StartedSandbox, request: RunRequest, guest_request: GuestRequest, baseline: _Baseline
+    sandbox: StartedSandbox,
+    request: RunRequest,
+    guest_request: GuestRequest,
+    baseline: _Baseline,
+    session: SessionRun | None,
 ) -> Observation:
     limits = request.limits
     warm = sandbox.ready_pid is not None
@@ -505,11 +528,12 @@ def _supervise(
         # A cold run's clock starts before the sandbox does; a warm one's at the request.
         started=time.monotonic() if warm else sandbox.started_at,
         wall_timeout_s=limits.timeout,
-        cpu_limit_ms=limits.cpu_seconds * 1000,
+        cpu_limit_ms=session.cpu_limit_ms if session else limits.cpu_seconds * 1000,
         cpu_baseline_ms=baseline.cpu_ms,
         output_cap_bytes=limits.max_output_bytes,
         cgroup=cgroup,
         cancel=request.cancel,
+        keep_open=session is not None,
     )
 
 
@@ -537,7 +561,16 @@ class _Baseline:
     oom_kills: int = 0
 
 
-def _apply_late_limits(sandbox: StartedSandbox, limits: Limits) -> _Baseline:
+def _session_baseline(sandbox: StartedSandbox) -> _Baseline:
+    """What a session's sandbox used before this run: its runs are measured apart."""
+    cgroup = sandbox.cgroup
+    if cgroup is None:
+        return _Baseline()
+    cgroups.reset_peak_memory(cgroup)
+    return _Baseline(cpu_ms=cgroups.cpu_usage_ms(cgroup) or 0, oom_kills=cgroups.oom_kills(cgroup))
+
+
+def apply_limits(sandbox: StartedSandbox, limits: Limits) -> _Baseline:
     cgroup = sandbox.cgroup
     if cgroup is None or sandbox.baseline is None:  # cold: made for this request
         return _Baseline()

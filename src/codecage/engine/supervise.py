@@ -41,8 +41,12 @@ def supervise(
     output_cap_bytes: int,
     cgroup: CgroupHandle | None,
     cancel: threading.Event | None = None,
+    keep_open: bool = False,
 ) -> Observation:
     """Send `request`, then read until the sandbox is gone or a limit ends it.
+
+    `keep_open`: a session's run, whose guest says "end" and waits for the next request
+    with the socket open: the "end" alone ends the run.
 
     `cpu_baseline_ms` is the cgroup's CPU time before the request (a warm sandbox's start).
 
@@ -122,6 +126,8 @@ def supervise(
                         seen.reported = (
                             exited_at is None and not seen.killed_by_host and messages.ended
                         )
+                    elif keep_open and messages.ended:
+                        seen.reported = exited_at is None and not seen.killed_by_host
                 elif not _read_into(fd, streams[fd].append):
                     sel.unregister(fd)
             if seen.reported:

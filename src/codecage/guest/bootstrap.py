@@ -13,6 +13,8 @@ the kinds, the fds, paths and caps are the contract's (contract.py, shared with 
 
 Then the main process stops itself (SIGSTOP) until the host destroys the sandbox; without
 the host's "stop" (or continued), it exits with the program's exit code (see _end_run).
+A session's "run" says `"session": true`: after its "end" (no SHUT_WR) the guest waits for
+the next "run" in the same interpreter, until the host closes the socket (_serve_session).
 Nothing it says is trusted by the host: the host judges the status itself and validates
 and bounds this report. This file is an island: it must not import anything from the host
 side of codecage (a test checks it); contract.py is the guest's own.
@@ -74,7 +76,7 @@ def main(argv: list[str]) -> int:
     main_pid = os.getpid()
     _send(control, {"v": contract.WIRE_VERSION, "kind": contract.KIND_READY, "pid": main_pid})
     request = _receive(control)
-    _apply_limits(request["limits"])
+    _apply_limits(request["limits"], session=bool(request.get("session")))
     sys.addaudithook(_audit)
     allowed = request.get("allowed_modules")  # None: no policy; with "*": nothing refused
     policy = None
@@ -82,17 +84,61 @@ def main(argv: list[str]) -> int:
         policy = _ImportCheck(allowed, _Refusal.of(request))
     _install_import_hook(policy)
     gc.freeze()  # what exists now is ours: the collections at the end skip it
-    exit_code, report = _run_user_code(request)
+    main_module = _fresh_main_module(str(request["filename"]))
+    if request.get("session"):
+        return _serve_session(control, main_pid, main_module, request)
+    exit_code, report = _run_user_code(request, main_module)
     _finish_like_python()
+    _report(control, report, exit_code)
+    if os.getpid() == main_pid:
+        _end_run(control, main_pid, exit_code)
+    return exit_code
+
+
+def _serve_session(
+    control: _socket.socket,
+    main_pid: int,
+    main_module: types.ModuleType,
+    request: dict[str, Any],
+) -> int:
+    """A session: run one request after another in the same interpreter and `__main__`,
+    so that globals, imports and open files persist between runs. Each run ends as a
+    single run does ("result", then "end"), but the socket stays open and the guest waits
+    for the next "run"; the host's closing the socket (or destroying the sandbox) ends it.
+    Nothing of a one-off run's exit work happens between runs (threads keep running,
+    atexit waits, globals stay)."""
+    while True:
+        _remember_source(str(request["filename"]), str(request["code"]))
+        exit_code, report = _run_user_code(request, main_module)
+        _report(control, report, exit_code)
+        if os.getpid() != main_pid:  # a process the code forked: it exits, as in a run
+            return exit_code
+        _send_end(control, main_pid, exit_code)
+        _events.clear()
+        try:
+            request = _receive(control)
+        except SystemExit:  # the host closed the session
+            _finish_like_python()
+            return 0
+        _apply_cpu_limit(request["limits"])
+
+
+def _remember_source(filename: str, source: str) -> None:
+    """A session's runs are named apart (run1.py, run2.py, ...) and their sources kept for
+    tracebacks: a function defined by one run and failing in a later one shows its line."""
+    import linecache  # sessions only: a one-off cold start does not pay for it
+
+    lines = source.splitlines(True)
+    linecache.cache[filename] = (len(source), None, lines, filename)
+
+
+def _report(control: _socket.socket, report: dict[str, Any], exit_code: int) -> None:
     report["events"] = [  # in the host's bounds: one long detail must not void the report
         {**event, "detail": event["detail"][: contract.MAX_EVENT_DETAIL]}
         for event in _events[:MAX_EVENTS]
     ]
     report["exit_code"] = exit_code
     _send(control, report)
-    if os.getpid() == main_pid:
-        _end_run(control, main_pid, exit_code)
-    return exit_code
 
 
 # --- control channel ------------------------------------------------------------------
@@ -230,14 +276,8 @@ def _end_run(control: _socket.socket, pid: int, exit_code: int) -> None:
     host not have heard the end (the code closed, replaced or flooded the socket), an exit
     is what it sees. Continued (SIGCONT), the process exits as before.
     """
-    line = b'\n{"v":%d,"kind":"%s","pid":%d,"exit_code":%d}\n' % (
-        contract.WIRE_VERSION,
-        contract.KIND_END.encode(),
-        pid,
-        exit_code,
-    )
     try:
-        control.sendall(line)
+        control.sendall(_end_line(pid, exit_code))
         control.shutdown(_socket.SHUT_WR)
         control.settimeout(_STOP_WAIT_S)
         answer = control.recv(64)
@@ -245,6 +285,23 @@ def _end_run(control: _socket.socket, pid: int, exit_code: int) -> None:
         return
     if answer == contract.STOP_LINE:
         os.kill(pid, _signal.SIGSTOP)
+
+
+def _end_line(pid: int, exit_code: int) -> bytes:
+    return b'\n{"v":%d,"kind":"%s","pid":%d,"exit_code":%d}\n' % (
+        contract.WIRE_VERSION,
+        contract.KIND_END.encode(),
+        pid,
+        exit_code,
+    )
+
+
+def _send_end(control: _socket.socket, pid: int, exit_code: int) -> None:
+    """A session run's "end": the host reads the run as over, the socket stays open."""
+    try:
+        control.sendall(_end_line(pid, exit_code))
+    except OSError:
+        pass  # the host is gone: the next receive ends the session
 
 
 def _receive(control: _socket.socket) -> dict[str, Any]:
@@ -265,13 +322,20 @@ def _receive(control: _socket.socket) -> dict[str, Any]:
 # --- limits and policy ---------------------------------------------------------------------
 
 
-def _apply_limits(limits: dict[str, Any]) -> None:
-    """Lower the rlimits before any user code runs; without CAP_SYS_RESOURCE they stay down."""
+def _apply_limits(limits: dict[str, Any], *, session: bool = False) -> None:
+    """Lower the rlimits before any user code runs; without CAP_SYS_RESOURCE they stay down.
+
+    A session's first run sets them for the whole session: the hard CPU limit is the
+    session's CPU budget, and each run lowers the soft one to its own (`_apply_cpu_limit`).
+    """
     # On top of what this process used before the request (a warm sandbox's start-up).
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = int(limits["cpu_seconds"]) + int(usage.ru_utime + usage.ru_stime + 0.999)
+    used = _cpu_used()
+    cpu = int(limits["cpu_seconds"]) + used
+    hard = cpu + 1
+    if session and limits.get("session_cpu_seconds") is not None:
+        hard = int(limits["session_cpu_seconds"]) + used
     # Soft limit sends SIGXCPU (kills: Python does not handle it); hard limit SIGKILL after.
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.setrlimit(resource.RLIMIT_CPU, (min(cpu, hard), hard))
     nofile = int(limits["max_open_files"])
     resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
     fsize = int(limits["max_file_size_bytes"])
@@ -283,6 +347,21 @@ def _apply_limits(limits: dict[str, Any]) -> None:
     if limits.get("address_space_bytes") is not None:
         address_space = int(limits["address_space_bytes"])
         resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
+
+def _cpu_used() -> int:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return int(usage.ru_utime + usage.ru_stime + 0.999)
+
+
+def _apply_cpu_limit(limits: dict[str, Any]) -> None:
+    """A later run of a session: its own CPU seconds from now on, within the session's
+    budget (the hard limit, which only goes down)."""
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    soft = int(limits["cpu_seconds"]) + _cpu_used()
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
@@ -515,7 +594,9 @@ class _Refusal:
 # --- running the code ---------------------------------------------------------------------
 
 
-def _run_user_code(request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+def _run_user_code(
+    request: dict[str, Any], main_module: types.ModuleType
+) -> tuple[int, dict[str, Any]]:
     filename = str(request["filename"])
     source = str(request["code"])
     max_value_bytes = int(request["return_value_max_bytes"])
@@ -524,7 +605,6 @@ def _run_user_code(request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         "kind": contract.KIND_RESULT,
         "return_value": None,
     }
-    main_module = _fresh_main_module(filename)
     _keep_output_on_kill()
     # The source has no file in the sandbox: linecache (tracebacks, inspect) asks this.
     setattr(main_module, "__loader__", _SourceLoader(source))  # noqa: B010 - not its type

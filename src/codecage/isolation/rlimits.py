@@ -19,7 +19,9 @@ SANDBOX_INIT_PROCESSES = 1
 code's: pids.max and RLIMIT_NPROC are max_processes plus this."""
 
 
-def guest_limits(limits: Limits, *, by_cgroup: bool) -> GuestLimits:
+def guest_limits(
+    limits: Limits, *, by_cgroup: bool, session_cpu_seconds: int | None = None
+) -> GuestLimits:
     """The rlimits the guest applies to itself before running user code (pure).
 
     With a cgroup, memory is limited for the sandbox as a whole, and the per-process
@@ -33,4 +35,5 @@ def guest_limits(limits: Limits, *, by_cgroup: bool) -> GuestLimits:
         max_file_size_bytes=limits.max_file_size_mb * _MiB,
         max_processes=limits.max_processes + SANDBOX_INIT_PROCESSES,
         address_space_bytes=None if by_cgroup else limits.memory_mb * _MiB,
+        session_cpu_seconds=session_cpu_seconds,
     )

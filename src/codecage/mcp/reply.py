@@ -121,6 +121,7 @@ class ExecutionReply(BaseModel):
     events: list[Event] = Field(description="What happened, e.g. reply_trimmed, output_truncated.")
     backend: str = Field(description="The isolation backend that ran the code.")
     redactions: dict[str, int] = Field(description="Redactions made, by category.")
+    session_id: str | None = Field(None, description="The session it ran in; null if none.")
 
 
 # --- estimating -----------------------------------------------------------------------------
@@ -268,6 +269,7 @@ class _Execution:
             events=events,
             backend=result.backend,
             redactions=result.redactions,
+            session_id=result.session_id,
         )
         text = _text(result, self.pieces, events)
         attachments = [
@@ -364,6 +366,8 @@ def _status_line(result: ExecutionResult) -> str:
     line = f"status: {result.status} · {result.usage.wall_ms} ms"
     if result.exit_code not in (None, 0):
         line += f" · exit code {result.exit_code}"
+    if result.session_id is not None:
+        line += f" · session {result.session_id}"
     return line
 
 

@@ -106,6 +106,21 @@ class Runner:
         except ValueError as exc:
             raise ToolError(f"invalid limits: {exc}") from exc
 
+    def session_limits(self, session_id: str, client: str, timeout: float | None) -> Limits:
+        """A run's limits in session `session_id`: the session's, with this call's timeout.
+
+        Raises:
+            ToolError: no such session for this client, or the timeout is over the maximum.
+        """
+        try:
+            session = self.base.host.sessions.get(session_id, client)
+        except CodecageError as exc:
+            raise ToolError(refusal(exc)) from exc
+        if timeout is None:
+            return session.terms.limits
+        self.call_limits(timeout, None)  # the same bound as any call's
+        return session.terms.limits.merged({"timeout": timeout})
+
     async def queued(self, job: Any, cancel: threading.Event) -> Any:
         """Run `job` in a worker thread once a slot is free; refuse when too many wait. When
         the call is cancelled (its client went away), `cancel` is set: the job kills its
@@ -141,6 +156,8 @@ class Runner:
         return_files: list[str],
         cancel: threading.Event,
         backend: str | None = None,
+        session_id: str | None = None,
+        client: str = "",
     ) -> tuple[ExecutionResult, list[ContentBlock]]:
         """One run, as a request to the host runtime. Uploads go into the run's fresh
         workspace (its tmpfs, bounded by workspace_mb, removed with it) before the code runs.
@@ -169,6 +186,8 @@ class Runner:
             on_files=read_back,
             face="mcp",  # hints name execute_code's arguments
             backend=backend,
+            session_id=session_id,
+            client=client,
         )
         try:
             result = self.base.host.run(request)

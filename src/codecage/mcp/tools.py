@@ -13,11 +13,13 @@ import json
 import threading
 from typing import Annotated, Any, cast
 
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp_types import CallToolResult, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field
 
-from codecage.mcp import reply
+from codecage.mcp import reply, sessions
 from codecage.mcp.arguments import registrar
 from codecage.mcp.files import MAX_INLINE_FILE_BYTES, MAX_RETURN_FILES, decode_uploads
 from codecage.mcp.runner import Runner
@@ -33,6 +35,7 @@ def tools(runner: Runner) -> list[Tool]:
     default = runner.base.limits
     made: list[Tool] = []
     tool = registrar(made)
+    clients = sessions.Clients()
     upstream = runner.base.tools is not None
     backends = runner.base.host.call_backends
     backend_help = (
@@ -59,6 +62,7 @@ def tools(runner: Runner) -> list[Tool]:
         annotations=_annotations("Run Python in a sandbox", read_only=False, open_world=upstream),
     )
     async def execute_code(
+        ctx: Context[Any, Any],
         code: Annotated[str, Field(description="Python source to run.")],
         timeout: Annotated[
             float | None, Field(description="Wall-clock limit in seconds.", gt=0)
@@ -94,11 +98,28 @@ def tools(runner: Runner) -> list[Tool]:
         ] = None,
         # A default, not an annotation: annotations are evaluated later, without this scope.
         backend: str | None = Field(None, description=backend_help, max_length=32),
+        session_id: str | None = Field(
+            None,
+            description="Run in this session (from open_session): what earlier calls in it "
+            "defined is there. Its memory, profile and imports are the session's.",
+            max_length=64,
+        ),
     ) -> Annotated[CallToolResult, reply.ExecutionReply]:
-        run_limits = runner.call_limits(timeout, memory_limit_mb)
         uploads = decode_uploads(files or {})
-        policy = runner.policy_for(profile, allowed_imports)
         cancel = threading.Event()
+        client = clients.key(ctx)
+        if session_id is not None:
+            _refuse_session_arguments(
+                profile=profile,
+                allowed_imports=allowed_imports,
+                memory_limit_mb=memory_limit_mb,
+                backend=backend,
+            )
+            run_limits = runner.session_limits(session_id, client, timeout)
+            policy = None
+        else:
+            run_limits = runner.call_limits(timeout, memory_limit_mb)
+            policy = runner.policy_for(profile, allowed_imports)
         result, extra = await runner.queued(
             lambda: runner.execute(
                 code,
@@ -108,10 +129,14 @@ def tools(runner: Runner) -> list[Tool]:
                 return_files=return_files or [],
                 cancel=cancel,
                 backend=backend,
+                session_id=session_id,
+                client=client,
             ),
             cancel,
         )
         return reply.build(result, extra, budget)
+
+    sessions.register(tool, runner, clients, budget)
 
     @tool(
         description=(
@@ -151,6 +176,21 @@ def tools(runner: Runner) -> list[Tool]:
         return reply.for_data(text, data, budget)
 
     return made
+
+
+def _refuse_session_arguments(**given: Any) -> None:
+    """What a session fixes when it is opened cannot be asked again for one of its runs.
+
+    Raises:
+        ToolError: one was given, naming where it belongs.
+    """
+    named = [name for name, value in given.items() if value is not None]
+    if named:
+        raise ToolError(
+            f"{', '.join(named)} cannot be given with session_id: a session's memory, "
+            "profile, imports and backend are set by open_session. Leave them out, or open "
+            "another session with the values you need"
+        )
 
 
 def _imports_note(sandbox: Sandbox) -> str:

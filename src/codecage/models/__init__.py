@@ -43,6 +43,7 @@ from codecage.models.settings import (
     PoolSizes,
     ScrubSettings,
     ServeSettings,
+    SessionSettings,
 )
 from codecage.models.validation import (
     Analysis,
@@ -121,6 +122,7 @@ __all__ = [
     "ScrubSettings",
     "ScrubState",
     "ServeSettings",
+    "SessionSettings",
     "Severity",
     "Status",
     "ToolsState",

@@ -110,6 +110,37 @@ class ServeSettings(Model):
     )
 
 
+class SessionSettings(Model):
+    """Sessions: one long-lived sandbox whose runs share an interpreter (`[sessions]`)."""
+
+    idle_ttl: float = Field(
+        600.0,
+        gt=0,
+        le=86_400,
+        description="Seconds a session may sit unused before it is closed (each run "
+        "starts the count again).",
+    )
+    lifetime: float = Field(
+        3600.0,
+        gt=0,
+        le=7 * 86_400,
+        description="Seconds a session lives at most, used or not.",
+    )
+    cpu_seconds: int = Field(
+        600,
+        ge=1,
+        le=86_400,
+        description="CPU seconds all the runs of one session may use together (each run "
+        "also has its own cpu_seconds limit).",
+    )
+    max_per_client: int = Field(
+        4, ge=0, le=256, description="Open sessions one client may have at once."
+    )
+    max_total: int = Field(
+        16, ge=0, le=1024, description="Open sessions this process holds at once."
+    )
+
+
 class PoolSizes(Model):
     """How many warm sandboxes one pool key keeps ready."""
 

@@ -29,6 +29,9 @@ class GuestLimits(Model):
     address_space_bytes: int | None = Field(
         description="RLIMIT_AS, only when no memory cgroup enforces the memory limit."
     )
+    session_cpu_seconds: int | None = Field(
+        None, description="A session's CPU budget for all its runs (the hard RLIMIT_CPU)."
+    )
 
 
 class GuestRequest(Model):
@@ -53,6 +56,9 @@ class GuestRequest(Model):
     )
     wider_profile: str | None = Field(
         None, description="A profile the caller may choose that allows every module."
+    )
+    session: bool = Field(
+        False, description="Keep the interpreter for the next run (a session's run)."
     )
 
 

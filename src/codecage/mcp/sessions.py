@@ -1,0 +1,193 @@
+"""The session tools: `open_session`, `close_session`, `list_sessions` (and execute_code's
+`session_id`, in tools.py), and who a call's client is.
+
+A session belongs to the MCP connection that opened it: another client never sees or uses
+it, even with its id (ids are random and unguessable as well). A connection's sessions are
+closed by their TTLs, not when it goes away.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import anyio.to_thread
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolResult, ToolAnnotations
+from pydantic import BaseModel, ConfigDict, Field
+
+from codecage import host
+from codecage.engine.session import Session
+from codecage.errors import CodecageError
+from codecage.mcp import reply
+from codecage.mcp.arguments import refusal
+from codecage.mcp.runner import Runner
+
+_Tool = Callable[..., Any]
+
+
+class Clients:
+    """Who a call's client is, for session owners: over streamable HTTP, the transport's
+    session (its Mcp-Session-Id, which the server made); over stdio the one client of the
+    process. The protocol itself keeps no connection (each request stands alone), so a
+    stateless HTTP server has one key for all its clients: the session ids, random and
+    unguessable, are then what keeps them apart."""
+
+    def key(self, ctx: Context[Any, Any]) -> str:
+        request = ctx.request_context.request
+        headers = getattr(request, "headers", None)
+        transport_session = headers.get("mcp-session-id") if headers is not None else None
+        if not transport_session:
+            return ""
+        # Opaque and bounded: the header is the client's to send.
+        return (
+            "http-" + hashlib.sha256(transport_session.encode("utf-8", "replace")).hexdigest()[:32]
+        )
+
+
+class SessionReply(BaseModel):
+    """The structured content of open_session and of each entry of list_sessions."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    session_id: str = Field(description="Pass it as execute_code's session_id.")
+    runs: int = Field(description="Runs so far.")
+    idle_ttl_seconds: float = Field(description="Closed after this long unused.")
+    expires_in_seconds: float = Field(description="Seconds until it closes unless used.")
+    memory_limit_mb: int = Field(description="Memory of the whole session.")
+    profile: str = Field(description="The import profile of every run in it.")
+
+
+class ClosedReply(BaseModel):
+    """The structured content of close_session."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    closed: str = Field(description="The id of the session closed.")
+
+
+class SessionsReply(BaseModel):
+    """The structured content of list_sessions."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    sessions: list[SessionReply]
+    max_per_client: int
+
+
+def register(
+    tool: Callable[..., Callable[[_Tool], _Tool]], runner: Runner, clients: Clients, budget: int
+) -> None:
+    """Add the session tools with `tool` (the registrar of tools.py)."""
+    settings = runner.base.settings.sessions
+
+    @tool(
+        description=(
+            "Open a session: a sandbox that keeps its Python state between execute_code "
+            "calls. Variables, functions, imports and files in /workspace persist; pass the "
+            "returned session_id to execute_code. Use one for multi-step data work (load "
+            "once, then explore) instead of sending the same data or code again. The "
+            "session's memory, profile and imports are set here; each call sets its own "
+            f"timeout. It closes after {settings.idle_ttl:g} s unused (at most "
+            f"{settings.lifetime:g} s), with close_session, or when a run kills its "
+            f"interpreter (memory limit, os._exit, timeout). At most {settings.max_per_client} "
+            "open at once per client."
+        ),
+        annotations=reply_annotations("Open a Python session", read_only=False),
+    )
+    async def open_session(
+        ctx: Context[Any, Any],
+        profile: Annotated[
+            str | None, Field(description="Import profile(s) of every run in the session.")
+        ] = None,
+        allowed_imports: Annotated[
+            list[str] | None, Field(description="Modules to allow on top of the profile.")
+        ] = None,
+        memory_limit_mb: Annotated[
+            int | None, Field(description="Memory of the whole session in MiB.", ge=32)
+        ] = None,
+        idle_ttl_seconds: Annotated[
+            float | None,
+            Field(description="Close it after this many seconds unused.", gt=0, le=86_400),
+        ] = None,
+    ) -> Annotated[CallToolResult, SessionReply]:
+        request = host.SessionRequest(
+            limits=runner.call_limits(None, memory_limit_mb),
+            policy=runner.policy_for(profile, allowed_imports),
+            idle_ttl=idle_ttl_seconds,
+            client=clients.key(ctx),
+            face="mcp",
+        )
+        try:
+            opened = await anyio.to_thread.run_sync(runner.base.host.open_session, request)
+        except CodecageError as exc:
+            raise ToolError(refusal(exc)) from exc
+        data = _described(opened).model_dump(mode="json")
+        text = (
+            f"Session {opened.id} is open. Pass session_id={opened.id!r} to execute_code: "
+            "what a run defines stays for the next. It closes after "
+            f"{opened.terms.idle_ttl_s:g} s unused; close it with close_session when done."
+        )
+        return reply.for_data(text, data, budget)
+
+    @tool(
+        description="Close a session opened with open_session, freeing its sandbox; "
+        "its state is gone.",
+        annotations=reply_annotations("Close a Python session", read_only=False),
+    )
+    async def close_session(
+        ctx: Context[Any, Any],
+        session_id: Annotated[
+            str, Field(description="The id open_session returned.", max_length=64)
+        ],
+    ) -> Annotated[CallToolResult, ClosedReply]:
+        owner = clients.key(ctx)
+        try:
+            await anyio.to_thread.run_sync(runner.base.host.sessions.close, session_id, owner)
+        except CodecageError as exc:
+            raise ToolError(refusal(exc)) from exc
+        closed = ClosedReply(closed=session_id).model_dump(mode="json")
+        return reply.for_data(f"Session {session_id} is closed.", closed, budget)
+
+    @tool(
+        description="List this client's open sessions: id, runs, seconds until each "
+        "closes unless used, memory and profile.",
+        annotations=reply_annotations("List Python sessions", read_only=True),
+    )
+    def list_sessions(ctx: Context[Any, Any]) -> Annotated[CallToolResult, SessionsReply]:
+        mine = runner.base.host.sessions.owned_by(clients.key(ctx))
+        listed = SessionsReply(
+            sessions=[_described(s) for s in mine], max_per_client=settings.max_per_client
+        )
+        lines = [
+            f"{s.session_id}: {s.runs} runs, closes in {s.expires_in_seconds:.0f} s unless used"
+            for s in listed.sessions
+        ]
+        text = "\n".join(lines) or "No open sessions; open one with open_session."
+        return reply.for_data(text, listed.model_dump(mode="json"), budget)
+
+
+def _described(session: Session) -> SessionReply:
+    now = time.monotonic()
+    terms = session.terms
+    expires = min(
+        terms.idle_ttl_s - (now - session.last_used), terms.lifetime_s - (now - session.created_at)
+    )
+    return SessionReply(
+        session_id=session.id,
+        runs=session.runs,
+        idle_ttl_seconds=terms.idle_ttl_s,
+        expires_in_seconds=round(max(0.0, expires), 1),
+        memory_limit_mb=terms.limits.memory_mb,
+        profile=terms.policy.profile if terms.policy is not None else "standard",
+    )
+
+
+def reply_annotations(title: str, *, read_only: bool) -> ToolAnnotations:
+    return ToolAnnotations(
+        title=title,
+        read_only_hint=read_only,
+        destructive_hint=False,
+        idempotent_hint=read_only,
+        open_world_hint=False,
+    )

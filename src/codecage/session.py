@@ -1,0 +1,178 @@
+"""The library's sessions: `Sandbox(...).session()` gives a `Session`, whose runs share one
+interpreter (globals, imports, the workspace) inside one isolated sandbox.
+
+    with Sandbox().session(ttl=600) as s:
+        s.run("x = 42")
+        s.run("x + 1").return_value   # 43
+
+A thin facade over `codecage.engine.session` through the Host, like `Sandbox` over runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from codecage import host
+from codecage.engine import session as sessions_engine
+from codecage.errors import ConfigError
+from codecage.models import ExecutionResult, Limits
+
+if TYPE_CHECKING:
+    from codecage.sandbox import Sandbox
+
+
+class Session:
+    """An open session; use it as a context manager, or `close()` it.
+
+    Its memory, processes and disk limits are fixed when it is opened; each run sets its
+    own timeout, CPU seconds and output cap (`limits={"timeout": 30}`), and all its runs
+    together have the session's CPU budget (the config's `[sessions] cpu_seconds`). A run
+    that ends the interpreter (the memory limit, `os._exit`, a timeout: the sandbox is
+    killed) ends the session: its result carries a `session_ended` event, and the next
+    `run` raises SessionError saying why.
+    """
+
+    def __init__(self, sandbox: Sandbox, opened: sessions_engine.Session) -> None:
+        self._sandbox = sandbox
+        self._session = opened
+
+    @property
+    def id(self) -> str:
+        return self._session.id
+
+    @property
+    def limits(self) -> Limits:
+        """The session's limits (its runs' defaults)."""
+        return self._session.terms.limits
+
+    @property
+    def ended(self) -> str | None:
+        """Why the session ended, or None while it is open."""
+        return self._session.ended
+
+    @property
+    def runs(self) -> int:
+        return self._session.runs
+
+    def run(
+        self,
+        code: str,
+        *,
+        limits: dict[str, Any] | None = None,
+        files: Mapping[str, bytes | str] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> ExecutionResult:
+        """Run `code` in the session: what earlier runs defined is there.
+
+        Args:
+            code: Python source; the last expression's value is the return value.
+            limits: this run's timeout, cpu_seconds and max_output_bytes (the rest is the
+                session's).
+            files: written into the session's /workspace before the code runs.
+            cancel: set it to kill the run (which ends the session).
+
+        Raises:
+            SessionError: the session has ended (the message says why).
+            ConfigError: the request was refused before anything ran.
+            SandboxError: the sandbox broke down.
+        """
+        from codecage.sandbox import _input_files  # the Sandbox's (which imports this module)
+
+        request = host.Request(
+            code=code,
+            limits=self._run_limits(limits),
+            policy=self._session.terms.policy,
+            files=_input_files(files),
+            allowed_tools=self._sandbox.allowed_tools,
+            cancel=cancel,
+            face=self._sandbox.face,
+            session_id=self.id,
+        )
+        return self._sandbox.host.run(request)
+
+    async def arun(
+        self,
+        code: str,
+        *,
+        limits: dict[str, Any] | None = None,
+        files: Mapping[str, bytes | str] | None = None,
+    ) -> ExecutionResult:
+        """`run()` for asyncio callers, in a worker thread; cancelling the task kills the
+        run (and so ends the session).
+
+        Raises:
+            SessionError: the session has ended (the message says why).
+            ConfigError: the request was refused before anything ran.
+            SandboxError: the sandbox broke down.
+        """
+        cancel = threading.Event()
+        try:
+            return await asyncio.to_thread(
+                self.run, code, limits=limits, files=files, cancel=cancel
+            )
+        except asyncio.CancelledError:
+            cancel.set()
+            raise
+
+    def close(self) -> None:
+        """End the session and destroy its sandbox; closing twice does nothing."""
+        if self._session.ended is None:
+            self._sandbox.host.sessions.close(self.id, self._session.terms.owner)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Session:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self.close)
+
+    def _run_limits(self, overrides: dict[str, Any] | None) -> Limits:
+        """The session's limits with this run's own overrides.
+
+        Raises:
+            ConfigError: an override is out of its bounds or not a run's to set.
+        """
+        chosen = {name: value for name, value in (overrides or {}).items() if value is not None}
+        if not chosen:
+            return self.limits
+        from codecage.sandbox import _describe_validation, _limits_hint
+
+        try:
+            return self.limits.merged(chosen)
+        except ValidationError as exc:
+            raise ConfigError(_describe_validation(exc), hint=_limits_hint(exc)) from exc
+
+
+def open_session(
+    sandbox: Sandbox,
+    *,
+    ttl: float | None,
+    lifetime: float | None,
+    limits: Limits,
+) -> Session:
+    """Open a session of `sandbox` (see `Sandbox.session`).
+
+    Raises:
+        SessionError: as many sessions are open as allowed.
+        HostError, SandboxError: no sandbox could be made.
+    """
+    opened = sandbox.host.open_session(
+        host.SessionRequest(
+            limits=limits,
+            policy=sandbox.policy,
+            idle_ttl=ttl,
+            lifetime=lifetime,
+            face=sandbox.face,
+        )
+    )
+    return Session(sandbox, opened)

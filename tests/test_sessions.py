@@ -1,0 +1,375 @@
+"""Sessions (issue 21, item 1): one long-lived sandbox whose runs share an interpreter.
+
+Real sandboxes throughout; the MCP tests use a real client over stdio. What a session
+keeps (globals, imports, /workspace), what ends it (a run that kills the interpreter, its
+TTL, close), what it never shares (another session, a pooled run), and what is refused
+(unknown ids, another client's id, too many sessions, limits that are the session's).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+from codecage import ConfigError, Sandbox, SessionError
+from codecage.engine.session import Sessions, SessionTerms
+from codecage.models import Limits, SessionSettings
+
+CODECAGE = str(Path(sys.executable).with_name("codecage"))
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[Sandbox]:
+    with Sandbox(pool=False) as box:
+        yield box
+
+
+def _bwrap_children() -> int:
+    """Sandboxes (bwrap processes) this test process has started and not reaped."""
+    me = str(os.getpid())
+    count = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            status = Path(f"/proc/{entry}/status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        if fields.get("PPid", "").strip() == me and fields.get("Name", "").strip() in {
+            "bwrap",
+            "setpriv",
+        }:
+            count += 1
+    return count
+
+
+# --- state --------------------------------------------------------------------------------
+
+
+def test_globals_imports_and_files_persist_between_runs(sandbox: Sandbox) -> None:
+    with sandbox.session() as session:
+        first = session.run(
+            "import json\nx = 42\nopen('/workspace/notes.txt', 'w').write('kept')\n"
+        )
+        second = session.run("x + 1, json.dumps([x]), open('/workspace/notes.txt').read()")
+    assert first.status == "ok", first
+    assert second.status == "ok", second
+    assert second.return_value == [43, "[42]", "kept"]
+    assert first.session_id == second.session_id == session.id
+    assert [f.path for f in second.files] == ["notes.txt"]
+
+
+def test_a_traceback_shows_the_line_of_the_run_that_defined_the_function(
+    sandbox: Sandbox,
+) -> None:
+    with sandbox.session() as session:
+        session.run("def ratio(a, b):\n    return a / b\n")
+        failed = session.run("ratio(1, 0)")
+    assert failed.status == "error"
+    assert failed.error is not None and failed.error.type == "ZeroDivisionError"
+    assert "return a / b" in failed.error.traceback
+    assert "run2.py" in failed.error.traceback and "run1.py" in failed.error.traceback
+
+
+def test_output_and_return_value_are_each_runs_own(sandbox: Sandbox) -> None:
+    with sandbox.session() as session:
+        one = session.run("print('one')")
+        two = session.run("print('two')\n'done'")
+    assert one.stdout == "one\n" and one.return_value is None
+    assert two.stdout == "two\n" and two.return_value == "done"
+
+
+def test_a_session_run_is_as_fast_as_a_function_call_needs(sandbox: Sandbox) -> None:
+    """Not a timing assertion: the session really reuses its interpreter (the same pid,
+    the module imported once)."""
+    with sandbox.session() as session:
+        first = session.run("import os, sys\nos.getpid(), 'decimal' in sys.modules")
+        session.run("import decimal")
+        second = session.run("os.getpid(), 'decimal' in sys.modules")
+    assert first.return_value[0] == second.return_value[0]
+    assert first.return_value[1] is False and second.return_value[1] is True
+
+
+# --- what ends a session --------------------------------------------------------------------
+
+
+def test_os_exit_ends_the_session_and_the_next_call_says_why(sandbox: Sandbox) -> None:
+    session = sandbox.session()
+    session.run("x = 1")
+    ended = session.run("import os\nos._exit(3)")
+    assert ended.status == "error" and ended.exit_code == 3
+    assert [e.kind for e in ended.events if e.kind == "session_ended"] == ["session_ended"]
+    with pytest.raises(SessionError) as refused:
+        session.run("x")
+    assert "ended" in str(refused.value) and "run 2" in str(refused.value)
+    assert "session()" in refused.value.hint
+    session.close()  # closing an ended session is harmless
+
+
+def test_the_memory_limit_ends_the_session_with_memory_limit(sandbox: Sandbox) -> None:
+    with sandbox.session(limits={"memory_mb": 128}) as session:
+        session.run("data = []")
+        hog = session.run("while True:\n    data.append(bytearray(16 * 1024 * 1024))")
+        assert hog.status == "memory_limit", hog
+        assert session.ended is not None
+        with pytest.raises(SessionError):
+            session.run("len(data)")
+
+
+def test_a_timeout_kills_the_run_and_ends_the_session(sandbox: Sandbox) -> None:
+    with sandbox.session() as session:
+        slow = session.run("import time\nprint('started')\ntime.sleep(30)", limits={"timeout": 1})
+        assert slow.status == "timeout"
+        assert slow.stdout == "started\n"
+        assert session.ended is not None and "timeout" in session.ended
+
+
+def test_a_forked_child_does_not_end_the_session(sandbox: Sandbox) -> None:
+    with sandbox.session() as session:
+        forked = session.run(
+            "import os\npid = os.fork()\nif pid == 0:\n    os._exit(0)\n"
+            "os.waitpid(pid, 0)\n'parent'"
+        )
+        after = session.run("'still here'")
+    assert forked.return_value == "parent", forked
+    assert after.return_value == "still here"
+
+
+def test_close_destroys_the_sandbox(sandbox: Sandbox) -> None:
+    before = _bwrap_children()
+    session = sandbox.session()
+    session.run("1")
+    assert _bwrap_children() == before + 1
+    session.close()
+    deadline = time.monotonic() + 10
+    while _bwrap_children() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _bwrap_children() == before
+    with pytest.raises(SessionError, match="closed"):
+        session.run("1")
+
+
+def test_the_idle_ttl_closes_an_unused_session(sandbox: Sandbox) -> None:
+    session = sandbox.session(ttl=1)
+    session.run("x = 1")
+    deadline = time.monotonic() + 10
+    while session.ended is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert session.ended is not None and "idle" in session.ended
+    with pytest.raises(SessionError, match="idle"):
+        session.run("x")
+
+
+def test_the_session_cpu_budget_holds_across_runs() -> None:
+    settings = SessionSettings(cpu_seconds=2)
+    registry = Sessions(settings)
+    with Sandbox(pool=False) as box:
+        box.host.sessions = registry
+        with box.session() as session:
+            burn = (
+                "import time\nend = time.process_time() + 1.5\n"
+                "while time.process_time() < end: pass"
+            )
+            first = session.run(burn)
+            second = session.run(burn)
+            assert first.status == "ok", first
+            assert second.status == "cpu_limit", second
+            with pytest.raises(SessionError):
+                session.run("1")
+
+
+# --- isolation between sessions and runs ----------------------------------------------------
+
+
+def test_sessions_share_nothing_with_each_other_or_with_runs(sandbox: Sandbox) -> None:
+    with sandbox.session() as one, sandbox.session() as two:
+        one.run(
+            "secret = 'one'\nopen('/workspace/mine', 'w').write('1')\n"
+            "open('/tmp/mine', 'w').write('1')"
+        )
+        seen = two.run(
+            "import os\n('secret' in globals(), os.listdir('/workspace'),"
+            " os.path.exists('/tmp/mine'))"
+        )
+        run = sandbox.run("import os\n(os.listdir('/workspace'), os.path.exists('/tmp/mine'))")
+    assert seen.return_value == [False, [], False]
+    assert run.return_value == [[], False]
+
+
+def test_pooled_sessions_start_from_the_pool_and_stay_apart_from_pooled_runs() -> None:
+    with Sandbox(pool=True) as box:
+        assert box.warm(60)
+        with box.session() as session:
+            session.run("import os\nopen('/workspace/s', 'w').write('x')\nx = 5")
+            run = box.run("import os\nos.listdir('/workspace'), 'x' in globals()")
+            again = session.run("x")
+    assert run.return_value == [[], False]
+    assert again.return_value == 5
+
+
+def test_runs_in_one_session_happen_one_at_a_time(sandbox: Sandbox) -> None:
+    with sandbox.session() as session:
+        session.run("import time\nlog = []")
+        results: list[Any] = []
+
+        def add(tag: str) -> None:
+            results.append(
+                session.run(f"log.append('{tag}+')\ntime.sleep(0.3)\nlog.append('{tag}-')")
+            )
+
+        threads = [threading.Thread(target=add, args=(t,)) for t in "ab"]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        order = session.run("log").return_value
+    assert all(r.status == "ok" for r in results)
+    assert order in (["a+", "a-", "b+", "b-"], ["b+", "b-", "a+", "a-"])
+
+
+# --- refusals -----------------------------------------------------------------------------
+
+
+def test_an_unknown_session_id_is_refused_saying_what_to_do(sandbox: Sandbox) -> None:
+    with pytest.raises(SessionError) as refused:
+        sandbox.host.sessions.get("ses_nope")
+    assert "no session" in str(refused.value) and "session()" in refused.value.hint
+
+
+def test_a_run_may_not_change_the_sessions_own_limits(sandbox: Sandbox) -> None:
+    with sandbox.session() as session:
+        with pytest.raises(ConfigError, match="memory_mb"):
+            session.run("1", limits={"memory_mb": 256})
+        assert session.run("1", limits={"timeout": 5}).status == "ok"
+
+
+def test_too_many_sessions_are_refused_and_nothing_leaks() -> None:
+    registry = Sessions(SessionSettings(max_per_client=2, max_total=3))
+    with Sandbox(pool=False) as box:
+        box.host.sessions = registry
+        before = _bwrap_children()
+        opened = [box.session(), box.session()]
+        refusals = 0
+        for _ in range(1000):
+            try:
+                box.session()
+            except SessionError as exc:
+                refusals += 1
+                assert "max_per_client=2" in str(exc)
+        assert refusals == 1000
+        for session in opened:
+            session.close()
+    deadline = time.monotonic() + 10
+    while _bwrap_children() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _bwrap_children() == before
+
+
+def test_an_absurd_ttl_is_refused(sandbox: Sandbox) -> None:
+    with pytest.raises(ConfigError, match="ttl"):
+        sandbox.session(ttl=-1)
+
+
+def test_a_session_belongs_to_the_client_that_opened_it() -> None:
+    registry = Sessions(SessionSettings())
+    try:
+        with Sandbox(pool=False) as box:
+            box.host.sessions = registry
+            limits = box.limits
+            terms = SessionTerms(limits=limits, owner="alice")
+            session = registry.open(terms, lambda: box.host._session_sandbox(terms))
+            with pytest.raises(SessionError, match="no session"):
+                registry.get(session.id, "mallory")
+            assert registry.get(session.id, "alice") is session
+            assert registry.owned_by("mallory") == []
+    finally:
+        registry.close_all()
+
+
+def test_limits_of_the_session_are_checked_before_it_opens(sandbox: Sandbox) -> None:
+    with pytest.raises(ConfigError):
+        sandbox.session(limits={"memory_mb": 10**9})
+    assert isinstance(sandbox.limits, Limits)
+
+
+# --- MCP ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+async def client(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]:
+    workdir = tmp_path_factory.mktemp("serve-sessions")
+    config = workdir / "config.toml"
+    config.write_text("[sessions]\nmax_per_client = 2\n", encoding="utf-8")
+    config.chmod(0o600)
+    env = {k: v for k, v in os.environ.items() if k == "PYTHONPATH"}
+    env["CODECAGE_CONFIG"] = str(config)
+    params = StdioServerParameters(command=CODECAGE, args=["serve"], cwd=str(workdir), env=env)
+    with (workdir / "stderr.log").open("w", encoding="utf-8") as errlog:
+        async with Client(stdio_client(params, errlog=errlog), read_timeout_seconds=120) as c:
+            yield c
+
+
+def _text(result: Any) -> str:
+    return "\n".join(getattr(block, "text", "") for block in result.content)
+
+
+@pytest.mark.anyio
+async def test_mcp_a_session_keeps_state_between_execute_code_calls(client: Client) -> None:
+    opened = await client.call_tool("open_session", {})
+    assert not opened.is_error, _text(opened)
+    session_id = opened.structured_content["session_id"]
+    first = await client.call_tool("execute_code", {"code": "x = 42", "session_id": session_id})
+    second = await client.call_tool("execute_code", {"code": "x + 1", "session_id": session_id})
+    assert second.structured_content["return_value"] == 43, _text(second)
+    assert second.structured_content["session_id"] == session_id
+    listed = await client.call_tool("list_sessions", {})
+    assert [s["session_id"] for s in listed.structured_content["sessions"]] == [session_id]
+    closed = await client.call_tool("close_session", {"session_id": session_id})
+    assert not closed.is_error
+    after = await client.call_tool("execute_code", {"code": "x", "session_id": session_id})
+    assert after.is_error and "ended" in _text(after) and "open_session" in _text(after)
+    assert first.structured_content["status"] == "ok"
+
+
+@pytest.mark.anyio
+async def test_mcp_unknown_session_and_session_arguments_are_refused(client: Client) -> None:
+    unknown = await client.call_tool("execute_code", {"code": "1", "session_id": "ses_nope"})
+    assert unknown.is_error and "open_session" in _text(unknown)
+    opened = await client.call_tool("open_session", {"memory_limit_mb": 256})
+    session_id = opened.structured_content["session_id"]
+    assert opened.structured_content["memory_limit_mb"] == 256
+    mixed = await client.call_tool(
+        "execute_code", {"code": "1", "session_id": session_id, "profile": "basic"}
+    )
+    assert mixed.is_error and "open_session" in _text(mixed)
+    await client.call_tool("close_session", {"session_id": session_id})
+
+
+@pytest.mark.anyio
+async def test_mcp_too_many_sessions_is_a_clear_refusal(client: Client) -> None:
+    ids = []
+    for _ in range(2):
+        opened = await client.call_tool("open_session", {})
+        ids.append(opened.structured_content["session_id"])
+    third = await client.call_tool("open_session", {})
+    assert third.is_error and "close_session" in _text(third)
+    for session_id in ids:
+        await client.call_tool("close_session", {"session_id": session_id})
+    fourth = await client.call_tool("open_session", {})
+    assert not fourth.is_error
+    await client.call_tool("close_session", {"session_id": fourth.structured_content["session_id"]})
