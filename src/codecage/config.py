@@ -47,6 +47,7 @@ secrets_env = ["GITHUB_TOKEN"]        # values of these variables are redacted a
 
 [serve]                               # codecage serve (MCP)
 reply_max_tokens = 20000              # estimated tokens a tool reply may take at most
+data_dir = "/srv/codecage-data"       # read-only at /data in every sandbox (--data DIR)
 
 [sessions]                            # state across runs, where a caller asks for it
 idle_ttl = 600                        # seconds unused before a session is closed

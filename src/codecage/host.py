@@ -45,8 +45,9 @@ from codecage.config import Settings
 from codecage.engine import selftest
 from codecage.engine import session as sessions_engine
 from codecage.engine.pool import Pool
+from codecage.engine.workspace import private_parent
 from codecage.errors import ConfigError, Face, HostError
-from codecage.isolation import cgroups, rootfs, seccomp, tmpfs
+from codecage.isolation import cgroups, datadir, rootfs, seccomp, staging, tmpfs
 from codecage.isolation import identity as identities
 from codecage.models import (
     DoctorReport,
@@ -184,6 +185,7 @@ class Host:
         skills_dir: Path | None = None,
         packages_dir: str | Path | None = None,
         scrub: bool | ScrubSettings | None = None,
+        data_dir: str | Path | None = None,
     ) -> None:
         self.settings = settings
         self.limits = limits or settings.limits
@@ -200,6 +202,11 @@ class Host:
         self.servers_dir = servers_dir
         self.skills_dir = skills_dir
         self.packages_dir = packages.location(packages_dir, settings)[0]
+        self.data_dir = (
+            datadir.check(data_dir, self._state_dirs(), self.identity.identity)
+            if data_dir is not None
+            else None
+        )
         _PROCESS.sweep_once()
         self.scrub_settings, self._scrub_source = _scrub_settings(settings, scrub)
         self.scrubber = redaction.build_scrubber(
@@ -212,6 +219,17 @@ class Host:
         self._other_backends: dict[str, Backend] = {}
         self._other_backends_lock = threading.Lock()
         self.sessions = sessions_engine.Sessions(settings.sessions)
+
+    def _state_dirs(self) -> list[Path]:
+        """codecage's own places, which a data directory must neither be in nor hold."""
+        places = [
+            private_parent(),
+            staging.STAGE_ROOT,
+            rootfs.cache_dir(),
+            *self.settings.config_lookups,
+            *self.settings.config_searched,
+        ]
+        return places + ([self.packages_dir] if self.packages_dir is not None else [])
 
     @property
     def call_backends(self) -> tuple[str, ...]:
@@ -339,6 +357,7 @@ class Host:
             servers_dir=self.servers_dir,
             skills_dir=self.skills_dir,
             packages_dir=self.packages_dir,
+            data_dir=self.data_dir,
             identity=self.identity.identity,
         )
 
@@ -414,6 +433,7 @@ class Host:
             servers_dir=self.servers_dir,
             skills_dir=self.skills_dir,
             packages_dir=self.packages_dir,
+            data_dir=self.data_dir,
             face=request.face,
             wider_profile=self.wider_profile,
         )
@@ -630,6 +650,7 @@ class Host:
             scrub=redaction.state(self.scrub_settings, self.scrubber, self._scrub_source),
             tools=self._tools_state(allowed_tools),
             packages=packages.added_packages(self.packages_dir),
+            data_dir=str(self.data_dir) if self.data_dir is not None else None,
         )
 
     def _tools_state(self, allowed_tools: tuple[str, ...] | None) -> ToolsState:

@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from codecage import config, host
+from codecage import kept as kept_files
 from codecage.bridge import channel as bridge
 from codecage.bridge import tooling
 from codecage.config import Settings
+from codecage.engine import workspace as workspaces
 from codecage.engine.pool import Pool
 from codecage.errors import ConfigError, Face
 from codecage.models import (
@@ -104,6 +106,12 @@ class Sandbox:
         face: who makes the calls, for the wording of hints in results (an import
             refusal says how to allow the module): "library" (default: keyword
             arguments), "cli" (flags) or "mcp" (the execute_code tool's arguments).
+        keep_files_mb: MiB of the files a run leaves that its result keeps for
+            `result.read_file` / `result.save_files` (all files together; default 64; 0
+            keeps none). A file past it is listed in `files` but not kept.
+        data_dir: a host directory mounted read-only at /data in every sandbox (absolute,
+            an existing directory, not / nor codecage's own state); symlinks in it resolve
+            inside the sandbox, never to the host's files.
 
     >>> with Sandbox(pool=True) as sandbox:
     ...     sandbox.warm()                      # optional: wait until the pool is ready
@@ -132,6 +140,8 @@ class Sandbox:
         tokenize: bool | None = None,
         scrub: bool | ScrubSettings | None = None,
         face: Face = "library",
+        keep_files_mb: int = kept_files.DEFAULT_KEEP_FILES_MB,
+        data_dir: str | Path | None = None,
     ) -> None:
         settings = config if isinstance(config, Settings) else load_settings(config)
         self.allowed_tools = tuple(allowed_tools) if allowed_tools is not None else None
@@ -156,12 +166,14 @@ class Sandbox:
             skills_dir=Path(skills_dir).resolve() if skills_dir is not None else None,
             packages_dir=packages_dir,
             scrub=scrub,
+            data_dir=data_dir,
         )
         self.settings = settings
         self.limit_sources = dict(runtime.limit_sources)
         if profile is not None:
             self.limit_sources["profile"] = "argument"
         self.face: Face = face
+        self.keep_files_mb = _check_keep_files_mb(keep_files_mb)
         runtime.keep_warm(self.policy)
 
     # What callers read of the host runtime (info, tests, the MCP server's notes): its own
@@ -222,6 +234,7 @@ class Sandbox:
         cancel: threading.Event | None = None,
         on_files: Callable[[Path, list[FileInfo]], None] | None = None,
         files: Mapping[str, bytes | str] | None = None,
+        keep_files_mb: int | None = None,
     ) -> ExecutionResult:
         """Run `code` in a new sandbox and return how it went.
 
@@ -244,12 +257,26 @@ class Sandbox:
                 relative path (e.g. "input/data.csv") -> content (str is written as UTF-8).
                 They live in the workspace's size-limited tmpfs like everything the code
                 writes: more than `workspace_mb` in all is refused. Not with `workspace`.
+            keep_files_mb: this run's bound of the files its result keeps for
+                `result.read_file` / `save_files` (None: the Sandbox's `keep_files_mb`).
 
         Raises:
             ConfigError: the request was refused before anything ran.
             HostError: the host cannot provide the isolation (see `doctor()`).
             SandboxError: the sandbox itself failed.
         """
+        keep_mb = _check_keep_files_mb(
+            self.keep_files_mb if keep_files_mb is None else keep_files_mb
+        )
+        collected: list[kept_files.KeptFiles] = []
+
+        def read_back(workspace: Path, written: list[FileInfo]) -> None:
+            # The one moment the workspace can be read: keep the bytes, then the caller's.
+            if keep_mb:
+                collected.append(workspaces.keep(workspace, written, keep_mb * 2**20))
+            if on_files is not None:
+                on_files(workspace, written)
+
         request = host.Request(
             code=code,
             limits=self._limits_for(limits),
@@ -259,11 +286,12 @@ class Sandbox:
             workspace=Path(workspace) if workspace is not None else None,
             allowed_tools=self.allowed_tools,
             cancel=cancel,
-            on_files=on_files,
+            on_files=read_back,
             strict=strict,
             face=self.face,
         )
-        return self.host.run(request)
+        result = self.host.run(request)
+        return result.with_kept_files(collected[0]) if collected else result
 
     def session(
         self,
@@ -319,6 +347,8 @@ class Sandbox:
         workspace: str | Path | None = None,
         strict: bool = False,
         files: Mapping[str, bytes | str] | None = None,
+        on_files: Callable[[Path, list[FileInfo]], None] | None = None,
+        keep_files_mb: int | None = None,
     ) -> ExecutionResult:
         """`run()` for asyncio callers: the run happens in a worker thread. Cancelling the
         task kills the sandbox.
@@ -339,6 +369,8 @@ class Sandbox:
                 strict=strict,
                 cancel=cancel,
                 files=files,
+                on_files=on_files,
+                keep_files_mb=keep_files_mb,
             )
         except asyncio.CancelledError:
             cancel.set()  # the task was cancelled: the worker thread kills the sandbox
@@ -382,6 +414,20 @@ class Sandbox:
             return self.limits.merged(overrides)
         except ValidationError as exc:
             raise ConfigError(_describe_validation(exc), hint=_limits_hint(exc)) from exc
+
+
+def _check_keep_files_mb(value: int) -> int:
+    """Refuse a `keep_files_mb` that is not a whole number of MiB from 0 to 4096.
+
+    Raises:
+        ConfigError: it is not.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 4096:
+        raise ConfigError(
+            f"keep_files_mb={value!r} is not a whole number from 0 to 4096",
+            hint="pass {keep_files_mb=64} (MiB of a run's files its result keeps; 0: none)",
+        )
+    return value
 
 
 def _input_files(files: Mapping[str, bytes | str] | None) -> dict[str, bytes] | None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from codecage import config
 from codecage.cli.logs import configure_logging
@@ -44,17 +45,21 @@ from codecage.cli.render import (
     render_result,
     render_validation,
     show,
+    stderr,
 )
 from codecage.cli.setup import (
     build_sandbox,
     load_config,
     read_code,
+    read_inputs,
     refuse_mcp_config_in,
     scrub_option,
     servers_of_hosts,
     tool_setup,
 )
-from codecage.errors import CodecageError
+from codecage.errors import CodecageError, ConfigError
+from codecage.models import ExecutionResult
+from codecage.output import neutralise_line
 
 
 def run(
@@ -83,6 +88,30 @@ def run(
             file_okay=False,
         ),
     ] = None,
+    inputs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--in",
+            metavar="FILE[:NAME]",
+            help="Put this host file in the fresh /workspace as NAME (default: its "
+            "basename) before the code runs; repeatable. Within --workspace-mb in all; "
+            "not with --workspace.",
+            show_default=False,
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="After the run, write the files it left in /workspace into this directory "
+            "(made when missing; links in it are never followed) and say where on stderr.",
+            file_okay=False,
+        ),
+    ] = None,
+    overwrite: Annotated[
+        bool,
+        typer.Option("--overwrite", help="With --out: replace files that exist there."),
+    ] = False,
     as_json: JsonOpt = False,
     raw: Annotated[
         bool, typer.Option("--raw", help="Print the program's output bytes unescaped.")
@@ -139,6 +168,8 @@ def run(
         echo 'print("hi")' | codecage run -
 
         codecage run --mcp-host claude-code --file agent.py  # calls MCP tools
+
+        codecage run --in sales.csv --out results/ --file chart.py
     """
     configure_logging(verbose)
     overrides: dict[str, Any] = {
@@ -155,6 +186,13 @@ def run(
     try:
         text, filename = read_code(source, code, file)
         settings = load_config(config_file)
+        if inputs and workspace is not None:
+            raise ConfigError(
+                "--in and --workspace were both given",
+                hint="copy the files into the --workspace directory, or drop --workspace",
+            )
+        workspace_mb_in_force = workspace_mb or settings.limits.workspace_mb
+        uploads = read_inputs(inputs, workspace_mb_in_force * 2**20)
         # Before any upstream server starts: code in the workspace may have written there.
         config.check_workspace(settings, workspace)
         refuse_mcp_config_in(workspace, mcp_config)
@@ -190,10 +228,18 @@ def run(
             progress("starting the sandbox", enabled=not as_json),
         ):
             result = sandbox.run(
-                text, limits=overrides, filename=filename, workspace=workspace, strict=strict
+                text,
+                limits=overrides,
+                filename=filename,
+                workspace=workspace,
+                strict=strict,
+                files=uploads,
+                # --out keeps all the workspace can hold; without it, nothing is kept.
+                keep_files_mb=min(workspace_mb_in_force, 4096) if out is not None else 0,
             )
     except CodecageError as exc:
         fail(exc, as_json=as_json, verbose=verbose)
+    saved_ok = out is None or _save_outputs(result, out, overwrite=overwrite, quiet=as_json)
     if as_json:
         data = result.model_dump(mode="json")
         if host_reports:  # which servers --mcp-host found, beside the result
@@ -201,7 +247,35 @@ def run(
         print_json(data)
     else:
         render_result(result, raw=raw)
-    raise typer.Exit(0 if result.ok else 1)
+    raise typer.Exit(0 if result.ok and saved_ok else 1)
+
+
+def write_outputs(result: ExecutionResult, directory: Path, *, overwrite: bool) -> list[Path]:
+    """Everything `--out DIR` writes for a result: the files it left in /workspace (and,
+    once display outputs land, its figures: `codecage.displays.save(result.displays, DIR)`
+    goes here). Returns the paths written.
+
+    Raises:
+        ConfigError: a file exists (without --overwrite) or something is in the way.
+    """
+    return result.save_files(directory, overwrite=overwrite, partial=True)
+
+
+def _save_outputs(
+    result: ExecutionResult, directory: Path, *, overwrite: bool, quiet: bool
+) -> bool:
+    """Write the outputs to `directory`, one line per file on stderr (none with --json);
+    a failure is reported on stderr without hiding the run's result. False when it failed."""
+    try:
+        written = write_outputs(result, directory, overwrite=overwrite)
+    except CodecageError as exc:
+        stderr.print(f"[red]Error:[/red] {escape(str(exc))}", markup=True)
+        stderr.print(f"Hint: {exc.hint_for('cli')}", markup=False)
+        return False
+    if not quiet:
+        for path in written:
+            stderr.print(f"saved {neutralise_line(str(path))}", markup=False)
+    return True
 
 
 def validate(

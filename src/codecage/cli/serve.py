@@ -6,6 +6,7 @@ import atexit
 import logging
 import signal
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -32,6 +33,7 @@ from codecage.cli.setup import (
     servers_of_hosts,
     tool_setup,
 )
+from codecage.config import Settings
 from codecage.errors import CodecageError
 
 
@@ -83,6 +85,16 @@ def serve(
             help="Estimated tokens one tool reply may take (env CODECAGE_REPLY_MAX_TOKENS, "
             "config key serve.reply_max_tokens; 2000 to 240000, default 20000). Longer output "
             "keeps its head and tail.",
+            show_default=False,
+        ),
+    ] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            "--data",
+            help="Mount this host directory read-only at /data in every sandbox (absolute; "
+            "config key serve.data_dir). The code reads it; it cannot write it.",
+            file_okay=False,
             show_default=False,
         ),
     ] = None,
@@ -151,6 +163,7 @@ def serve(
             scrub=scrub_option(no_scrub, scrub_categories, settings),
             pool=not no_pool,
             face="mcp",
+            data_dir=_data_dir(data, settings),
         )
         app_server = mcp_server.build_server(sandbox, limits=limits)
         if not http:
@@ -184,3 +197,10 @@ def _ignore_sigterm() -> None:
     leave the sandbox's run directory, mount and cgroup behind. MCP clients send one two
     seconds after they close the server's stdin (the SDKs' stdio transports do)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _data_dir(flag: Path | None, settings: Settings) -> Path | None:
+    """--data, else the config file's [serve] data_dir (checked by the Sandbox)."""
+    if flag is not None:
+        return flag
+    return Path(settings.serve.data_dir) if settings.serve.data_dir else None

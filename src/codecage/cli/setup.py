@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import stat
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,7 +15,9 @@ from typing import TYPE_CHECKING
 from codecage import config
 from codecage.cli.render import stderr
 from codecage.errors import ConfigError, Face
+from codecage.kept import check_relpath
 from codecage.models import ScrubSettings
+from codecage.output import neutralise_line
 from codecage.sandbox import Sandbox
 
 if TYPE_CHECKING:
@@ -194,6 +198,7 @@ def build_sandbox(
     scrub: bool | ScrubSettings | None = None,
     pool: bool | None = None,
     face: Face = "cli",
+    data_dir: Path | None = None,
 ) -> Sandbox:
     """The one Sandbox of `run`, `validate` and `serve` (face "mcp"), so all judge code
     under the same policy (enabled profiles included) and tool directories.
@@ -213,5 +218,95 @@ def build_sandbox(
         pool=pool,
         scrub=scrub,
         face=face,
+        data_dir=data_dir,
         **tools.sandbox_arguments(),
     )
+
+
+MAX_INPUT_FILES = 100
+
+
+def read_inputs(specs: list[str] | None, max_bytes: int) -> dict[str, bytes] | None:
+    """`--in FILE[:NAME]` as the library's `files`: each host FILE read (a regular file, at
+    most `max_bytes`, all of them together too) under NAME (default: FILE's basename).
+    A spec that names an existing path as a whole is that file (its name may hold ':').
+
+    Raises:
+        ConfigError: a missing file, a directory or other non-regular file, too many or too
+            big, a NAME with '..', NUL or a leading '/', or two inputs of the same NAME.
+    """
+    if not specs:
+        return None
+    if len(specs) > MAX_INPUT_FILES:
+        raise ConfigError(
+            f"--in was given {len(specs)} times; at most {MAX_INPUT_FILES} files are taken",
+            hint="put the files in a directory and pass it with --workspace instead",
+        )
+    files: dict[str, bytes] = {}
+    for spec in specs:
+        path, name = _input_spec(spec)
+        data = _read_input(path, max_bytes - sum(map(len, files.values())), max_bytes)
+        _check_input_name(spec, name)
+        if name in files:
+            raise ConfigError(
+                f"two --in files are named {name!r} in /workspace",
+                hint="give one of them another name: --in FILE:NAME",
+            )
+        files[name] = data
+    return files
+
+
+def _input_spec(spec: str) -> tuple[Path, str]:
+    head, sep, tail = spec.rpartition(":")
+    if not sep or os.path.lexists(spec) or not head:
+        path, name = Path(spec), Path(spec).name
+    else:
+        path, name = Path(head), tail
+    return path, name
+
+
+def _check_input_name(spec: str, name: str) -> None:
+    try:
+        check_relpath(name)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"--in {neutralise_line(spec)}: {exc}",
+            hint="name it by a relative path inside /workspace: --in FILE:data.csv "
+            "or --in FILE:input/data.csv",
+        ) from None
+
+
+def _read_input(path: Path, left: int, max_bytes: int) -> bytes:
+    """`path`'s bytes, when it is a regular file of at most `left` bytes. O_NONBLOCK: a FIFO
+    named by mistake must not hang the command (fstat refuses it)."""
+    shown = neutralise_line(str(path))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(
+            f"--in {shown}: {exc.strerror or exc}",
+            hint="give the path of a readable host file: --in FILE or --in FILE:NAME",
+        ) from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(
+                f"--in {shown}: not a regular file"
+                + (" (a directory)" if stat.S_ISDIR(st.st_mode) else ""),
+                hint="pass files one by one with --in, or a directory with --workspace",
+            )
+        chunks: list[bytes] = []
+        got = 0
+        while st.st_size <= left and got <= left and (chunk := os.read(fd, 1 << 20)):
+            chunks.append(chunk)
+            got += len(chunk)
+        data = b"".join(chunks)
+    finally:
+        os.close(fd)
+    if st.st_size > left or len(data) > left:
+        raise ConfigError(
+            f"--in {shown}: the input files are more than the workspace's "
+            f"{max_bytes // 2**20} MiB together",
+            hint="pass smaller files, or raise --workspace-mb",
+        )
+    return data

@@ -25,7 +25,7 @@ from codecage.backends.base import Identity
 from codecage.engine import workspace as workspaces
 from codecage.errors import ConfigError
 from codecage.guest import contract
-from codecage.isolation import cgroups, rootfs, seccomp, shell, staging
+from codecage.isolation import cgroups, datadir, rootfs, seccomp, shell, staging
 from codecage.policy import profiles
 from codecage.policy.profiles import ImportPolicy
 
@@ -95,7 +95,10 @@ def reachable(
     own = f"{run_dir}/"
     found: list[rootfs.Mount] = []
     for m in mounts:
-        if m.kind in ("ro-bind", "bind") and m.source and not m.source.startswith(own):
+        # The data directory is never copied (isolation.datadir): its readers are the operator's.
+        if m.dest == datadir.DATA_DIR:
+            pass
+        elif m.kind in ("ro-bind", "bind") and m.source and not m.source.startswith(own):
             source = _reachable_source(m.source, identity)
             if source != m.source:
                 m = dataclasses.replace(m, source=source)

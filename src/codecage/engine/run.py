@@ -40,7 +40,7 @@ from codecage.engine.judge import ControlStream, Observation
 from codecage.engine.supervise import supervise
 from codecage.errors import ConfigError, Face, SandboxError
 from codecage.guest.contract import STOP_LINE
-from codecage.isolation import cgroups, rlimits, rootfs
+from codecage.isolation import cgroups, datadir, rlimits, rootfs
 from codecage.isolation import identity as identities
 from codecage.isolation.cgroups import CgroupHandle
 from codecage.models import (
@@ -87,6 +87,7 @@ class RunRequest:
     servers_dir: Path | None = None  # see SandboxSpec
     skills_dir: Path | None = None
     packages_dir: Path | None = None
+    data_dir: Path | None = None  # see SandboxSpec
     face: Face = "library"  # who asked: an import refusal's hint is worded for it
     wider_profile: str | None = None  # an enabled profile that refuses nothing, for hints
     identity: Identity | None = None  # see SandboxSpec
@@ -165,6 +166,7 @@ class SandboxSpec:
     servers_dir: Path | None = None  # `codecage gen`'s tree, read-only at /servers
     skills_dir: Path | None = None  # reusable functions, read-only at /skills
     packages_dir: Path | None = None  # the operator's added packages, at /opt/packages
+    data_dir: Path | None = None  # the operator's data, read-only at /data (isolation.datadir)
     # The host ids the sandbox runs as (never 0); None: this process's default
     # (`isolation.identity.plan()`: a dedicated id for root, the caller's own otherwise).
     identity: Identity | None = None
@@ -178,6 +180,7 @@ class SandboxSpec:
             servers_dir=request.servers_dir,
             skills_dir=request.skills_dir,
             packages_dir=request.packages_dir,
+            data_dir=request.data_dir,
             identity=request.identity,
         )
 
@@ -353,7 +356,7 @@ def prepare(spec: SandboxSpec) -> None:
 def _binds(spec: SandboxSpec, interpreter: rootfs.Interpreter) -> tuple[rootfs.Mount, ...]:
     return launch.binds(
         spec.policy, spec.packages_dir, spec.servers_dir, spec.skills_dir, interpreter
-    )
+    ) + datadir.mounts(spec.data_dir)
 
 
 def wait_ready(sandbox: StartedSandbox, timeout_s: float) -> None:

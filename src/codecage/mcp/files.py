@@ -10,11 +10,18 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp_types import ContentBlock, ImageContent, TextContent
+from mcp_types import (
+    BlobResourceContents,
+    ContentBlock,
+    EmbeddedResource,
+    ImageContent,
+    TextContent,
+)
 
 from codecage.engine import workspace as workspaces
 from codecage.errors import CodecageError
@@ -28,6 +35,7 @@ MAX_IMAGES = 5
 MAX_IMAGE_BYTES = 640 * 1024  # as base64, one fits in a reply (reply.MAX_REPLY_BYTES)
 MAX_INLINE_FILE_BYTES = 256 * 1024
 MAX_RETURN_FILES = 20
+MAX_BINARY_FILE_BYTES = 640 * 1024  # an embedded resource; the reply's budget may drop it
 # Files listed as one of these are read as image candidates; only raster content whose
 # magic bytes say so (`_raster_type`) goes back as an image. SVG never does: it is XML
 # that can carry scripts and text the scrubber never read (return_files gives it as
@@ -104,8 +112,10 @@ def files_back(
                 encoded = base64.b64encode(data).decode("ascii")
                 blocks.append(ImageContent(type="image", data=encoded, mime_type=mime))
     on_disk: dict[str, list[str]] = {}
+    mimes: dict[str, str] = {}
     for info in written:
         on_disk.setdefault(info.path, []).append(info.raw_path())
+        mimes[info.raw_path()] = info.mime
     for asked in return_files:
         shown = neutralise_line(asked)
         names = on_disk.get(asked, [asked])
@@ -120,9 +130,22 @@ def files_back(
             )
             continue
         try:
-            data = workspaces.read_file(workdir, names[0], max_bytes=MAX_INLINE_FILE_BYTES)
+            data = workspaces.read_file(workdir, names[0], max_bytes=MAX_BINARY_FILE_BYTES)
         except CodecageError as exc:
             blocks.append(TextContent(type="text", text=f"{shown}: {exc}"))
+            continue
+        if not _is_text(data):
+            blocks.append(_embedded(names[0], data, mimes.get(names[0])))
+            continue
+        if len(data) > MAX_INLINE_FILE_BYTES:
+            blocks.append(
+                TextContent(
+                    type="text",
+                    text=f"{shown}: a text file of {len(data)} bytes, over the "
+                    f"{MAX_INLINE_FILE_BYTES}-byte limit of text returned inline; print "
+                    "the part you need, or return a smaller file",
+                )
+            )
             continue
         text = data.decode("utf-8", "replace")
         if scrubber is not None:
@@ -131,6 +154,34 @@ def files_back(
             counts.append(scrubbed.counts)
         blocks.append(TextContent(type="text", text=f"--- {shown} ---\n{neutralise_text(text)}"))
     return blocks, merge_counts(*counts)
+
+
+def _is_text(data: bytes) -> bool:
+    """UTF-8 without NUL: returned inline and scrubbed; anything else is binary."""
+    if b"\x00" in data:
+        return False
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _embedded(name: str, data: bytes, mime: str | None) -> EmbeddedResource:
+    """A binary file as an embedded resource: base64, its MIME type, and a file:// URI
+    of its place in the sandbox (the name percent-encoded, so no control character or
+    space reaches the client raw). Binary content cannot be scrubbed (like images)."""
+    uri = "file:///workspace/" + urllib.parse.quote(
+        name.encode("utf-8", "surrogateescape"), safe="/"
+    )
+    return EmbeddedResource(
+        type="resource",
+        resource=BlobResourceContents(
+            uri=uri,
+            mime_type=mime or "application/octet-stream",
+            blob=base64.b64encode(data).decode("ascii"),
+        ),
+    )
 
 
 def _raster_type(data: bytes) -> str | None:

@@ -36,7 +36,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
+from mcp_types import (
+    BlobResourceContents,
+    CallToolResult,
+    ContentBlock,
+    EmbeddedResource,
+    ImageContent,
+    TextContent,
+)
 from pydantic import BaseModel, ConfigDict, Field
 
 from codecage.guest import contract
@@ -525,20 +532,41 @@ def _drop_images(reply: _Execution) -> None:
 
 
 def _image_count(reply: _Execution) -> int:
-    return sum(isinstance(b, ImageContent) for b in reply.attachments)
+    """Images and binary files (embedded resources): what `_drop_images` may leave out."""
+    return sum(isinstance(b, ImageContent | EmbeddedResource) for b in reply.attachments)
 
 
 def _drop_last_image(reply: _Execution) -> None:
-    """The largest image (the last of those as large) out, a line saying so in its place."""
-    images = [(i, b) for i, b in enumerate(reply.attachments) if isinstance(b, ImageContent)]
-    index, block = max(reversed(images), key=lambda pair: len(pair[1].data))
-    described = f"an image ({block.mime_type}, {len(block.data) * 3 // 4} bytes)"
+    """The largest image or binary file (the last of those as large) out, a line saying so
+    in its place."""
+    binaries = [
+        (i, b)
+        for i, b in enumerate(reply.attachments)
+        if isinstance(b, ImageContent | EmbeddedResource)
+    ]
+    index, block = max(reversed(binaries), key=lambda pair: _binary_chars(pair[1]))
+    if isinstance(block, ImageContent):
+        described = f"an image ({block.mime_type}, {len(block.data) * 3 // 4} bytes)"
+        advice = "save fewer or smaller images"
+    else:
+        resource = block.resource
+        described = (
+            f"the file {resource.uri.removeprefix('file://')} ({resource.mime_type}, "
+            f"{_binary_chars(block) * 3 // 4} bytes)"
+        )
+        advice = "ask for fewer or smaller files in return_files"
     # Replaced, not removed: the pieces of inline files are known by their index.
     reply.attachments[index] = TextContent(
-        type="text",
-        text=f"[{described} was left out to fit the reply: save fewer or smaller images]",
+        type="text", text=f"[{described} was left out to fit the reply: {advice}]"
     )
     reply.cuts.append(f"{described} left out")
+
+
+def _binary_chars(block: ImageContent | EmbeddedResource) -> int:
+    if isinstance(block, ImageContent):
+        return len(block.data)
+    resource = block.resource
+    return len(resource.blob) if isinstance(resource, BlobResourceContents) else 0
 
 
 def _last_resort(reply: _Execution) -> None:
@@ -550,8 +578,8 @@ def _last_resort(reply: _Execution) -> None:
     reply.files_kept, reply.events_kept = 0, 1
     # Replaced, not removed: the pieces of inline files are known by their index.
     reply.attachments = [
-        TextContent(type="text", text="[an image was left out to fit the reply]")
-        if isinstance(b, ImageContent)
+        TextContent(type="text", text="[an image or file was left out to fit the reply]")
+        if isinstance(b, ImageContent | EmbeddedResource)
         else b
         for b in reply.attachments
     ]

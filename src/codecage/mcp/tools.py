@@ -19,9 +19,15 @@ from mcp.server.mcpserver.tools import Tool
 from mcp_types import CallToolResult, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field
 
+from codecage.isolation import datadir
 from codecage.mcp import reply, sessions
 from codecage.mcp.arguments import registrar
-from codecage.mcp.files import MAX_INLINE_FILE_BYTES, MAX_RETURN_FILES, decode_uploads
+from codecage.mcp.files import (
+    MAX_BINARY_FILE_BYTES,
+    MAX_INLINE_FILE_BYTES,
+    MAX_RETURN_FILES,
+    decode_uploads,
+)
 from codecage.mcp.runner import Runner
 from codecage.models import DEFAULT_REPLY_MAX_TOKENS, HostInfo, ValidationReport
 from codecage.output import neutralise_line
@@ -57,7 +63,9 @@ def tools(runner: Runner) -> list[Tool]:
             "Images the code saves in /workspace (png, jpeg, gif, webp) are returned as "
             "images; ask for an SVG with return_files, as text. "
             f"The reply is kept within about {budget:,} tokens: long output keeps its head "
-            "and tail; print summaries, not bulk data." + _tools_note(runner.base)
+            "and tail; print summaries, not bulk data."
+            + _data_note(runner.base)
+            + _tools_note(runner.base)
         ),
         annotations=_annotations("Run Python in a sandbox", read_only=False, open_world=upstream),
     )
@@ -90,9 +98,13 @@ def tools(runner: Runner) -> list[Tool]:
         return_files: Annotated[
             list[str] | None,
             Field(
-                description="Text files (paths in /workspace) to return inline, up to "
-                f"{MAX_RETURN_FILES} files of {MAX_INLINE_FILE_BYTES // 1024} KiB each; "
-                "they count towards the reply's size (a long one keeps head and tail).",
+                description="Files (paths in /workspace) to return, up to "
+                f"{MAX_RETURN_FILES}: text inline (at most {MAX_INLINE_FILE_BYTES // 1024} "
+                "KiB each; a long one keeps head and tail), binary files (xlsx, parquet, "
+                "zip, ...) as embedded resources with base64 content (at most "
+                f"{MAX_BINARY_FILE_BYTES // 1024} KiB each). They count towards the reply's "
+                "size: when it is full, the largest binary files are left out, and the "
+                "reply says so.",
                 max_length=MAX_RETURN_FILES,
             ),
         ] = None,
@@ -248,8 +260,23 @@ class SandboxInfoReply(BaseModel):
     tools: list[str] = Field(description="This server's tools.")
     tool_servers: list[str] = Field(description="Upstream MCP servers the code may call.")
     reply_max_tokens: int = Field(description="Estimated tokens a reply takes at most.")
+    data: str | None = Field(
+        None,
+        description="Where the operator's data directory is, read-only, in every sandbox "
+        "(/data); absent when there is none.",
+    )
     detail: dict[str, Any] | None = Field(
         None, description="With detail=true: modules per profile, layers, pool, scrub, tools."
+    )
+
+
+def _data_note(sandbox: Sandbox) -> str:
+    """Where the operator's data is, when the server was given a data directory."""
+    if sandbox.host.data_dir is None:
+        return ""
+    return (
+        f" The operator's data files are in {datadir.DATA_DIR} (read-only): read them "
+        "there instead of passing them in `files`."
     )
 
 
@@ -280,6 +307,7 @@ def _short_info(runner: Runner, info: HostInfo, tools: list[str], budget: int) -
         tools=tools,
         tool_servers=info.tools.servers if info.tools is not None else [],
         reply_max_tokens=budget,
+        data=datadir.DATA_DIR if info.data_dir is not None else None,
     ).model_dump(mode="json", exclude_none=True)
 
 
@@ -303,6 +331,11 @@ def _info_text(data: dict[str, Any]) -> str:
             "upstream MCP servers the code may call: "
             + (", ".join(data["tool_servers"]) or "none"),
             f"replies: at most about {data['reply_max_tokens']:,} tokens",
+            *(
+                [f"data: the operator's files are in {data['data']} (read-only)"]
+                if data.get("data")
+                else []
+            ),
             "get_sandbox_info with detail=true lists each profile's modules and every layer.",
         ]
     )
@@ -321,7 +354,10 @@ def _info_detail(info: HostInfo) -> dict[str, Any]:
     if data.get("tools"):
         for key in ("servers_dir", "skills_dir"):
             data["tools"][key] = "/" + key.removesuffix("_dir") if data["tools"][key] else None
-    return cast(dict[str, Any], reply.without_host_paths(data))
+    cleaned = cast(dict[str, Any], reply.without_host_paths(data))
+    if info.data_dir is not None:
+        cleaned["data_dir"] = datadir.DATA_DIR  # where the code sees it, not the host's path
+    return cleaned
 
 
 def _validation_text(report: ValidationReport) -> str:

@@ -167,6 +167,11 @@ class HostInfo(Model):
         description="Packages the operator added (`codecage packages add`), importable where "
         "the profile allows them.",
     )
+    data_dir: str | None = Field(
+        None,
+        description="The host directory every sandbox sees read-only at /data (`serve "
+        "--data DIR`, `Sandbox(data_dir=...)`); None: there is no /data.",
+    )
 
 
 class ProbeResult(Model):

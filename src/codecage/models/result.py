@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Final, Literal
 
 from pydantic import (
@@ -12,6 +13,8 @@ from pydantic import (
     model_validator,
 )
 
+from codecage.errors import ConfigError
+from codecage.kept import KeptFiles, check_relpath
 from codecage.models.base import Model
 from codecage.models.settings import Limits
 from codecage.output import neutralise_line
@@ -268,10 +271,60 @@ class ExecutionResult(Model):
     # The bytes as printed, before neutralising; not part of the JSON contract (`--raw`).
     _raw_stdout: bytes = PrivateAttr(default=b"")
     _raw_stderr: bytes = PrivateAttr(default=b"")
+    # The files' bytes, read before the workspace went (library runs); not part of the JSON.
+    _kept: KeptFiles | None = PrivateAttr(default=None)
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    def read_file(self, path: str) -> bytes:
+        """The content of a file the run left in /workspace, by its path as `files` lists
+        it (e.g. "out/chart.png"). The workspace is gone: the bytes were kept when the run
+        ended, up to `keep_files_mb` for all files together; regular files only, never
+        through a link.
+
+        Raises:
+            ConfigError: the path is empty, absolute, has a '..' component or a NUL; the run
+                left no such file; it was over the bound (the message says so); or this
+                result kept no files (read back from JSON, or keep_files_mb=0).
+        """
+        check_relpath(path)
+        return self._kept_files().read(path)
+
+    def save_files(
+        self, directory: str | Path, *, overwrite: bool = False, partial: bool = False
+    ) -> list[Path]:
+        """Write the files the run left into `directory` (made when missing), under their
+        relative paths, and return where they went. No link in `directory` is followed
+        (each component is opened with O_NOFOLLOW, files made with O_EXCL).
+
+        Args:
+            directory: an existing or new directory (not a symlink).
+            overwrite: replace files that exist there; else refuse before writing any.
+            partial: save what was kept when some file was not (over `keep_files_mb`);
+                else refuse before writing any.
+
+        Raises:
+            ConfigError: a file exists (without overwrite), a file was not kept (without
+                partial), a link or a file is in the way, or this result kept no files.
+        """
+        return self._kept_files().save(Path(directory), overwrite=overwrite, partial=partial)
+
+    def with_kept_files(self, kept: KeptFiles) -> ExecutionResult:
+        """This result, holding `kept` for `read_file` and `save_files`."""
+        self._kept = kept
+        return self
+
+    def _kept_files(self) -> KeptFiles:
+        if self._kept is None:
+            raise ConfigError(
+                "this result holds no files' content: it was not returned by "
+                "Sandbox.run/arun, or they ran with keep_files_mb=0",
+                hint="run with {keep_files_mb} above 0, or read the files in an `on_files` "
+                "callback",
+            )
+        return self._kept
 
     def raw_stdout(self) -> bytes:
         """stdout exactly as the program wrote it (up to the cap): may hold escape codes."""

@@ -108,6 +108,12 @@ class ServeSettings(Model):
         'argument), e.g. ["bwrap", "gvisor"]; None: only the one the server runs with. '
         "A call on another backend than the server's runs cold (no warm pool).",
     )
+    data_dir: str | None = Field(
+        None,
+        description="A host directory every sandbox of the server sees read-only at /data "
+        "(absolute; not /, nor above or inside codecage's own state); None: no /data. "
+        "`serve --data DIR` overrides it.",
+    )
 
 
 class SessionSettings(Model):

@@ -22,7 +22,7 @@ layers above use is named here.
 
 from codecage.engine.workspace import ownership
 from codecage.engine.workspace.fds import MAX_DEPTH
-from codecage.engine.workspace.files import check_files, read_file, write_files
+from codecage.engine.workspace.files import check_files, keep, read_file, write_files
 from codecage.engine.workspace.lifecycle import (
     RootState,
     Workspace,
@@ -45,6 +45,7 @@ __all__ = [
     "check_files",
     "create_ephemeral",
     "destroy",
+    "keep",
     "list_files",
     "ownership",
     "private_parent",

@@ -18,7 +18,9 @@ from pathlib import Path
 from codecage.backends.base import Identity
 from codecage.engine.workspace import fds
 from codecage.engine.workspace.lifecycle import Workspace
-from codecage.errors import ConfigError, SandboxError
+from codecage.errors import CodecageError, ConfigError, SandboxError
+from codecage.kept import KeptFiles
+from codecage.models import FileInfo
 from codecage.output import neutralise_line
 
 
@@ -267,3 +269,31 @@ def _refusal(shown: str, exc: OSError | None, why: str) -> ConfigError | Sandbox
         f"cannot read '{shown}' from the workspace: {exc.strerror}",
         hint="run it again; if it persists, check the host's disk and memory",
     )
+
+
+def keep(ws_path: Path, listing: list[FileInfo], max_bytes: int) -> KeptFiles:
+    """The bytes of the files `listing` names, read through `read_file` while the workspace
+    exists, up to `max_bytes` together: a file that does not fit in what is left is named
+    with the reason, not kept; so is one that cannot be read (it changed, or is a link now).
+    """
+    data: dict[str, bytes] = {}
+    not_kept: dict[str, str] = {}
+    aliases: dict[str, str] = {}
+    left = max_bytes
+    for info in listing:
+        name = info.raw_path()
+        if info.path != name:
+            aliases[info.path] = name
+        if info.size > left:
+            not_kept[name] = (
+                f"it is {info.size} bytes and the run's files kept may be "
+                f"{max_bytes} bytes together (keep_files_mb)"
+            )
+            continue
+        try:
+            data[name] = read_file(ws_path, name, max_bytes=left)
+        except CodecageError as exc:
+            not_kept[name] = str(exc)
+            continue
+        left -= len(data[name])
+    return KeptFiles(data=data, not_kept=not_kept, aliases=aliases)
