@@ -98,6 +98,9 @@ class Request:
     backend: str | None = None  # one of `Host.call_backends`; None: the host's own
     session_id: str | None = None  # run in this open session (see `Host.open_session`)
     client: str = ""  # who asks: a session is used by the client that opened it only
+    # Called with ("stdout" | "stderr", text) as the program writes, scrubbed as results
+    # are (engine/stream.py); on a thread of the engine's own, one per run.
+    on_output: Callable[[str, str], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -436,6 +439,8 @@ class Host:
             data_dir=self.data_dir,
             face=request.face,
             wider_profile=self.wider_profile,
+            on_output=request.on_output,
+            scrub_output=self._stream_scrub() if request.on_output is not None else None,
         )
 
     # --- sessions ----------------------------------------------------------------------------
@@ -503,6 +508,13 @@ class Host:
         finally:
             if tools is not None:
                 tools.close()
+
+    def _stream_scrub(self) -> Callable[[str, bool], str] | None:
+        """How streamed output is scrubbed: as the result's streams are (None: not at all)."""
+        scrubber = self.scrubber
+        if scrubber is None or not scrubber.active:
+            return None
+        return lambda text, cut: scrubber.scrub(text, truncated=cut).text
 
     def _scrub_asked(self, text: str) -> str:
         # Detectors only: the configured secrets would make it an oracle on them.

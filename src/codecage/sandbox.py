@@ -10,10 +10,12 @@ turns its arguments into a typed `host.Request` (or call) for the Host.
 from __future__ import annotations
 
 import asyncio
+import inspect
+import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import ValidationError
 
@@ -41,6 +43,11 @@ if TYPE_CHECKING:
     from codecage.backends.base import Backend
     from codecage.bridge.broker import Broker
     from codecage.policy.scrub import Scrubber
+
+log = logging.getLogger(__name__)
+
+OutputHandler = Callable[[str, str], None]
+"""`on_output`: called with the stream ("stdout" or "stderr") and the text that arrived."""
 
 
 class Sandbox:
@@ -235,6 +242,7 @@ class Sandbox:
         on_files: Callable[[Path, list[FileInfo]], None] | None = None,
         files: Mapping[str, bytes | str] | None = None,
         keep_files_mb: int | None = None,
+        on_output: OutputHandler | None = None,
     ) -> ExecutionResult:
         """Run `code` in a new sandbox and return how it went.
 
@@ -259,6 +267,17 @@ class Sandbox:
                 writes: more than `workspace_mb` in all is refused. Not with `workspace`.
             keep_files_mb: this run's bound of the files its result keeps for
                 `result.read_file` / `save_files` (None: the Sandbox's `keep_files_mb`).
+            on_output: called as the program writes, with the stream ("stdout" or
+                "stderr") and the text (UTF-8; a character split across two writes arrives
+                whole; an invalid byte as a ``\\x80`` escape; control characters as
+                written: neutralise them before showing them on a terminal). It is called
+                on a thread of codecage's own (one per run, named ``codecage-output``), in
+                order, never two calls at once, and every call has returned when `run`
+                returns. Scrubbed as the result is, by complete lines (an unfinished line
+                goes out after 0.5 s or 4 KiB). At most `max_output_bytes` per stream is
+                streamed; one line then says the rest is not. If it raises, it is not
+                called again (logged once); one still busy 5 s after the run ended is left
+                behind and gets no more. The result holds the output as without it.
 
         Raises:
             ConfigError: the request was refused before anything ran.
@@ -289,6 +308,7 @@ class Sandbox:
             on_files=read_back,
             strict=strict,
             face=self.face,
+            on_output=on_output,
         )
         result = self.host.run(request)
         return result.with_kept_files(collected[0]) if collected else result
@@ -349,9 +369,14 @@ class Sandbox:
         files: Mapping[str, bytes | str] | None = None,
         on_files: Callable[[Path, list[FileInfo]], None] | None = None,
         keep_files_mb: int | None = None,
+        on_output: OutputHandler | Callable[[str, str], Awaitable[None]] | None = None,
     ) -> ExecutionResult:
         """`run()` for asyncio callers: the run happens in a worker thread. Cancelling the
         task kills the sandbox.
+
+        `on_output` as for `run()`; a coroutine function is awaited on the caller's event
+        loop instead, one call after the other in order, and `arun` returns once the last
+        has finished (waiting at most 5 s for it; one that raises is not called again).
 
         Raises:
             ConfigError: the request was refused before anything ran.
@@ -359,8 +384,12 @@ class Sandbox:
             SandboxError: the sandbox itself failed.
         """
         cancel = threading.Event()
+        relay, handler = None, cast(OutputHandler | None, on_output)
+        if inspect.iscoroutinefunction(on_output):
+            relay = _LoopRelay(on_output)
+            handler = relay.put
         try:
-            return await asyncio.to_thread(
+            result = await asyncio.to_thread(
                 self.run,
                 code,
                 limits=limits,
@@ -371,10 +400,20 @@ class Sandbox:
                 files=files,
                 on_files=on_files,
                 keep_files_mb=keep_files_mb,
+                on_output=handler,
             )
         except asyncio.CancelledError:
             cancel.set()  # the task was cancelled: the worker thread kills the sandbox
+            if relay is not None:
+                relay.cancel()
             raise
+        except BaseException:
+            if relay is not None:
+                relay.cancel()
+            raise
+        if relay is not None:
+            await relay.finish()
+        return result
 
     def validate(self, code: str, *, strict: bool = False) -> ValidationReport:
         """Check `code` against this Sandbox's profile without running it.
@@ -428,6 +467,43 @@ def _check_keep_files_mb(value: int) -> int:
             hint="pass {keep_files_mb=64} (MiB of a run's files its result keeps; 0: none)",
         )
     return value
+
+
+class _LoopRelay:
+    """`arun`'s coroutine `on_output`, run on the caller's loop: the run's output thread
+    queues each piece (`put`), one task awaits the handler for each in order."""
+
+    def __init__(self, handler: Callable[[str, str], Awaitable[None]]) -> None:
+        self._handler = handler
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[tuple[str, str] | None] = asyncio.Queue()
+        self._task = self._loop.create_task(self._consume())
+
+    def put(self, stream: str, text: str) -> None:
+        """From the run's output thread: hand `text` over to the loop."""
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, (stream, text))
+
+    async def _consume(self) -> None:
+        failed = False
+        while (item := await self._queue.get()) is not None:
+            if failed:
+                continue
+            try:
+                await self._handler(*item)
+            except Exception as exc:  # the caller's code: it stops getting output, that is all
+                failed = True
+                log.warning("sandbox.on_output_failed", extra={"error": type(exc).__name__})
+
+    async def finish(self) -> None:
+        """After the run: the pieces queued so far are handled (at most 5 s more)."""
+        self._queue.put_nowait(None)  # after every put: the run's thread queued them first
+        _, pending = await asyncio.wait({self._task}, timeout=5.0)
+        if pending:
+            log.warning("sandbox.on_output_slow", extra={"waited_s": 5.0})
+            self.cancel()
+
+    def cancel(self) -> None:
+        self._task.cancel()
 
 
 def _input_files(files: Mapping[str, bytes | str] | None) -> dict[str, bytes] | None:

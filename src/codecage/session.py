@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -66,6 +66,7 @@ class Session:
         limits: dict[str, Any] | None = None,
         files: Mapping[str, bytes | str] | None = None,
         cancel: threading.Event | None = None,
+        on_output: Callable[[str, str], None] | None = None,
     ) -> ExecutionResult:
         """Run `code` in the session: what earlier runs defined is there.
 
@@ -75,6 +76,8 @@ class Session:
                 session's).
             files: written into the session's /workspace before the code runs.
             cancel: set it to kill the run (which ends the session).
+            on_output: called with ("stdout" | "stderr", text) as the run prints, as for
+                `Sandbox.run`.
 
         Raises:
             SessionError: the session has ended (the message says why).
@@ -92,6 +95,7 @@ class Session:
             cancel=cancel,
             face=self._sandbox.face,
             session_id=self.id,
+            on_output=on_output,
         )
         return self._sandbox.host.run(request)
 

@@ -47,16 +47,35 @@ def show(report: Report, render: Callable[[Report], None], *, as_json: bool) -> 
         render(report)
 
 
-def render_result(result: ExecutionResult, *, raw: bool) -> None:
-    if raw:
-        sys.stdout.buffer.write(result.raw_stdout())
-        sys.stdout.buffer.flush()
-        sys.stderr.buffer.write(result.raw_stderr())
-        sys.stderr.buffer.flush()
-    else:
-        sys.stdout.write(result.stdout)
-        sys.stdout.flush()
-        sys.stderr.write(result.stderr)
+class LiveOutput:
+    """The program's output printed as it comes (`Sandbox.run`'s `on_output`, called on the
+    run's output thread): stdout to stdout, stderr to stderr, neutralised for a terminal as
+    `render_result` shows it (or, `raw`, as the program wrote it). `before_first` runs once,
+    before the first text: it stops the spinner, which would garble the lines."""
+
+    def __init__(self, *, raw: bool, before_first: Callable[[], None]) -> None:
+        self._raw = raw
+        self._before_first: Callable[[], None] | None = before_first
+
+    def __call__(self, stream: str, text: str) -> None:
+        if self._before_first is not None:
+            self._before_first()
+            self._before_first = None
+        target = sys.stdout if stream == "stdout" else sys.stderr
+        if self._raw:
+            # An invalid byte arrives as its \x escape: the text holds no surrogate.
+            target.buffer.write(text.encode("utf-8"))
+            target.buffer.flush()
+        else:
+            target.write(neutralise_text(text))
+            target.flush()
+
+
+def render_result(result: ExecutionResult, *, raw: bool, streamed: bool = False) -> None:
+    """The person's view of a result; `streamed`: its output was printed live already
+    (`LiveOutput`), so it is not printed again."""
+    if not streamed:
+        _print_output(result, raw=raw)
     if result.error is not None and result.error.traceback:
         sys.stderr.write(result.error.traceback.rstrip("\n") + "\n")
     elif result.error is not None:
@@ -74,6 +93,18 @@ def render_result(result: ExecutionResult, *, raw: bool) -> None:
         else:
             stderr.print(f"[yellow]! {event.kind}[/yellow]: {detail}", markup=True)
     stderr.print(_summary(result), markup=True)
+
+
+def _print_output(result: ExecutionResult, *, raw: bool) -> None:
+    if raw:
+        sys.stdout.buffer.write(result.raw_stdout())
+        sys.stdout.buffer.flush()
+        sys.stderr.buffer.write(result.raw_stderr())
+        sys.stderr.buffer.flush()
+    else:
+        sys.stdout.write(result.stdout)
+        sys.stdout.flush()
+        sys.stderr.write(result.stderr)
 
 
 def _summary(result: ExecutionResult) -> str:
@@ -299,6 +330,9 @@ class _NullContext:
         return None
 
     def __exit__(self, *args: object) -> None:
+        return None
+
+    def stop(self) -> None:
         return None
 
 

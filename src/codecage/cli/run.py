@@ -39,6 +39,7 @@ from codecage.cli.options import (
     WorkspaceMbOpt,
 )
 from codecage.cli.render import (
+    LiveOutput,
     fail,
     print_json,
     progress,
@@ -114,7 +115,12 @@ def run(
     ] = False,
     as_json: JsonOpt = False,
     raw: Annotated[
-        bool, typer.Option("--raw", help="Print the program's output bytes unescaped.")
+        bool,
+        typer.Option(
+            "--raw",
+            help="Print the program's output unescaped (control characters as written; "
+            "invalid UTF-8 shows as \\x escapes).",
+        ),
     ] = False,
     profile: ProfileOpt = None,
     allow_import: AllowImportOpt = None,
@@ -154,6 +160,10 @@ def run(
     verbose: VerboseOpt = False,
 ) -> None:
     """Run Python code in a fresh sandbox and report how it went.
+
+    The program's output is printed as it comes (stdout to stdout, stderr to stderr, escape
+    sequences neutralised unless --raw), then a summary on stderr; --json prints one
+    object at the end instead.
 
     What the run returns is scrubbed by the host: personal data and secrets in stdout,
     stderr, the traceback, the return value and events become [EMAIL], [SECRET], ...
@@ -222,11 +232,10 @@ def run(
             import_policy=not no_import_policy,
             scrub=scrub_option(no_scrub, scrub_categories, settings),
         )
-        with (
-            contextlib.closing(tools),
-            sandbox,
-            progress("starting the sandbox", enabled=not as_json),
-        ):
+        spinner = progress("starting the sandbox", enabled=not as_json)
+        # Human mode prints the output as it comes; --json prints one object at the end.
+        live = None if as_json else LiveOutput(raw=raw, before_first=spinner.stop)
+        with contextlib.closing(tools), sandbox, spinner:
             result = sandbox.run(
                 text,
                 limits=overrides,
@@ -236,6 +245,7 @@ def run(
                 files=uploads,
                 # --out keeps all the workspace can hold; without it, nothing is kept.
                 keep_files_mb=min(workspace_mb_in_force, 4096) if out is not None else 0,
+                on_output=live,
             )
     except CodecageError as exc:
         fail(exc, as_json=as_json, verbose=verbose)
@@ -246,7 +256,7 @@ def run(
             data["mcp_hosts"] = [report.as_json() for report in host_reports]
         print_json(data)
     else:
-        render_result(result, raw=raw)
+        render_result(result, raw=raw, streamed=live is not None)
     raise typer.Exit(0 if result.ok and saved_ok else 1)
 
 

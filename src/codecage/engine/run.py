@@ -35,6 +35,7 @@ from codecage.backends.base import (
 )
 from codecage.bridge import channel as bridge
 from codecage.engine import judge, launch
+from codecage.engine import stream as streaming
 from codecage.engine import workspace as workspaces
 from codecage.engine.judge import ControlStream, Observation
 from codecage.engine.supervise import supervise
@@ -91,6 +92,10 @@ class RunRequest:
     face: Face = "library"  # who asked: an import refusal's hint is worded for it
     wider_profile: str | None = None  # an enabled profile that refuses nothing, for hints
     identity: Identity | None = None  # see SandboxSpec
+    # Called with ("stdout" | "stderr", text) as the program writes (engine/stream.py).
+    on_output: streaming.OutputCallback | None = None
+    # Scrubs streamed text first (text, cut) -> text; None: streamed as written.
+    scrub_output: streaming.StreamScrub | None = None
 
 
 def ceilings() -> Ceilings:
@@ -521,22 +526,38 @@ def _supervise(
 ) -> Observation:
     limits = request.limits
     warm = sandbox.ready_pid is not None
-    cgroup = sandbox.cgroup
-    return supervise(
-        sandbox.proc,
-        sandbox.channel.host_control,
-        (guest_request.model_dump_json() + "\n").encode("utf-8"),
-        kill=sandbox.kill,
-        messages=ControlStream(_CONTROL_CAP_BYTES, ready_pid=sandbox.ready_pid),
-        # A cold run's clock starts before the sandbox does; a warm one's at the request.
-        started=time.monotonic() if warm else sandbox.started_at,
-        wall_timeout_s=limits.timeout,
-        cpu_limit_ms=session.cpu_limit_ms if session else limits.cpu_seconds * 1000,
-        cpu_baseline_ms=baseline.cpu_ms,
-        output_cap_bytes=limits.max_output_bytes,
-        cgroup=cgroup,
-        cancel=request.cancel,
-        keep_open=session is not None,
+    tap = _output_stream(sandbox, request)
+    try:
+        return supervise(
+            sandbox.proc,
+            sandbox.channel.host_control,
+            (guest_request.model_dump_json() + "\n").encode("utf-8"),
+            kill=sandbox.kill,
+            messages=ControlStream(_CONTROL_CAP_BYTES, ready_pid=sandbox.ready_pid),
+            # A cold run's clock starts before the sandbox does; a warm one's at the request.
+            started=time.monotonic() if warm else sandbox.started_at,
+            wall_timeout_s=limits.timeout,
+            cpu_limit_ms=session.cpu_limit_ms if session else limits.cpu_seconds * 1000,
+            cpu_baseline_ms=baseline.cpu_ms,
+            output_cap_bytes=limits.max_output_bytes,
+            cgroup=sandbox.cgroup,
+            cancel=request.cancel,
+            on_output=tap.feed if tap is not None else None,
+            keep_open=session is not None,
+        )
+    finally:
+        if tap is not None:
+            tap.close()  # the rest handed out before the result is made
+
+
+def _output_stream(sandbox: StartedSandbox, request: RunRequest) -> streaming.OutputStream | None:
+    if request.on_output is None:
+        return None
+    return streaming.OutputStream(
+        request.on_output,
+        cap_bytes=request.limits.max_output_bytes,
+        scrub=request.scrub_output,
+        execution_id=sandbox.execution_id,
     )
 
 

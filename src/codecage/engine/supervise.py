@@ -42,6 +42,7 @@ def supervise(
     cgroup: CgroupHandle | None,
     cancel: threading.Event | None = None,
     keep_open: bool = False,
+    on_output: Callable[[str, bytes], None] | None = None,
 ) -> Observation:
     """Send `request`, then read until the sandbox is gone or a limit ends it.
 
@@ -59,6 +60,10 @@ def supervise(
 
     `kill` kills the whole sandbox (`StartedSandbox.kill`): on the wall-clock or CPU limit,
     or once `cancel` is set (checked at least every 50 ms).
+
+    `on_output` is given each chunk read from the program's output ("stdout" or "stderr",
+    the bytes) as it arrives, beside the capped buffers; it must not block (see
+    `engine.stream.OutputStream.feed`).
     """
     seen = Observation(
         # Head and tail, half each: the end of the output is where results and errors are.
@@ -69,7 +74,10 @@ def supervise(
     deadline = started + wall_timeout_s
     pending = memoryview(request)
     control.setblocking(False)
-    streams = {proc.stdout.fileno(): seen.stdout, proc.stderr.fileno(): seen.stderr}
+    streams = {
+        proc.stdout.fileno(): _sink(seen.stdout, "stdout", on_output),
+        proc.stderr.fileno(): _sink(seen.stderr, "stderr", on_output),
+    }
     for fd in streams:
         os.set_blocking(fd, False)
     pidfd = os.pidfd_open(proc.pid)
@@ -128,19 +136,33 @@ def supervise(
                         )
                     elif keep_open and messages.ended:
                         seen.reported = exited_at is None and not seen.killed_by_host
-                elif not _read_into(fd, streams[fd].append):
+                elif not _read_into(fd, streams[fd]):
                     sel.unregister(fd)
             if seen.reported:
                 break
     seen.wall_s = time.monotonic() - started
     if seen.reported:
         for fd, sink in streams.items():
-            _read_into(fd, sink.append)  # what the guest wrote before its report
+            _read_into(fd, sink)  # what the guest wrote before its report
         return seen
     if seen.exit is None:  # drained past the grace period: make sure it is gone
         _kill(kill, seen)
         seen.exit = proc.wait()
     return seen
+
+
+def _sink(
+    buffer: CappedBuffer, name: str, on_output: Callable[[str, bytes], None] | None
+) -> Callable[[bytes], None]:
+    """Where a stream's chunks go: its capped buffer, and `on_output` when there is one."""
+    if on_output is None:
+        return buffer.append
+
+    def both(chunk: bytes) -> None:
+        buffer.append(chunk)
+        on_output(name, chunk)
+
+    return both
 
 
 class _Fd:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -158,6 +159,7 @@ class Runner:
         backend: str | None = None,
         session_id: str | None = None,
         client: str = "",
+        on_output: Callable[[str, str], None] | None = None,
     ) -> tuple[ExecutionResult, list[ContentBlock]]:
         """One run, as a request to the host runtime. Uploads go into the run's fresh
         workspace (its tmpfs, bounded by workspace_mb, removed with it) before the code runs.
@@ -188,6 +190,7 @@ class Runner:
             backend=backend,
             session_id=session_id,
             client=client,
+            on_output=on_output,
         )
         try:
             result = self.base.host.run(request)

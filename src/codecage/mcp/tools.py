@@ -20,7 +20,7 @@ from mcp_types import CallToolResult, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from codecage.isolation import datadir
-from codecage.mcp import reply, sessions
+from codecage.mcp import progress, reply, sessions
 from codecage.mcp.arguments import registrar
 from codecage.mcp.files import (
     MAX_BINARY_FILE_BYTES,
@@ -132,20 +132,26 @@ def tools(runner: Runner) -> list[Tool]:
         else:
             run_limits = runner.call_limits(timeout, memory_limit_mb)
             policy = runner.policy_for(profile, allowed_imports)
-        result, extra = await runner.queued(
-            lambda: runner.execute(
-                code,
-                limits=run_limits,
-                policy=policy,
-                uploads=uploads,
-                return_files=return_files or [],
-                cancel=cancel,
-                backend=backend,
-                session_id=session_id,
-                client=client,
-            ),
-            cancel,
-        )
+
+        async def run(on_output: progress.OutputHandler | None) -> Any:
+            return await runner.queued(
+                lambda: runner.execute(
+                    code,
+                    limits=run_limits,
+                    policy=policy,
+                    uploads=uploads,
+                    return_files=return_files or [],
+                    cancel=cancel,
+                    backend=backend,
+                    session_id=session_id,
+                    client=client,
+                    on_output=on_output,
+                ),
+                cancel,
+            )
+
+        # With a progressToken: progress and log notifications while it runs (mcp/progress.py).
+        result, extra = await progress.reporting(ctx, run)
         return reply.build(result, extra, budget)
 
     sessions.register(tool, runner, clients, budget)
