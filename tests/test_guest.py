@@ -23,6 +23,8 @@ def test_guest_modules_import_only_the_standard_library() -> None:
         )
         for path in files
     }
+    # The one exception: our matplotlib backend, which only matplotlib itself imports.
+    loaded_by = {GUEST_DIR / "runtime" / "plots.py": "matplotlib"}
     for path in files:
         outside = {
             name
@@ -30,6 +32,7 @@ def test_guest_modules_import_only_the_standard_library() -> None:
             if name.split(".")[0] not in sys.stdlib_module_names
             and name != "__future__"
             and name not in own
+            and name.split(".")[0] != loaded_by.get(path)
         }
         assert not outside, f"{path.name} imports {outside}"
 

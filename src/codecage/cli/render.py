@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 
-from codecage import config
+from codecage import config, displays
 from codecage import packages as added
 from codecage.errors import CodecageError, ConfigError
 from codecage.models import (
@@ -76,6 +76,8 @@ def render_result(result: ExecutionResult, *, raw: bool, streamed: bool = False)
     (`LiveOutput`), so it is not printed again."""
     if not streamed:
         _print_output(result, raw=raw)
+    for display in result.displays:  # one line each, neutralised (the code chose the text)
+        stderr.print(f"[cyan]▣[/cyan] {escape(displays.describe(display))}", markup=True)
     if result.error is not None and result.error.traceback:
         sys.stderr.write(result.error.traceback.rstrip("\n") + "\n")
     elif result.error is not None:
@@ -120,6 +122,8 @@ def _summary(result: ExecutionResult) -> str:
         parts.append(result.signal)
     if result.files:
         parts.append(f"{len(result.files)} file(s)")
+    if result.displays:
+        parts.append(f"{len(result.displays)} display output(s)")
     if result.redactions:
         counts = ", ".join(f"{n} {category}" for category, n in result.redactions.items())
         parts.append(f"redacted {counts}")

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from codecage import config
+from codecage import config, displays
 from codecage.cli.logs import configure_logging
 from codecage.cli.options import (
     AllowImportOpt,
@@ -261,14 +261,16 @@ def run(
 
 
 def write_outputs(result: ExecutionResult, directory: Path, *, overwrite: bool) -> list[Path]:
-    """Everything `--out DIR` writes for a result: the files it left in /workspace (and,
-    once display outputs land, its figures: `codecage.displays.save(result.displays, DIR)`
-    goes here). Returns the paths written.
+    """Everything `--out DIR` writes for a result: the files it left in /workspace, then
+    its display outputs (figure-1.png, display-2.html, ...). Returns the paths written.
 
     Raises:
         ConfigError: a file exists (without --overwrite) or something is in the way.
     """
-    return result.save_files(directory, overwrite=overwrite, partial=True)
+    written = result.save_files(directory, overwrite=overwrite, partial=True)
+    if result.displays:
+        written += displays.save(result.displays, directory)
+    return written
 
 
 def _save_outputs(

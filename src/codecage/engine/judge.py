@@ -21,10 +21,12 @@ from codecage.backends.base import ExitStatus
 from codecage.errors import SandboxError
 from codecage.guest import contract
 from codecage.models import (
+    DisplayOutput,
     ErrorInfo,
     Event,
     ExecutionResult,
     FileInfo,
+    GuestDisplay,
     GuestEnd,
     GuestReady,
     GuestResult,
@@ -44,6 +46,9 @@ class GuestMessages:
     report: GuestResult | None = None
     exit_code: int | None = None  # from the main process's "end": the run is over
     problems: list[str] = field(default_factory=list)  # what was malformed
+    displays: list[GuestDisplay] = field(default_factory=list)  # the main process's, in order
+    displays_bytes: int = 0  # their lines' bytes together
+    displays_refused: list[str] = field(default_factory=list)  # why each was left out
 
 
 class ControlStream:
@@ -55,7 +60,10 @@ class ControlStream:
     of processes it forked (they return through the bootstrap too), are overridden or
     ignored. A warm sandbox said it was ready (`ready_pid`) before the request was sent.
     Past `cap_bytes` the rest is discarded (`truncated`); anything malformed is noted in
-    `said.problems`, never trusted.
+    `said.problems`, never trusted. "display" lines of the main process are kept in order
+    within the contract's caps, enforced here again whatever the guest did: a line over
+    `MAX_DISPLAY_BYTES` is refused unparsed, and past `MAX_DISPLAYS` outputs or
+    `MAX_DISPLAYS_BYTES` together the rest are refused (`said.displays_refused`).
     """
 
     def __init__(self, cap_bytes: int, *, ready_pid: int | None) -> None:
@@ -97,10 +105,14 @@ class ControlStream:
         if not line:
             return
         said = self.said
+        if line.startswith(b'{"v":1,"kind":"display"') and self._display_refused(len(line)):
+            return
         try:
             message: dict[str, Any] = json.loads(line)
             kind = message.get("kind")
-            if kind == contract.KIND_READY and not said.ready:
+            if kind == contract.KIND_DISPLAY:
+                self._display(message, len(line))
+            elif kind == contract.KIND_READY and not said.ready:
                 self._main_pid = GuestReady.model_validate(message).pid
                 said.ready = True
             elif kind == contract.KIND_RESULT:
@@ -115,6 +127,30 @@ class ControlStream:
                 raise ValueError("unexpected message")
         except (ValueError, ValidationError) as exc:
             said.problems.append(str(exc))
+
+    def _display_refused(self, size: int) -> bool:
+        """Whether a display line of `size` bytes is over a cap (then noted, not parsed).
+        A line spelled otherwise is checked in `_display`, after parsing: by then the
+        cap on all the guest's bytes has bounded it."""
+        said = self.said
+        if size > contract.MAX_DISPLAY_BYTES:
+            why = f"{size:,} bytes, over the {contract.MAX_DISPLAY_BYTES:,} an output may have"
+        elif len(said.displays) >= contract.MAX_DISPLAYS:
+            why = f"past the {contract.MAX_DISPLAYS} outputs a run may have"
+        elif said.displays_bytes + size > contract.MAX_DISPLAYS_BYTES:
+            why = f"past the {contract.MAX_DISPLAYS_BYTES:,} bytes a run's outputs may have"
+        else:
+            return False
+        said.displays_refused.append(why)
+        return True
+
+    def _display(self, message: dict[str, Any], size: int) -> None:
+        if self._display_refused(size):
+            return
+        display = GuestDisplay.model_validate(message)
+        if display.pid == self._main_pid:  # a forked process's outputs are not the run's
+            self.said.displays.append(display)
+            self.said.displays_bytes += size
 
 
 @dataclass(slots=True)
@@ -246,6 +282,7 @@ def build_result(
             traceback="",
         )
     all_events = [*events, *_policy_events(policy), *_guest_events(report)]
+    all_events += _refused_displays_events(said)
     all_events += _limit_events(seen, measured.files_truncated, limits)
     if seen.cancelled:
         all_events.append(Event(kind="cancelled", detail="the caller cancelled the run"))
@@ -280,7 +317,30 @@ def build_result(
         limits=limits,
         events=all_events,
         backend=backend,
+        displays=_displays_of(said),
     ).with_raw_output(seen.stdout.data, seen.stderr.data)
+
+
+def _displays_of(said: GuestMessages) -> list[DisplayOutput]:
+    """The main process's outputs, in the order it sent them, numbered from 0. Kept
+    whatever the status: they were made before the run ended, like its output."""
+    return [
+        DisplayOutput(index=index, source=display.source, data=display.data)
+        for index, display in enumerate(said.displays)
+    ]
+
+
+def _refused_displays_events(said: GuestMessages) -> list[Event]:
+    refused = said.displays_refused
+    if not refused:
+        return []
+    return [
+        Event(
+            kind="display_truncated",
+            detail=f"the host left out {len(refused)} display output(s): {refused[0]}",
+            data={"left_out": len(refused)},
+        )
+    ]
 
 
 def _error_of(report: GuestResult | None) -> ErrorInfo | None:

@@ -40,7 +40,7 @@ from codecage.engine import workspace as workspaces
 from codecage.engine.judge import ControlStream, Observation
 from codecage.engine.supervise import supervise
 from codecage.errors import ConfigError, Face, SandboxError
-from codecage.guest.contract import STOP_LINE
+from codecage.guest.contract import MAX_DISPLAYS, MAX_DISPLAYS_BYTES, STOP_LINE
 from codecage.isolation import cgroups, datadir, rlimits, rootfs
 from codecage.isolation import identity as identities
 from codecage.isolation.cgroups import CgroupHandle
@@ -63,7 +63,11 @@ from codecage.policy.profiles import ImportPolicy
 log = logging.getLogger(__name__)
 
 RETURN_VALUE_MAX_BYTES = 1024 * 1024
-_CONTROL_CAP_BYTES = 2 * RETURN_VALUE_MAX_BYTES + 256 * 1024
+# The result (its return value, escaped at worst twice its size) and the display outputs
+# (their lines within MAX_DISPLAYS_BYTES, and room for lines the host refuses).
+_CONTROL_CAP_BYTES = (
+    2 * RETURN_VALUE_MAX_BYTES + 256 * 1024 + MAX_DISPLAYS_BYTES + MAX_DISPLAYS * 4096
+)
 
 
 @dataclass(frozen=True, slots=True)

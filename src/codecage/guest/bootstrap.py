@@ -7,6 +7,7 @@ the kinds, the fds, paths and caps are the contract's (contract.py, shared with 
 
     guest -> host  {"v":1,"kind":"ready","pid":...}         the interpreter is up
     host -> guest  {"v":1,"kind":"run","code":...,"filename":...,"limits":{...},...}
+    guest -> host  {"v":1,"kind":"display","pid":...,"source":...,"data":{...}}  (0..50)
     guest -> host  {"v":1,"kind":"result","return_value":...,"error":...,"events":[...]}
     guest -> host  {"v":1,"kind":"end","pid":...,"exit_code":...}  then SHUT_WR
     host -> guest  {"v":1,"kind":"stop"}
@@ -66,6 +67,7 @@ _STOP_WAIT_S = 0.05  # for the host's "stop", sent as soon as it reads the "end"
 _RESULT_NAME = "__codecage_last_value__"
 
 _events: list[dict[str, str]] = []
+_displays: Any = None  # codecage.runtime.displays, once installed (_install_displays)
 
 
 def main(argv: list[str]) -> int:
@@ -73,6 +75,7 @@ def main(argv: list[str]) -> int:
     _close_other_fds(keep=(contract.CONTROL_FD, contract.BRIDGE_FD))
     _preload(_preload_list(argv))
     _warm_up(pooled="--pooled" in argv)
+    _install_displays(control)  # before the request: a warm sandbox has it ready
     main_pid = os.getpid()
     _send(control, {"v": contract.WIRE_VERSION, "kind": contract.KIND_READY, "pid": main_pid})
     request = _receive(control)
@@ -121,6 +124,8 @@ def _serve_session(
             _finish_like_python()
             return 0
         _apply_cpu_limit(request["limits"])
+        if _displays is not None:
+            _displays.new_run()
 
 
 def _remember_source(filename: str, source: str) -> None:
@@ -302,6 +307,39 @@ def _send_end(control: _socket.socket, pid: int, exit_code: int) -> None:
         control.sendall(_end_line(pid, exit_code))
     except OSError:
         pass  # the host is gone: the next receive ends the session
+
+
+def _install_displays(control: _socket.socket) -> None:
+    """Rich outputs (`display`, figures, the last expression) go out as "display" lines as
+    the code makes them; what the caps leave out becomes a display_truncated event."""
+    global _displays
+
+    def send(line: bytes) -> None:
+        try:
+            control.sendall(line)
+        except OSError:
+            pass  # the host stopped listening (e.g. timeout); nothing to do
+
+    def note(detail: str) -> None:
+        if len(_events) < MAX_EVENTS:
+            _events.append({"kind": "display_truncated", "detail": detail})
+
+    try:
+        module = _guest_module("runtime.displays")
+        module.install(send, note)
+    except Exception:
+        return
+    _displays = module
+
+
+def _show_displays(value: Any, *, ended: bool) -> None:
+    """The last expression's rich form (when the code ended normally), then the figures
+    still open, as a notebook shows them after a cell."""
+    if _displays is None:
+        return
+    if ended:
+        _displays.show_last_expression(value)
+    _displays.show_open_figures()
 
 
 def _receive(control: _socket.socket) -> dict[str, Any]:
@@ -609,16 +647,19 @@ def _run_user_code(
     # The source has no file in the sandbox: linecache (tracebacks, inspect) asks this.
     setattr(main_module, "__loader__", _SourceLoader(source))  # noqa: B010 - not its type
     exit_code = 0
+    value, ended = None, False
     try:
         code = _compile(source, filename)
         value = _execute(code, main_module.__dict__)
         report["return_value"] = _encode_return_value(value, max_value_bytes)
+        ended = True
     except SystemExit as exc:
         exit_code = _exit_code_of(exc)
     except BaseException as exc:  # the user's exception, reported as data
         report["error"] = _describe_exception(exc, filename, source)
         exit_code = 1
     finally:
+        _show_displays(value, ended=ended)
         _flush_std_streams()
     # A process the code forked also ends up here; the pid tells the host which report is
     # the main process's (the one whose exit it observes).

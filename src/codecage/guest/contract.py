@@ -8,8 +8,8 @@ imported at all: the guest imports it on every cold start (a test pins both).
 
 The two channels (docs/tool-bridge.md, and the bootstrap's docstring):
 
-- control (fd 3), JSON lines: guest "ready", host "run", guest "result", guest "end",
-  host "stop";
+- control (fd 3), JSON lines: guest "ready", host "run", guest "display" (any number,
+  within the caps below, as the code makes them), guest "result", guest "end", host "stop";
 - tool bridge (fd 4), JSON lines: guest requests `{"v", "id", "op", ...}` (ops
   "call_tool" and "scrub"), host answers `{"v", "id", "ok", "result" | "error"}`, and the
   host's last line `{"v", "closed": why}`.
@@ -29,6 +29,7 @@ KIND_RUN: Final = "run"  # host -> guest: the code to run
 KIND_RESULT: Final = "result"  # guest -> host: how the code ended
 KIND_END: Final = "end"  # guest -> host: the main process's last message
 KIND_STOP: Final = "stop"  # host -> guest: the answer to "end" (stop, do not exit)
+KIND_DISPLAY: Final = "display"  # guest -> host: one rich output, as the code makes it
 
 STOP_LINE: Final = b'{"v":%d,"kind":"%s"}\n' % (WIRE_VERSION, KIND_STOP.encode())
 """The host's "stop", byte for byte: the guest compares what it reads with it."""
@@ -39,6 +40,12 @@ MAX_EVENTS: Final = 50
 """The most events a guest "result" carries."""
 MAX_EVENT_DETAIL: Final = 500
 """The longest detail of one guest event, in characters."""
+MAX_DISPLAYS: Final = 50
+"""The most display outputs of one run (figures, display(obj), the last expression)."""
+MAX_DISPLAY_BYTES: Final = 4 * 1024 * 1024
+"""The longest "display" line, its MIME bundle as JSON (base64 images included)."""
+MAX_DISPLAYS_BYTES: Final = 8 * 1024 * 1024
+"""The "display" lines of one run together; past it, outputs are left out (an event)."""
 
 # --- the tool bridge --------------------------------------------------------------------
 

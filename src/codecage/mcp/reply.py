@@ -25,6 +25,13 @@ Over the budget, the largest pieces (stdout, stderr, traceback, return value, in
 files) are cut in the middle, head and tail kept, each with a marker line saying how much
 was cut and how to get all of it; then the files and events lists, then images, are cut.
 A `reply_trimmed` event, first among the events, says what was cut.
+
+Display outputs (figures, `display(obj)`, the last expression's rich form): a PNG or JPEG
+becomes image content (before the images of files, and dropped by the same rules); the
+text a model reads best, text/markdown else text/plain, goes into the text as a piece that
+is cut like stdout. HTML and SVG never go to the model (SVG is no image for it: see
+mcp/files.py). The structured content lists every output without the big parts, and says
+how many bytes of each were left out.
 """
 
 from __future__ import annotations
@@ -46,9 +53,12 @@ from mcp_types import (
 )
 from pydantic import BaseModel, ConfigDict, Field
 
+from codecage import displays as outputs
 from codecage.guest import contract
+from codecage.mcp.files import MAX_IMAGE_BYTES, MAX_IMAGES
 from codecage.models import (
     DEFAULT_REPLY_MAX_TOKENS,
+    DisplayOutput,
     Event,
     ExecutionResult,
     FileInfo,
@@ -56,7 +66,7 @@ from codecage.models import (
     Status,
     Usage,
 )
-from codecage.models.result import any_json_value
+from codecage.models.result import DisplayMime, DisplaySource, any_json_value
 from codecage.output import cut_marker, neutralise_line
 
 # Under the 1,048,576 bytes of an SSE event, with room for the JSON-RPC envelope and the
@@ -95,6 +105,31 @@ class ReplyError(BaseModel):
     )
 
 
+class ReplyDisplay(BaseModel):
+    """A display output in the structured content, without its large forms."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    index: int = Field(description="Position among the run's display outputs.")
+    source: DisplaySource = Field(description="display, figure or last_expression.")
+    in_text: str | None = Field(
+        description="The MIME type whose text is in the text content (text/markdown, else "
+        "text/plain); None when only its image is shown."
+    )
+    image: str | None = Field(
+        description="image/png or image/jpeg when the output's image is in the content as "
+        "image content (unless a reply_trimmed event says it was left out)."
+    )
+    json_value: Any = Field(
+        None,
+        description="Its application/json form, when it has one of at most 2,000 characters.",
+        json_schema_extra=any_json_value,
+    )
+    left_out: dict[str, int] = Field(
+        description="MIME type -> bytes of each form not in this structured content (base64 "
+        "images, HTML, SVG, the text that is in the text content)."
+    )
+
+
 class ExecutionReply(BaseModel):
     """The structured content of `execute_code`: the `ExecutionResult` without what the
     text content already holds (stdout, stderr, the traceback)."""
@@ -128,6 +163,10 @@ class ExecutionReply(BaseModel):
     events: list[Event] = Field(description="What happened, e.g. reply_trimmed, output_truncated.")
     backend: str = Field(description="The isolation backend that ran the code.")
     redactions: dict[str, int] = Field(description="Redactions made, by category.")
+    displays: list[ReplyDisplay] = Field(
+        default_factory=list,
+        description="The run's rich outputs (figures, tables, display(obj)), in order.",
+    )
     session_id: str | None = Field(None, description="The session it ran in; null if none.")
 
 
@@ -276,6 +315,7 @@ class _Execution:
             events=events,
             backend=result.backend,
             redactions=result.redactions,
+            displays=[_reply_display(d, self.pieces) for d in result.displays],
             session_id=result.session_id,
         )
         text = _text(result, self.pieces, events)
@@ -318,9 +358,14 @@ def build(
     Raises:
         Nothing.
     """
+    shown = _display_images(result.displays)
+    # A figure shown and also saved with savefig is usually the same PNG: sent once.
+    same = {block.data for block in shown if isinstance(block, ImageContent)}
+    files = [b for b in attachments if not (isinstance(b, ImageContent) and b.data in same)]
+    attachments = [*shown, *files]
     reply = _Execution(
         result=result,
-        attachments=list(attachments),
+        attachments=attachments,
         pieces=_pieces_of(result, attachments),
         budget=budget_tokens,
     )
@@ -337,6 +382,10 @@ def build(
 
 def _pieces_of(result: ExecutionResult, attachments: list[ContentBlock]) -> dict[str, str]:
     pieces = {"stdout": result.stdout, "stderr": result.stderr}
+    for display in result.displays:
+        mime = _text_form(display)
+        if mime is not None:
+            pieces[f"display{display.index}"] = str(display.data[mime])
     if result.return_value is not None:
         pieces["value"] = _clip(repr(result.return_value), _VALUE_TEXT_CHARS)
         # Not shown in the text: the structured return_value, cut when large.
@@ -355,6 +404,7 @@ def _text(result: ExecutionResult, pieces: dict[str, str], events: list[Event]) 
         parts.append(pieces["stdout"])
     if pieces.get("stderr"):
         parts.append("stderr:\n" + pieces["stderr"])
+    parts += [_display_text(d, pieces) for d in result.displays]
     if pieces.get("value"):
         parts.append(f"→ {pieces['value']}")
     if result.error is not None:
@@ -367,6 +417,69 @@ def _text(result: ExecutionResult, pieces: dict[str, str], events: list[Event]) 
     parts += _redaction_lines(result.redactions)
     parts += [f"note: {e.kind}: {neutralise_line(e.detail)}" for e in events[:_SUMMARY_EVENTS]]
     return "\n".join(parts)
+
+
+# --- display outputs ------------------------------------------------------------------------
+
+_JSON_VALUE_CHARS = 2_000
+_DISPLAY_CUT_WHY = " to fit the reply; show a smaller part (df.head()) or save it to a file"
+
+
+def _text_form(display: DisplayOutput) -> DisplayMime | None:
+    """The form a model reads in the text: markdown, else plain text unless the output is
+    an image (a figure's text/plain, "<Figure size ...>", says nothing the image does not)."""
+    if isinstance(display.data.get("text/markdown"), str):
+        return "text/markdown"
+    if outputs.image_bytes(display) is None and isinstance(display.data.get("text/plain"), str):
+        return "text/plain"
+    return None
+
+
+def _display_images(displays: list[DisplayOutput]) -> list[ContentBlock]:
+    """Image content for the outputs' PNGs and JPEGs, the first MAX_IMAGES of at most
+    MAX_IMAGE_BYTES each (the same bounds as the files' images)."""
+    blocks: list[ContentBlock] = []
+    for display in displays:
+        image = outputs.image_bytes(display)
+        if image is None or len(blocks) >= MAX_IMAGES or len(image[1]) > MAX_IMAGE_BYTES:
+            continue
+        mime = image[0]
+        blocks.append(ImageContent(type="image", data=str(display.data[mime]), mime_type=mime))
+    return blocks
+
+
+def _display_text(display: DisplayOutput, pieces: dict[str, str]) -> str:
+    """The output's line in the text: what it is, and its text when it has one to read."""
+    head = f"[{neutralise_line(outputs.describe(display))}]"
+    if display.source != "display":
+        head += f" ({display.source.replace('_', ' ')})"
+    image = outputs.image_bytes(display)
+    if image is not None and len(image[1]) > MAX_IMAGE_BYTES:
+        head += f" — too large to attach (over {MAX_IMAGE_BYTES // 1024} KiB): make it smaller"
+    if image is not None:
+        return head
+    return head.split(": ", 1)[0] + "]:\n" + pieces.get(f"display{display.index}", "")
+
+
+def _reply_display(display: DisplayOutput, pieces: dict[str, str]) -> ReplyDisplay:
+    in_text = _text_form(display)
+    image = outputs.image_bytes(display)
+    left_out: dict[str, int] = {}
+    json_value = None
+    for mime, value in display.data.items():
+        encoded = value if isinstance(value, str) else json.dumps(value, default=repr)
+        if mime == "application/json" and len(encoded) <= _JSON_VALUE_CHARS:
+            json_value = value
+        else:
+            left_out[mime] = len(encoded.encode("utf-8", "surrogatepass"))
+    return ReplyDisplay(
+        index=display.index,
+        source=display.source,
+        in_text=in_text if f"display{display.index}" in pieces else None,
+        image=image[0] if image is not None and len(image[1]) <= MAX_IMAGE_BYTES else None,
+        json_value=json_value,
+        left_out=left_out,
+    )
 
 
 def _status_line(result: ExecutionResult) -> str:
@@ -480,6 +593,8 @@ def _piece_name(name: str, reply: _Execution) -> str:
         block = reply.attachments[int(name[4:])]
         if isinstance(block, TextContent):
             return "the file " + block.text.split("\n", 1)[0].strip("- ")
+    if name.startswith("display"):
+        return f"display output {int(name[7:]) + 1}"
     names = {
         "value": "the return value",
         "value_json": "the structured return value",
@@ -495,6 +610,8 @@ def _why(name: str) -> str:
         return " of the value's repr to fit the reply"
     if name == "value_json":
         return _VALUE_CUT_WHY
+    if name.startswith("display"):
+        return _DISPLAY_CUT_WHY
     return OUTPUT_CUT_WHY
 
 

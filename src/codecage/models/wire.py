@@ -6,6 +6,8 @@ spell them again because a type checker needs literals, and a test pins that the
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
@@ -14,7 +16,7 @@ from codecage.errors import Face
 from codecage.guest import contract
 from codecage.guest.contract import WIRE_VERSION as WIRE_VERSION
 from codecage.models.base import Model
-from codecage.models.result import ErrorInfo
+from codecage.models.result import DisplayMime, DisplaySource, ErrorInfo
 
 
 class GuestLimits(Model):
@@ -71,7 +73,11 @@ class GuestReady(Model):
 
 
 GuestEventKind = Literal[
-    "syscall_blocked", "network_denied", "return_value_truncated", "import_blocked"
+    "syscall_blocked",
+    "network_denied",
+    "return_value_truncated",
+    "import_blocked",
+    "display_truncated",
 ]
 
 
@@ -92,6 +98,46 @@ class GuestResult(Model):
     events: Annotated[list[GuestEvent], Field(max_length=contract.MAX_EVENTS)] = Field(
         default_factory=list
     )
+
+
+_TEXT_MIMES = frozenset({"text/plain", "text/markdown", "text/html", "image/svg+xml"})
+_IMAGE_MAGIC = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff"}
+
+
+class GuestDisplay(Model):
+    """guest -> host: one rich output, sent as the code made it. Untrusted: the line's size
+    is checked before it is parsed (`contract.MAX_DISPLAY_BYTES`, and the run's count and
+    bytes by `engine.judge.ControlStream`); text types must be text, images valid base64
+    of a PNG or JPEG, text/plain present."""
+
+    v: Literal[1]
+    kind: Literal["display"]
+    pid: int = Field(description="pid (inside the sandbox) of the process that sent it.")
+    source: DisplaySource
+    data: dict[DisplayMime, Any]
+
+    @field_validator("data")
+    @classmethod
+    def _check_bundle(cls, data: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(data.get("text/plain"), str):
+            raise ValueError("a display output needs text/plain as a string")
+        for mime, value in data.items():
+            if mime in _TEXT_MIMES and not isinstance(value, str):
+                raise ValueError(f"{mime} must be a string")
+            if mime in _IMAGE_MAGIC:
+                _check_image(mime, value)
+        return data
+
+
+def _check_image(mime: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise ValueError(f"{mime} must be base64 text")
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"{mime} is not valid base64") from exc
+    if not raw.startswith(_IMAGE_MAGIC[mime]):
+        raise ValueError(f"{mime} does not hold a {mime.split('/')[1].upper()} image")
 
 
 class GuestEnd(Model):

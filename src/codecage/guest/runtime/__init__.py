@@ -11,9 +11,13 @@
 - `workspace`: read and write files in /workspace, by paths relative to it.
 - `run_async(coro)`: run a coroutine to the end, with or without a running event loop.
 - `logger`: JSON lines on stderr; `scrub(text)`: the host's redaction of personal data.
+- `display(obj)`: a rich output of the run (a figure, a table, an object's `_repr_html_`,
+  ...), as in a notebook; also a builtin in the code. `plt.show()` shows figures the same
+  way (`displays`, and `plots`, our matplotlib backend).
 
 One module a concern: `bridge` (the tool-bridge client: calls and scrub), `search`
-(finding tools), `files` (the workspace), `aio` (`run_async`) and `logs` (the logger);
+(finding tools), `files` (the workspace), `aio` (`run_async`), `logs` (the logger) and
+`displays` (rich outputs);
 this package is their public face (each loaded when one of its names is first used), and
 the host's `codecage.runtime` forwards to it.
 
@@ -37,6 +41,7 @@ if TYPE_CHECKING:
 
     from .aio import run_async
     from .bridge import ToolCallError, call_tool, call_tool_sync, scrub
+    from .displays import display
     from .files import Workspace, WorkspacePathError, workspace
     from .search import ToolRef, list_servers, search_tools
 
@@ -51,6 +56,7 @@ __all__ = [
     "WorkspacePathError",
     "call_tool",
     "call_tool_sync",
+    "display",
     "list_servers",
     "logger",
     "run_async",
@@ -67,6 +73,7 @@ _HOMES = {
     "ToolCallError": "bridge",
     "call_tool": "bridge",
     "call_tool_sync": "bridge",
+    "display": "displays",
     "scrub": "bridge",
     "Workspace": "files",
     "WorkspacePathError": "files",

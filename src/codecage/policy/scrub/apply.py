@@ -4,7 +4,9 @@
 it, in the host, to every text of an `ExecutionResult` before it reaches a caller: stdout
 and stderr (whole streams, so a value written in two pieces is whole again; with the cap
 rules when the host cut a stream), the error's message and traceback, the return value
-(keys included), and the events' details and data. The runtime's `logger` writes to
+(keys included), the events' details and data, and the text of the display outputs
+(text/plain, text/markdown, text/html, image/svg+xml and application/json: images are not
+read, so a picture of a card number leaves as it is). The runtime's `logger` writes to
 stderr, so it is covered there. The guest is never trusted to scrub its own output.
 
 `Sandbox.run` calls `scrub_result` on every path (cold, warm, blocked by validation), so
@@ -18,7 +20,15 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
-from codecage.models import ErrorInfo, Event, ExecutionResult, FileInfo, ScrubSettings, ScrubState
+from codecage.models import (
+    DisplayOutput,
+    ErrorInfo,
+    Event,
+    ExecutionResult,
+    FileInfo,
+    ScrubSettings,
+    ScrubState,
+)
 from codecage.output import neutralise
 from codecage.policy.scrub import MIN_SECRET_CHARS, Category, Scrubber, ScrubConfig, merge_counts
 
@@ -96,6 +106,7 @@ def scrub_result(result: ExecutionResult, scrubber: Scrubber | None) -> Executio
     returned = scrubber.scrub_value(result.return_value)
     events, event_counts = _scrub_events(scrubber, result.events)
     files, file_counts = _scrub_file_names(scrubber, result.files)
+    displays, display_counts = _scrub_displays(scrubber, result.displays)
     counts = merge_counts(
         result.redactions,
         stdout_counts,
@@ -104,6 +115,7 @@ def scrub_result(result: ExecutionResult, scrubber: Scrubber | None) -> Executio
         returned.counts,
         event_counts,
         file_counts,
+        display_counts,
     )
     scrubbed = result.model_copy(
         update={
@@ -113,6 +125,7 @@ def scrub_result(result: ExecutionResult, scrubber: Scrubber | None) -> Executio
             "return_value": returned.value if returned.counts else result.return_value,
             "events": events,
             "files": files,
+            "displays": displays,
             "redactions": counts,
         }
     )
@@ -174,3 +187,24 @@ def _scrub_file_names(
     return [f.model_copy(update={"path": p}) for f, p in zip(files, paths, strict=True)], (
         names.counts
     )
+
+
+_IMAGE_MIMES = frozenset({"image/png", "image/jpeg"})  # base64 of pixels: nothing to read
+
+
+def _scrub_displays(
+    scrubber: Scrubber, displays: list[DisplayOutput]
+) -> tuple[list[DisplayOutput], dict[str, int]]:
+    """Every text form of every output (JSON values: their strings, keys included), like
+    stdout; the images as they are."""
+    if not displays:
+        return displays, {}
+    texts = [{m: v for m, v in d.data.items() if m not in _IMAGE_MIMES} for d in displays]
+    done = scrubber.scrub_value(texts)
+    if not done.counts:
+        return displays, {}
+    scrubbed = [
+        display.model_copy(update={"data": {**display.data, **cast(dict[str, Any], text)}})
+        for display, text in zip(displays, cast(list[Any], done.value), strict=True)
+    ]
+    return scrubbed, done.counts
