@@ -1,9 +1,9 @@
 """The session tools: `open_session`, `close_session`, `list_sessions` (and execute_code's
 `session_id`, in tools.py), and who a call's client is.
 
-A session belongs to the MCP connection that opened it: another client never sees or uses
-it, even with its id (ids are random and unguessable as well). A connection's sessions are
-closed by their TTLs, not when it goes away.
+A session belongs to the credential that opened it (`Clients`): a client with another
+never sees or uses it, even with its id (ids are random and unguessable as well). Sessions
+are closed by their TTLs or close_session, not when a connection goes away.
 """
 
 from __future__ import annotations
@@ -30,22 +30,22 @@ _Tool = Callable[..., Any]
 
 
 class Clients:
-    """Who a call's client is, for session owners: over streamable HTTP, the transport's
-    session (its Mcp-Session-Id, which the server made); over stdio the one client of the
-    process. The protocol itself keeps no connection (each request stands alone), so a
-    stateless HTTP server has one key for all its clients: the session ids, random and
-    unguessable, are then what keeps them apart."""
+    """Who owns a session: the credential a call came with. Over HTTP, the bearer token
+    (every client holding the server's token is one principal: that is what sharing a
+    token means; run a server per tenant to keep tenants apart); over stdio, the one client
+    of the process. Not the transport's connection: the protocol keeps none (a request
+    stands alone), and the CLI's `codecage session` commands open one per invocation.
+    A session's id, random and unguessable, is a capability on top."""
 
     def key(self, ctx: Context[Any, Any]) -> str:
         request = ctx.request_context.request
         headers = getattr(request, "headers", None)
-        transport_session = headers.get("mcp-session-id") if headers is not None else None
-        if not transport_session:
+        credential = headers.get("authorization") if headers is not None else None
+        if not credential:
             return ""
-        # Opaque and bounded: the header is the client's to send.
-        return (
-            "http-" + hashlib.sha256(transport_session.encode("utf-8", "replace")).hexdigest()[:32]
-        )
+        # Opaque and bounded: the header is the client's to send (the gate checked it).
+        digest = hashlib.sha256(credential.encode("utf-8", "replace"))
+        return "token-" + digest.hexdigest()[:32]
 
 
 class SessionReply(BaseModel):
