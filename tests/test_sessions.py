@@ -126,12 +126,30 @@ def test_the_memory_limit_ends_the_session_with_memory_limit(sandbox: Sandbox) -
             session.run("len(data)")
 
 
-def test_a_timeout_kills_the_run_and_ends_the_session(sandbox: Sandbox) -> None:
+def test_a_timeout_interrupts_the_run_and_the_session_keeps_its_state(sandbox: Sandbox) -> None:
     with sandbox.session() as session:
+        session.run("x = 41")
         slow = session.run("import time\nprint('started')\ntime.sleep(30)", limits={"timeout": 1})
-        assert slow.status == "timeout"
-        assert slow.stdout == "started\n"
+        assert slow.status == "timeout", slow
+        assert slow.signal == "SIGINT" and slow.stdout == "started\n"
+        assert slow.error is not None and slow.error.type == "KeyboardInterrupt"
+        assert session.ended is None
+        assert session.run("x + 1").return_value == 42
+
+
+def test_code_that_ignores_the_interrupt_is_killed_and_ends_the_session(
+    sandbox: Sandbox,
+) -> None:
+    with sandbox.session() as session:
+        stubborn = session.run(
+            "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+            "print('started')\ntime.sleep(30)",
+            limits={"timeout": 1},
+        )
+        assert stubborn.status == "timeout" and stubborn.signal == "SIGKILL"
+        assert stubborn.stdout == "started\n"
         assert session.ended is not None and "timeout" in session.ended
+        assert [e.kind for e in stubborn.events].count("session_ended") == 1
 
 
 def test_a_forked_child_does_not_end_the_session(sandbox: Sandbox) -> None:

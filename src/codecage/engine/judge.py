@@ -167,6 +167,7 @@ class Observation:
     killed_by_host: bool = False
     reported: bool = False  # ended when the guest's final report came, before its exit
     cancelled: bool = False  # the caller gave up on the run (e.g. its client went away)
+    interrupted: bool = False  # a session's run stopped by its guest at the timeout
 
 
 def guest_messages(seen: Observation) -> tuple[GuestMessages, list[Event]]:
@@ -228,6 +229,8 @@ def judge_status(
     exit_code = None if signal_name is not None or seen.killed_by_host else code
     if seen.timed_out:
         return "timeout", None, "SIGKILL"
+    if seen.interrupted:
+        return "timeout", None, "SIGINT"
     if seen.cancelled:
         return "killed", None, "SIGKILL"
     cpu_used = usage.cpu_ms is not None and usage.cpu_ms >= limits.cpu_seconds * 1000

@@ -63,6 +63,9 @@ from codecage.policy.profiles import ImportPolicy
 log = logging.getLogger(__name__)
 
 RETURN_VALUE_MAX_BYTES = 1024 * 1024
+SESSION_INTERRUPT_GRACE_S = 2.0
+"""How long past its timeout a session's interrupted run has to stop before the host kills
+the sandbox (and the session with it)."""
 # The result (its return value, escaped at worst twice its size) and the display outputs
 # (their lines within MAX_DISPLAYS_BYTES, and room for lines the host refuses).
 _CONTROL_CAP_BYTES = (
@@ -469,6 +472,7 @@ def run_in(
         installed_packages=_hint_packages(request.policy, request.packages_dir),
         wider_profile=request.wider_profile,
         session=session is not None,
+        interrupt_after_s=limits.timeout if session is not None else None,
     )
     tool_bridge = bridge.Channel(
         sandbox.channel.host_bridge,
@@ -483,6 +487,9 @@ def run_in(
         bridge_events = tool_bridge.stop()
     if seen.reported and session is None:
         _tell_guest_to_stop(sandbox.channel.host_control)
+    # A session's run that outlasted its timeout and came back: the guest's interrupt
+    # stopped it (the host saw both the time and the interpreter answer again).
+    seen.interrupted = session is not None and seen.reported and seen.wall_s >= limits.timeout
     said, report_events = judge.guest_messages(seen)
     judge.check_started(seen, said)
     usage = _usage(seen, cgroup, baseline)
@@ -540,7 +547,9 @@ def _supervise(
             messages=ControlStream(_CONTROL_CAP_BYTES, ready_pid=sandbox.ready_pid),
             # A cold run's clock starts before the sandbox does; a warm one's at the request.
             started=time.monotonic() if warm else sandbox.started_at,
-            wall_timeout_s=limits.timeout,
+            # A session's run is interrupted by its guest at the timeout (then the session
+            # lives on); the host kills the sandbox only if the code did not stop by then.
+            wall_timeout_s=limits.timeout + (SESSION_INTERRUPT_GRACE_S if session else 0.0),
             cpu_limit_ms=session.cpu_limit_ms if session else limits.cpu_seconds * 1000,
             cpu_baseline_ms=baseline.cpu_ms,
             output_cap_bytes=limits.max_output_bytes,

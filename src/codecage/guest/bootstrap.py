@@ -112,7 +112,11 @@ def _serve_session(
     atexit waits, globals stay)."""
     while True:
         _remember_source(str(request["filename"]), str(request["code"]))
-        exit_code, report = _run_user_code(request, main_module)
+        alarm = _Alarm.arm(request.get("interrupt_after_s"))
+        try:
+            exit_code, report = _run_user_code(request, main_module)
+        finally:
+            alarm.disarm()
         _report(control, report, exit_code)
         if os.getpid() != main_pid:  # a process the code forked: it exits, as in a run
             return exit_code
@@ -126,6 +130,42 @@ def _serve_session(
         _apply_cpu_limit(request["limits"])
         if _displays is not None:
             _displays.new_run()
+
+
+class _Alarm:
+    """A session's run interrupted at its timeout (SIGINT, so KeyboardInterrupt where the
+    code is, a blocking call included), so that the session lives on with its state. The
+    host waits a little longer, then kills the sandbox: code that ignores the interrupt
+    ends the session. A thread of the bootstrap's own sleeps until then; `disarm` before
+    the run's report is sent makes it do nothing (the signal is ignored from then until
+    the next run, should it come in between)."""
+
+    __slots__ = ("live",)
+
+    def __init__(self) -> None:
+        self.live = [True]
+
+    @classmethod
+    def arm(cls, after_s: Any) -> _Alarm:
+        alarm = cls()
+        if isinstance(after_s, (int, float)) and after_s > 0:
+            import _thread
+
+            _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+            _thread.start_new_thread(_ring, (alarm.live, float(after_s), os.getpid()))
+        return alarm
+
+    def disarm(self) -> None:
+        self.live[0] = False
+        _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
+
+
+def _ring(live: list[bool], after_s: float, pid: int) -> None:
+    import time
+
+    time.sleep(after_s)
+    if live[0]:
+        os.kill(pid, _signal.SIGINT)
 
 
 def _remember_source(filename: str, source: str) -> None:

@@ -62,6 +62,9 @@ class GuestRequest(Model):
     session: bool = Field(
         False, description="Keep the interpreter for the next run (a session's run)."
     )
+    interrupt_after_s: float | None = Field(
+        None, description="A session's run: SIGINT to the code after this many seconds."
+    )
 
 
 class GuestReady(Model):
