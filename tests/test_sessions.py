@@ -69,6 +69,21 @@ def test_globals_imports_and_files_persist_between_runs(sandbox: Sandbox) -> Non
     assert [f.path for f in second.files] == ["notes.txt"]
 
 
+def test_files_are_read_from_the_sessions_workspace_never_through_a_link(
+    sandbox: Sandbox,
+) -> None:
+    with sandbox.session() as session:
+        session.run(
+            "import os\nopen('/workspace/out.csv', 'w').write('a,b\\n1,2\\n')\n"
+            "os.symlink('/etc/passwd', '/workspace/link')"
+        )
+        assert session.read_file("out.csv") == b"a,b\n1,2\n"
+        with pytest.raises(ConfigError):
+            session.read_file("link")
+        with pytest.raises(ConfigError):
+            session.read_file("../../etc/passwd")
+
+
 def test_a_traceback_shows_the_line_of_the_run_that_defined_the_function(
     sandbox: Sandbox,
 ) -> None:

@@ -123,6 +123,17 @@ class Session:
             cancel.set()
             raise
 
+    def read_file(self, path: str, *, max_bytes: int = 64 * 1024 * 1024) -> bytes:
+        """The content of a file in the session's /workspace as it is now, by its path
+        relative to /workspace (as `result.files` lists it); regular files only, never
+        through a link. (A session run's result keeps no copies: the files stay here.)
+
+        Raises:
+            SessionError: the session has ended.
+            ConfigError: no such regular file, a link on the way, or over `max_bytes`.
+        """
+        return self._session.read_file(path, max_bytes=max_bytes)
+
     def close(self) -> None:
         """End the session and destroy its sandbox; closing twice does nothing."""
         if self._session.ended is None:

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from codecage.engine import workspace as workspaces
 from codecage.engine.run import RunRequest, SessionRun, StartedSandbox, run_in
 from codecage.errors import SessionError
 from codecage.models import Event, ExecutionResult, Limits, SessionSettings
@@ -161,6 +162,19 @@ class Session:
             self._end(f"run {self.runs} ended its interpreter (status {result.status})")
             result = _with_event(result, Event(kind="session_ended", detail=self._ended_detail()))
         return result.model_copy(update={"session_id": self.id})
+
+    def read_file(self, path: str, *, max_bytes: int) -> bytes:
+        """The content of the regular file `path` in the session's /workspace now (between
+        runs: a run in progress is waited for), never through a link.
+
+        Raises:
+            SessionError: the session has ended.
+            ConfigError: no such regular file, a link on the way, or over `max_bytes`.
+        """
+        with self._lock:
+            if self.ended is not None:
+                raise SessionError(f"session {self.id} has ended: {self.ended}")
+            return workspaces.read_file(self._sandbox.workspace.path, path, max_bytes=max_bytes)
 
     def _ended_detail(self) -> str:
         return f"session {self.id} has ended: {self.ended}; its state is gone"

@@ -317,6 +317,12 @@ class ExecutionResult(Model):
         return self
 
     def _kept_files(self) -> KeptFiles:
+        if self._kept is None and self.session_id is not None:
+            raise ConfigError(
+                f"a run in session {self.session_id} keeps no copies of its files: they stay "
+                "in the session's /workspace",
+                hint="read them with session.read_file(path) while the session is open",
+            )
         if self._kept is None:
             raise ConfigError(
                 "this result holds no files' content: it was not returned by "
