@@ -14,6 +14,10 @@ Sections (`--only` takes a comma-separated list of these names):
                   how fast the pool can start sandboxes
     data_science  a pandas snippet, cold vs warm (the data_science profile preloads pandas)
     memory        RSS of this host process and RSS/PSS of one idle pooled sandbox, per profile
+    sessions      a run in an open session (its interpreter kept) beside a warm run and its
+                  paired python_pass, interleaved; and opening a session from the pool
+                  (`Sandbox(pool=True).session()`: a pooled sandbox becomes the session), the
+                  pool refilled and the session closed before each, outside the timing
     gvisor        bwrap vs gVisor side by side: cold `Sandbox(pool=False).run()` on each, the
                   runsc floor (`runsc do true`) and raw runsc + the interpreter with the
                   snippet (interleaved rounds); then warm runs on a pool of each (interleaved,
@@ -66,7 +70,8 @@ from codecage.isolation import cgroups
 from codecage.models import Limits, PoolConfig, PoolSizes
 
 SECTIONS = (
-    "floors", "raw_bwrap", "cold", "warm", "throughput", "data_science", "memory", "gvisor"
+    "floors", "raw_bwrap", "cold", "warm", "throughput", "data_science", "memory", "sessions",
+    "gvisor",
 )  # fmt: skip
 SNIPPET_STDOUT = "499500\n"
 PANDAS = "import pandas as pd; df = pd.DataFrame({'a': range(100)}); print(df['a'].sum())"
@@ -87,9 +92,12 @@ class Sizes:
     ds_cold: int = 5  # cold pandas runs
     gv_cold: int = 20  # rounds of bwrap cold / gvisor cold / runsc floors
     gv_warm: int = 50  # warm runs on each of the bwrap and gvisor pools
+    sessions: int = 300  # session runs (with as many warm runs) and 50 session opens
 
 
-QUICK = Sizes(cold=2, warm=10, throughput=40, fill=2, ds_warm=2, ds_cold=1, gv_cold=1, gv_warm=2)
+QUICK = Sizes(
+    cold=2, warm=10, throughput=40, fill=2, ds_warm=2, ds_cold=1, gv_cold=1, gv_warm=2, sessions=4
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +117,7 @@ TARGETS = {
     "throughput_c4": Target("throughput at concurrency 4, 0 failures, no leaks", 50, "/s", True),
     "ds_warm_p50": Target("warm pandas p50", 15.0, "ms"),
     "idle_basic_rss": Target("idle basic sandbox RSS", 15.0, "MB"),
+    "session_vs_warm": Target("session run p50 / warm run p50", 1.0, "x"),
 }
 
 # The ratios reported for each variant: its p50 over the p50 of each of these measured here.
@@ -121,6 +130,8 @@ FLOORS_OF = {
     "warm_lib": ("python_pass_paired", "python_pass", "raw_bwrap", "cold_lib"),
     "ds_cold_pandas": ("raw_bwrap", "python_pass"),
     "ds_warm_pandas": ("ds_cold_pandas", "python_pass_paired", "python_pass", "warm_lib"),
+    "session_run": ("session_warm_lib", "session_python_pass"),
+    "session_open": ("session_warm_lib",),
     "raw_runsc": ("runsc_floor",),
     "gvisor_cold": ("bwrap_cold", "runsc_floor", "raw_runsc"),
     "gvisor_warm": ("bwrap_warm",),
@@ -243,6 +254,44 @@ def measure_data_science(sizes: Sizes) -> dict[str, list[float]]:
         }
         counts = {"ds_warm_pandas": sizes.ds_warm, "ds_cold_pandas": sizes.ds_cold}
         return interleave(fns, counts, settle=_warm_or_fail(sandbox))
+
+
+def measure_sessions(sizes: Sizes) -> dict[str, list[float]]:
+    """A run in an open session next to a warm run (both the snippet; the pool refilled
+    before each), then opening a session from the pool."""
+    pass_argv = [_python(), "-I", "-S", "-c", "pass"]
+    with pooled("basic") as (_, sandbox):
+        settle = _warm_or_fail(sandbox)
+        session = sandbox.session()
+        try:
+
+            def in_session() -> None:
+                r = session.run(SNIPPET)
+                if not r.ok or r.stdout != SNIPPET_STDOUT:
+                    raise RuntimeError(f"session run failed: {r.status} {r.error}")
+
+            fns = {
+                "session_run": in_session,
+                "session_warm_lib": _lib_run(sandbox, SNIPPET, SNIPPET_STDOUT, "warm run"),
+                "session_python_pass": _run(pass_argv),
+            }
+            samples = interleave(fns, dict.fromkeys(fns, sizes.sessions), settle=settle)
+        finally:
+            session.close()
+        opened: list[Any] = []
+
+        def settle_open() -> None:
+            while opened:
+                opened.pop().close()
+            settle()
+
+        opens = interleave(
+            {"session_open": lambda: opened.append(sandbox.session())},
+            {"session_open": max(2, sizes.sessions // 6)},
+            settle=settle_open,
+        )
+        settle_open()
+    return samples | opens
 
 
 def measure_memory() -> dict[str, dict[str, Any]]:
@@ -490,6 +539,10 @@ SECTION_OF = {
     "python_pass_paired": "warm",
     "ds_warm_pandas": "data_science",
     "ds_cold_pandas": "data_science",
+    "session_run": "sessions",
+    "session_warm_lib": "sessions",
+    "session_python_pass": "sessions",
+    "session_open": "sessions",
     "bwrap_cold": "gvisor",
     "gvisor_cold": "gvisor",
     "runsc_floor": "gvisor",
@@ -528,6 +581,9 @@ def evaluate(
         "cold_vs_raw": variants.get("cold_lib", {}).get("ratios", {}).get("p50_over_raw_bwrap"),
         "throughput_c4": None,
         "ds_warm_p50": p("ds_warm_pandas", "p50_ms"),
+        "session_vs_warm": variants.get("session_run", {})
+        .get("ratios", {})
+        .get("p50_over_session_warm_lib"),
         "idle_basic_rss": memory["basic"]["idle_rss_mb"] if memory else None,
     }
     levels = throughput["levels"] if throughput else []
@@ -752,6 +808,9 @@ def main(argv: list[str] | None = None) -> int:
     if "data_science" in sections:
         print(f"data_science: {sizes.ds_warm} warm, {sizes.ds_cold} cold", file=sys.stderr)
         samples |= measure_data_science(sizes)
+    if "sessions" in sections:
+        print(f"sessions: {sizes.sessions} session runs beside warm runs; opens", file=sys.stderr)
+        samples |= measure_sessions(sizes)
     report["gvisor_skipped"] = None
     if "gvisor" in sections:
         report["gvisor_skipped"] = gvisor_unavailable()
