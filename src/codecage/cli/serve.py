@@ -110,7 +110,8 @@ def serve(
     config_file: ConfigOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
-    """Serve codecage as an MCP server: tools execute_code, validate_code, get_sandbox_info.
+    """Serve codecage as an MCP server: tools execute_code, validate_code, get_sandbox_info,
+    and open_session, close_session, list_sessions (state across calls).
 
     Logs go to stderr: the settings at start, then one line per tool call (tool, status,
     wall_ms, queue_ms); in stdio mode stdout carries only the protocol.

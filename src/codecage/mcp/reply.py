@@ -386,8 +386,13 @@ def _pieces_of(result: ExecutionResult, attachments: list[ContentBlock]) -> dict
         mime = _text_form(display)
         if mime is not None:
             pieces[f"display{display.index}"] = str(display.data[mime])
+    shown = any(
+        d.source == "last_expression" and f"display{d.index}" in pieces for d in result.displays
+    )
     if result.return_value is not None:
-        pieces["value"] = _clip(repr(result.return_value), _VALUE_TEXT_CHARS)
+        # A last expression shown as a display (a DataFrame's table) is not repeated as
+        # its repr in the text; the structured return_value keeps it.
+        pieces["value"] = "" if shown else _clip(repr(result.return_value), _VALUE_TEXT_CHARS)
         # Not shown in the text: the structured return_value, cut when large.
         pieces["value_json"] = json.dumps(result.return_value, ensure_ascii=False, default=repr)
     if result.error is not None:

@@ -37,7 +37,9 @@ codecage runs Python in a throwaway, isolated Linux sandbox: no network, no host
 bounded time, memory and processes. Use execute_code to compute, analyse data and transform \
 files; print what you need to see, or end the code with an expression to get its value. \
 The working directory /workspace starts empty: upload inputs with `files`, and files the code \
-writes there are listed in the result (images come back as images). Use validate_code to \
+writes there are listed in the result (images and plt.show() charts come back as images). \
+For several steps over the same data, open_session once and pass its session_id to \
+execute_code: variables, imports and files then persist between calls. Use validate_code to \
 check code without running it, and get_sandbox_info for the profiles and limits."""
 
 

@@ -1,4 +1,5 @@
-"""The server's tools: `execute_code`, `validate_code`, `get_sandbox_info`, their
+"""The server's tools: `execute_code`, `validate_code`, `get_sandbox_info` (and the session
+tools of mcp/sessions.py), their
 descriptions (true of this server: its profile, limits, upstream tools) and their replies.
 
 Every failure that is the *caller's* (bad arguments, limits above the server's maximums, a
@@ -35,7 +36,7 @@ from codecage.sandbox import Sandbox
 
 
 def tools(runner: Runner) -> list[Tool]:
-    """The three tools, bound to `runner` (for `MCPServer(tools=...)`)."""
+    """The tools, bound to `runner` (for `MCPServer(tools=...)`)."""
     limits = runner.limits
     budget = limits.reply_max_tokens or DEFAULT_REPLY_MAX_TOKENS
     default = runner.base.limits
