@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from tests._forking import in_forked_child
 
 from codecage import ConfigError, Sandbox, SessionError
 from codecage.engine.session import Sessions, SessionTerms
@@ -401,8 +402,29 @@ async def test_mcp_too_many_sessions_is_a_clear_refusal(client: Client) -> None:
         ids.append(opened.structured_content["session_id"])
     third = await client.call_tool("open_session", {})
     assert third.is_error and "close_session" in _text(third)
+    for _ in range(1000):  # a client hammering: each refused at once, nothing started
+        again = await client.call_tool("open_session", {})
+        assert again.is_error
+    listed = await client.call_tool("list_sessions", {})
+    assert sorted(s["session_id"] for s in listed.structured_content["sessions"]) == sorted(ids)
     for session_id in ids:
         await client.call_tool("close_session", {"session_id": session_id})
     fourth = await client.call_tool("open_session", {})
     assert not fourth.is_error
     await client.call_tool("close_session", {"session_id": fourth.structured_content["session_id"]})
+
+
+def test_a_forked_child_refuses_sessions_instead_of_hanging(sandbox: Sandbox) -> None:
+    with sandbox.session() as session:
+
+        def work() -> bytes:
+            answers = []
+            for attempt in (sandbox.session, lambda: session.run("1")):
+                try:
+                    attempt()
+                except SessionError as exc:
+                    answers.append("forked" in str(exc))
+            return b"ok" if answers == [True, True] else repr(answers).encode()
+
+        assert in_forked_child(work, timeout=20) == b"ok"
+        assert session.run("'parent still works'").return_value == "parent still works"

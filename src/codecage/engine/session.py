@@ -26,6 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from codecage import forks
 from codecage.engine import workspace as workspaces
 from codecage.engine.run import RunRequest, SessionRun, StartedSandbox, run_in
 from codecage.errors import SessionError
@@ -211,6 +212,7 @@ class Sessions:
         self._closed = threading.Event()
         self._starter = ThreadPoolExecutor(1, thread_name_prefix="codecage-session-start")
         self._reaper: threading.Thread | None = None
+        self._process = forks.ForkGuard()  # a forked child's copy has no threads: see forks
 
     def open(
         self,
@@ -224,6 +226,12 @@ class Sessions:
             SessionError: the client or the process has as many sessions as allowed.
             HostError, SandboxError: no sandbox could be made.
         """
+        if not self._process.owned_here():
+            raise SessionError(
+                "sessions cannot be opened in a process forked from the one that made this "
+                "Sandbox (its threads did not come along)",
+                hint="make a Sandbox in this process, or open the session before forking",
+            )
         with self._lock:
             self._check_room(terms.owner)
             placeholder = SESSION_ID_PREFIX + secrets.token_urlsafe(12)
@@ -269,8 +277,15 @@ class Sessions:
         """The open session `session_id` of `owner`.
 
         Raises:
-            SessionError: there is none (never was, another client's, or ended: then why).
+            SessionError: there is none (never was, another client's, or ended: then why;
+                or this is a forked child, whose sessions are its parent's).
         """
+        if not self._process.owned_here():
+            raise SessionError(
+                "this process was forked from the one that opened the sessions: they are "
+                "its parent's",
+                hint="open a session in this process",
+            )
         with self._lock:
             session = self._by_id.get(session_id)
             owner_and_why = self._ended.get(session_id)
@@ -345,7 +360,10 @@ class Sessions:
                 log.exception("session.reap_failed")
 
     def close_all(self) -> None:
-        """Close every session and stop the reaper (the Host is closing)."""
+        """Close every session and stop the reaper (the Host is closing); in a forked
+        child, nothing (the sessions are the parent's)."""
+        if not self._process.owned_here():
+            return
         self._closed.set()
         with self._lock:
             sessions = [s for s in self._by_id.values() if isinstance(s, Session)]
