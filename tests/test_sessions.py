@@ -85,6 +85,26 @@ def test_files_are_read_from_the_sessions_workspace_never_through_a_link(
             session.read_file("../../etc/passwd")
 
 
+def test_uploading_a_file_again_replaces_it_never_through_a_link(sandbox: Sandbox) -> None:
+    with sandbox.session(limits={"workspace_mb": 8}) as session:
+        first = session.run("open('data.csv').read()", files={"data.csv": "v1"})
+        session.run(
+            "import os\nos.remove('data.csv')\nos.symlink('/tmp/target', 'data.csv')\n"
+            "open('/tmp/target', 'w').write('kept')"
+        )
+        second = session.run(
+            "open('data.csv').read(), os.path.islink('data.csv'), open('/tmp/target').read()",
+            files={"data.csv": "v2"},
+        )
+        with pytest.raises(ConfigError):
+            session.run("1", files={"big.bin": b"x" * (9 * 1024 * 1024)})
+        assert session.ended is None  # a refused upload leaves the session as it was
+        after = session.run("open('data.csv').read()")
+    assert first.return_value == "v1"
+    assert second.return_value == ["v2", False, "kept"]
+    assert after.return_value == "v2"
+
+
 def test_a_traceback_shows_the_line_of_the_run_that_defined_the_function(
     sandbox: Sandbox,
 ) -> None:

@@ -454,7 +454,12 @@ def run_in(
                 hint="put the files in the workspace directory, or pass no workspace",
             )
         # Nothing of the request has run yet: the guest waits for it (warm) or is starting.
-        workspaces.write_files(sandbox.workspace, request.files, sandbox.spec.workspace_mb)
+        workspaces.write_files(
+            sandbox.workspace,
+            request.files,
+            sandbox.spec.workspace_mb,
+            replace=session is not None,  # a session's next version of its input
+        )
     cgroup = sandbox.cgroup
     warm = sandbox.ready_pid is not None
     guest_request = GuestRequest(

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from codecage import forks
 from codecage.engine import workspace as workspaces
 from codecage.engine.run import RunRequest, SessionRun, StartedSandbox, run_in
-from codecage.errors import SessionError
+from codecage.errors import ConfigError, SessionError
 from codecage.models import Event, ExecutionResult, Limits, SessionSettings
 from codecage.policy.profiles import ImportPolicy
 
@@ -141,9 +141,9 @@ class Session:
             raise SessionError(f"session {self.id} has ended: {self.ended}")
 
     def _run_locked(self, request: RunRequest) -> ExecutionResult:
-        self.runs += 1
+        number = self.runs + 1
         if request.filename == "main.py":  # runs are named apart, for their tracebacks
-            request = dataclasses.replace(request, filename=f"run{self.runs}.py")
+            request = dataclasses.replace(request, filename=f"run{number}.py")
         cpu_limit_ms = int(min(request.limits.cpu_seconds, self.cpu_left_s()) * 1000)
         try:
             result = run_in(
@@ -155,9 +155,12 @@ class Session:
                     session_cpu_seconds=self.cpu_seconds,
                 ),
             )
+        except ConfigError:
+            raise  # refused before the guest got it (e.g. an upload): the session is as it was
         except Exception:
-            self._end(f"its sandbox failed in run {self.runs}")
+            self._end(f"its sandbox failed in run {number}")
             raise
+        self.runs = number
         self._cpu_used_ms += result.usage.cpu_ms or 0
         if not self._sandbox.alive():
             self._end(f"run {self.runs} ended its interpreter (status {result.status})")

@@ -60,7 +60,9 @@ def _upload_parts(name: str) -> list[str]:
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def write_files(ws: Workspace, files: Mapping[str, bytes], size_mb: int) -> None:
+def write_files(
+    ws: Workspace, files: Mapping[str, bytes], size_mb: int, *, replace: bool = False
+) -> None:
     """Write `files` (relative path -> content) into the fresh workspace `ws` before the
     code runs: in its tmpfs when it has one, so they count against its `size_mb` MiB like
     everything the code writes, and go with it.
@@ -70,7 +72,9 @@ def write_files(ws: Workspace, files: Mapping[str, bytes], size_mb: int) -> None
 
     Raises:
         ConfigError: a bad name, two names that collide (a file where another needs a
-            directory), or the files do not fit in the workspace.
+            directory), a name taken (unless `replace`: a session's workspace, where the
+            name is unlinked first, a link itself and never its target), or the files do
+            not fit in the workspace.
         SandboxError: writing failed otherwise.
     """
     root_fd = fds.open_root(ws.path, "write the files into")
@@ -80,14 +84,16 @@ def write_files(ws: Workspace, files: Mapping[str, bytes], size_mb: int) -> None
         for name, data in files.items():
             parts = _upload_parts(name)
             try:
-                _write_one(root_fd, parts, data, owner)
+                _write_one(root_fd, parts, data, owner, replace=replace)
             except OSError as exc:
                 raise _write_refusal(name, exc, size_mb) from exc
     finally:
         os.close(root_fd)
 
 
-def _write_one(root_fd: int, parts: list[str], data: bytes, owner: Identity | None) -> None:
+def _write_one(
+    root_fd: int, parts: list[str], data: bytes, owner: Identity | None, *, replace: bool
+) -> None:
     dir_fd = os.dup(root_fd)
     try:
         for part in parts[:-1]:
@@ -98,6 +104,9 @@ def _write_one(root_fd: int, parts: list[str], data: bytes, owner: Identity | No
             dir_fd = next_fd
             if owner is not None:
                 os.fchown(dir_fd, owner.uid, owner.gid)
+        if replace:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(parts[-1], dir_fd=dir_fd)  # a directory stays: EISDIR, refused
         fd = os.open(parts[-1], _CREATE_FLAGS, 0o644, dir_fd=dir_fd)
         try:
             if owner is not None:
