@@ -105,6 +105,15 @@ def test_uploading_a_file_again_replaces_it_never_through_a_link(sandbox: Sandbo
     assert after.return_value == "v2"
 
 
+def test_display_outputs_and_their_caps_are_each_runs_own(sandbox: Sandbox) -> None:
+    with sandbox.session() as session:
+        first = session.run("for i in range(50):\n    display(f'item {i}')")
+        second = session.run("display('again')")
+    assert len(first.displays) == 50  # the most one run keeps
+    assert [(d.index, d.data["text/plain"]) for d in second.displays] == [(0, "'again'")]
+    assert not [e for e in second.events if e.kind == "display_truncated"]
+
+
 def test_a_traceback_shows_the_line_of_the_run_that_defined_the_function(
     sandbox: Sandbox,
 ) -> None:
