@@ -1,7 +1,8 @@
 """The `codecage` command line: the typer app, its commands (one module per group: run.py,
-info.py, gen.py, serve.py, packages.py) and `main`, which turns usage errors into exit 2.
-A command parses its flags (options.py), builds the library's inputs (setup.py), calls the
-library and renders what it gets (render.py).
+info.py, gen.py, serve.py, packages.py, session.py) and `main`, which turns usage errors
+into exit 2. A command parses its flags (options.py), builds the library's inputs
+(setup.py), calls the library and renders what it gets (render.py); `session` calls a
+running `codecage serve --http` instead (remote.py).
 
 Exit codes: 0 the code ran and succeeded; 1 it ran and did not succeed, or a check failed,
 or the host could not run it; 2 a usage error or a refused request (ConfigError).
@@ -17,7 +18,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from codecage import __version__
-from codecage.cli import gen, info, packages, run, serve
+from codecage.cli import gen, info, packages, run, serve, session
 from codecage.cli.render import print_json, stderr
 
 try:  # typer 0.2x carries its own copy of click; older ones use click itself
@@ -78,6 +79,7 @@ def _options(
 for command in (run.run, run.validate, info.info, info.doctor, gen.gen, serve.serve):
     app.command()(command)
 app.add_typer(packages.app, name="packages")
+app.add_typer(session.app, name="session")
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:

@@ -168,3 +168,21 @@ AllowToolOpt = Annotated[
         show_default=False,
     ),
 ]
+# `codecage session ...`: the server the commands talk to (`codecage serve --http`).
+ServerOpt = Annotated[
+    str,
+    typer.Option(
+        "--server",
+        help="The /mcp URL of a running `codecage serve --http`.",
+        envvar="CODECAGE_SERVER",
+    ),
+]
+ServerTokenOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        help="The bearer token the server was started with (its --token).",
+        envvar="CODECAGE_TOKEN",
+        show_default=False,
+    ),
+]
