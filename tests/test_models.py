@@ -59,7 +59,7 @@ def test_the_guest_reads_the_request_the_host_writes() -> None:
     assert parsed["v"] == 1 and parsed["kind"] == "run"
     assert set(parsed["limits"]) == {
         "cpu_seconds", "max_open_files", "max_file_size_bytes", "max_processes",
-        "address_space_bytes",
+        "address_space_bytes", "session_cpu_seconds",
     }  # fmt: skip
 
 
@@ -68,7 +68,7 @@ def test_the_host_accepts_the_result_the_guest_writes() -> None:
     script = (
         "import sys; sys.path.insert(0, 'src/codecage'); from guest import bootstrap; import json\n"
         "code, report = bootstrap._run_user_code({'filename': 'm.py', 'code': '1/0',"
-        " 'return_value_max_bytes': 100})\n"
+        " 'return_value_max_bytes': 100}, bootstrap._fresh_main_module('m.py'))\n"
         "print(json.dumps(report))"
     )
     out = subprocess.run(

@@ -274,8 +274,9 @@ class Sandbox:
                 on a thread of codecage's own (one per run, named ``codecage-output``), in
                 order, never two calls at once, and every call has returned when `run`
                 returns. Scrubbed as the result is, by complete lines (an unfinished line
-                goes out after 0.5 s or 4 KiB). At most `max_output_bytes` per stream is
-                streamed; one line then says the rest is not. If it raises, it is not
+                goes out after 0.5 s or 4 KiB). Of each stream, the head the result
+                keeps (half of `max_output_bytes`) is streamed; one line then says the rest
+                is not. If it raises, it is not
                 called again (logged once); one still busy 5 s after the run ended is left
                 behind and gets no more. The result holds the output as without it.
 

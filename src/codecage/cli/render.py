@@ -76,6 +76,8 @@ def render_result(result: ExecutionResult, *, raw: bool, streamed: bool = False)
     (`LiveOutput`), so it is not printed again."""
     if not streamed:
         _print_output(result, raw=raw)
+    else:
+        _print_tails(result, raw=raw)
     for display in result.displays:  # one line each, neutralised (the code chose the text)
         stderr.print(f"[cyan]▣[/cyan] {escape(displays.describe(display))}", markup=True)
     if result.error is not None and result.error.traceback:
@@ -107,6 +109,25 @@ def _print_output(result: ExecutionResult, *, raw: bool) -> None:
         sys.stdout.write(result.stdout)
         sys.stdout.flush()
         sys.stderr.write(result.stderr)
+
+
+def _print_tails(result: ExecutionResult, *, raw: bool) -> None:
+    """After live output: what the result kept of a stream past its head (its cut marker
+    and tail), which was not streamed."""
+    for text, raw_bytes, target in (
+        (result.stdout, result.raw_stdout(), sys.stdout),
+        (result.stderr, result.raw_stderr(), sys.stderr),
+    ):
+        at = text.find("\n[... ")
+        if at < 0 or " cut here" not in text[at:]:
+            continue
+        if raw:
+            raw_at = raw_bytes.find(b"\n[... ")
+            target.buffer.write(raw_bytes[raw_at + 1 :] if raw_at >= 0 else b"")
+            target.buffer.flush()
+        else:
+            target.write(text[at + 1 :])
+            target.flush()
 
 
 def _summary(result: ExecutionResult) -> str:

@@ -571,9 +571,13 @@ def _supervise(
 def _output_stream(sandbox: StartedSandbox, request: RunRequest) -> streaming.OutputStream | None:
     if request.on_output is None:
         return None
+    cap = request.limits.max_output_bytes
     return streaming.OutputStream(
         request.on_output,
-        cap_bytes=request.limits.max_output_bytes,
+        # The result keeps the head and tail of each stream, half each (supervise): what is
+        # streamed is that head, so that a caller printing the tail after the run (the CLI)
+        # shows the result's output, no line twice.
+        cap_bytes=cap - cap // 2,
         scrub=request.scrub_output,
         execution_id=sandbox.execution_id,
     )

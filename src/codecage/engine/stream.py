@@ -193,8 +193,8 @@ class OutputStream:
         lead = "" if state.ends_line else "\n"
         self._emit(
             name,
-            f"{lead}[codecage: {name} passed max_output_bytes ({self._cap_bytes:,} bytes); "
-            "the rest is not streamed, the result keeps its head and tail]\n",
+            f"{lead}[codecage: {name} is over max_output_bytes: its first "
+            f"{self._cap_bytes:,} bytes were streamed, the result keeps its tail too]\n",
         )
 
     def _finish(self) -> None:
