@@ -208,6 +208,32 @@ def test_a_forked_child_does_not_end_the_session(sandbox: Sandbox) -> None:
     assert after.return_value == "still here"
 
 
+def test_closing_a_session_during_a_run_kills_the_run_then_destroys_it(
+    sandbox: Sandbox,
+) -> None:
+    before = _bwrap_children()
+    session = sandbox.session()
+    session.run("1")
+    results: list[Any] = []
+    runner = threading.Thread(
+        target=lambda: results.append(session.run("import time\nprint('in')\ntime.sleep(30)"))
+    )
+    runner.start()
+    deadline = time.monotonic() + 10
+    while not session._session.busy and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)  # the run is in its sleep
+    session.close()
+    runner.join(timeout=20)
+    assert not runner.is_alive()
+    assert results[0].status == "killed", results[0]
+    assert "session_ended" in [e.kind for e in results[0].events]
+    deadline = time.monotonic() + 10
+    while _bwrap_children() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _bwrap_children() == before
+
+
 def test_close_destroys_the_sandbox(sandbox: Sandbox) -> None:
     before = _bwrap_children()
     session = sandbox.session()

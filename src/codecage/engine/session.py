@@ -96,6 +96,7 @@ class Session:
         self._sandbox = sandbox
         self._dispose = dispose
         self._lock = threading.Lock()
+        self._disposed = False
         self._cpu_used_ms = 0
 
     @property
@@ -131,6 +132,8 @@ class Session:
             return self._run_locked(request)
         finally:
             self.last_used = time.monotonic()
+            if self.ended is not None:
+                self._dispose_once()  # ended during the run: destroyed now it is over
             self._lock.release()
 
     def _check_usable(self) -> None:
@@ -176,9 +179,13 @@ class Session:
             ConfigError: no such regular file, a link on the way, or over `max_bytes`.
         """
         with self._lock:
-            if self.ended is not None:
-                raise SessionError(f"session {self.id} has ended: {self.ended}")
-            return workspaces.read_file(self._sandbox.workspace.path, path, max_bytes=max_bytes)
+            try:
+                if self.ended is not None:
+                    raise SessionError(f"session {self.id} has ended: {self.ended}")
+                return workspaces.read_file(self._sandbox.workspace.path, path, max_bytes=max_bytes)
+            finally:
+                if self.ended is not None:
+                    self._dispose_once()  # closed while this read held the sandbox
 
     def _ended_detail(self) -> str:
         return f"session {self.id} has ended: {self.ended}; its state is gone"
@@ -188,11 +195,25 @@ class Session:
         self._end(why)
 
     def _end(self, why: str) -> None:
+        """Mark the session ended and destroy its sandbox; with a run in progress (on
+        another thread, or this one), only kill its processes now: the run's thread,
+        which still reads the sandbox's pipes and sockets, destroys it when it is over."""
         if self.ended is not None:
             return
         self.ended = why
         log.info("session.ended", extra={"session_id": self.id, "why": why})
-        self._dispose(self._sandbox)
+        if not self._lock.acquire(blocking=False):
+            self._sandbox.kill()
+            return
+        try:
+            self._dispose_once()
+        finally:
+            self._lock.release()
+
+    def _dispose_once(self) -> None:
+        if not self._disposed:
+            self._disposed = True
+            self._dispose(self._sandbox)
 
 
 def _with_event(result: ExecutionResult, event: Event) -> ExecutionResult:
