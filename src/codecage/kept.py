@@ -94,24 +94,23 @@ class KeptFiles:
             os.close(root_fd)
 
 
-def check_relpath(path: str) -> list[str]:
-    """`path`'s components, when it is a plain relative path inside the workspace.
+def check_relpath(path: str, *, hint: str = _PATH_HINT) -> list[str]:
+    """`path`'s components, when it is a plain relative path inside the workspace (the one
+    rule for a path a caller names in a workspace: uploads, reads, kept files).
 
     Raises:
         ConfigError: it is empty, absolute, holds a NUL or an empty, '.' or '..' component.
     """
     shown = neutralise_line(path)
     if not path:
-        raise ConfigError("the file path is empty", hint=_PATH_HINT)
+        raise ConfigError("the file path is empty", hint=hint)
     if "\x00" in path:
-        raise ConfigError(f"the file path '{shown}' contains a NUL byte", hint=_PATH_HINT)
+        raise ConfigError(f"the file path '{shown}' contains a NUL byte", hint=hint)
     if path.startswith("/"):
-        raise ConfigError(f"the file path '{shown}' is absolute", hint=_PATH_HINT)
+        raise ConfigError(f"the file path '{shown}' is absolute", hint=hint)
     parts = path.split("/")
     if any(part in ("", ".", "..") for part in parts):
-        raise ConfigError(
-            f"the file path '{shown}' has an empty, '.' or '..' component", hint=_PATH_HINT
-        )
+        raise ConfigError(f"the file path '{shown}' has an empty, '.' or '..' component", hint=hint)
     return parts
 
 

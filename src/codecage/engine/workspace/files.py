@@ -19,7 +19,7 @@ from codecage.backends.base import Identity
 from codecage.engine.workspace import fds
 from codecage.engine.workspace.lifecycle import Workspace
 from codecage.errors import CodecageError, ConfigError, SandboxError
-from codecage.kept import KeptFiles
+from codecage.kept import KeptFiles, check_relpath
 from codecage.models import FileInfo
 from codecage.output import neutralise_line
 
@@ -153,19 +153,8 @@ def _split_relpath(
     hint: str = "pass a path relative to the workspace, as `files` lists it "
     "(e.g. 'out/report.csv')",
 ) -> list[str]:
+    parts = check_relpath(relpath, hint=hint)
     shown = neutralise_line(relpath)
-    if not relpath:
-        raise ConfigError("the file path is empty", hint=hint)
-    if "\x00" in relpath:
-        raise ConfigError(f"the file path '{shown}' contains a NUL byte", hint=hint)
-    if relpath.startswith("/"):
-        raise ConfigError(f"the file path '{shown}' is absolute", hint=hint)
-    parts = relpath.split("/")
-    for part in parts:
-        if part in ("", ".", ".."):
-            raise ConfigError(
-                f"the file path '{shown}' has an empty, '.' or '..' component", hint=hint
-            )
     if len(parts) > fds.MAX_DEPTH + 1:
         raise ConfigError(
             f"the file path '{shown}' is deeper than {fds.MAX_DEPTH} directories", hint=hint
