@@ -134,6 +134,15 @@ def test_output_and_return_value_are_each_runs_own(sandbox: Sandbox) -> None:
     assert two.stdout == "two\n" and two.return_value == "done"
 
 
+def test_a_session_takes_more_runs_than_it_may_have_processes(sandbox: Sandbox) -> None:
+    """Each run arms the timeout's interrupt: that must not cost a thread per run (they
+    would pile up against RLIMIT_NPROC, max_processes)."""
+    with sandbox.session(limits={"max_processes": 8}) as session:
+        results = [session.run(f"n = {i}\nn") for i in range(40)]
+    assert [r.status for r in results] == ["ok"] * 40
+    assert results[-1].return_value == 39
+
+
 def test_a_session_run_is_as_fast_as_a_function_call_needs(sandbox: Sandbox) -> None:
     """Not a timing assertion: the session really reuses its interpreter (the same pid,
     the module imported once)."""

@@ -110,13 +110,15 @@ def _serve_session(
     for the next "run"; the host's closing the socket (or destroying the sandbox) ends it.
     Nothing of a one-off run's exit work happens between runs (threads keep running,
     atexit waits, globals stay)."""
+    alarm = _Alarm()
     while True:
         _remember_source(str(request["filename"]), str(request["code"]))
-        alarm = _Alarm.arm(request.get("interrupt_after_s"))
+        armed = alarm.arm(request.get("interrupt_after_s"))
         try:
             exit_code, report = _run_user_code(request, main_module)
         finally:
-            alarm.disarm()
+            if armed:
+                alarm.disarm()
         _report(control, report, exit_code)
         if os.getpid() != main_pid:  # a process the code forked: it exits, as in a run
             return exit_code
@@ -133,39 +135,61 @@ def _serve_session(
 
 
 class _Alarm:
-    """A session's run interrupted at its timeout (SIGINT, so KeyboardInterrupt where the
-    code is, a blocking call included), so that the session lives on with its state. The
-    host waits a little longer, then kills the sandbox: code that ignores the interrupt
-    ends the session. A thread of the bootstrap's own sleeps until then; `disarm` before
-    the run's report is sent makes it do nothing (the signal is ignored from then until
-    the next run, should it come in between)."""
+    """A session's runs interrupted at their timeout (SIGINT, so KeyboardInterrupt where
+    the code is, a blocking call included), so that the session lives on with its state.
+    The host waits a little longer, then kills the sandbox: code that ignores the interrupt
+    ends the session.
 
-    __slots__ = ("live",)
+    One watcher thread for the whole session (a thread per run would pile up against
+    RLIMIT_NPROC). `arm` sets the deadline and `disarm` clears it; each wakes the watcher
+    by releasing `_wake` (only this, the main thread, releases it; the watcher only
+    acquires it, with the deadline as its timeout). SIGINT is ignored between runs.
+    """
+
+    __slots__ = ("_deadline", "_wake", "_watching")
 
     def __init__(self) -> None:
-        self.live = [True]
+        import _thread
 
-    @classmethod
-    def arm(cls, after_s: Any) -> _Alarm:
-        alarm = cls()
-        if isinstance(after_s, (int, float)) and after_s > 0:
+        self._wake = _thread.allocate_lock()
+        self._deadline: float | None = None
+        self._watching = False
+
+    def arm(self, after_s: Any) -> bool:
+        if not isinstance(after_s, (int, float)) or after_s <= 0:
+            return False
+        import time
+
+        _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+        self._deadline = time.monotonic() + float(after_s)
+        if not self._watching:
             import _thread
 
-            _signal.signal(_signal.SIGINT, _signal.default_int_handler)
-            _thread.start_new_thread(_ring, (alarm.live, float(after_s), os.getpid()))
-        return alarm
+            _thread.start_new_thread(self._watch, (os.getpid(),))
+            self._watching = True
+        self._poke()
+        return True
 
     def disarm(self) -> None:
-        self.live[0] = False
         _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
+        self._deadline = None
+        self._poke()
 
+    def _poke(self) -> None:
+        if self._wake.locked():  # else the watcher has not waited yet: it will see the change
+            self._wake.release()
 
-def _ring(live: list[bool], after_s: float, pid: int) -> None:
-    import time
+    def _watch(self, pid: int) -> None:
+        import time
 
-    time.sleep(after_s)
-    if live[0]:
-        os.kill(pid, _signal.SIGINT)
+        while True:
+            deadline = self._deadline
+            wait = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            self._wake.acquire(timeout=wait)
+            deadline = self._deadline
+            if deadline is not None and time.monotonic() >= deadline:
+                self._deadline = None
+                os.kill(pid, _signal.SIGINT)
 
 
 def _remember_source(filename: str, source: str) -> None:
