@@ -185,7 +185,7 @@ def test_a_timeout_interrupts_the_run_and_the_session_keeps_its_state(sandbox: S
         session.run("x = 41")
         slow = session.run("import time\nprint('started')\ntime.sleep(30)", limits={"timeout": 1})
         assert slow.status == "timeout", slow
-        assert slow.signal == "SIGINT" and slow.stdout == "started\n"
+        assert slow.signal == "SIGALRM" and slow.stdout == "started\n"
         assert slow.error is not None and slow.error.type == "KeyboardInterrupt"
         assert session.ended is None
         assert session.run("x + 1").return_value == 42
@@ -196,7 +196,7 @@ def test_code_that_ignores_the_interrupt_is_killed_and_ends_the_session(
 ) -> None:
     with sandbox.session() as session:
         stubborn = session.run(
-            "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+            "import signal, time\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
             "print('started')\ntime.sleep(30)",
             limits={"timeout": 1},
         )

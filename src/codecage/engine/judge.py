@@ -230,7 +230,7 @@ def judge_status(
     if seen.timed_out:
         return "timeout", None, "SIGKILL"
     if seen.interrupted:
-        return "timeout", None, "SIGINT"
+        return "timeout", None, "SIGALRM"
     if seen.cancelled:
         return "killed", None, "SIGKILL"
     cpu_used = usage.cpu_ms is not None and usage.cpu_ms >= limits.cpu_seconds * 1000

@@ -135,61 +135,29 @@ def _serve_session(
 
 
 class _Alarm:
-    """A session's runs interrupted at their timeout (SIGINT, so KeyboardInterrupt where
-    the code is, a blocking call included), so that the session lives on with its state.
-    The host waits a little longer, then kills the sandbox: code that ignores the interrupt
-    ends the session.
+    """A session's runs interrupted at their timeout, so that the session lives on with its
+    state: a real-time interval timer (SIGALRM) whose handler raises KeyboardInterrupt where
+    the code is, a blocking call included. No thread (a thread per run would pile up
+    against RLIMIT_NPROC; one shared thread costs every run a GIL hand-over). The host
+    waits a little longer, then kills the sandbox: code that ignores the interrupt (or sets
+    its own SIGALRM timer over ours) ends the session."""
 
-    One watcher thread for the whole session (a thread per run would pile up against
-    RLIMIT_NPROC). `arm` sets the deadline and `disarm` clears it; each wakes the watcher
-    by releasing `_wake` (only this, the main thread, releases it; the watcher only
-    acquires it, with the deadline as its timeout). SIGINT is ignored between runs.
-    """
-
-    __slots__ = ("_deadline", "_wake", "_watching")
-
-    def __init__(self) -> None:
-        import _thread
-
-        self._wake = _thread.allocate_lock()
-        self._deadline: float | None = None
-        self._watching = False
+    __slots__ = ()
 
     def arm(self, after_s: Any) -> bool:
         if not isinstance(after_s, (int, float)) or after_s <= 0:
             return False
-        import time
-
-        _signal.signal(_signal.SIGINT, _signal.default_int_handler)
-        self._deadline = time.monotonic() + float(after_s)
-        if not self._watching:
-            import _thread
-
-            _thread.start_new_thread(self._watch, (os.getpid(),))
-            self._watching = True
-        self._poke()
+        _signal.signal(_signal.SIGALRM, _interrupt)
+        _signal.setitimer(_signal.ITIMER_REAL, float(after_s))
         return True
 
     def disarm(self) -> None:
-        _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
-        self._deadline = None
-        self._poke()
+        _signal.setitimer(_signal.ITIMER_REAL, 0.0)
+        _signal.signal(_signal.SIGALRM, _signal.SIG_IGN)
 
-    def _poke(self) -> None:
-        if self._wake.locked():  # else the watcher has not waited yet: it will see the change
-            self._wake.release()
 
-    def _watch(self, pid: int) -> None:
-        import time
-
-        while True:
-            deadline = self._deadline
-            wait = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
-            self._wake.acquire(timeout=wait)
-            deadline = self._deadline
-            if deadline is not None and time.monotonic() >= deadline:
-                self._deadline = None
-                os.kill(pid, _signal.SIGINT)
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt("the run's timeout passed")
 
 
 def _remember_source(filename: str, source: str) -> None:

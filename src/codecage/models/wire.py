@@ -63,7 +63,7 @@ class GuestRequest(Model):
         False, description="Keep the interpreter for the next run (a session's run)."
     )
     interrupt_after_s: float | None = Field(
-        None, description="A session's run: SIGINT to the code after this many seconds."
+        None, description="A session's run: KeyboardInterrupt in the code after this many seconds."
     )
 
 
