@@ -87,6 +87,11 @@ _COMMANDS: dict[str, dict[Face, str]] = {
         "library": "`Sandbox().session()`",
         "mcp": "the open_session tool",
     },
+    "close_session": {
+        "cli": "`codecage session close ID`",
+        "library": "`session.close()`",
+        "mcp": "the close_session tool",
+    },
     "doctor": {
         "cli": "`codecage doctor`",
         "library": "`Sandbox().doctor()`",

@@ -6,8 +6,9 @@ workspace) and, when there is a pool, taken from it: a warm sandbox becomes a se
 its first request (the guest keeps its interpreter, `bootstrap._serve_session`). Limits
 hold per run (wall time, CPU seconds, output) and per session (memory, processes, disk:
 the cgroup and the workspace are the session's; the CPU of all its runs together, by the
-guest's hard RLIMIT_CPU and the host's count). A run that ends the interpreter (memory
-limit, `os._exit`, timeout: the host kills the whole sandbox then) ends the session, and
+guest's hard RLIMIT_CPU and the host's count). A run past its timeout is interrupted by
+the guest (the session lives on) and killed with the sandbox only if it does not stop. A
+run that ends the interpreter (memory limit, `os._exit`, that kill) ends the session, and
 the next call is told why. Sessions share nothing with each other or with pooled runs.
 
 `Sessions` is the registry one Host keeps: ids that cannot be guessed, an owner per
@@ -276,6 +277,9 @@ class Sessions:
         )
         with self._lock:
             self._by_id[placeholder] = session
+        if self._closed.is_set():  # close_all ran while the sandbox was being made
+            self._forget(session, "the server closed it")
+            raise SessionError("sessions are closed: the server is stopping", hint="")
         self._start_reaper()
         log.info("session.opened", extra={"session_id": session.id, "owner": terms.owner})
         return session
@@ -288,13 +292,14 @@ class Sessions:
             raise SessionError(
                 f"this client has {mine} open sessions, the most it may have "
                 f"(max_per_client={self.settings.max_per_client})",
-                hint="close one you no longer need (close_session), or reuse one",
+                hint="close one you no longer need with {close_session}, or reuse one",
             )
         if len(self._by_id) >= self.settings.max_total:
             raise SessionError(
                 f"this server holds {len(self._by_id)} sessions, the most it may "
                 f"(max_total={self.settings.max_total})",
-                hint="close a session you no longer need, or try again later",
+                hint="close a session you no longer need with {close_session}, or try "
+                "again later",
             )
 
     def get(self, session_id: str, owner: str = "") -> Session:
