@@ -492,3 +492,11 @@ def test_a_forked_child_refuses_sessions_instead_of_hanging(sandbox: Sandbox) ->
 
         assert in_forked_child(work, timeout=20) == b"ok"
         assert session.run("'parent still works'").return_value == "parent still works"
+
+
+def test_info_reports_the_session_bounds_and_how_many_are_open(sandbox: Sandbox) -> None:
+    before = sandbox.info().open_sessions
+    with sandbox.session():
+        info = sandbox.info()
+    assert info.open_sessions == before + 1
+    assert info.sessions is not None and info.sessions.max_per_client == 4

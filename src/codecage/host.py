@@ -663,6 +663,8 @@ class Host:
             tools=self._tools_state(allowed_tools),
             packages=packages.added_packages(self.packages_dir),
             data_dir=str(self.data_dir) if self.data_dir is not None else None,
+            sessions=self.settings.sessions,
+            open_sessions=self.sessions.open_count(),
         )
 
     def _tools_state(self, allowed_tools: tuple[str, ...] | None) -> ToolsState:

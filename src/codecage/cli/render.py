@@ -208,6 +208,14 @@ def render_info(report: HostInfo) -> None:
         _render_scrub(out, report.scrub)
     if report.tools is not None:
         _render_tools(out, report.tools)
+    if report.sessions is not None:
+        s = report.sessions
+        out.print(
+            f"sessions: {report.open_sessions} open; idle TTL {s.idle_ttl:g} s, lifetime "
+            f"{s.lifetime:g} s, {s.cpu_seconds} CPU s each, at most {s.max_per_client} per "
+            f"client and {s.max_total} in all ([sessions] in the config)",
+            markup=False,
+        )
     if report.packages:
         listed = ", ".join(f"{p.name}=={p.version}" for p in report.packages if p.requested)
         extra = sum(1 for p in report.packages if not p.requested)

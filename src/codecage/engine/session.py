@@ -298,8 +298,7 @@ class Sessions:
             raise SessionError(
                 f"this server holds {len(self._by_id)} sessions, the most it may "
                 f"(max_total={self.settings.max_total})",
-                hint="close a session you no longer need with {close_session}, or try "
-                "again later",
+                hint="close a session you no longer need with {close_session}, or try again later",
             )
 
     def get(self, session_id: str, owner: str = "") -> Session:
@@ -331,6 +330,10 @@ class Sessions:
             f"no session {_shown(session_id)} is open for this client",
             hint="open one with {open_session} and pass the id it returns",
         )
+
+    def open_count(self) -> int:
+        with self._lock:
+            return sum(1 for s in self._by_id.values() if isinstance(s, Session))
 
     def owned_by(self, owner: str) -> list[Session]:
         with self._lock:

@@ -7,7 +7,7 @@ from pydantic import (
 )
 
 from codecage.models.base import Model
-from codecage.models.settings import Limits, PoolConfig
+from codecage.models.settings import Limits, PoolConfig, SessionSettings
 
 
 class LayerStatus(Model):
@@ -172,6 +172,10 @@ class HostInfo(Model):
         description="The host directory every sandbox sees read-only at /data (`serve "
         "--data DIR`, `Sandbox(data_dir=...)`); None: there is no /data.",
     )
+    sessions: SessionSettings | None = Field(
+        None, description="The bounds of sessions (the config's [sessions])."
+    )
+    open_sessions: int = Field(0, ge=0, description="Sessions this process holds open now.")
 
 
 class ProbeResult(Model):
