@@ -303,3 +303,21 @@ def test_save_follows_no_link(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"figure-1\.png"):
         displays.save(_outputs(), out)
     assert list(target.iterdir()) == []
+
+
+def test_matplotlib_finds_its_font_list_ready_and_does_not_scan_the_fonts_again() -> None:
+    """The font list built once on the host is in $MPLCONFIGDIR before the code imports
+    pyplot, and matplotlib uses it as it is (without it, every sandbox scans the fonts)."""
+    code = (
+        "import os\n"
+        "folder = os.environ['MPLCONFIGDIR']\n"
+        "before = {n: os.stat(os.path.join(folder, n)).st_mtime_ns for n in os.listdir(folder)}\n"
+        "import matplotlib.pyplot as plt\n"
+        "after = {n: os.stat(os.path.join(folder, n)).st_mtime_ns for n in os.listdir(folder)}\n"
+        "from matplotlib import font_manager\n"
+        "lists = [n for n in before if n.startswith('fontlist-v')]\n"
+        "(len(lists), before == after, len(font_manager.fontManager.ttflist) > 0)"
+    )
+    result = Sandbox(pool=False).run(code)
+    assert result.status == "ok", result
+    assert result.return_value == [1, True, True]

@@ -144,7 +144,7 @@ def _package_mounts(
     known = {str(lib) for lib in interpreter.libraries}
     return tuple(
         m for m in rootfs.package_mounts(found) if m.kind != "ro-bind" or m.dest not in known
-    )
+    ) + rootfs.font_list_mounts(found)
 
 
 def _added_package_mounts(
