@@ -203,3 +203,24 @@ def test_the_codes_uid_has_a_name(sandbox: Sandbox) -> None:
     """gVisor maps no ids: /etc/passwd names the uid the code really has."""
     r = sandbox.run("import os, pwd\nprint(pwd.getpwuid(os.getuid()).pw_name)")
     assert (r.status, r.stdout) == ("ok", "sandbox\n"), r.error
+
+
+def test_threads_start_and_clone3_still_answers_enosys(sandbox: Sandbox) -> None:
+    """runsc answers an ERRNO rule with EPERM whatever errno it names: a clone3 rule made
+    pthread_create fail (no thread, no numpy). Left to the Sentry, clone3 and openat2 are
+    ENOSYS (not implemented there), so libc falls back to clone, which the rules check."""
+    code = (
+        "import ctypes, errno, threading\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "answers = []\n"
+        "for number, args in ((435, (None, 0)), (437, (-100, b'/', None, 0))):\n"
+        "    libc.syscall(number, *args)\n"
+        "    answers.append(errno.errorcode[ctypes.get_errno()])\n"
+        "started = []\n"
+        "t = threading.Thread(target=lambda: started.append(1))\n"
+        "t.start(); t.join()\n"
+        "answers, started"
+    )
+    result = sandbox.run(code)
+    assert result.status == "ok", result
+    assert result.return_value == [["ENOSYS", "ENOSYS"], [1]]

@@ -483,8 +483,18 @@ def _source(mount: rootfs.Mount) -> str:
 
 @functools.cache
 def oci_seccomp(*, network: bool) -> dict[str, Any]:
-    """The engine's seccomp plan as an OCI profile (what `--oci-seccomp` takes)."""
-    return seccomp.oci_profile(seccomp.plan(network=network))
+    """The engine's seccomp plan as an OCI profile (what `--oci-seccomp` takes), without
+    the rules that answer ENOSYS (clone3, openat2).
+
+    runsc answers every ERRNO rule with EPERM, whatever its errnoRet says (measured with
+    Debian 12's runsc); EPERM from clone3 makes glibc's pthread_create fail instead of
+    falling back to clone, so no thread could start (numpy's OpenBLAS failed to import).
+    Left out, those calls get the Sentry's own answer, ENOSYS: it implements neither
+    (`tests/test_gvisor_backend.py` checks that they still answer ENOSYS in the guest)."""
+    profile = seccomp.oci_profile(seccomp.plan(network=network))
+    enosys = set(seccomp.plan(network=network).enosys_syscalls)
+    profile["syscalls"] = [e for e in profile["syscalls"] if not set(e["names"]) & enosys]
+    return profile
 
 
 # --- the channels' handover -------------------------------------------------------------

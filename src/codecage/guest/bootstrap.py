@@ -73,7 +73,6 @@ _displays: Any = None  # codecage.runtime.displays, once installed (_install_dis
 def main(argv: list[str]) -> int:
     control = _take_fds(argv)
     _close_other_fds(keep=(contract.CONTROL_FD, contract.BRIDGE_FD))
-    _seed_font_list()
     _preload(_preload_list(argv))
     _warm_up(pooled="--pooled" in argv)
     _install_displays(control)  # before the request: a warm sandbox has it ready
@@ -227,29 +226,6 @@ def _receive_fds(path: str) -> tuple[int, int]:
     return fds[0], fds[1]
 
 
-def _seed_font_list() -> None:
-    """Put matplotlib's font list, built once on the host, where matplotlib looks for it
-    ($MPLCONFIGDIR, in this sandbox's /tmp): without it, the first pyplot import of every
-    sandbox scans the fonts again. Where matplotlib is not bound, one failed listdir;
-    anything else that fails leaves matplotlib to build its own, as before."""
-    target = os.environ.get("MPLCONFIGDIR")
-    try:
-        names = os.listdir(contract.MATPLOTLIB_FONTS_DIR)
-    except OSError:
-        return
-    if not target:
-        return
-    try:
-        os.makedirs(target, mode=0o700, exist_ok=True)
-        for name in names:
-            with open(f"{contract.MATPLOTLIB_FONTS_DIR}/{name}", "rb") as source:
-                data = source.read()
-            with open(f"{target}/{name}", "xb") as copy:
-                copy.write(data)
-    except OSError:
-        pass
-
-
 def _preload_list(argv: list[str]) -> list[str]:
     if "--preload" not in argv:
         return []
@@ -265,6 +241,8 @@ def _preload(modules: list[str]) -> None:
     """
     if not modules:
         return
+    if any(name.partition(".")[0] == "matplotlib" for name in modules):
+        _guest_module("runtime.displays").seed_font_list()
     _add_added_packages()
     if os.path.isdir(SITE_PACKAGES) and SITE_PACKAGES not in sys.path:
         sys.path.append(SITE_PACKAGES)

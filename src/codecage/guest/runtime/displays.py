@@ -35,6 +35,7 @@ from typing import Any
 
 from ..contract import (
     KIND_DISPLAY,
+    MATPLOTLIB_FONTS_DIR,
     MAX_DISPLAY_BYTES,
     MAX_DISPLAYS,
     MAX_DISPLAYS_BYTES,
@@ -342,6 +343,29 @@ def _set_backend(matplotlib: Any) -> None:
         pass
 
 
+def seed_font_list() -> None:
+    """Put matplotlib's font list, built once on the host (contract.MATPLOTLIB_FONTS_DIR),
+    where matplotlib looks for it ($MPLCONFIGDIR, in this sandbox's /tmp), just before
+    matplotlib is first imported: without it, every sandbox scans the fonts again. Not
+    sooner: /tmp starts empty. Anything that fails leaves matplotlib to build its own."""
+    target = os.environ.get("MPLCONFIGDIR")
+    try:
+        names = os.listdir(MATPLOTLIB_FONTS_DIR)
+    except OSError:
+        return
+    if not target:
+        return
+    try:
+        os.makedirs(target, mode=0o700, exist_ok=True)
+        for name in names:
+            with open(f"{MATPLOTLIB_FONTS_DIR}/{name}", "rb") as source:
+                data = source.read()
+            with open(f"{target}/{name}", "xb") as copy:
+                copy.write(data)
+    except OSError:
+        pass
+
+
 class _BackendOnImport:
     """A meta path finder that only watches for the first `import matplotlib`: it lets the
     usual finder find it, and sets our backend once the module has run."""
@@ -351,6 +375,7 @@ class _BackendOnImport:
             return None
         if self in sys.meta_path:
             sys.meta_path.remove(self)
+        seed_font_list()
         from importlib.machinery import PathFinder
 
         spec = PathFinder.find_spec(name, path)
