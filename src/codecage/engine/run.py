@@ -469,6 +469,9 @@ def run_in(
             limits,
             by_cgroup=cgroup is not None and not sandbox.guest_rlimits,
             session_cpu_seconds=session.session_cpu_seconds if session else None,
+            # On a kernel of its own (gVisor's Sentry) the guest is PID 1: no init of the
+            # backend's shares its RLIMIT_NPROC count, so the code gets exactly its limit.
+            init_processes=0 if sandbox.guest_rlimits else rlimits.SANDBOX_INIT_PROCESSES,
         ),
         return_value_max_bytes=RETURN_VALUE_MAX_BYTES,
         profile=request.policy.profile if request.policy else "",

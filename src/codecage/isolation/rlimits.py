@@ -20,7 +20,11 @@ code's: pids.max and RLIMIT_NPROC are max_processes plus this."""
 
 
 def guest_limits(
-    limits: Limits, *, by_cgroup: bool, session_cpu_seconds: int | None = None
+    limits: Limits,
+    *,
+    by_cgroup: bool,
+    session_cpu_seconds: int | None = None,
+    init_processes: int = SANDBOX_INIT_PROCESSES,
 ) -> GuestLimits:
     """The rlimits the guest applies to itself before running user code (pure).
 
@@ -33,7 +37,7 @@ def guest_limits(
         cpu_seconds=limits.cpu_seconds,
         max_open_files=limits.max_open_files,
         max_file_size_bytes=limits.max_file_size_mb * _MiB,
-        max_processes=limits.max_processes + SANDBOX_INIT_PROCESSES,
+        max_processes=limits.max_processes + init_processes,
         address_space_bytes=None if by_cgroup else limits.memory_mb * _MiB,
         session_cpu_seconds=session_cpu_seconds,
     )
