@@ -14,6 +14,7 @@ import secrets
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,16 +206,44 @@ def leak_snapshot() -> dict[str, Any]:
     }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def leak_guard() -> Iterator[None]:
-    """Nothing a module's runs created may outlive them: processes, fds, dirs, cgroups."""
-    bridge_channel.watcher()  # made once per process and kept (its epoll fd is no leak)
-    before = leak_snapshot()
-    yield
+# Pools' reapers and sessions' run threads destroy sandboxes a moment after their callers
+# return (by design: the answer goes out first). What is still there after this long was left.
+_TEARDOWN_GRACE_S = 5.0
+
+
+def _new_leaks(before: dict[str, Any]) -> dict[str, list[str]]:
     after = leak_snapshot()
-    leaks = {
+    return {
         key: sorted(map(str, after[key] - before[key]))
         for key in before
         if after[key] - before[key]
     }
-    assert not leaks, f"left behind: {json.dumps(leaks)}"
+
+
+def _described(leaks: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The leftover processes with their command lines: which sandbox it was."""
+    described = dict(leaks)
+    if "children" in leaks:
+        described["children"] = [f"{pid}: {_cmdline(pid)}" for pid in leaks["children"]]
+    return described
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "(gone)"
+    return raw.replace(b"\0", b" ").decode(errors="replace")[:300]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def leak_guard(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Nothing a module's runs created may outlive them: processes, fds, dirs, cgroups."""
+    bridge_channel.watcher()  # made once per process and kept (its epoll fd is no leak)
+    before = leak_snapshot()
+    yield
+    deadline = time.monotonic() + _TEARDOWN_GRACE_S
+    while (leaks := _new_leaks(before)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    module = request.module.__name__
+    assert not leaks, f"{module} left behind: {json.dumps(_described(leaks))}"

@@ -76,6 +76,10 @@ class Pool:
         # What the pool keeps and what it starts next; guarded by `_cond`.
         self._plan: PoolPlan[StartedSandbox] = PoolPlan(config)
         self._wake_read, self._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        # Guards the wake pipe's closing: a starter still finishing a start after `close`
+        # (runs in use keep them alive) must not write into a closed fd, whose number may
+        # belong by then to another sandbox's control socket.
+        self._wake_lock = threading.Lock()
         # Used sandboxes, each with the time it may be destroyed (see `_reap_loop`).
         self._graveyard: collections.deque[tuple[StartedSandbox, float]] = collections.deque()
         self._graveyard_cond = threading.Condition(threading.Lock())
@@ -231,9 +235,7 @@ class Pool:
             self._graveyard_cond.notify()
         if threading.current_thread() is not self._reaper:
             self._reaper.join()
-        for fd in (self._wake_read, self._wake_write):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        self._close_wake_pipe()
 
     def __enter__(self) -> Pool:
         return self
@@ -257,8 +259,18 @@ class Pool:
     # --- the manager thread ----------------------------------------------------------------
 
     def _wake(self) -> None:
-        with contextlib.suppress(OSError):  # full pipe: a wake-up is pending anyway
-            os.write(self._wake_write, b"x")
+        with self._wake_lock:
+            if self._wake_write < 0:  # closed: nobody is listening any more
+                return
+            with contextlib.suppress(OSError):  # full pipe: a wake-up is pending anyway
+                os.write(self._wake_write, b"x")
+
+    def _close_wake_pipe(self) -> None:
+        with self._wake_lock:
+            for fd in (self._wake_read, self._wake_write):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._wake_read = self._wake_write = -1
 
     def _manage(self) -> None:
         with selectors.DefaultSelector() as sel:
