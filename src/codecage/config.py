@@ -96,6 +96,7 @@ from codecage.errors import ConfigError
 from codecage.models import (
     SCRUB_CATEGORIES,
     Limits,
+    NetworkSettings,
     PoolConfig,
     ScrubSettings,
     ServeSettings,
@@ -185,6 +186,7 @@ class ConfigFile(_FileModel):
     scrub: ScrubSettings = Field(ScrubSettings(), description="Scrubbing of results.")
     serve: ServeSettings = Field(ServeSettings(), description="Settings of `codecage serve`.")
     sessions: SessionSettings = Field(SessionSettings(), description="Sessions' limits.")
+    network: NetworkSettings = Field(NetworkSettings(), description="Egress through the proxy.")
     tools: ToolsFile = Field(ToolsFile(), description="Tool trees and allow-list.")
     packages: PackagesFile = Field(PackagesFile(), description="Packages the operator added.")
     sandbox: SandboxFile = Field(SandboxFile(), description="Who sandboxes are on the host.")
@@ -213,6 +215,7 @@ class Settings:
     scrub: ScrubSettings = field(default_factory=ScrubSettings)
     serve: ServeSettings = field(default_factory=ServeSettings)
     sessions: SessionSettings = field(default_factory=SessionSettings)
+    network: NetworkSettings = field(default_factory=NetworkSettings)
     tools: ToolsFile = field(default_factory=ToolsFile)
     packages: PackagesFile = field(default_factory=PackagesFile)
     sandbox: SandboxFile = field(default_factory=SandboxFile)
@@ -304,6 +307,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
         scrub=scrub,
         serve=serve,
         sessions=parsed.sessions,
+        network=parsed.network,
         tools=parsed.tools,
         packages=parsed.packages,
         sandbox=parsed.sandbox,

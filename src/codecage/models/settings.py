@@ -5,6 +5,7 @@ Defaults live here and only here; the CLI, `info` and the docs read them from th
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any, Final
 
 from pydantic import (
@@ -230,3 +231,101 @@ SCRUB_CATEGORIES: Final = ("email", "phone", "ssn", "credit_card", "iban", "ip",
 
 
 """The categories of `ScrubSettings` (the same as `codecage.policy.scrub.CATEGORIES`)."""
+
+
+class NetworkLimits(Model):
+    """Bounds of one run's egress through the host proxy (`[network.limits]`)."""
+
+    max_connections: int = Field(
+        32, ge=1, le=1024, description="Connections one run may have open at once."
+    )
+    max_bytes_out: int = Field(
+        64 * 1024 * 1024, ge=0, description="Bytes one run may send out, all connections together."
+    )
+    max_bytes_in: int = Field(
+        256 * 1024 * 1024, ge=0, description="Bytes one run may receive, all connections together."
+    )
+    requests_per_second: float = Field(
+        100.0,
+        gt=0,
+        le=100_000,
+        description="New connections and HTTP requests a run may make per second.",
+    )
+    connect_timeout: float = Field(
+        10.0, gt=0, le=300, description="Seconds to connect to a server."
+    )
+    header_timeout: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="Seconds a client has to send a whole request head (a slow client is cut off).",
+    )
+    idle_timeout: float = Field(
+        60.0, gt=0, le=3600, description="Seconds a connection may pass no byte either way."
+    )
+    total_timeout: float = Field(
+        600.0, gt=0, le=86_400, description="Seconds one connection may last at most."
+    )
+
+
+class NetworkProfile(Model):
+    """Hosts a profile's runs may reach (`[network.profiles.NAME]`)."""
+
+    allow: list[str] = Field([], description="HOST[:PORT] rules added to that profile's runs.")
+
+
+class NetworkSettings(Model):
+    """Egress through the host proxy (`[network]`). Without any allowed host a run has no
+    network at all; rules are HOST[:PORT], `*.domain` wildcards, or IP literals (port: 443
+    and 80 when omitted)."""
+
+    allow: list[str] = Field([], description="Hosts every run may reach.")
+    deny: list[str] = Field(
+        [], description="Hosts no run may reach, whatever else allows them (deny wins)."
+    )
+    ceiling: list[str] = Field(
+        [],
+        description="What a caller may ask for per call (execute_code's allow_hosts, "
+        "Sandbox.run(allow_hosts=)); asking for more is an error. `allow`, the profiles' "
+        "hosts and the operator's own grants (--allow-host) are within it anyway.",
+    )
+    profiles: dict[str, NetworkProfile] = Field(
+        {}, description="Hosts added per profile, e.g. a data index for data_science."
+    )
+    resolve: dict[str, list[str]] = Field(
+        {},
+        description="A static name -> addresses table the proxy consults before DNS (tests, "
+        "hosts without DNS). Addresses are still checked (private ones refused).",
+    )
+    upstream_ca_file: str | None = Field(
+        None,
+        description="A CA certificate file the proxy also trusts for servers it talks TLS "
+        "to (an internal CA); the system's CAs are always trusted.",
+    )
+    pip_index_url: str | None = Field(
+        None,
+        description="The package index `pip` uses inside the sandbox (its host must be "
+        "allowed for the run).",
+    )
+    limits: NetworkLimits = Field(NetworkLimits(), description="Bounds of each run's egress.")
+
+    @model_validator(mode="after")
+    def _rules_parse(self) -> NetworkSettings:
+        from codecage.egress import rules  # pure; imported here to keep models light
+
+        for what, texts in (("allow", self.allow), ("deny", self.deny), ("ceiling", self.ceiling)):
+            rules.parse_rules(texts, what=f"[network] {what}")
+        for name, profile in self.profiles.items():
+            rules.parse_rules(profile.allow, what=f"[network.profiles.{name}] allow")
+        for name, addresses in self.resolve.items():
+            rules.HostRule.parse(name)
+            for address in addresses:
+                _ip(address, name)
+        return self
+
+
+def _ip(text: str, name: str) -> None:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        raise ValueError(f"[network.resolve] {name}: {text!r} is not an IP address") from None
