@@ -42,6 +42,7 @@ from codecage.backends.base import (
 from codecage.bridge import channel as bridge
 from codecage.bridge import tooling
 from codecage.config import Settings
+from codecage.egress import setup as egress_setup
 from codecage.engine import selftest
 from codecage.engine import session as sessions_engine
 from codecage.engine.pool import Pool
@@ -72,6 +73,7 @@ from codecage.policy.scrub import apply as redaction
 
 if TYPE_CHECKING:
     from codecage.bridge.broker import Broker, RunTools
+    from codecage.egress.rules import EgressPolicy
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +103,9 @@ class Request:
     # Called with ("stdout" | "stderr", text) as the program writes, scrubbed as results
     # are (engine/stream.py); on a thread of the engine's own, one per run.
     on_output: Callable[[str, str], None] | None = None
+    # The hosts this run may reach through the egress proxy (egress/grants.py resolved the
+    # operator's settings and the caller's request into it); None: no network at all.
+    egress: EgressPolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +227,8 @@ class Host:
         self._other_backends: dict[str, Backend] = {}
         self._other_backends_lock = threading.Lock()
         self.sessions = sessions_engine.Sessions(settings.sessions)
+        self._egress: egress_setup.EgressSetup | None = None  # made at the first egress run
+        self._egress_lock = threading.Lock()
 
     def _state_dirs(self) -> list[Path]:
         """codecage's own places, which a data directory must neither be in nor hold."""
@@ -441,7 +448,17 @@ class Host:
             wider_profile=self.wider_profile,
             on_output=request.on_output,
             scrub_output=self._stream_scrub() if request.on_output is not None else None,
+            egress=request.egress,
+            egress_setup=self._egress_setup() if request.egress is not None else None,
+            network_limits=self.settings.network.limits,
         )
+
+    def _egress_setup(self) -> egress_setup.EgressSetup:
+        """The host proxy of this Host's runs, started at the first run allowed egress."""
+        with self._egress_lock:
+            if self._egress is None:
+                self._egress = egress_setup.build(self.settings.network)
+            return self._egress
 
     # --- sessions ----------------------------------------------------------------------------
 
@@ -691,6 +708,10 @@ class Host:
         self.sessions.close_all()
         if self.pool is not None and self._owns_pool:
             self.pool.close()
+        with self._egress_lock:
+            if self._egress is not None:
+                self._egress.proxy.close()
+                self._egress = None
 
 
 _SESSION_START_TIMEOUT_S = 60.0

@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
@@ -34,12 +35,14 @@ from codecage.backends.base import (
     lost_layers,
 )
 from codecage.bridge import channel as bridge
+from codecage.engine import egress as egress_wiring
 from codecage.engine import judge, launch
 from codecage.engine import stream as streaming
 from codecage.engine import workspace as workspaces
 from codecage.engine.judge import ControlStream, Observation
 from codecage.engine.supervise import supervise
 from codecage.errors import ConfigError, Face, SandboxError
+from codecage.guest import contract
 from codecage.guest.contract import MAX_DISPLAYS, MAX_DISPLAYS_BYTES, STOP_LINE
 from codecage.isolation import cgroups, datadir, rlimits, rootfs
 from codecage.isolation import identity as identities
@@ -53,12 +56,18 @@ from codecage.models import (
     GuestReady,
     GuestRequest,
     Limits,
+    NetworkLimits,
     Usage,
 )
 from codecage.output import neutralise
 from codecage.policy import profiles
 from codecage.policy import scrub as scrubbing
 from codecage.policy.profiles import ImportPolicy
+
+if TYPE_CHECKING:
+    from codecage.egress.proxy import RunEgress
+    from codecage.egress.rules import EgressPolicy
+    from codecage.egress.setup import EgressSetup
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +112,11 @@ class RunRequest:
     on_output: streaming.OutputCallback | None = None
     # Scrubs streamed text first (text, cut) -> text; None: streamed as written.
     scrub_output: streaming.StreamScrub | None = None
+    # The hosts this run may reach through the host proxy (egress/rules.py); None: no
+    # network at all. `egress_setup` is how its sandbox reaches the proxy.
+    egress: EgressPolicy | None = None
+    egress_setup: EgressSetup | None = None
+    network_limits: NetworkLimits = field(default_factory=NetworkLimits)
 
 
 def ceilings() -> Ceilings:
@@ -182,10 +196,14 @@ class SandboxSpec:
     # The host ids the sandbox runs as (never 0); None: this process's default
     # (`isolation.identity.plan()`: a dedicated id for root, the caller's own otherwise).
     identity: Identity | None = None
+    # Made with a socket on this proxy, a relay and IP sockets (engine/egress.py); None:
+    # no network at all. A run's hosts are granted per run, not part of the spec.
+    egress: EgressSetup | None = None
 
     @classmethod
     def for_request(cls, request: RunRequest) -> SandboxSpec:
         return cls(
+            egress=request.egress_setup if request.egress is not None else None,
             policy=request.policy,
             workspace_mb=request.limits.workspace_mb,
             tmp_mb=request.limits.tmp_mb,
@@ -216,6 +234,7 @@ class StartedSandbox:
     baseline: _Baseline | None = None  # what it used before its request (see wait_ready)
     used: bool = False
     guest_rlimits: bool = False  # backends.base.HostOverhead.guest_rlimits
+    egress: RunEgress | None = None  # its socket on the proxy (spec.egress), else None
 
     def alive(self) -> bool:
         return self.proc.alive()
@@ -278,7 +297,7 @@ def start(
     execution_id = uuid.uuid4().hex
     identity = spec.identity or identities.plan().identity
     interpreter = rootfs.find_interpreter()
-    bpf = launch.sandbox_filter()
+    bpf = launch.sandbox_filter(network=spec.egress is not None)
     started_at = time.monotonic()
     # Worked out before anything is created: a process killed meanwhile (the first time,
     # with an empty cache, it takes seconds) must leave no run directory, mount or cgroup.
@@ -305,16 +324,26 @@ def start(
         if cgroup is not None:
             cleanup.callback(_destroy_cgroup, cgroup)
         channel = launch.Channels.open(cleanup)
+        env = launch.sandbox_env(interpreter)
+        guest_argv = launch.guest_argv(channel, spec.preload, pooled=pooled)
+        listener = None
+        if spec.egress is not None:
+            _check_egress_backend(backend)
+            listener = egress_wiring.open_socket(spec.egress, run_dir, cleanup)
+            mounts += egress_wiring.mounts(run_dir)
+            env.update(egress_wiring.env(spec.egress))
+            guest_argv = (*guest_argv, contract.EGRESS_ARG)
         proc = backend.start(
             LaunchSpec(
                 mounts=mounts,
-                env=launch.sandbox_env(interpreter),
-                guest_argv=launch.guest_argv(channel, spec.preload, pooled=pooled),
+                env=env,
+                guest_argv=guest_argv,
                 seccomp=bpf,
                 control_fd=channel.guest_control.fileno(),
                 bridge_fd=channel.guest_bridge.fileno(),
                 cwd=run_dir,
                 identity=identity,
+                network=spec.egress is not None,
             ),
             # Between "namespaces made" and "guest starts": never host root (checked on
             # the process itself), and what the guest starts, and every process it makes,
@@ -340,7 +369,23 @@ def start(
         cleanup=cleanup,
         lost=lost_layers(backend),
         guest_rlimits=overhead.guest_rlimits,
+        egress=listener,
     )
+
+
+def _check_egress_backend(backend: Backend) -> None:
+    """Egress needs a network namespace of the sandbox's own: the relay listens on its
+    loopback, and IP sockets reach nothing else. The Landlock fallback has none.
+
+    Raises:
+        ConfigError: this backend cannot give a run network safely.
+    """
+    if backend.name == "landlock":
+        raise ConfigError(
+            "network egress needs the sandbox's own network namespace, which the landlock "
+            "backend does not have (IP sockets there would reach the host's network)",
+            hint="use the bwrap or gvisor backend for runs with allowed hosts",
+        )
 
 
 def _on_created(cgroup: CgroupHandle | None, pid: int, *, check_identity: bool = True) -> None:
@@ -489,10 +534,12 @@ def run_in(
         cpu_seconds=limits.cpu_seconds,
     )
     tool_bridge.start()
+    _grant_egress(sandbox, request)
     try:
         seen = _supervise(sandbox, request, guest_request, baseline, session)
     finally:
         bridge_events = tool_bridge.stop()
+        bridge_events += egress_wiring.finish(sandbox.egress)
     if seen.reported and session is None:
         _tell_guest_to_stop(sandbox.channel.host_control)
     # A session's run that outlasted its timeout and came back: the guest's interrupt
@@ -537,6 +584,16 @@ def run_in(
         },
     )
     return result
+
+
+def _grant_egress(sandbox: StartedSandbox, request: RunRequest) -> None:
+    """The run's hosts on its sandbox's socket, before the code can use it. A sandbox made
+    without egress cannot get it (its spec is part of the pool's key)."""
+    if request.egress is None:
+        return
+    if sandbox.egress is None:
+        raise SandboxError("this sandbox was made without network; the run asked for hosts")
+    egress_wiring.grant(sandbox.egress, request.egress, request.network_limits)
 
 
 def _supervise(

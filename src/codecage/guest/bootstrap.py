@@ -75,6 +75,7 @@ def main(argv: list[str]) -> int:
     _close_other_fds(keep=(contract.CONTROL_FD, contract.BRIDGE_FD))
     _preload(_preload_list(argv))
     _warm_up(pooled="--pooled" in argv)
+    _start_egress_relay(argv)
     _install_displays(control)  # before the request: a warm sandbox has it ready
     main_pid = os.getpid()
     _send(control, {"v": contract.WIRE_VERSION, "kind": contract.KIND_READY, "pid": main_pid})
@@ -343,6 +344,21 @@ def _send_end(control: _socket.socket, pid: int, exit_code: int) -> None:
         pass  # the host is gone: the next receive ends the session
 
 
+_egress = False  # the run may reach allowed hosts through the relay (contract.EGRESS_ARG)
+_LOCAL_FAMILIES = (_socket.AF_UNIX, -1)
+_EGRESS_FAMILIES = (*_LOCAL_FAMILIES, _socket.AF_INET, _socket.AF_INET6)
+
+
+def _start_egress_relay(argv: list[str]) -> None:
+    """A run allowed egress: the relay to the host proxy listens on 127.0.0.1 before the
+    code runs (guest/relay.py). Without the flag the sandbox has no network at all."""
+    global _egress
+    if contract.EGRESS_ARG not in argv:
+        return
+    _guest_module("relay").start(contract.EGRESS_RELAY_PORT, contract.EGRESS_SOCKET)
+    _egress = True
+
+
 def _install_displays(control: _socket.socket) -> None:
     """Rich outputs (`display`, figures, the last expression) go out as "display" lines as
     the code makes them; what the caps leave out becomes a display_truncated event."""
@@ -444,7 +460,8 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
     """
     if event == "socket.__new__" and len(_events) < MAX_EVENTS:
         family = args[1] if len(args) > 1 else None
-        if family not in (_socket.AF_UNIX, -1):
+        allowed = _EGRESS_FAMILIES if _egress else _LOCAL_FAMILIES
+        if family not in allowed:
             name = _family_name(family)
             _events.append(
                 {

@@ -97,3 +97,15 @@ GUEST_SITE_PACKAGES: Final = f"{GUEST_ROOT}/opt/site-packages"
 """The host's third-party packages the profile allows, read-only."""
 PACKAGES_DIR: Final = f"{GUEST_ROOT}/opt/packages"
 """The packages the operator added (`codecage packages add`), read-only."""
+
+# --- egress (a run allowed network: engine/egress.py, guest/relay.py) ------------------------
+EGRESS_DIR: Final = f"{GUEST_ROOT}/run/codecage"
+"""The run's egress directory, bound read-only: the proxy's socket and the CA bundle."""
+EGRESS_SOCKET: Final = f"{EGRESS_DIR}/egress.sock"
+"""The host proxy's Unix socket for this sandbox: the only way out, and who the run is."""
+EGRESS_CA_BUNDLE: Final = f"{EGRESS_DIR}/ca-bundle.pem"
+"""The system's CAs and the proxy's own (hosts whose credentials the proxy adds)."""
+EGRESS_RELAY_PORT: Final = 3128
+"""Where the relay listens on the sandbox's own loopback (HTTP_PROXY points there)."""
+EGRESS_ARG: Final = "--egress"
+"""On the guest's command line: start the relay before anything else runs."""

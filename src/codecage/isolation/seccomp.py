@@ -193,15 +193,15 @@ _IOCTL_REQUEST_MASK = 0xFFFFFFFF
 # with them (Docker allows it); only tools like setarch and gdb query, to set those flags.
 _PERSONALITY_FLAGS_FLOOR = 0x0040000
 
-# Socket families when the run declares network access: IP sockets, and netlink routing
-# sockets (NETLINK_ROUTE only) because glibc's getaddrinfo(AI_ADDRCONFIG) and getifaddrs()
-# use them. AF_PACKET, AF_VSOCK, AF_ALG, AF_RDS and the other families stay refused: they
-# are rarely needed and a long list of kernel CVEs. Without network only AF_UNIX is allowed.
+# Socket families when the run is allowed egress: IP sockets, which reach only the
+# sandbox's own loopback (the relay to the host proxy). Netlink stays refused (glibc's
+# getaddrinfo then assumes both IPv4 and IPv6, and names are the proxy's to resolve), and
+# AF_PACKET, AF_VSOCK, AF_ALG, AF_RDS and the other families too: rarely needed and a long
+# list of kernel CVEs. Without network only AF_UNIX is allowed.
 _NETWORK_SOCKET_FAMILIES: tuple[int, ...] = (
     socket.AF_UNIX,
     socket.AF_INET,
     socket.AF_INET6,
-    socket.AF_NETLINK,
 )
 _SOCKET_SYSCALLS: tuple[str, ...] = ("socket", "socketpair")
 
@@ -246,8 +246,8 @@ class SeccompPlan:
         enosys_syscalls: answered with ENOSYS, so that libc falls back to an older call
             (clone3 -> clone, openat2 -> openat, whose arguments the filter can inspect).
         allow_inet_sockets: False: socket()/socketpair() of any family but AF_UNIX get
-            EPERM. True: AF_INET, AF_INET6 and AF_NETLINK (NETLINK_ROUTE only) are allowed
-            too; every other family still gets EPERM.
+            EPERM. True: AF_INET and AF_INET6 are allowed too (egress through the relay);
+            every other family, netlink included, still gets EPERM.
         setid_mode_args: (syscall, index of its mode argument) pairs: the syscall is
             answered with EPERM when that argument has S_ISUID or S_ISGID set, so that no
             file or directory gets either bit (chmod, fchmod, fchmodat, fchmodat2, and the
@@ -371,11 +371,6 @@ def _rules(seccomp_plan: SeccompPlan, *, clone_flags_arg: int) -> tuple[_Rule, .
             _Rule(call, errno.EPERM, (cond,))
             for cond in _values_outside(_NETWORK_SOCKET_FAMILIES, arg=0)
         ]
-        netlink_other_than_route = (
-            _Cond(0, "EQ", socket.AF_NETLINK),
-            _Cond(2, "NE", socket.NETLINK_ROUTE),
-        )
-        rules.append(_Rule(call, errno.EPERM, netlink_other_than_route))
     return tuple(rules)
 
 
@@ -631,8 +626,8 @@ def probe() -> LayerStatus:
         "personality flags from ADDR_NO_RANDOMIZE up, "
         f"{', '.join(name for name, _ in default.setid_mode_args)} "
         f"with {'/'.join(_SETID_BITS)} in the mode, "
-        "socket/socketpair other than AF_UNIX (with network: other than AF_UNIX, AF_INET, "
-        "AF_INET6, NETLINK_ROUTE); "
+        "socket/socketpair other than AF_UNIX (with egress: other than AF_UNIX, AF_INET, "
+        "AF_INET6); "
         f"ENOSYS for {', '.join(default.enosys_syscalls)}; "
         f"a syscall through an ABI other than {compiled.arch} (on x86_64: i386, x32): "
         f"{compiled.bad_arch_action}; "

@@ -26,6 +26,7 @@ EventKind = Literal[
     "import_blocked",
     "syscall_blocked",
     "network_denied",
+    "network_allowed",
     "output_truncated",
     "files_truncated",
     "workspace_full",

@@ -1,0 +1,113 @@
+"""A sandbox's egress: its own socket on the host proxy, what it binds and its environment;
+a run's grant on that socket, and what the proxy saw, as the result's events.
+
+A sandbox made for egress (`SandboxSpec.egress`) still has its own network namespace with
+only loopback: seccomp lets it make IP sockets, but nothing leaves except through the
+relay (guest/relay.py) to the Unix socket bound at `contract.EGRESS_SOCKET`. The host
+proxy knows the run by that socket (one per sandbox), and refuses everything on it until
+the run's request grants its hosts (`grant`), and again once the run is over (`revoke`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from codecage.guest import contract
+from codecage.isolation import rootfs
+from codecage.models import Event, NetworkLimits
+
+if TYPE_CHECKING:
+    from codecage.egress.proxy import ConnectionRecord, RunEgress
+    from codecage.egress.rules import EgressPolicy
+    from codecage.egress.setup import EgressSetup
+
+_PROXY_URL = f"http://127.0.0.1:{contract.EGRESS_RELAY_PORT}"
+# Not through the relay: the sandbox's own loopback (a server the code starts itself).
+_NO_PROXY = "localhost,127.0.0.1,::1"
+MAX_NETWORK_EVENTS = 40
+"""Connections recorded one event each; past this, one event counts the rest."""
+
+
+def open_socket(setup: EgressSetup, run_dir: Path, cleanup: contextlib.ExitStack) -> RunEgress:
+    """This sandbox's socket on the proxy, in `run_dir/egress` (closed by `cleanup`)."""
+    directory = run_dir / "egress"
+    directory.mkdir()
+    # Searchable by all: the sandbox's own host id reaches the socket (and the CA bundle)
+    # by name through it; nothing in it can be listed or written.
+    directory.chmod(0o711)
+    if setup.ca_bundle is not None:
+        (directory / "ca-bundle.pem").write_bytes(setup.ca_bundle.read_bytes())
+    listener = setup.proxy.listen(directory / "egress.sock")
+    cleanup.callback(listener.close)
+    return listener
+
+
+def mounts(run_dir: Path) -> tuple[rootfs.Mount, ...]:
+    """The egress directory, read-only (a socket is connectable on a read-only mount)."""
+    return (rootfs.Mount("ro-bind", contract.EGRESS_DIR, str(run_dir / "egress")),)
+
+
+def env(setup: EgressSetup) -> dict[str, str]:
+    """What points the code's HTTP clients (urllib, requests, httpx, pip, curl) at the relay."""
+    found: dict[str, str] = {}
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        found[name] = found[name.lower()] = _PROXY_URL
+    found["NO_PROXY"] = found["no_proxy"] = _NO_PROXY
+    found["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    found["PIP_CACHE_DIR"] = "/tmp/pip-cache"  # noqa: S108 - the sandbox's private /tmp
+    if setup.ca_bundle is not None:
+        for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PIP_CERT"):
+            found[name] = contract.EGRESS_CA_BUNDLE
+    found.update(setup.extra_env)
+    return found
+
+
+def grant(listener: RunEgress, policy: EgressPolicy, limits: NetworkLimits) -> None:
+    listener.grant(policy, limits)
+
+
+def finish(listener: RunEgress | None) -> list[Event]:
+    """End the run's grant and make its connections the result's events."""
+    if listener is None:
+        return []
+    listener.revoke()
+    return events(listener.records())
+
+
+def events(records: list[ConnectionRecord]) -> list[Event]:
+    """One event per connection, up to `MAX_NETWORK_EVENTS`, then one counting the rest."""
+    found = [_event(r) for r in records[:MAX_NETWORK_EVENTS]]
+    rest = records[MAX_NETWORK_EVENTS:]
+    if rest:
+        refused = sum(not r.allowed for r in rest)
+        found.append(
+            Event(
+                kind="network_denied" if refused else "network_allowed",
+                detail=f"{len(rest)} more connections ({refused} refused) not listed one by one",
+                data={"more": len(rest), "refused": refused},
+            )
+        )
+    return found
+
+
+def _event(record: ConnectionRecord) -> Event:
+    where = f"{record.host}:{record.port}"
+    data: dict[str, Any] = {
+        "host": record.host,
+        "port": record.port,
+        "address": record.address,
+        "method": record.method,
+        "status": record.status,
+        "bytes_out": record.bytes_out,
+        "bytes_in": record.bytes_in,
+        "duration_ms": record.duration_ms,
+        "reason": record.reason,
+    }
+    if not record.allowed:
+        return Event(kind="network_denied", detail=f"{where} refused: {record.reason}", data=data)
+    detail = f"{record.method} {where} ({record.bytes_out} B out, {record.bytes_in} B in)"
+    if record.reason:
+        detail += f", cut off: {record.reason}"
+    return Event(kind="network_allowed", detail=detail, data=data)
