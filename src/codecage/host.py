@@ -42,7 +42,6 @@ from codecage.backends.base import (
 from codecage.bridge import channel as bridge
 from codecage.bridge import tooling
 from codecage.config import Settings
-from codecage.egress import setup as egress_setup
 from codecage.engine import selftest
 from codecage.engine import session as sessions_engine
 from codecage.engine.pool import Pool
@@ -74,6 +73,7 @@ from codecage.policy.scrub import apply as redaction
 if TYPE_CHECKING:
     from codecage.bridge.broker import Broker, RunTools
     from codecage.egress.rules import EgressPolicy
+    from codecage.egress.setup import EgressSetup
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ class Host:
         self._other_backends: dict[str, Backend] = {}
         self._other_backends_lock = threading.Lock()
         self.sessions = sessions_engine.Sessions(settings.sessions)
-        self._egress: egress_setup.EgressSetup | None = None  # made at the first egress run
+        self._egress: EgressSetup | None = None  # made at the first egress run
         self._egress_lock = threading.Lock()
 
     def _state_dirs(self) -> list[Path]:
@@ -453,8 +453,11 @@ class Host:
             network_limits=self.settings.network.limits,
         )
 
-    def _egress_setup(self) -> egress_setup.EgressSetup:
-        """The host proxy of this Host's runs, started at the first run allowed egress."""
+    def _egress_setup(self) -> EgressSetup:
+        """The host proxy of this Host's runs, started at the first run allowed egress
+        (imported then too: most runs have no network, and the proxy needs asyncio, h11)."""
+        from codecage.egress import setup as egress_setup
+
         with self._egress_lock:
             if self._egress is None:
                 self._egress = egress_setup.build(self.settings.network)

@@ -49,17 +49,38 @@ class Relay:
         self._listener.listen(_BACKLOG)
         self._listener.setblocking(False)
         self._sel.register(self._listener, selectors.EVENT_READ, None)
+        self._stop_read, self._stop_write = socket.socketpair()
+        self._sel.register(self._stop_read, selectors.EVENT_READ, "stop")
+        self._thread = threading.Thread(
+            target=self._serve, name="codecage-egress-relay", daemon=True
+        )
 
     def start(self) -> None:
-        threading.Thread(target=self._serve, name="codecage-egress-relay", daemon=True).start()
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop relaying and close every socket (the sandbox never does: it ends instead)."""
+        self._stop_write.send(b"x")
+        self._thread.join()
 
     def _serve(self) -> None:
-        while True:
-            for key, events in self._sel.select():
-                if key.data is None:
-                    self._accept()
-                else:
-                    self._pump(key.data, key.fileobj, events)
+        try:
+            while True:
+                for key, events in self._sel.select():
+                    if key.data == "stop":
+                        return
+                    if key.data is None:
+                        self._accept()
+                    else:
+                        self._pump(key.data, key.fileobj, events)
+        finally:
+            self._close_all()
+
+    def _close_all(self) -> None:
+        for key in list(self._sel.get_map().values()):
+            key.fileobj.close()  # type: ignore[union-attr]
+        self._sel.close()
+        self._stop_write.close()
 
     def _accept(self) -> None:
         try:
