@@ -692,6 +692,7 @@ class Host:
         return ToolsState(
             servers=sorted(self.tools.servers) if self.tools is not None else [],
             configured_servers=sorted(self.settings.mcp_servers),
+            sandboxed_servers=self._sandboxed_servers(),
             allowed_tools=list(allowed_tools) if allowed_tools is not None else None,
             tokenize=self.tokenize,
             max_calls=limits.max_calls,
@@ -700,6 +701,13 @@ class Host:
             servers_dir=str(self.servers_dir) if self.servers_dir is not None else None,
             skills_dir=str(self.skills_dir) if self.skills_dir is not None else None,
         )
+
+    def _sandboxed_servers(self) -> list[str]:
+        """The upstream servers started in a sandbox of their own (`sandbox = true`)."""
+        if self.tools is not None:
+            return sorted(name for name, cfg in self.tools.servers.items() if cfg.sandbox)
+        configured = self.settings.mcp_servers.items()
+        return sorted(n for n, e in configured if isinstance(e, dict) and e.get("sandbox") is True)
 
     def warm(self, timeout: float) -> bool:
         """Wait until the pool has its warm sandboxes ready; False on timeout or no pool."""

@@ -100,20 +100,7 @@ class BwrapBackend:
     def _argv(self, spec: LaunchSpec, fds: _HandshakeFds) -> list[str]:
         return [
             self.executable,
-            *_NAMESPACES,
-            *_NAMESPACES_TRY,
-            *network.bwrap_args(network.plan(allow_network=spec.network)),
-            "--disable-userns",
-            "--uid",
-            str(rootfs.SANDBOX_UID),
-            "--gid",
-            str(rootfs.SANDBOX_GID),
-            "--cap-drop",
-            "ALL",
-            "--die-with-parent",
-            "--new-session",
-            "--hostname",
-            "sandbox",
+            *isolation_args(allow_network=spec.network),
             *rootfs.bwrap_args(spec.mounts),
             "--chdir",
             rootfs.WORKSPACE,
@@ -125,6 +112,37 @@ class BwrapBackend:
             str(fds.seccomp),
             *spec.guest_argv,
         ]
+
+
+def isolation_args(*, allow_network: bool) -> list[str]:
+    """bwrap's options for everything but the mounts and the handshake: the namespaces,
+    the ids inside, no capabilities, death with the parent, a session of its own (also
+    used for sandboxed upstream servers, `bridge.sandboxed`)."""
+    return [
+        *_NAMESPACES,
+        *_NAMESPACES_TRY,
+        *network.bwrap_args(network.plan(allow_network=allow_network)),
+        "--disable-userns",
+        "--uid",
+        str(rootfs.SANDBOX_UID),
+        "--gid",
+        str(rootfs.SANDBOX_GID),
+        "--cap-drop",
+        "ALL",
+        "--die-with-parent",
+        "--new-session",
+        "--hostname",
+        "sandbox",
+    ]
+
+
+def find_bwrap() -> str:
+    """The bwrap executable.
+
+    Raises:
+        HostError: bubblewrap is not installed.
+    """
+    return _find_bwrap()
 
 
 def _raise_if_bwrap_failed(process: SandboxProcess, exc: BaseException) -> None:

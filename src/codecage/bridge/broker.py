@@ -37,6 +37,7 @@ from mcp.shared.exceptions import MCPError
 
 from codecage import forks
 from codecage.bridge.channel import CallFailed, ToolAnswer
+from codecage.bridge.sandboxed import sandboxed_stdio_client
 from codecage.bridge.stdio_client import bounded_stdio_client
 from codecage.bridge.tooling import ToolPattern, allow_patterns, name_matches
 from codecage.bridge.upstreams import Upstream
@@ -496,6 +497,14 @@ class _Upstream:
         if self._stderr is None:
             # The server's stderr goes to a file: its tail explains a crash to the caller.
             self._stderr = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")  # noqa: SIM115 - lives as long as the session
+        if config.sandbox:
+            return sandboxed_stdio_client(
+                self.name,
+                config,
+                self._stderr,
+                max_line_bytes=_MAX_MESSAGE_BYTES,
+                on_overflow=self._overflowed,
+            )
         params = StdioServerParameters(
             command=config.command or "",
             args=list(config.args),

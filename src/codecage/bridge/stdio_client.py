@@ -31,21 +31,36 @@ async def bounded_stdio_client(
     *,
     max_line_bytes: int,
     on_overflow: Callable[[], None],
+    exact_env: dict[str, str] | None = None,
+    pass_fds: tuple[int, ...] = (),
 ) -> AsyncGenerator[TransportStreams, None]:
     """`mcp.client.stdio.stdio_client`, with each line of the server's stdout at most
     `max_line_bytes` (counted in characters: UTF-8 has at least one byte per character).
+    `exact_env`: the process's whole environment (not added to the SDK's default one);
+    `pass_fds`: fds the process inherits under their numbers (a sandbox's seccomp filter).
 
     Raises:
         OSError: the server process cannot be spawned.
     """
-    command = await sdk._get_executable_command(server.command)
-    process = await sdk._create_platform_compatible_process(
-        command=command,
-        args=server.args,
-        env=sdk.get_default_environment() | (server.env or {}),
-        errlog=errlog,
-        cwd=server.cwd,
-    )
+    if exact_env is None and not pass_fds:
+        command = await sdk._get_executable_command(server.command)
+        process = await sdk._create_platform_compatible_process(
+            command=command,
+            args=server.args,
+            env=sdk.get_default_environment() | (server.env or {}),
+            errlog=errlog,
+            cwd=server.cwd,
+        )
+    else:
+        # As the SDK spawns on POSIX (its own session: the SDK ends it by process group).
+        process = await anyio.open_process(
+            [server.command, *server.args],
+            env=exact_env if exact_env is not None else sdk.get_default_environment(),
+            stderr=errlog,
+            cwd=server.cwd,
+            start_new_session=True,
+            pass_fds=pass_fds,
+        )
     server_stdin, server_stdout = process.stdin, process.stdout
     if server_stdin is None or server_stdout is None:  # the SDK spawns with pipes
         process.kill()

@@ -13,7 +13,10 @@
 file is loaded, so credentials need not be written into it. Keys codecage adds (hosts ignore
 them): `allow_tools` (the only tools code may call; default all), `timeout` (seconds per call),
 `roots` (directories declared to the server as the client's roots), `tokenize` (replace
-personal data in this server's results with tokens, see the privacy docs).
+personal data in this server's results with tokens, see the privacy docs), `sandbox` (run a
+stdio server in a sandbox of its own, `bridge/sandboxed.py`), with `state_dir` (its
+persistent directory, /state inside) and `allow_hosts` (its egress allowlist: parsed, not
+wired yet, so a non-empty one is refused).
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ from codecage.errors import ConfigError
 
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # Keys other hosts write into the same table; accepted and not used.
+_HOST_PATTERN = re.compile(
+    r"(\*\.)?[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*(:[0-9]{1,5})?"
+)
 _HOST_KEYS = ("type", "disabled", "autoApprove", "alwaysAllow", "description", "transport")
 
 
@@ -49,6 +55,21 @@ class Upstream(BaseModel):
     roots: tuple[str, ...] = ()
     tokenize: bool = False
     disabled: bool = False
+    sandbox: bool = Field(
+        default=False,
+        description="Run this stdio server in a sandbox of its own (no network, no host "
+        "files but its program, /state and its roots); false: on the host, as you.",
+    )
+    state_dir: str | None = Field(
+        default=None,
+        description="A sandboxed server's persistent directory (/state inside); None: "
+        "/var/lib/codecage/servers/NAME as root, else $XDG_DATA_HOME/codecage/servers/NAME.",
+    )
+    allow_hosts: tuple[str, ...] = Field(
+        default=(),
+        description='Hosts a sandboxed server may reach ("api.example.com", '
+        '"*.example.com:8443"); empty: none. Not wired yet: a non-empty list is refused.',
+    )
 
     @model_validator(mode="after")
     def _one_transport(self) -> Upstream:
@@ -56,6 +77,17 @@ class Upstream(BaseModel):
             raise ValueError("give either `command` (a stdio server) or `url` (HTTP), not both")
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"url must be http:// or https://, got {self.url!r}")
+        if self.sandbox and self.command is None:
+            raise ValueError("`sandbox` applies to stdio servers (`command`), not to a `url`")
+        if not self.sandbox and (self.state_dir is not None or self.allow_hosts):
+            raise ValueError("`state_dir` and `allow_hosts` apply only with `sandbox`: true")
+        if self.state_dir is not None and not self.state_dir.startswith("/"):
+            raise ValueError(f"state_dir must be an absolute path, got {self.state_dir!r}")
+        for pattern in self.allow_hosts:
+            if not _HOST_PATTERN.fullmatch(pattern):
+                raise ValueError(
+                    f"allow_hosts: {pattern!r} is not HOST, *.DOMAIN or either with :PORT"
+                )
         return self
 
     def secrets(self) -> list[str]:
@@ -95,6 +127,13 @@ def parse(raw: Any, *, source: str, environ: dict[str, str]) -> dict[str, Upstre
                 hint='write {"command": ..., "args": [...]} or {"url": ...}',
             )
         server = _parse_one(name, _expand(entry, f"{source}: mcpServers.{name}", environ), source)
+        if server.allow_hosts:
+            raise ConfigError(
+                f"{source}: mcpServers.{name}: allow_hosts is not supported yet: egress for"
+                " sandboxed upstreams is not wired",
+                hint=f"remove allow_hosts from mcpServers.{name} (a sandboxed server has no"
+                " network for now), or run it unsandboxed",
+            )
         if not server.disabled:
             servers[name] = server
     return servers

@@ -225,12 +225,15 @@ def render_info(report: HostInfo) -> None:
 
 
 def _render_tools(out: Console, tools: ToolsState) -> None:
+    def named(names: list[str]) -> str:
+        caged = set(tools.sandboxed_servers)
+        return ", ".join(f"{n} (sandboxed)" if n in caged else n for n in names)
+
     if tools.servers:
-        servers = ", ".join(tools.servers)
+        servers = named(tools.servers)
     elif tools.configured_servers:
-        servers = (
-            f"{', '.join(tools.configured_servers)} (in the config file; run and serve start them)"
-        )
+        where = "in the config file; run and serve start them"
+        servers = f"{named(tools.configured_servers)} ({where})"
     else:
         servers = "none (add --mcp-config FILE, or [mcpServers.NAME] to the config file)"
     out.print(f"upstream MCP tools: {servers}", markup=False)

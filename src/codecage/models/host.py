@@ -60,6 +60,10 @@ class ToolsState(Model):
     configured_servers: list[str] = Field(
         description="Servers in the config file's [mcpServers] (`run` and `serve` start them)."
     )
+    sandboxed_servers: list[str] = Field(
+        default_factory=list,
+        description="Of those servers, the ones that run in a sandbox of their own.",
+    )
     allowed_tools: list[str] | None = Field(
         description="'server.tool' patterns the code may call; None: all the servers allow."
     )

@@ -1,0 +1,306 @@
+"""Upstream MCP servers started with `"sandbox": true` (bridge/sandboxed.py), driven
+through the real broker over their real stdio transport.
+
+Containment: a probe server (tests/fixtures/probe_server.py) tries to read a host file,
+its environment and a TCP listener on the host's loopback; the same server unsandboxed
+succeeds at each, so each test shows that the sandbox is what stops it. Then the reference
+servers nobody here wrote (npm's memory, filesystem and everything; PyPI's time and git)
+work sandboxed, with the memory persisting in the state directory across brokers.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.conftest import HostCanary, NetCanary
+
+from codecage.bridge import upstreams
+from codecage.bridge.broker import Broker
+from codecage.bridge.channel import CallFailed
+from codecage.errors import ConfigError
+from codecage.isolation import identity as identities
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBE = ROOT / "tests" / "fixtures" / "probe_server.py"
+NPM = ROOT / "tools" / "node_modules" / "@modelcontextprotocol"
+VENV_BIN = Path(sys.executable).parent
+SANDBOX_ID = identities.plan().identity
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+
+
+def call(broker: Broker, server: str, tool: str, **arguments: Any) -> Any:
+    """The tool's structured result (unwrapped from MCPServer's {"result": ...}), else its
+    text."""
+    answer = broker.call(server, tool, arguments).result(timeout=120)
+    value = answer.structured if answer.structured is not None else answer.text
+    return value["result"] if isinstance(value, dict) and set(value) == {"result"} else value
+
+
+def broker_for(servers: dict[str, Any]) -> Broker:
+    return Broker(upstreams.parse({"mcpServers": servers}, source="test", environ={}))
+
+
+@pytest.fixture
+def given_dir() -> Iterator[Path]:
+    """A directory the sandbox's host id can reach and write (/tmp/pytest-of-root is 0700
+    and belongs to root), as an operator would prepare one; removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="codecage-test-given-"))
+    path.chmod(0o755)
+    os.chown(path, SANDBOX_ID.uid, SANDBOX_ID.gid)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def probe(sandbox: bool, state: Path, **extra: Any) -> dict[str, Any]:
+    entry: dict[str, Any] = {"command": str(VENV_BIN / "python"), "args": [str(PROBE)]}
+    if sandbox:
+        entry |= {"sandbox": True, "state_dir": str(state)}
+    return entry | extra
+
+
+@pytest.fixture
+def probes(given_dir: Path) -> Iterator[Broker]:
+    """The probe server twice: `caged` sandboxed, `open` on the host as before."""
+    servers = {"caged": probe(True, given_dir), "open": probe(False, given_dir)}
+    with broker_for(servers) as broker:
+        yield broker
+
+
+# --- containment: what the sandbox stops, shown against the same server without it ------
+
+
+def test_a_sandboxed_server_cannot_read_host_files(probes: Broker, host_canary: HostCanary) -> None:
+    for path in host_canary.paths:
+        assert host_canary.token in call(probes, "open", "read_file", path=str(path))
+        refused = call(probes, "caged", "read_file", path=str(path))
+        assert refused.startswith("error: FileNotFoundError")  # the path is named, not read
+    if os.geteuid() == 0:
+        assert "root:" in call(probes, "open", "read_file", path="/etc/shadow")
+    assert "error" in call(probes, "caged", "read_file", path="/etc/shadow")
+    passwd = call(probes, "caged", "read_file", path="/etc/passwd")
+    assert "root:" not in passwd and "/state" in passwd
+
+
+def test_a_sandboxed_server_sees_only_its_configured_environment(
+    given_dir: Path, env_canary: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The SDK gives an unsandboxed server the host's HOME, LOGNAME, PATH, SHELL, TERM, USER.
+    monkeypatch.setenv("LOGNAME", env_canary)
+    servers = {
+        "caged": probe(True, given_dir, env={"GIVEN": "yes"}),
+        "open": probe(False, given_dir, env={"GIVEN": "yes"}),
+    }
+    with broker_for(servers) as broker:
+        opened = call(broker, "open", "environment")
+        caged = call(broker, "caged", "environment")
+    assert opened["LOGNAME"] == env_canary
+    assert env_canary not in str(caged)
+    assert set(caged) == {"GIVEN", "PATH", "HOME", "LANG", "PWD"}  # PWD: bwrap's --chdir
+    assert caged["HOME"] == "/state"
+
+
+def test_a_sandboxed_server_cannot_connect_to_the_hosts_loopback(
+    probes: Broker, net_canary: NetCanary
+) -> None:
+    assert call(probes, "open", "connect", port=net_canary.port) == net_canary.token
+    answer = call(probes, "caged", "connect", port=net_canary.port)
+    assert answer.startswith("error") and net_canary.token not in answer
+    assert len(net_canary.connections) == 1  # the open one's only
+
+
+def test_a_sandboxed_server_runs_as_neither_root_nor_with_a_writable_root(
+    probes: Broker, given_dir: Path
+) -> None:
+    status = call(probes, "caged", "read_file", path="/proc/self/status")
+    uid_line = next(line for line in status.splitlines() if line.startswith("Uid:"))
+    assert uid_line.split()[1:] == ["1000"] * 4
+    assert "NoNewPrivs:\t1" in status and "Seccomp:\t2" in status
+    assert call(probes, "caged", "write_file", path="/usr/x", text="x").startswith("error")
+    assert call(probes, "caged", "write_file", path="/state/x", text="kept") == "ok"
+    assert (given_dir / "x").read_text(encoding="utf-8") == "kept"
+
+
+# --- refusals that say what to do ------------------------------------------------------------
+
+
+def test_allow_hosts_is_parsed_and_refused_until_egress_is_wired(given_dir: Path) -> None:
+    entry = probe(True, given_dir, allow_hosts=["api.example.com", "*.example.com:8443"])
+    with pytest.raises(ConfigError, match="allow_hosts is not supported yet"):
+        upstreams.parse({"mcpServers": {"p": entry}}, source="test", environ={})
+    with pytest.raises(ConfigError, match="not HOST"):
+        upstreams.parse(
+            {"mcpServers": {"p": probe(True, given_dir, allow_hosts=["http://x/"])}},
+            source="test",
+            environ={},
+        )
+    with pytest.raises(ConfigError, match="only with `sandbox`"):
+        upstreams.parse(
+            {"mcpServers": {"p": probe(False, given_dir, allow_hosts=["x.com"])}},
+            source="test",
+            environ={},
+        )
+
+
+def test_a_missing_command_says_so_and_what_to_do(given_dir: Path) -> None:
+    entry = {"command": "no-such-server-xyz", "sandbox": True, "state_dir": str(given_dir)}
+    with broker_for({"gone": entry}) as broker, pytest.raises(CallFailed) as failed:
+        broker.list_tools("gone")
+    assert "'no-such-server-xyz' is not found" in failed.value.message
+    assert "absolute path" in failed.value.message
+
+
+def test_a_directory_argument_not_given_to_the_sandbox_is_refused(
+    given_dir: Path, tmp_path: Path
+) -> None:
+    entry = probe(True, given_dir)
+    entry["args"] = [*entry["args"], str(tmp_path)]
+    with broker_for({"p": entry}) as broker, pytest.raises(CallFailed) as failed:
+        broker.list_tools("p")
+    assert f"names the directory {tmp_path}" in failed.value.message
+    assert "`roots`" in failed.value.message
+
+
+def test_nothing_of_a_sandboxed_server_is_left_after_the_broker_closes(given_dir: Path) -> None:
+    with broker_for({"p": probe(True, given_dir)}) as broker:
+        call(broker, "p", "environment")
+        running = processes_naming(str(given_dir))
+        assert running  # the launcher (bwrap) and the server under it
+    assert not processes_naming(str(given_dir))
+    assert not list(Path(tempfile.gettempdir()).glob(f"codecage-upstream-{os.getpid()}-*"))
+
+
+def processes_naming(text: str) -> list[int]:
+    """Host processes whose command line contains `text`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
+# --- the reference servers, sandboxed --------------------------------------------------------
+
+
+needs_npm = pytest.mark.skipif(not NPM.is_dir(), reason="scripts/setup installs the npm servers")
+needs_pypi = pytest.mark.skipif(
+    not (VENV_BIN / "mcp-server-git").exists(), reason="scripts/setup installs the PyPI servers"
+)
+
+
+@needs_npm
+def test_the_memory_server_keeps_its_graph_in_the_state_dir_across_brokers(
+    given_dir: Path,
+) -> None:
+    entry = {
+        "command": "node",
+        "args": [str(NPM / "server-memory" / "dist" / "index.js")],
+        "env": {"MEMORY_FILE_PATH": "/state/memory.jsonl"},
+        "sandbox": True,
+        "state_dir": str(given_dir),
+    }
+    entity = {"name": "Ana", "entityType": "person", "observations": ["likes tea"]}
+    with broker_for({"memory": entry}) as broker:
+        call(broker, "memory", "create_entities", entities=[entity])
+    assert "likes tea" in (given_dir / "memory.jsonl").read_text(encoding="utf-8")
+    with broker_for({"memory": entry}) as broker:  # a new server process: a host restart
+        graph = call(broker, "memory", "read_graph")
+    assert [e["name"] for e in graph["entities"]] == ["Ana"]
+
+
+@needs_npm
+def test_the_filesystem_server_works_on_the_directory_given_to_it(given_dir: Path) -> None:
+    work = given_dir / "files"
+    work.mkdir()
+    os.chown(work, SANDBOX_ID.uid, SANDBOX_ID.gid)
+    (work / "in.txt").write_text("hello from the host", encoding="utf-8")
+    entry = {
+        "command": "node",
+        "args": [str(NPM / "server-filesystem" / "dist" / "index.js"), str(work)],
+        "roots": [str(work)],
+        "sandbox": True,
+        "state_dir": str(given_dir),
+    }
+    with broker_for({"fs": entry}) as broker:
+        text = call(broker, "fs", "read_text_file", path=str(work / "in.txt"))
+        call(broker, "fs", "write_file", path=str(work / "out.txt"), content="from the server")
+        with pytest.raises(CallFailed, match="outside allowed directories"):
+            call(broker, "fs", "read_text_file", path="/etc/hostname")
+    assert "hello from the host" in str(text)
+    assert (work / "out.txt").read_text(encoding="utf-8") == "from the server"
+
+
+@needs_npm
+def test_the_everything_server_works_sandboxed(given_dir: Path) -> None:
+    entry = {
+        "command": "node",
+        "args": [str(NPM / "server-everything" / "dist" / "index.js"), "stdio"],
+        "sandbox": True,
+        "state_dir": str(given_dir),
+    }
+    with broker_for({"everything": entry}) as broker:
+        names = {tool.name for tool in broker.list_tools("everything")}
+        echoed = call(broker, "everything", "echo", message="hi there")
+    assert "echo" in names
+    assert "hi there" in str(echoed)
+
+
+@needs_pypi
+def test_the_time_server_works_sandboxed(given_dir: Path) -> None:
+    entry = {
+        "command": str(VENV_BIN / "mcp-server-time"),
+        "args": ["--local-timezone", "UTC"],
+        "sandbox": True,
+        "state_dir": str(given_dir),
+    }
+    with broker_for({"time": entry}) as broker:
+        tokyo = call(
+            broker,
+            "time",
+            "convert_time",
+            source_timezone="UTC",
+            time="12:00",
+            target_timezone="Asia/Tokyo",
+        )
+    assert tokyo["target"]["datetime"][11:16] == "21:00"
+
+
+@needs_pypi
+def test_the_git_server_works_on_the_repository_given_to_it(given_dir: Path) -> None:
+    repo = given_dir / "repo"
+    repo.mkdir()
+    git = ["git", "-c", "safe.directory=*", "-c", "user.name=Ana", "-c", "user.email=a@b.c"]
+    subprocess.run([*git, "init", "-q", "-b", "main"], cwd=repo, check=True)
+    (repo / "a.txt").write_text("a", encoding="utf-8")
+    subprocess.run([*git, "add", "a.txt"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "Add a"], cwd=repo, check=True)
+    subprocess.run(["chown", "-R", f"{SANDBOX_ID.uid}:{SANDBOX_ID.gid}", str(repo)], check=True)
+    state = given_dir / "state"
+    state.mkdir()
+    entry = {
+        "command": str(VENV_BIN / "mcp-server-git"),
+        "args": ["--repository", str(repo)],
+        "roots": [str(repo)],
+        "sandbox": True,
+        "state_dir": str(state),
+    }
+    with broker_for({"git": entry}) as broker:
+        log = call(broker, "git", "git_log", repo_path=str(repo))
+        (repo / "b.txt").write_text("b", encoding="utf-8")
+        call(broker, "git", "git_add", repo_path=str(repo), files=["b.txt"])
+        staged = call(broker, "git", "git_diff_staged", repo_path=str(repo))
+    assert "Add a" in str(log)
+    assert "b.txt" in str(staged)
