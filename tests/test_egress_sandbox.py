@@ -1,0 +1,215 @@
+"""Egress end to end: real sandboxes, the real host proxy, local HTTP servers on the host's
+loopback whose names come from the config's test resolver table (there is no DNS here).
+
+The servers listen on 127.0.0.1, a special address the proxy refuses for a name; the runs
+that should reach them allow that IP literal with its port too (docs/configuration.md)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from codecage import ExecutionResult, Sandbox
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        if self.path.startswith("/redirect"):
+            self.send_response(302)
+            self.send_header("Location", self.server.redirect_to)  # type: ignore[attr-defined]
+            self.end_headers()
+            return
+        body = json.dumps(
+            {"path": self.path, "host": self.headers.get("Host"), "server": self.server.name}  # type: ignore[attr-defined]
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@dataclass
+class _Server:
+    name: str
+    port: int
+    httpd: http.server.ThreadingHTTPServer
+
+
+def _serve(name: str) -> _Server:
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    httpd.name = name  # type: ignore[attr-defined]
+    httpd.redirect_to = ""  # type: ignore[attr-defined]
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return _Server(name, httpd.server_address[1], httpd)
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[dict[str, _Server]]:
+    made = {name: _serve(name) for name in ("api", "other")}
+    yield made
+    for s in made.values():
+        s.httpd.shutdown()
+        s.httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("egress") / "config.toml"
+    path.write_text(
+        "[network.resolve]\n"
+        '"api.test" = ["127.0.0.1"]\n'
+        '"other.test" = ["127.0.0.1"]\n'
+        '"metadata.test" = ["169.254.169.254"]\n'
+        '"private.test" = ["10.1.2.3"]\n'
+        "[network.limits]\n"
+        "connect_timeout = 2\n"
+    )
+    return path
+
+
+def _allowing(config: Path, *hosts: str) -> Sandbox:
+    return Sandbox(config=config, allow_hosts=list(hosts), import_policy=False, scrub=False)
+
+
+def _get(url: str) -> str:
+    return (
+        "import urllib.request, urllib.error\n"
+        "try:\n"
+        f"    print(urllib.request.urlopen({url!r}, timeout=10).read().decode())\n"
+        "except urllib.error.HTTPError as e:\n"
+        "    print('HTTP', e.code, e.read().decode()[:200])\n"
+        "except Exception as e:\n"
+        "    print('FAILED', type(e).__name__, e)\n"
+    )
+
+
+def _kinds(result: ExecutionResult, kind: str) -> list[dict[str, Any]]:
+    return [e.data or {} for e in result.events if e.kind == kind]
+
+
+def test_an_allowed_host_is_reached_by_name_through_the_proxy(
+    config: Path, servers: dict[str, _Server]
+) -> None:
+    api = servers["api"]
+    sandbox = _allowing(config, f"api.test:{api.port}", f"127.0.0.1:{api.port}")
+    r = sandbox.run(_get(f"http://api.test:{api.port}/hello"))
+    assert r.status == "ok", r.stderr
+    answer = json.loads(r.stdout)
+    assert answer == {"path": "/hello", "host": f"api.test:{api.port}", "server": "api"}
+    (allowed,) = _kinds(r, "network_allowed")
+    assert (allowed["host"], allowed["port"], allowed["address"]) == (
+        "api.test",
+        api.port,
+        "127.0.0.1",
+    )
+    assert allowed["bytes_in"] > 0
+
+
+def test_without_allowed_hosts_a_run_has_no_network_and_no_proxy(
+    config: Path, servers: dict[str, _Server]
+) -> None:
+    api = servers["api"]
+    r = Sandbox(config=config, import_policy=False).run(
+        "import os\nprint(sorted(k for k in os.environ if 'PROXY' in k.upper()))\n"
+        + _get(f"http://127.0.0.1:{api.port}/")
+    )
+    assert r.status == "ok", r.stderr
+    first, second = r.stdout.splitlines()[:2]
+    assert first == "[]"
+    assert second.startswith("FAILED"), second
+
+
+def test_a_host_not_allowed_is_refused_with_a_reason(
+    config: Path, servers: dict[str, _Server]
+) -> None:
+    api, other = servers["api"], servers["other"]
+    sandbox = _allowing(config, f"api.test:{api.port}", f"127.0.0.1:{api.port}")
+    r = sandbox.run(_get(f"http://other.test:{other.port}/"))
+    assert r.stdout.startswith("HTTP 403"), r.stdout
+    (denied,) = _kinds(r, "network_denied")
+    assert denied["host"] == "other.test"
+    assert "not in this run's allowed hosts" in denied["reason"]
+
+
+@pytest.mark.parametrize("name", ["metadata.test", "private.test"])
+def test_an_allowed_name_that_resolves_to_a_special_address_is_refused(
+    config: Path, name: str
+) -> None:
+    r = _allowing(config, f"{name}:80").run(_get(f"http://{name}/latest/meta-data/"))
+    assert r.stdout.startswith("HTTP 403"), r.stdout
+    (denied,) = _kinds(r, "network_denied")
+    assert "resolved to" in denied["reason"]
+
+
+def test_a_redirect_to_a_host_not_allowed_is_refused(
+    config: Path, servers: dict[str, _Server]
+) -> None:
+    api, other = servers["api"], servers["other"]
+    api.httpd.redirect_to = f"http://other.test:{other.port}/stolen"  # type: ignore[attr-defined]
+    sandbox = _allowing(config, f"api.test:{api.port}", f"127.0.0.1:{api.port}")
+    r = sandbox.run(_get(f"http://api.test:{api.port}/redirect"))
+    assert r.stdout.startswith("HTTP 403"), r.stdout
+    assert [d["host"] for d in _kinds(r, "network_allowed")] == ["api.test"]
+    assert [d["host"] for d in _kinds(r, "network_denied")] == ["other.test"]
+
+
+def test_nothing_leaves_but_through_the_proxy(config: Path, servers: dict[str, _Server]) -> None:
+    """Allowed hosts or not, a direct connection, UDP and name resolution inside reach
+    nothing: the sandbox's namespace has only its loopback."""
+    api = servers["api"]
+    code = (
+        "import socket\n"
+        "def attempt(f):\n"
+        "    try:\n"
+        "        f(); return 'reached'\n"
+        "    except OSError as e:\n"
+        "        return type(e).__name__\n"
+        f"print(attempt(lambda: socket.create_connection(('127.0.0.1', {api.port}), timeout=3)))\n"
+        "print(attempt(lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
+        ".sendto(b'x', ('8.8.8.8', 53))))\n"
+        "print(attempt(lambda: socket.getaddrinfo('api.test', 80)))\n"
+        "print(attempt(lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW)))\n"
+    )
+    r = _allowing(config, f"api.test:{api.port}", f"127.0.0.1:{api.port}").run(code)
+    assert r.status == "ok", r.stderr
+    assert "reached" not in r.stdout.split(), r.stdout
+
+
+def test_concurrent_runs_with_different_hosts_cannot_use_each_others(
+    config: Path, servers: dict[str, _Server]
+) -> None:
+    api, other = servers["api"], servers["other"]
+    to_api = _allowing(config, f"api.test:{api.port}", f"127.0.0.1:{api.port}")
+    to_other = _allowing(config, f"other.test:{other.port}", f"127.0.0.1:{other.port}")
+    code = (
+        "import time\n"
+        "time.sleep(0.5)\n"
+        + _get(f"http://api.test:{api.port}/a")
+        + _get(f"http://other.test:{other.port}/b")
+    )
+    results: dict[str, ExecutionResult] = {}
+    threads = [
+        threading.Thread(target=lambda n=n, s=s: results.__setitem__(n, s.run(code)))
+        for n, s in (("api", to_api), ("other", to_other))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    api_lines = results["api"].stdout.splitlines()
+    other_lines = results["other"].stdout.splitlines()
+    assert json.loads(api_lines[0])["server"] == "api"
+    assert api_lines[1].startswith("HTTP 403")
+    assert other_lines[0].startswith("HTTP 403")
+    assert json.loads(other_lines[1])["server"] == "other"
