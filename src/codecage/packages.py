@@ -165,10 +165,17 @@ def location(
 
 
 def _user_dir(env: Mapping[str, str]) -> Path:
+    return user_data_dir("packages", env)
+
+
+def user_data_dir(name: str, environ: Mapping[str, str] | None = None) -> Path:
+    """codecage's place called `name` in this user's data: `$XDG_DATA_HOME/codecage/<name>`
+    (`~/.local/share/codecage/<name>`); root's counterpart is /var/lib/codecage/<name>."""
+    env = os.environ if environ is None else environ
     xdg = env.get("XDG_DATA_HOME", "")
     if not Path(xdg).is_absolute():  # the XDG spec: a relative value is invalid, ignore it
         xdg = str(Path.home() / ".local" / "share")
-    return Path(xdg) / "codecage" / "packages"
+    return Path(xdg) / "codecage" / name
 
 
 def check_workspace(
