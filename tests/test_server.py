@@ -156,6 +156,7 @@ async def test_the_server_lists_its_tools_with_descriptions_and_parameter_schema
         "files",
         "return_files",
         "session_id",
+        "allow_hosts",
     }
     assert tools["execute_code"].input_schema.get("required") == ["code"]
     assert "ctx" not in tools["execute_code"].input_schema["properties"]
@@ -385,7 +386,7 @@ async def test_bad_arguments_are_a_tool_error_and_the_server_keeps_serving(
 
 EXECUTE_CODE_ARGUMENTS = (
     "code, timeout, profile, allowed_imports, memory_limit_mb, files, return_files, backend, "
-    "session_id"
+    "session_id, allow_hosts"
 )
 
 

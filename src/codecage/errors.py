@@ -61,6 +61,7 @@ SETTINGS: dict[str, Spelling] = {
     "allowed_imports": Spelling(
         cli="--allow-import", library="allowed_imports", mcp="allowed_imports"
     ),
+    "allow_hosts": Spelling(cli="--allow-host", library="allow_hosts", mcp="allow_hosts"),
     "files": Spelling(cli=None, library="files", mcp="files"),
     "return_files": Spelling(cli=None, library="on_files", mcp="return_files"),
     "workspace": Spelling(cli="--workspace", library="workspace", mcp=None),

@@ -42,6 +42,8 @@ from codecage.backends.base import (
 from codecage.bridge import channel as bridge
 from codecage.bridge import tooling
 from codecage.config import Settings
+from codecage.egress import grants as egress_grants
+from codecage.egress.rules import EgressPolicy
 from codecage.engine import selftest
 from codecage.engine import session as sessions_engine
 from codecage.engine.pool import Pool
@@ -58,6 +60,7 @@ from codecage.models import (
     HostInfo,
     LayerStatus,
     Limits,
+    NetworkState,
     PoolState,
     ScrubSettings,
     ToolsState,
@@ -72,7 +75,6 @@ from codecage.policy.scrub import apply as redaction
 
 if TYPE_CHECKING:
     from codecage.bridge.broker import Broker, RunTools
-    from codecage.egress.rules import EgressPolicy
     from codecage.egress.setup import EgressSetup
 
 log = logging.getLogger(__name__)
@@ -103,8 +105,7 @@ class Request:
     # Called with ("stdout" | "stderr", text) as the program writes, scrubbed as results
     # are (engine/stream.py); on a thread of the engine's own, one per run.
     on_output: Callable[[str, str], None] | None = None
-    # The hosts this run may reach through the egress proxy (egress/grants.py resolved the
-    # operator's settings and the caller's request into it); None: no network at all.
+    # The hosts the run may reach, as `Host.network_for` resolved them; None: no network.
     egress: EgressPolicy | None = None
 
 
@@ -194,8 +195,11 @@ class Host:
         packages_dir: str | Path | None = None,
         scrub: bool | ScrubSettings | None = None,
         data_dir: str | Path | None = None,
+        allow_hosts: Iterable[str] = (),
     ) -> None:
         self.settings = settings
+        # The operator's grants with the config's [network]: refused before a pool starts.
+        self.grants = egress_grants.Grants.of(settings.network, allow_hosts, face="library")
         self.limits = limits or settings.limits
         self.limit_sources = dict(settings.sources)
         if limits is not None:
@@ -338,6 +342,21 @@ class Host:
             ConfigError: a profile is unknown, or not among the operator's enabled ones.
         """
         return resolve_policy(self.settings, profile, allowed_imports, replace)
+
+    def network_for(
+        self, policy: ImportPolicy | None, requested: Iterable[str] | None, face: Face
+    ) -> tuple[EgressPolicy | None, ImportPolicy | None]:
+        """A run's egress (the config's, its profile's and the operator's hosts, and the
+        caller's `requested` ones within the ceiling; None: no network) and its import
+        policy, which allows the network modules too when it has egress.
+
+        Raises:
+            ConfigError: a requested rule is malformed, outside the ceiling, or denied;
+                worded for `face`.
+        """
+        profile = policy.profile if policy is not None else self.settings.profile
+        egress = self.grants.policy(profile, requested, face=face)
+        return egress, profiles.with_network(policy) if egress is not None else policy
 
     @property
     def wider_profile(self) -> str | None:
@@ -685,6 +704,20 @@ class Host:
             data_dir=str(self.data_dir) if self.data_dir is not None else None,
             sessions=self.settings.sessions,
             open_sessions=self.sessions.open_count(),
+            network=self._network_state(),
+        )
+
+    def _network_state(self) -> NetworkState:
+        network, grants = self.settings.network, self.grants
+        return NetworkState(
+            allow=[r.text for r in grants.allow],
+            deny=[r.text for r in grants.deny],
+            granted=[r.text for r in grants.operator],
+            ceiling=[r.text for r in grants.ceiling_of("")],
+            profiles={
+                name: [r.text for r in rules] for name, rules in (grants.profiles or {}).items()
+            },
+            limits=network.limits,
         )
 
     def _tools_state(self, allowed_tools: tuple[str, ...] | None) -> ToolsState:

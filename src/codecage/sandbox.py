@@ -119,6 +119,13 @@ class Sandbox:
         data_dir: a host directory mounted read-only at /data in every sandbox (absolute,
             an existing directory, not / nor codecage's own state); symlinks in it resolve
             inside the sandbox, never to the host's files.
+        allow_hosts: hosts every run of this Sandbox may reach, as HOST[:PORT] rules
+            ("api.example.com", "*.example.com", "api.example.com:8443", "203.0.113.7";
+            port 443 and 80 when omitted), on top of the config's `[network] allow` and
+            the profile's hosts; a run may ask for these and the config's `[network]
+            ceiling` with `run(allow_hosts=...)`. Empty (default): no network unless the
+            config allows some. Raises ConfigError for a malformed rule or one the
+            config's `[network] deny` covers.
 
     >>> with Sandbox(pool=True) as sandbox:
     ...     sandbox.warm()                      # optional: wait until the pool is ready
@@ -149,6 +156,7 @@ class Sandbox:
         face: Face = "library",
         keep_files_mb: int = kept_files.DEFAULT_KEEP_FILES_MB,
         data_dir: str | Path | None = None,
+        allow_hosts: Iterable[str] = (),
     ) -> None:
         settings = config if isinstance(config, Settings) else load_settings(config)
         self.allowed_tools = tuple(allowed_tools) if allowed_tools is not None else None
@@ -174,6 +182,7 @@ class Sandbox:
             packages_dir=packages_dir,
             scrub=scrub,
             data_dir=data_dir,
+            allow_hosts=allow_hosts,
         )
         self.settings = settings
         self.limit_sources = dict(runtime.limit_sources)
@@ -181,7 +190,8 @@ class Sandbox:
             self.limit_sources["profile"] = "argument"
         self.face: Face = face
         self.keep_files_mb = _check_keep_files_mb(keep_files_mb)
-        runtime.keep_warm(self.policy)
+        # Runs with egress import the network modules too: keep that policy warm.
+        runtime.keep_warm(runtime.network_for(self.policy, None, face)[1])
 
     # What callers read of the host runtime (info, tests, the MCP server's notes): its own
     # values, not copies that could drift from them.
@@ -243,6 +253,7 @@ class Sandbox:
         files: Mapping[str, bytes | str] | None = None,
         keep_files_mb: int | None = None,
         on_output: OutputHandler | None = None,
+        allow_hosts: Iterable[str] | None = None,
     ) -> ExecutionResult:
         """Run `code` in a new sandbox and return how it went.
 
@@ -279,12 +290,20 @@ class Sandbox:
                 is not. If it raises, it is not
                 called again (logged once); one still busy 5 s after the run ended is left
                 behind and gets no more. The result holds the output as without it.
+            allow_hosts: hosts this run may reach besides the Sandbox's (HOST[:PORT]
+                rules, as for `Sandbox(allow_hosts=)`), within the ceiling: the config's
+                `[network] ceiling` and `allow`, the profile's hosts and the Sandbox's
+                `allow_hosts`. A run with any host allowed may import the network modules
+                (urllib.request, http.client, socket, ssl, httpx, requests) whatever its
+                profile.
 
         Raises:
-            ConfigError: the request was refused before anything ran.
+            ConfigError: the request was refused before anything ran (e.g. `allow_hosts`
+                outside the ceiling: the message lists what is permitted).
             HostError: the host cannot provide the isolation (see `doctor()`).
             SandboxError: the sandbox itself failed.
         """
+        egress, policy = self.host.network_for(self.policy, allow_hosts, self.face)
         keep_mb = _check_keep_files_mb(
             self.keep_files_mb if keep_files_mb is None else keep_files_mb
         )
@@ -300,7 +319,7 @@ class Sandbox:
         request = host.Request(
             code=code,
             limits=self._limits_for(limits),
-            policy=self.policy,
+            policy=policy,
             filename=filename,
             files=_input_files(files),
             workspace=Path(workspace) if workspace is not None else None,
@@ -310,6 +329,7 @@ class Sandbox:
             strict=strict,
             face=self.face,
             on_output=on_output,
+            egress=egress,
         )
         result = self.host.run(request)
         return result.with_kept_files(collected[0]) if collected else result
@@ -371,13 +391,15 @@ class Sandbox:
         on_files: Callable[[Path, list[FileInfo]], None] | None = None,
         keep_files_mb: int | None = None,
         on_output: OutputHandler | Callable[[str, str], Awaitable[None]] | None = None,
+        allow_hosts: Iterable[str] | None = None,
     ) -> ExecutionResult:
         """`run()` for asyncio callers: the run happens in a worker thread. Cancelling the
         task kills the sandbox.
 
-        `on_output` as for `run()`; a coroutine function is awaited on the caller's event
-        loop instead, one call after the other in order, and `arun` returns once the last
-        has finished (waiting at most 5 s for it; one that raises is not called again).
+        `on_output` and `allow_hosts` as for `run()`; a coroutine `on_output` is awaited on
+        the caller's event loop instead, one call after the other in order, and `arun`
+        returns once the last has finished (waiting at most 5 s for it; one that raises is
+        not called again).
 
         Raises:
             ConfigError: the request was refused before anything ran.
@@ -402,6 +424,7 @@ class Sandbox:
                 on_files=on_files,
                 keep_files_mb=keep_files_mb,
                 on_output=handler,
+                allow_hosts=allow_hosts,
             )
         except asyncio.CancelledError:
             cancel.set()  # the task was cancelled: the worker thread kills the sandbox

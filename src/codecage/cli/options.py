@@ -82,6 +82,18 @@ AllowImportOpt = Annotated[
         help="Also allow importing this module (repeat, or separate with commas).",
     ),
 ]
+AllowHostOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--allow-host",
+        metavar="HOST[:PORT]",
+        help="Let the code reach this host through codecage's egress proxy (repeat, or "
+        "separate with commas): api.example.com, *.example.com (its subdomains), "
+        "api.example.com:8443, 203.0.113.7; port 443 and 80 when omitted. Added to the "
+        "config's \\[network] allow; its deny still wins. (default: none: no network)",
+        show_default=False,
+    ),
+]
 VerboseOpt = Annotated[
     bool, typer.Option("--verbose", "-v", help="Log what codecage does, with tracebacks.")
 ]

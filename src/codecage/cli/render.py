@@ -22,6 +22,7 @@ from codecage.models import (
     DoctorReport,
     ExecutionResult,
     HostInfo,
+    NetworkState,
     PoolState,
     ScrubState,
     ToolsState,
@@ -216,12 +217,29 @@ def render_info(report: HostInfo) -> None:
             f"client and {s.max_total} in all ([sessions] in the config)",
             markup=False,
         )
+    if report.network is not None:
+        _render_network(out, report.network)
     if report.packages:
         listed = ", ".join(f"{p.name}=={p.version}" for p in report.packages if p.requested)
         extra = sum(1 for p in report.packages if not p.requested)
         out.print(f"added packages: {listed} (+{extra} dependencies)", markup=False)
     else:
         out.print("added packages: none (`codecage packages add NAME`)", markup=False)
+
+
+def _render_network(out: Console, network: NetworkState) -> None:
+    def listed(rules: list[str]) -> str:
+        return ", ".join(rules) or "none"
+
+    if not (network.ceiling or any(network.profiles.values())):
+        out.print("network: none (allow hosts with --allow-host or [network] allow)", markup=False)
+        return
+    out.print(f"network: every run may reach {listed(network.allow)}", markup=False)
+    out.print(f"   granted by --allow-host   {listed(network.granted)}", markup=False)
+    out.print(f"   a call may ask for        {listed(network.ceiling)}", markup=False)
+    out.print(f"   denied                    {listed(network.deny)}", markup=False)
+    for name, rules in network.profiles.items():
+        out.print(f"   profile {name:<17} + {listed(rules)}", markup=False)
 
 
 def _render_tools(out: Console, tools: ToolsState) -> None:

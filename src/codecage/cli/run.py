@@ -12,6 +12,7 @@ from rich.markup import escape
 from codecage import config, displays
 from codecage.cli.logs import configure_logging
 from codecage.cli.options import (
+    AllowHostOpt,
     AllowImportOpt,
     AllowToolOpt,
     BackendOpt,
@@ -153,6 +154,7 @@ def run(
     servers_dir: ServersDirOpt = None,
     skills_dir: SkillsDirOpt = None,
     allow_tool: AllowToolOpt = None,
+    allow_host: AllowHostOpt = None,
     max_tool_calls: MaxToolCallsOpt = None,
     tokenize: TokenizeOpt = False,
     no_scrub: NoScrubOpt = False,
@@ -180,6 +182,8 @@ def run(
         codecage run --mcp-host claude-code --file agent.py  # calls MCP tools
 
         codecage run --in sales.csv --out results/ --file chart.py
+
+        codecage run --allow-host api.github.com --file fetch.py  # may reach that host
     """
     configure_logging(verbose)
     overrides: dict[str, Any] = {
@@ -231,6 +235,7 @@ def run(
             replace_imports=replace_imports,
             import_policy=not no_import_policy,
             scrub=scrub_option(no_scrub, scrub_categories, settings),
+            allow_host=allow_host,
         )
         spinner = progress("starting the sandbox", enabled=not as_json)
         # Human mode prints the output as it comes; --json prints one object at the end.

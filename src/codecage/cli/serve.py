@@ -13,6 +13,7 @@ import typer
 
 from codecage.cli.logs import configure_logging
 from codecage.cli.options import (
+    AllowHostOpt,
     AllowToolOpt,
     ConfigOpt,
     MaxToolCallsOpt,
@@ -103,6 +104,7 @@ def serve(
     servers_dir: ServersDirOpt = None,
     skills_dir: SkillsDirOpt = None,
     allow_tool: AllowToolOpt = None,
+    allow_host: AllowHostOpt = None,
     max_tool_calls: MaxToolCallsOpt = None,
     tokenize: TokenizeOpt = False,
     no_scrub: NoScrubOpt = False,
@@ -125,6 +127,8 @@ def serve(
         codecage serve --http --host 0.0.0.0 --token "$(openssl rand -hex 16)"
 
         codecage serve --mcp-host cursor   # code may call Cursor's MCP servers
+
+        codecage serve --allow-host '*.example.com'   # every call may reach those hosts
     """
     from codecage.mcp import http as http_serving
     from codecage.mcp import server as mcp_server  # the MCP SDK loads only for this command
@@ -165,6 +169,7 @@ def serve(
             pool=not no_pool,
             face="mcp",
             data_dir=_data_dir(data, settings),
+            allow_host=allow_host,
         )
         app_server = mcp_server.build_server(sandbox, limits=limits)
         if not http:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from codecage import config
 from codecage.cli.render import stderr
+from codecage.egress import grants
 from codecage.errors import ConfigError, Face
 from codecage.kept import check_relpath
 from codecage.models import ScrubSettings
@@ -199,14 +200,18 @@ def build_sandbox(
     pool: bool | None = None,
     face: Face = "cli",
     data_dir: Path | None = None,
+    allow_host: list[str] | None = None,
 ) -> Sandbox:
     """The one Sandbox of `run`, `validate` and `serve` (face "mcp"), so all judge code
     under the same policy (enabled profiles included) and tool directories.
 
     Raises:
-        ConfigError: a profile not enabled here, an unknown one, a bad module name.
+        ConfigError: a profile not enabled here, an unknown one, a bad module name, an
+            --allow-host rule that is malformed or denied by the config.
         HostError: no backend can run on this host.
     """
+    hosts = allowed_hosts(allow_host)
+    grants.Grants.of(settings.network, hosts, face="cli")  # refused in --allow-host's terms
     return Sandbox(
         backend=backend,
         allow_degraded=allow_degraded,
@@ -219,8 +224,14 @@ def build_sandbox(
         scrub=scrub,
         face=face,
         data_dir=data_dir,
+        allow_hosts=hosts,
         **tools.sandbox_arguments(),
     )
+
+
+def allowed_hosts(allow_host: list[str] | None) -> list[str]:
+    """--allow-host's rules: repeated, or separated with commas."""
+    return [h.strip() for item in allow_host or [] for h in item.split(",") if h.strip()]
 
 
 MAX_INPUT_FILES = 100

@@ -371,8 +371,9 @@ def _policy_events(policy: ImportPolicy | None) -> list[Event]:
     return [
         Event(
             kind="network_denied",
-            detail="the network profile allows network modules, but this sandbox has no "
-            "network (no egress policy exists yet): connections will be refused",
+            detail="the network profile allows network modules, but this run was allowed "
+            "no host: it has no network and connections will be refused (allow hosts with "
+            "--allow-host, allow_hosts=[...], or the config's [network] allow)",
         )
     ]
 

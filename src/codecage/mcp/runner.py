@@ -20,6 +20,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ContentBlock
 
 from codecage import host
+from codecage.egress.rules import EgressPolicy
 from codecage.errors import CodecageError, ConfigError
 from codecage.mcp import files as run_files
 from codecage.mcp.arguments import current_call, refusal
@@ -82,6 +83,20 @@ class Runner:
             if len(self.policies) < _MAX_CACHED_PROFILES:
                 self.policies.setdefault(name, policy)
         return policy
+
+    def network_for(
+        self, policy: ImportPolicy | None, allow_hosts: list[str] | None
+    ) -> tuple[EgressPolicy | None, ImportPolicy | None]:
+        """A call's egress (the server's hosts and its `allow_hosts`, within the ceiling)
+        and its import policy (with the network modules when it has egress).
+
+        Raises:
+            ToolError: an allow_hosts rule is malformed, outside the ceiling, or denied.
+        """
+        try:
+            return self.base.host.network_for(policy, allow_hosts, "mcp")
+        except ConfigError as exc:
+            raise ToolError(refusal(exc)) from exc
 
     def call_limits(self, timeout: float | None, memory_mb: int | None) -> Limits:
         """The defaults with a call's timeout and memory, within the server's maximums.
@@ -160,6 +175,7 @@ class Runner:
         session_id: str | None = None,
         client: str = "",
         on_output: Callable[[str, str], None] | None = None,
+        egress: EgressPolicy | None = None,
     ) -> tuple[ExecutionResult, list[ContentBlock]]:
         """One run, as a request to the host runtime. Uploads go into the run's fresh
         workspace (its tmpfs, bounded by workspace_mb, removed with it) before the code runs.
@@ -191,6 +207,7 @@ class Runner:
             session_id=session_id,
             client=client,
             on_output=on_output,
+            egress=egress,
         )
         try:
             result = self.base.host.run(request)

@@ -33,8 +33,9 @@ log = logging.getLogger(__name__)
 MAX_HTTP_BODY_BYTES = 32 * 1024 * 1024
 
 INSTRUCTIONS = """\
-codecage runs Python in a throwaway, isolated Linux sandbox: no network, no host files, \
-bounded time, memory and processes. Use execute_code to compute, analyse data and transform \
+codecage runs Python in a throwaway, isolated Linux sandbox: no host files, no network \
+beyond the hosts the operator allows (execute_code's allow_hosts), bounded time, memory and \
+processes. Use execute_code to compute, analyse data and transform \
 files; print what you need to see, or end the code with an expression to get its value. \
 The working directory /workspace starts empty: upload inputs with `files`, and files the code \
 writes there are listed in the result (images and plt.show() charts come back as images). \

@@ -50,13 +50,15 @@ def tools(runner: Runner) -> list[Tool]:
         + (f", or {', '.join(backends[1:])}" if len(backends) > 1 else ", the only one enabled")
         + ". gvisor puts a user-space kernel between the code and the host; it starts slower."
     )
+    hosts_help = _allow_hosts_help(runner.base)
 
     @tool(
         description=(
             "Run Python 3.11 code in a fresh isolated sandbox and return what happened: "
             "stdout, stderr, the value of the last expression and the traceback in the text; "
             "status (ok, error, timeout, memory_limit, cpu_limit, killed), exit code, files "
-            "written to /workspace and resource usage in the structured content. No network. "
+            "written to /workspace and resource usage in the structured content. "
+            + _network_note(runner.base)
             + _imports_note(runner.base)
             + " A POSIX shell and common tools are there for subprocess. Top-level await works. "
             f"Defaults: timeout {default.timeout:g} s (at most {limits.max_timeout:g}), "
@@ -117,6 +119,10 @@ def tools(runner: Runner) -> list[Tool]:
             "defined is there. Its memory, profile and imports are the session's.",
             max_length=64,
         ),
+        # A Field default for the same reason as backend's; never mutated (pydantic copies).
+        allow_hosts: list[str] | None = Field(  # noqa: B008
+            None, description=hosts_help, max_length=64
+        ),
     ) -> Annotated[CallToolResult, reply.ExecutionReply]:
         uploads = decode_uploads(files or {})
         cancel = threading.Event()
@@ -127,12 +133,15 @@ def tools(runner: Runner) -> list[Tool]:
                 allowed_imports=allowed_imports,
                 memory_limit_mb=memory_limit_mb,
                 backend=backend,
+                allow_hosts=allow_hosts,
             )
             run_limits = runner.session_limits(session_id, client, timeout)
-            policy = None
+            policy, egress = None, None
         else:
             run_limits = runner.call_limits(timeout, memory_limit_mb)
-            policy = runner.policy_for(profile, allowed_imports)
+            egress, policy = runner.network_for(
+                runner.policy_for(profile, allowed_imports), allow_hosts
+            )
 
         async def run(on_output: progress.OutputHandler | None) -> Any:
             return await runner.queued(
@@ -147,6 +156,7 @@ def tools(runner: Runner) -> list[Tool]:
                     session_id=session_id,
                     client=client,
                     on_output=on_output,
+                    egress=egress,
                 ),
                 cancel,
             )
@@ -207,9 +217,41 @@ def _refuse_session_arguments(**given: Any) -> None:
     if named:
         raise ToolError(
             f"{', '.join(named)} cannot be given with session_id: a session's memory, "
-            "profile, imports and backend are set by open_session. Leave them out, or open "
-            "another session with the values you need"
+            "profile, imports, backend and network are set by open_session. Leave them out, "
+            "or open another session with the values you need"
         )
+
+
+def _network_note(sandbox: Sandbox) -> str:
+    """Whether the code has network, and what a call may ask for: the model must know
+    before it writes code that fetches something."""
+    grants = sandbox.host.grants
+    profile = sandbox.policy.profile if sandbox.policy is not None else sandbox.settings.profile
+    defaults = ", ".join(r.text for r in grants.defaults(profile))
+    ceiling = ", ".join(r.text for r in grants.ceiling_of(profile))
+    if not ceiling:
+        return "No network: this server allows no host. "
+    given = f"Every run may reach {defaults}; " if defaults else "No network by default; "
+    return (
+        f"{given}a call may ask for hosts within {ceiling} with allow_hosts (urllib, "
+        "requests and httpx then work as usual; other hosts are refused). "
+    )
+
+
+def _allow_hosts_help(sandbox: Sandbox) -> str:
+    """execute_code's `allow_hosts`: the rule's form, and what this server permits."""
+    grants = sandbox.host.grants
+    profile = sandbox.policy.profile if sandbox.policy is not None else sandbox.settings.profile
+    ceiling = ", ".join(r.text for r in grants.ceiling_of(profile)) or "none: no host"
+    extra = sorted(n for n, rules in (grants.profiles or {}).items() if rules)
+    by_profile = f" (the profiles {', '.join(extra)} add their own hosts)" if extra else ""
+    return (
+        "Hosts the code may reach in this run, as HOST[:PORT]: api.example.com, "
+        "*.example.com (its subdomains), api.example.com:8443 (port 443 and 80 when "
+        f"omitted). Only within what this server permits: {ceiling}{by_profile}; asking for "
+        "more is an error. Without it, no network unless the server allows hosts to every "
+        "run."
+    )
 
 
 def _imports_note(sandbox: Sandbox) -> str:
@@ -272,6 +314,10 @@ class SandboxInfoReply(BaseModel):
         description="Where the operator's data directory is, read-only, in every sandbox "
         "(/data); absent when there is none.",
     )
+    network: dict[str, Any] = Field(
+        description="Hosts every run may reach (allow), what allow_hosts may ask for "
+        "(ceiling: a profile adds its own hosts, per profile), and what no run may (deny)."
+    )
     detail: dict[str, Any] | None = Field(
         None, description="With detail=true: modules per profile, layers, pool, scrub, tools."
     )
@@ -293,7 +339,8 @@ def _short_info(runner: Runner, info: HostInfo, tools: list[str], budget: int) -
     missing = [layer.name for layer in info.layers if not layer.active]
     isolation = "in force: " + ", ".join(active)
     if "network" in active:
-        isolation += " (no network)"
+        reachable = runner.base.host.grants.ceiling_of(runner.base.settings.profile)
+        isolation += " (only allowed hosts, through the proxy)" if reachable else " (no network)"
     if missing:
         isolation += "; missing: " + ", ".join(missing)
     defaults = info.default_limits
@@ -315,7 +362,19 @@ def _short_info(runner: Runner, info: HostInfo, tools: list[str], budget: int) -
         tool_servers=info.tools.servers if info.tools is not None else [],
         reply_max_tokens=budget,
         data=datadir.DATA_DIR if info.data_dir is not None else None,
+        network=_network_info(runner.base),
     ).model_dump(mode="json", exclude_none=True)
+
+
+def _network_info(sandbox: Sandbox) -> dict[str, Any]:
+    grants = sandbox.host.grants
+    profile = sandbox.policy.profile if sandbox.policy is not None else sandbox.settings.profile
+    return {
+        "allow": [r.text for r in grants.defaults(profile)],
+        "ceiling": [r.text for r in grants.ceiling_of(profile)],
+        "deny": [r.text for r in grants.deny],
+        "per_profile": {n: [r.text for r in rules] for n, rules in (grants.profiles or {}).items()},
+    }
 
 
 def _info_text(data: dict[str, Any]) -> str:
@@ -337,6 +396,7 @@ def _info_text(data: dict[str, Any]) -> str:
             "tools: " + ", ".join(data["tools"]),
             "upstream MCP servers the code may call: "
             + (", ".join(data["tool_servers"]) or "none"),
+            _network_text(data["network"]),
             f"replies: at most about {data['reply_max_tokens']:,} tokens",
             *(
                 [f"data: the operator's files are in {data['data']} (read-only)"]
@@ -346,6 +406,16 @@ def _info_text(data: dict[str, Any]) -> str:
             "get_sandbox_info with detail=true lists each profile's modules and every layer.",
         ]
     )
+
+
+def _network_text(network: dict[str, Any]) -> str:
+    if not network["ceiling"]:
+        return "network: none (this server allows no host)"
+    line = "network: every run may reach " + (", ".join(network["allow"]) or "no host")
+    line += "; execute_code's allow_hosts may ask for " + ", ".join(network["ceiling"])
+    if network["deny"]:
+        line += "; never " + ", ".join(network["deny"])
+    return line
 
 
 def _info_detail(info: HostInfo) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from pydantic import (
 )
 
 from codecage.models.base import Model
-from codecage.models.settings import Limits, PoolConfig, SessionSettings
+from codecage.models.settings import Limits, NetworkLimits, PoolConfig, SessionSettings
 
 
 class LayerStatus(Model):
@@ -49,6 +49,26 @@ class ScrubState(Model):
     secrets: int = Field(description="How many exact secret values are redacted.")
     phone_region: str
     source: str = Field(description="Where the setting came from (default, file, env, argument).")
+
+
+class NetworkState(Model):
+    """Which hosts runs may reach here (`[network]` and the operator's grants); all empty:
+    no run has network."""
+
+    allow: list[str] = Field(description="Hosts every run may reach ([network] allow).")
+    deny: list[str] = Field(description="Hosts no run may reach, whatever allows them.")
+    granted: list[str] = Field(
+        description="Hosts the operator granted every run of this process (--allow-host, "
+        "Sandbox(allow_hosts=))."
+    )
+    ceiling: list[str] = Field(
+        description="The most a call may ask for (allow_hosts): [network] ceiling, allow and "
+        "the grants; a call's profile adds its own hosts."
+    )
+    profiles: dict[str, list[str]] = Field(
+        description="Hosts added to the runs of each profile ([network.profiles.NAME])."
+    )
+    limits: NetworkLimits = Field(description="Bounds of each run's egress.")
 
 
 class ToolsState(Model):
@@ -180,6 +200,9 @@ class HostInfo(Model):
         None, description="The bounds of sessions (the config's [sessions])."
     )
     open_sessions: int = Field(0, ge=0, description="Sessions this process holds open now.")
+    network: NetworkState | None = Field(
+        None, description="Which hosts runs may reach (the config's [network], the grants)."
+    )
 
 
 class ProbeResult(Model):

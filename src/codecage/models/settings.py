@@ -13,6 +13,7 @@ from pydantic import (
     model_validator,
 )
 
+from codecage.egress.credentials import Credential
 from codecage.models.base import Model
 
 
@@ -308,6 +309,11 @@ class NetworkSettings(Model):
         "allowed for the run).",
     )
     limits: NetworkLimits = Field(NetworkLimits(), description="Bounds of each run's egress.")
+    credentials: dict[str, Credential] = Field(
+        {},
+        description="Credentials the proxy adds at the edge, by HOST[:PORT]: the code sees "
+        "a placeholder, never the value (docs/configuration.md).",
+    )
 
     @model_validator(mode="after")
     def _rules_parse(self) -> NetworkSettings:

@@ -93,8 +93,9 @@ PROFILE_DESCRIPTIONS: dict[str, str] = {
     "where installed (the `data` extra)",
     "filesystem": "basic + pathlib, os.path, shutil, glob, archives (still confined to "
     "/workspace and /tmp by the OS)",
-    "network": "basic + urllib.request, http.client, socket, httpx/requests; only useful "
-    "with a network policy, which codecage does not have yet: the sandbox has no network",
+    "network": "basic + urllib.request, http.client, socket, ssl, httpx/requests: for runs "
+    "allowed hosts (--allow-host, allow_hosts, the config's [network]); without any, the "
+    "sandbox still has no network",
 }
 
 
@@ -118,6 +119,19 @@ class ImportPolicy:
     def allows_every_module(self) -> bool:
         """Nothing is refused (the `standard` profile): the guest installs no import hook."""
         return EVERY_MODULE in self.modules
+
+
+NETWORK_MODULES: frozenset[str] = _NETWORK
+"""What a run with egress may import whatever its profile: an ordinary program that fetches
+a URL just runs once its host is allowed."""
+
+
+def with_network(policy: ImportPolicy | None) -> ImportPolicy | None:
+    """`policy` with the network modules allowed too (a run that was allowed hosts); a
+    policy that allows every module, or none, is returned as it is."""
+    if policy is None or policy.allows_every_module or policy.modules >= NETWORK_MODULES:
+        return policy
+    return ImportPolicy(profile=policy.profile, modules=policy.modules | NETWORK_MODULES)
 
 
 def preload_for(policy: ImportPolicy | None) -> tuple[str, ...]:
