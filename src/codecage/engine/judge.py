@@ -269,9 +269,11 @@ def build_result(
     said: GuestMessages,
     events: list[Event],
     measured: Measured,
+    egress: bool = False,
 ) -> ExecutionResult:
     """The run's result: status judged, the guest's text neutralised (once, here), events
-    in a fixed order (host's, policy's, guest's, limits', degradation)."""
+    in a fixed order (host's, policy's, guest's, limits', degradation). `egress`: the run
+    was allowed hosts (the network profile's "no host" event is then not made)."""
     report = said.report
     usage = measured.usage
     status, exit_code, signal_name = judge_status(
@@ -284,7 +286,7 @@ def build_result(
             message=f"the sandbox was killed for using more than {limits.memory_mb} MiB",
             traceback="",
         )
-    all_events = [*events, *_policy_events(policy), *_guest_events(report)]
+    all_events = [*events, *_policy_events(policy, egress), *_guest_events(report)]
     all_events += _refused_displays_events(said)
     all_events += _limit_events(seen, measured.files_truncated, limits)
     if seen.cancelled:
@@ -365,8 +367,8 @@ def _return_value_of(report: GuestResult | None, status: Status) -> Any:
     return report.return_value
 
 
-def _policy_events(policy: ImportPolicy | None) -> list[Event]:
-    if policy is None or "network" not in policy.profile.split(","):
+def _policy_events(policy: ImportPolicy | None, egress: bool) -> list[Event]:
+    if egress or policy is None or "network" not in policy.profile.split(","):
         return []
     return [
         Event(

@@ -572,6 +572,7 @@ def run_in(
             files_truncated=files_truncated,
             workspace_full=_workspace_full(sandbox.workspace),
         ),
+        egress=request.egress is not None,
     )
     log.info(
         "engine.run",
