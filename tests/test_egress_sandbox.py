@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import ssl
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests._certs import self_signed
 
 from codecage import ExecutionResult, Sandbox
 
@@ -78,8 +80,21 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+_MADE: list[Sandbox] = []
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _closed_after() -> Iterator[None]:
+    """Each Sandbox's proxy (a loop thread, its sockets) goes with its close()."""
+    yield
+    while _MADE:
+        _MADE.pop().close()
+
+
 def _allowing(config: Path, *hosts: str) -> Sandbox:
-    return Sandbox(config=config, allow_hosts=list(hosts), import_policy=False, scrub=False)
+    sandbox = Sandbox(config=config, allow_hosts=list(hosts), import_policy=False, scrub=False)
+    _MADE.append(sandbox)
+    return sandbox
 
 
 def _get(url: str) -> str:
@@ -207,9 +222,95 @@ def test_concurrent_runs_with_different_hosts_cannot_use_each_others(
         t.start()
     for t in threads:
         t.join(60)
-    api_lines = results["api"].stdout.splitlines()
-    other_lines = results["other"].stdout.splitlines()
+    api_lines = [line for line in results["api"].stdout.splitlines() if line]
+    other_lines = [line for line in results["other"].stdout.splitlines() if line]
     assert json.loads(api_lines[0])["server"] == "api"
     assert api_lines[1].startswith("HTTP 403")
     assert other_lines[0].startswith("HTTP 403")
     assert json.loads(other_lines[1])["server"] == "other"
+
+
+# --- credentials at the edge ----------------------------------------------------------------
+
+_SECRET = "cc-test-secret-7f3a9b2e51d04c6e"  # noqa: S105 - the test's own value
+
+
+class _EchoHandler(http.server.BaseHTTPRequestHandler):
+    """Answers with the Authorization header it got, and the secret itself in the body (a
+    server that echoes a credential: the proxy must scrub it before the sandbox sees it)."""
+
+    def do_GET(self) -> None:
+        self.server.seen.append(self.headers.get("Authorization"))  # type: ignore[attr-defined]
+        body = json.dumps(
+            {"authorization": self.headers.get("Authorization"), "echo": _SECRET}
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path, list[str]]]:
+    directory = tmp_path_factory.mktemp("secure")
+    cert, key = self_signed("secure.test")
+    (directory / "cert.pem").write_bytes(cert)
+    (directory / "key.pem").write_bytes(key)
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _EchoHandler)
+    httpd.seen = []  # type: ignore[attr-defined]
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(directory / "cert.pem", directory / "key.pem")
+    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield httpd.server_address[1], directory, httpd.seen  # type: ignore[attr-defined]
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_a_credential_is_added_at_the_edge_and_never_visible_inside(
+    secure: tuple[int, Path, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port, directory, seen = secure
+    monkeypatch.setenv("CODECAGE_TEST_TOKEN", _SECRET)
+    config = directory / "config.toml"
+    config.write_text(
+        "[network]\n"
+        f'upstream_ca_file = "{directory / "cert.pem"}"\n'
+        f'ca_dir = "{directory / "ca"}"\n'
+        "[network.resolve]\n"
+        '"secure.test" = ["127.0.0.1"]\n'
+        f'[network.credentials."secure.test:{port}"]\n'
+        'header = "Authorization"\n'
+        'env = "CODECAGE_TEST_TOKEN"\n'
+        'format = "Bearer {}"\n'
+    )
+    code = (
+        "import json, os, pathlib, urllib.request\n"
+        "names = [k for k in os.environ if k.startswith('CODECAGE_CREDENTIAL_')]\n"
+        "req = urllib.request.Request(\n"
+        f"    'https://secure.test:{port}/data',\n"
+        "    headers={'Authorization': 'Bearer ' + os.environ[names[0]]},\n"
+        ")\n"
+        "print(urllib.request.urlopen(req, timeout=10).read().decode())\n"
+        "seen = pathlib.Path('/proc/self/environ').read_bytes().decode(errors='replace')\n"
+        "for root in ('/run/codecage', '/etc', '/workspace', '/tmp'):\n"
+        "    for p in pathlib.Path(root).rglob('*'):\n"
+        "        if p.is_file():\n"
+        "            try:\n"
+        "                seen += p.read_text(errors='replace')\n"
+        "            except OSError:\n"
+        "                pass\n"
+        "print('INSIDE', len(names), " + repr(_SECRET) + " in seen)\n"
+    )
+    sandbox = _allowing(config, f"secure.test:{port}", f"127.0.0.1:{port}")
+    r = sandbox.run(code)
+    assert r.status == "ok", r.stderr
+    answer = json.loads(r.stdout.splitlines()[0])
+    assert answer == {"authorization": "Bearer [CREDENTIAL]", "echo": "[CREDENTIAL]"}
+    assert r.stdout.splitlines()[1] == "INSIDE 1 False"
+    assert seen[-1] == f"Bearer {_SECRET}"  # the server got the real value
+    assert _SECRET not in r.model_dump_json()

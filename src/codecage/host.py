@@ -479,7 +479,12 @@ class Host:
 
         with self._egress_lock:
             if self._egress is None:
-                self._egress = egress_setup.build(self.settings.network)
+                config_file = self.settings.config_file
+                self._egress = egress_setup.build(
+                    self.settings.network,
+                    base_dir=config_file.parent if config_file is not None else None,
+                    ca_dir=self.settings.config_relative(self.settings.network.ca_dir),
+                )
             return self._egress
 
     # --- sessions ----------------------------------------------------------------------------

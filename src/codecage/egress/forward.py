@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import h11
 
@@ -31,8 +32,18 @@ READ_BYTES = 64 * 1024
 HeaderList = list[tuple[bytes, bytes]]
 HeaderRewrite = Callable[[HeaderList], HeaderList]
 """Given the request headers that will go to the server (lower-case names), the ones to send."""
-Scrub = Callable[[bytes], bytes]
-"""Given a piece of a response body, what the client gets instead."""
+
+
+class Scrub(Protocol):
+    """What the client gets of a response instead of what the server sent (credentials
+    scrubbed out): its headers, then its body piece by piece, then what was held back."""
+
+    def headers(self, headers: HeaderList) -> HeaderList: ...
+
+    def feed(self, data: bytes) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
 
 # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation that
 # comes as the read completes, and a revoked run's connection would then never end.
@@ -306,14 +317,19 @@ async def _copy_response(
         if isinstance(event, h11.Response):
             status = event.status_code
             headers = end_to_end(event.headers, keep_length=scrub is None)
+            if scrub is not None:
+                headers = scrub.headers(headers)
             headers.append((b"connection", b"close"))
             out = client_conn.send(
                 h11.Response(status_code=status, headers=headers, reason=event.reason)
             )
         elif isinstance(event, h11.Data):
-            data = scrub(bytes(event.data)) if scrub is not None else event.data
+            data = scrub.feed(bytes(event.data)) if scrub is not None else event.data
             out = client_conn.send(h11.Data(data=data)) if data else b""
         elif isinstance(event, h11.EndOfMessage):
+            held = scrub.flush() if scrub is not None else b""
+            if held:
+                await meter.send(client_w, client_conn.send(h11.Data(data=held)) or b"")
             await meter.send(client_w, client_conn.send(h11.EndOfMessage()) or b"")
             return status or 0  # h11 gives EndOfMessage only after a Response
         else:  # ConnectionClosed before a response

@@ -94,6 +94,9 @@ class Interceptor(Protocol):
 
 InterceptorFactory = Callable[[str, int], Interceptor | None]
 """Given a tunnel's host and port, its interceptor, or None to relay bytes untouched."""
+PlainEdge = Callable[[str, int], "tuple[forward.HeaderRewrite, forward.Scrub] | None"]
+"""Given a plain HTTP request's host and port, its header rewrite and response filter (a
+credential host's, egress/edge.py), or None to forward it as it is."""
 
 
 class EgressProxy:
@@ -106,11 +109,13 @@ class EgressProxy:
         *,
         max_connections: int = MAX_CONNECTIONS,
         interceptor: InterceptorFactory | None = None,
+        plain_edge: PlainEdge | None = None,
     ) -> None:
         self.resolver = resolver
         self.upstream_ca_file = upstream_ca_file
         self.max_connections = max_connections
         self.interceptor = interceptor
+        self.plain_edge = plain_edge
         self.open_connections = 0  # the loop's thread only
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -497,9 +502,12 @@ class _Attempt:
         authority = host if target.port == 80 else f"{host}:{target.port}"
         headers.insert(0, (b"host", authority.encode("ascii")))
         origin = h11.Request(method=request.method, target=target.path, headers=headers)
+        edge = self.run.proxy.plain_edge
+        rewrite, scrub = (edge and edge(target.host, target.port)) or (None, None)
         self.status = await forward.forward_http(
             self.reader, self.writer, upstream_r, upstream_w,
             meter=self.meter, request=origin, client_conn=self.conn,
+            rewrite_headers=rewrite, scrub=scrub,
         )  # fmt: skip
 
     async def _answer(self, refusal: Refusal) -> None:

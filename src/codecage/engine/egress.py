@@ -19,7 +19,8 @@ from codecage.isolation import rootfs
 from codecage.models import Event, NetworkLimits
 
 if TYPE_CHECKING:
-    from codecage.egress.proxy import ConnectionRecord, RunEgress
+    from codecage.egress.proxy import RunEgress
+    from codecage.egress.records import ConnectionRecord
     from codecage.egress.rules import EgressPolicy
     from codecage.egress.setup import EgressSetup
 

@@ -303,6 +303,11 @@ class NetworkSettings(Model):
         description="A CA certificate file the proxy also trusts for servers it talks TLS "
         "to (an internal CA); the system's CAs are always trusted.",
     )
+    ca_dir: str | None = Field(
+        None,
+        description="Where the proxy keeps its CA for credential hosts (default "
+        "/var/lib/codecage/egress-ca for root, else $XDG_DATA_HOME/codecage/egress-ca).",
+    )
     pip_index_url: str | None = Field(
         None,
         description="The package index `pip` uses inside the sandbox (its host must be "
