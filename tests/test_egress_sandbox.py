@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
+import shutil
 import ssl
 import threading
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ import pytest
 from tests._certs import self_signed
 
 from codecage import ExecutionResult, Sandbox
+from codecage.errors import ConfigError
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -314,3 +317,39 @@ def test_a_credential_is_added_at_the_edge_and_never_visible_inside(
     assert r.stdout.splitlines()[1] == "INSIDE 1 False"
     assert seen[-1] == f"Bearer {_SECRET}"  # the server got the real value
     assert _SECRET not in r.model_dump_json()
+
+
+# --- backends -------------------------------------------------------------------------------
+
+
+def _runsc_missing() -> str | None:
+    if shutil.which("runsc") is None:
+        return "runsc is not installed (scripts/setup --test installs it)"
+    if os.geteuid() != 0:
+        return "the gVisor backend needs root"
+    return None
+
+
+@pytest.mark.skipif(
+    _runsc_missing() is not None and os.environ.get("CI") != "true", reason=str(_runsc_missing())
+)
+def test_egress_works_the_same_under_gvisor(config: Path, servers: dict[str, _Server]) -> None:
+    api, other = servers["api"], servers["other"]
+    hosts = [f"api.test:{api.port}", f"127.0.0.1:{api.port}"]
+    with Sandbox(config=config, backend="gvisor", allow_hosts=hosts, import_policy=False) as sb:
+        r = sb.run(_get(f"http://api.test:{api.port}/g") + _get(f"http://other.test:{other.port}/"))
+    assert r.backend == "gvisor"
+    lines = [line for line in r.stdout.splitlines() if line]
+    assert json.loads(lines[0])["server"] == "api", r.stdout + r.stderr
+    assert lines[1].startswith("HTTP 403")
+
+
+def test_the_landlock_fallback_refuses_egress_with_what_to_use(config: Path) -> None:
+    with (
+        Sandbox(
+            config=config, backend="landlock", allow_hosts=["api.test"], import_policy=False
+        ) as sb,
+        pytest.raises(ConfigError, match="own network namespace") as refused,
+    ):
+        sb.run("1")
+    assert "bwrap or gvisor" in (refused.value.hint or "")
