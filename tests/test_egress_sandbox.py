@@ -6,12 +6,16 @@ that should reach them allow that IP literal with its port too (docs/configurati
 
 from __future__ import annotations
 
+import base64
+import functools
+import hashlib
 import http.server
 import json
 import os
 import shutil
 import ssl
 import threading
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -353,3 +357,82 @@ def test_the_landlock_fallback_refuses_egress_with_what_to_use(config: Path) -> 
     ):
         sb.run("1")
     assert "bwrap or gvisor" in (refused.value.hint or "")
+
+
+# --- pip through the proxy ------------------------------------------------------------------
+
+
+def _wheel(directory: Path) -> Path:
+    """A one-module wheel, cc_hello 1.0, made by hand (no build tool needed)."""
+    name, dist = "cc_hello", "cc_hello-1.0.dist-info"
+    files = {
+        f"{name}/__init__.py": b"GREETING = 'hello from the local index'\n",
+        f"{dist}/METADATA": b"Metadata-Version: 2.1\nName: cc-hello\nVersion: 1.0\n",
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\n"
+        b"Tag: py3-none-any\n",
+    }
+    record = [f"{path},sha256={_b64_digest(data)},{len(data)}" for path, data in files.items()] + [
+        f"{dist}/RECORD,,"
+    ]
+    files[f"{dist}/RECORD"] = ("\n".join(record) + "\n").encode()
+    path = directory / "cc_hello-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as whl:
+        for member, data in files.items():
+            whl.writestr(member, data)
+    return path
+
+
+def _b64_digest(data: bytes) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+@pytest.fixture(scope="module")
+def package_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """A PEP 503 simple index serving the one wheel."""
+    directory = tmp_path_factory.mktemp("index")
+    wheel = _wheel(directory)
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    (directory / "simple" / "cc-hello").mkdir(parents=True)
+    (directory / "simple" / "cc-hello" / "index.html").write_text(
+        f'<a href="/{wheel.name}#sha256={digest}">{wheel.name}</a>\n'
+    )
+    handler = functools.partial(_QuietFiles, directory=str(directory))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield httpd.server_address[1]
+    httpd.shutdown()
+    httpd.server_close()
+
+
+class _QuietFiles(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_pip_installs_from_an_allowed_index_into_the_run_s_own_place(
+    package_index: int, tmp_path: Path
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(
+        "[network]\n"
+        f'pip_index_url = "http://pypi.test:{package_index}/simple"\n'
+        "[network.resolve]\n"
+        '"pypi.test" = ["127.0.0.1"]\n'
+    )
+    code = (
+        "import subprocess, sys\n"
+        "done = subprocess.run([sys.executable, '-m', 'pip', 'install', '--no-deps',\n"
+        "    '--target', '/workspace/pkgs', '--trusted-host', 'pypi.test', 'cc-hello'],\n"
+        "    capture_output=True, text=True)\n"
+        "print('pip exit', done.returncode, done.stderr[-1500:])\n"
+        "sys.path.insert(0, '/workspace/pkgs')\n"
+        "import cc_hello\n"
+        "print(cc_hello.GREETING)\n"
+    )
+    hosts = [f"pypi.test:{package_index}", f"127.0.0.1:{package_index}"]
+    with Sandbox(config=config, allow_hosts=hosts, import_policy=False) as sb:
+        r = sb.run(code, limits={"timeout": 120})
+    assert r.status == "ok", r.stdout + r.stderr
+    assert r.stdout.splitlines()[0].startswith("pip exit 0"), r.stdout
+    assert r.stdout.splitlines()[-1] == "hello from the local index"
+    assert {"pypi.test"} == {d["host"] for d in _kinds(r, "network_allowed")}

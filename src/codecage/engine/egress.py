@@ -11,6 +11,8 @@ the run's request grants its hosts (`grant`), and again once the run is over (`r
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
     from codecage.egress.setup import EgressSetup
 
 _PROXY_URL = f"http://127.0.0.1:{contract.EGRESS_RELAY_PORT}"
+_PIP_ROOT = f"{contract.GUEST_ROOT}/opt/pip"
 # Not through the relay: the sandbox's own loopback (a server the code starts itself).
 _NO_PROXY = "localhost,127.0.0.1,::1"
 MAX_NETWORK_EVENTS = 40
@@ -46,8 +49,23 @@ def open_socket(setup: EgressSetup, run_dir: Path, cleanup: contextlib.ExitStack
 
 
 def mounts(run_dir: Path) -> tuple[rootfs.Mount, ...]:
-    """The egress directory, read-only (a socket is connectable on a read-only mount)."""
-    return (rootfs.Mount("ro-bind", contract.EGRESS_DIR, str(run_dir / "egress")),)
+    """The egress directory, read-only (a socket is connectable on a read-only mount), and
+    pip, read-only, so that `python -m pip install --target DIR PKG` works through the
+    proxy (into the run's own writable places: the workspace, /tmp)."""
+    found = [rootfs.Mount("ro-bind", contract.EGRESS_DIR, str(run_dir / "egress"))]
+    pip = _pip_package()
+    if pip is not None:
+        found.append(rootfs.Mount("ro-bind", f"{_PIP_ROOT}/pip", str(pip)))
+    return tuple(found)
+
+
+@functools.cache
+def _pip_package() -> Path | None:
+    """The host's pip package (the one codecage's own environment has); None without one."""
+    spec = importlib.util.find_spec("pip")
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent
 
 
 def env(setup: EgressSetup) -> dict[str, str]:
@@ -57,6 +75,8 @@ def env(setup: EgressSetup) -> dict[str, str]:
         found[name] = found[name.lower()] = _PROXY_URL
     found["NO_PROXY"] = found["no_proxy"] = _NO_PROXY
     found["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    if _pip_package() is not None:
+        found["PYTHONPATH"] = _PIP_ROOT  # for `python -m pip`; the guest itself runs with -I
     found["PIP_CACHE_DIR"] = "/tmp/pip-cache"  # noqa: S108 - the sandbox's private /tmp
     if setup.ca_bundle is not None:
         for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PIP_CERT"):
