@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import http.server
+import json
 import shutil
 import socket
 import statistics
@@ -104,6 +105,41 @@ def throughput(run: RunEgress, port: int, seconds: float, workers: int) -> float
     return sum(counts) / (time.monotonic() - started)
 
 
+_IN_SANDBOX = """
+import json, socket, time
+def get(request):
+    start = time.perf_counter()
+    sock = socket.create_connection(("127.0.0.1", {relay}))
+    with sock:
+        sock.sendall(request)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+    return time.perf_counter() - start
+request = b"GET http://api.bench:{port}/x HTTP/1.1\\r\\nHost: api.bench\\r\\n\\r\\n"
+for _ in range(20):
+    get(request)
+print(json.dumps([get(request) for _ in range({n})]))
+"""
+
+
+def from_a_sandbox(port: int, n: int, config: Path) -> tuple[list[float], list[float]]:
+    """n GETs from code in a real sandbox (its relay, then the proxy), back to back, and n
+    direct from the host right after: (direct, from the sandbox) durations in s."""
+    from codecage import Sandbox
+    from codecage.guest import contract
+
+    code = _IN_SANDBOX.format(relay=contract.EGRESS_RELAY_PORT, port=port, n=n)
+    hosts = [f"api.bench:{port}", f"127.0.0.1:{port}"]
+    with Sandbox(config=config, allow_hosts=hosts, import_policy=False, scrub=False) as sb:
+        r = sb.run(code, limits={"timeout": 120})
+    if r.status != "ok":
+        raise SystemExit(f"the sandboxed run failed: {r.stderr[-1000:]}")
+    inside = [float(v) for v in json.loads(r.stdout.splitlines()[-1])]
+    return [direct(port) for _ in range(n)], inside
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("-n", type=int, default=200, help="pairs per mode")
@@ -128,6 +164,15 @@ def main() -> int:
             rows.append((mode, plain, through, added))
         rate = throughput(run, port, args.seconds, args.workers)
         run.grant(EgressPolicy(allow=allow), NetworkLimits())  # records afresh (bounded)
+        config = tmp / "config.toml"
+        config.write_text(
+            '[network.resolve]\n"api.bench" = ["127.0.0.1"]\n'
+            "[network.limits]\nrequests_per_second = 100000\n"
+        )
+        plain, inside = from_a_sandbox(port, args.n, config)
+        rows.append(
+            ("sandbox b2b", plain, inside, [i - p for p, i in zip(plain, inside, strict=True)])
+        )
     finally:
         proxy.close()
         server.shutdown()
@@ -143,6 +188,10 @@ def main() -> int:
             f"{statistics.median(added) * 1000:>12.3f}{_pct(added, 0.95):>8.3f}"
         )
     print(f"connections/s through one proxy ({args.workers} client threads): {rate:.0f}")
+    print(
+        "spaced / back to back: a host client over the run's Unix socket; sandbox b2b: code "
+        "in a sandbox through its relay and the proxy, then direct GETs from the host"
+    )
     return 0
 
 
