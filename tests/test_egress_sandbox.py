@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from tests._certs import self_signed
+from tests._forking import in_forked_child
 
 from codecage import ExecutionResult, Sandbox
 from codecage.errors import ConfigError
@@ -436,3 +437,19 @@ def test_pip_installs_from_an_allowed_index_into_the_run_s_own_place(
     assert r.stdout.splitlines()[0].startswith("pip exit 0"), r.stdout
     assert r.stdout.splitlines()[-1] == "hello from the local index"
     assert {"pypi.test"} == {d["host"] for d in _kinds(r, "network_allowed")}
+
+
+def test_a_forked_child_gets_a_proxy_of_its_own(config: Path, servers: dict[str, _Server]) -> None:
+    """The parent's proxy thread is not in a forked child (a pre-forking server): its runs
+    must neither hang on it nor close it."""
+    api = servers["api"]
+    sandbox = _allowing(config, f"api.test:{api.port}", f"127.0.0.1:{api.port}")
+    assert json.loads(sandbox.run(_get(f"http://api.test:{api.port}/p")).stdout)["path"] == "/p"
+
+    def child_run() -> bytes:
+        return sandbox.run(_get(f"http://api.test:{api.port}/c")).stdout.encode()
+
+    answer = in_forked_child(child_run, timeout=60)
+    assert answer is not None, "the child's run hung"
+    assert json.loads(answer)["path"] == "/c"
+    assert json.loads(sandbox.run(_get(f"http://api.test:{api.port}/q")).stdout)["path"] == "/q"

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from codecage import config as configuration
-from codecage import engine, packages
+from codecage import engine, forks, packages
 from codecage.backends.base import (
     Backend,
     auto_candidates,
@@ -232,6 +232,7 @@ class Host:
         self._other_backends_lock = threading.Lock()
         self.sessions = sessions_engine.Sessions(settings.sessions)
         self._egress: EgressSetup | None = None  # made at the first egress run
+        self._egress_made_here = forks.ForkGuard()  # whose process made `_egress`
         self._egress_lock = threading.Lock()
 
     def _state_dirs(self) -> list[Path]:
@@ -478,7 +479,12 @@ class Host:
         from codecage.egress import setup as egress_setup
 
         with self._egress_lock:
+            if self._egress is not None and not self._egress_made_here.owned_here():
+                # A forked child has the parent's proxy but not its loop thread: leave it
+                # (the parent's to close) and make one of its own.
+                self._egress = None
             if self._egress is None:
+                self._egress_made_here = forks.ForkGuard()
                 config_file = self.settings.config_file
                 self._egress = egress_setup.build(
                     self.settings.network,
@@ -758,7 +764,7 @@ class Host:
         if self.pool is not None and self._owns_pool:
             self.pool.close()
         with self._egress_lock:
-            if self._egress is not None:
+            if self._egress is not None and self._egress_made_here.owned_here():
                 self._egress.proxy.close()
                 self._egress = None
 
