@@ -453,3 +453,40 @@ def test_a_forked_child_gets_a_proxy_of_its_own(config: Path, servers: dict[str,
     assert answer is not None, "the child's run hung"
     assert json.loads(answer)["path"] == "/c"
     assert json.loads(sandbox.run(_get(f"http://api.test:{api.port}/q")).stdout)["path"] == "/q"
+
+
+def test_a_session_s_runs_reach_its_hosts_and_keep_state(
+    config: Path, servers: dict[str, _Server], tmp_path: Path
+) -> None:
+    api, other = servers["api"], servers["other"]
+    hosts = [f"api.test:{api.port}", f"127.0.0.1:{api.port}"]
+    with_ceiling = tmp_path / "config.toml"
+    with_ceiling.write_text(f"[network]\nceiling = {json.dumps(hosts)}\n" + config.read_text())
+    sandbox = _allowing(with_ceiling)
+    with sandbox.session(allow_hosts=hosts) as session:
+        first = session.run("import urllib.request\n" + _get(f"http://api.test:{api.port}/1"))
+        second = session.run(_get(f"http://api.test:{api.port}/2"))
+        third = session.run(_get(f"http://other.test:{other.port}/3"))
+    assert json.loads(first.stdout)["path"] == "/1", first.stderr
+    assert json.loads(second.stdout)["path"] == "/2", second.stderr
+    assert third.stdout.startswith("HTTP 403"), third.stdout
+    assert [d["host"] for d in _kinds(second, "network_allowed")] == ["api.test"]
+    assert [d["host"] for d in _kinds(third, "network_denied")] == ["other.test"]
+    outside = sandbox.session  # asking for more than the ceiling is an error, not a clamp
+    with pytest.raises(ConfigError, match="outside"):
+        outside(allow_hosts=[f"other.test:{other.port}"])
+
+
+def test_a_warm_pool_keeps_egress_sandboxes_for_a_sandbox_allowed_hosts(
+    config: Path, servers: dict[str, _Server]
+) -> None:
+    api = servers["api"]
+    hosts = [f"api.test:{api.port}", f"127.0.0.1:{api.port}"]
+    with Sandbox(config=config, allow_hosts=hosts, import_policy=False, pool=True) as sb:
+        assert sb.warm(60)
+        r = sb.run(_get(f"http://api.test:{api.port}/warm"))
+        pool = sb.info().pool
+    assert json.loads(r.stdout)["path"] == "/warm", r.stderr
+    assert [d["host"] for d in _kinds(r, "network_allowed")] == ["api.test"]
+    assert pool is not None
+    assert sum(key.hits for key in pool.keys) == 1, pool

@@ -120,6 +120,7 @@ class SessionRequest:
     lifetime: float | None = None
     client: str = ""
     face: Face = "library"
+    egress: EgressPolicy | None = None  # the hosts of every run in it (Host.network_for)
 
 
 _PER_RUN_LIMITS = frozenset({"timeout", "cpu_seconds", "max_output_bytes"})
@@ -368,18 +369,23 @@ class Host:
             return None
         return profiles.DEFAULT_PROFILE
 
-    def keep_warm(self, policy: ImportPolicy | None) -> None:
-        """Have the pool keep sandboxes of `policy` (at the default limits' sizes) ready;
-        runs of another spec start cold. Nothing without a pool."""
+    def keep_warm(self, policy: ImportPolicy | None, *, egress: bool = False) -> None:
+        """Have the pool keep sandboxes of `policy` (at the default limits' sizes, made
+        for egress when the runs have hosts) ready; runs of another spec start cold.
+        Nothing without a pool."""
         if self.pool is None:
             return
-        spec = self._spec(policy, self.limits)
+        spec = self._spec(policy, self.limits, egress=egress)
         engine.prepare(spec)  # here, not in a starter thread that a stop cannot wait for
         self.pool.register(spec, policy.profile if policy else "none")
 
-    def _spec(self, policy: ImportPolicy | None, limits: Limits) -> engine.SandboxSpec:
-        """What a warm sandbox for a run of `policy` and `limits` was started with."""
+    def _spec(
+        self, policy: ImportPolicy | None, limits: Limits, *, egress: bool = False
+    ) -> engine.SandboxSpec:
+        """What a warm sandbox for a run of `policy` and `limits` (with hosts: `egress`)
+        was started with. A run's hosts are its grant, not the sandbox's: one spec for all."""
         return engine.SandboxSpec(
+            egress=self._egress_setup() if egress else None,
             policy=policy,
             workspace_mb=limits.workspace_mb,
             tmp_mb=limits.tmp_mb,
@@ -512,6 +518,7 @@ class Host:
             idle_ttl=request.idle_ttl,
             lifetime=request.lifetime,
             policy=request.policy,
+            egress=request.egress,
         )
         return self.sessions.open(terms, lambda: self._session_sandbox(terms))
 
@@ -520,7 +527,7 @@ class Host:
     ) -> tuple[engine.StartedSandbox, str, Callable[[engine.StartedSandbox], None]]:
         """A ready sandbox for a new session, its backend's name and how to dispose of it.
         Runs on the session registry's own thread (the sandbox lives as long as it)."""
-        spec = self._spec(terms.policy, terms.limits)
+        spec = self._spec(terms.policy, terms.limits, egress=terms.egress is not None)
         pool = self.pool
         if pool is not None:
             sandbox = pool.take(spec)
@@ -549,9 +556,10 @@ class Host:
         session = self.sessions.get(request.session_id, request.client)
         _check_session_limits(session.terms.limits, request.limits)
         tools = self._tools_for(request)
-        run = self._engine_request(
-            dataclasses.replace(request, policy=session.terms.policy), self.backend, tools
+        fixed = dataclasses.replace(
+            request, policy=session.terms.policy, egress=session.terms.egress
         )
+        run = self._engine_request(fixed, self.backend, tools)
         engine.check_request(run.code, run.filename, run.limits, run.files)
         try:
             return session.run(run)
@@ -578,7 +586,8 @@ class Host:
         cannot take the limits): then run cold."""
         engine.check_request(request.code, request.filename, request.limits, request.files)
         asked = time.monotonic()
-        sandbox = pool.take(self._spec(request.policy, request.limits))
+        spec = self._spec(request.policy, request.limits, egress=request.egress is not None)
+        sandbox = pool.take(spec)
         waited_ms = int((time.monotonic() - asked) * 1000)
         if sandbox is None:
             return None, waited_ms

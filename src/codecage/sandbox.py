@@ -190,8 +190,10 @@ class Sandbox:
             self.limit_sources["profile"] = "argument"
         self.face: Face = face
         self.keep_files_mb = _check_keep_files_mb(keep_files_mb)
-        # Runs with egress import the network modules too: keep that policy warm.
-        runtime.keep_warm(runtime.network_for(self.policy, None, face)[1])
+        # Runs with egress import the network modules too and need sandboxes made for
+        # egress: keep that kind warm.
+        egress, warm_policy = runtime.network_for(self.policy, None, face)
+        runtime.keep_warm(warm_policy, egress=egress is not None)
 
     # What callers read of the host runtime (info, tests, the MCP server's notes): its own
     # values, not copies that could drift from them.
@@ -340,6 +342,7 @@ class Sandbox:
         ttl: float | None = None,
         lifetime: float | None = None,
         limits: Limits | dict[str, Any] | None = None,
+        allow_hosts: Iterable[str] | None = None,
     ) -> Session:
         """Open a session: one sandbox whose runs share an interpreter, so that globals,
         imports and /workspace persist between them (`with sandbox.session() as s:`).
@@ -350,6 +353,8 @@ class Sandbox:
             lifetime: seconds it lives at most; default `[sessions] lifetime` (3600).
             limits: the session's limits (memory, processes, disk for the whole session;
                 timeout, CPU seconds, output as its runs' defaults), as for `run`.
+            allow_hosts: hosts every run of the session may reach, as for `run` (fixed
+                for the session).
 
         Raises:
             SessionError: as many sessions are open as `[sessions] max_total` allows.
@@ -363,7 +368,13 @@ class Sandbox:
                     f"{name}={value!r} is not a number of seconds in (0, 604800]",
                     hint=f"pass {name}=600 for ten minutes",
                 )
-        return open_session(self, ttl=ttl, lifetime=lifetime, limits=self._limits_for(limits))
+        return open_session(
+            self,
+            ttl=ttl,
+            lifetime=lifetime,
+            limits=self._limits_for(limits),
+            allow_hosts=allow_hosts,
+        )
 
     def warm(self, timeout: float = 60.0) -> bool:
         """Wait until the pool has its warm sandboxes ready; False on timeout or no pool."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -174,20 +174,24 @@ def open_session(
     ttl: float | None,
     lifetime: float | None,
     limits: Limits,
+    allow_hosts: Iterable[str] | None = None,
 ) -> Session:
     """Open a session of `sandbox` (see `Sandbox.session`).
 
     Raises:
         SessionError: as many sessions are open as allowed.
+        ConfigError: a host asked for is outside what the operator permits.
         HostError, SandboxError: no sandbox could be made.
     """
+    egress, policy = sandbox.host.network_for(sandbox.policy, allow_hosts, sandbox.face)
     opened = sandbox.host.open_session(
         host.SessionRequest(
             limits=limits,
-            policy=sandbox.policy,
+            policy=policy,
             idle_ttl=ttl,
             lifetime=lifetime,
             face=sandbox.face,
+            egress=egress,
         )
     )
     return Session(sandbox, opened)

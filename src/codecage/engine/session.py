@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from codecage import forks
+from codecage.egress.rules import EgressPolicy
 from codecage.engine import workspace as workspaces
 from codecage.engine.run import RunRequest, SessionRun, StartedSandbox, run_in
 from codecage.errors import ConfigError, SessionError
@@ -50,6 +51,7 @@ class SessionTerms:
     limits: Limits
     owner: str = ""  # the client that opened it ("" for the library and the CLI)
     policy: ImportPolicy | None = None  # every run's, fixed at the first
+    egress: EgressPolicy | None = None  # the hosts every run may reach; None: no network
     idle_ttl: float | None = None  # None: the settings'
     lifetime: float | None = None
 
