@@ -110,13 +110,25 @@ def register(
             float | None,
             Field(description="Close it after this many seconds unused.", gt=0, le=86_400),
         ] = None,
+        allow_hosts: Annotated[
+            list[str] | None,
+            Field(
+                description="Hosts every run of the session may reach (HOST[:PORT], "
+                "*.domain), within what this server permits (as execute_code's).",
+                max_length=64,
+            ),
+        ] = None,
     ) -> Annotated[CallToolResult, SessionReply]:
+        egress, policy = runner.network_for(
+            runner.policy_for(profile, allowed_imports), allow_hosts
+        )
         request = host.SessionRequest(
             limits=runner.call_limits(None, memory_limit_mb),
-            policy=runner.policy_for(profile, allowed_imports),
+            policy=policy,
             idle_ttl=idle_ttl_seconds,
             client=clients.key(ctx),
             face="mcp",
+            egress=egress,
         )
         try:
             opened = await anyio.to_thread.run_sync(runner.base.host.open_session, request)
