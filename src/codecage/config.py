@@ -513,6 +513,33 @@ def untrusted_reason(here: Path, st: os.stat_result, *, sticky_ok: bool = True) 
     return None
 
 
+def trusted_directory(directory: Path, what: str, *, hint: str, missing_hint: str = "") -> Path:
+    """The real path of `directory` (`what` names it in errors, e.g. "the packages
+    directory"), once it and every directory above it are known to be changeable only by
+    root or this user (`untrusted_reason`).
+
+    Raises:
+        ConfigError: it does not exist, is not a directory, or is not trusted (`hint`).
+    """
+    try:
+        real = Path(os.path.realpath(directory, strict=True))
+    except OSError as exc:
+        raise ConfigError(
+            f"{what} {directory} cannot be used: {exc.strerror or exc}", hint=missing_hint
+        ) from exc
+    for depth in range(1, len(real.parts) + 1):
+        here = Path(*real.parts[:depth])
+        # realpath left no links; one that appears now is refused (not a directory), and
+        # only root or this user could have put it there (the directory above is checked).
+        st = os.lstat(here)
+        if not stat.S_ISDIR(st.st_mode):
+            raise ConfigError(f"{what} {directory}: {here} is not a directory")
+        reason = untrusted_reason(here, st, sticky_ok=here != real)
+        if reason is not None:
+            raise ConfigError(f"{what} {directory} is not trusted: {reason}", hint=hint)
+    return real
+
+
 def _sticky_shared(st: os.stat_result) -> bool:
     return bool(st.st_mode & stat.S_ISVTX and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from codecage.config import untrusted_reason
+from codecage.config import trusted_directory, untrusted_reason
 from codecage.errors import ConfigError, HostError
 from codecage.guest.bootstrap import DISTRIBUTIONS
 from codecage.guest.contract import PACKAGES_DIR
@@ -211,30 +211,15 @@ def check_trusted(directory: Path) -> Path:
     Raises:
         ConfigError: it does not exist, is not a directory, or is not trusted.
     """
-    try:
-        real = Path(os.path.realpath(directory, strict=True))
-    except OSError as exc:
-        raise ConfigError(
-            f"the packages directory {directory} cannot be used: {exc.strerror or exc}",
-            hint="add a package with `codecage packages add NAME` to create it",
-        ) from exc
-    for depth in range(1, len(real.parts) + 1):
-        here = Path(*real.parts[:depth])
-        # realpath left no links; one that appears now is refused (not a directory), and
-        # only root or this user could have put it there (the directory above is checked).
-        st = os.lstat(here)
-        if not stat.S_ISDIR(st.st_mode):
-            raise ConfigError(f"the packages directory {directory}: {here} is not a directory")
-        reason = untrusted_reason(here, st, sticky_ok=here != real)
-        if reason is not None:
-            raise ConfigError(
-                f"the packages directory {directory} is not trusted: {reason}",
-                hint="what is in it runs in the sandboxes: only root or you may be able to "
-                "change it and the directories above it (chown it to you or root and "
-                "`chmod go-w` it), or choose another with --packages-dir / "
-                f"{ENV_DIR} / [packages] dir",
-            )
-    return real
+    return trusted_directory(
+        directory,
+        "the packages directory",
+        hint="what is in it runs in the sandboxes: only root or you may be able to "
+        "change it and the directories above it (chown it to you or root and "
+        "`chmod go-w` it), or choose another with --packages-dir / "
+        f"{ENV_DIR} / [packages] dir",
+        missing_hint="add a package with `codecage packages add NAME` to create it",
+    )
 
 
 # --- the record --------------------------------------------------------------------------

@@ -46,7 +46,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from codecage.config import untrusted_reason
+from codecage.config import trusted_directory, untrusted_reason
 from codecage.errors import ConfigError
 from codecage.packages import user_data_dir
 
@@ -238,24 +238,7 @@ def check_trusted(directory: Path) -> Path:
     Raises:
         ConfigError: it does not exist, is not a directory, or is not trusted.
     """
-    try:
-        real = Path(os.path.realpath(directory, strict=True))
-    except OSError as exc:
-        raise ConfigError(
-            f"the egress CA directory {directory} cannot be used: {exc.strerror or exc}"
-        ) from exc
-    for depth in range(1, len(real.parts) + 1):
-        here = Path(*real.parts[:depth])
-        st = os.lstat(here)
-        if not stat.S_ISDIR(st.st_mode):
-            raise ConfigError(f"the egress CA directory {directory}: {here} is not a directory")
-        reason = untrusted_reason(here, st, sticky_ok=here != real)
-        if reason is not None:
-            raise ConfigError(
-                f"the egress CA directory {directory} is not trusted: {reason}",
-                hint=_HINT_ROTATE,
-            )
-    return real
+    return trusted_directory(directory, "the egress CA directory", hint=_HINT_ROTATE)
 
 
 @contextlib.contextmanager
