@@ -13,8 +13,10 @@ import http.server
 import json
 import os
 import shutil
+import socket
 import ssl
 import threading
+import time
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from tests._certs import self_signed
 from tests._forking import in_forked_child
 
 from codecage import ExecutionResult, Sandbox
+from codecage.engine import workspace as workspaces
 from codecage.errors import ConfigError
 
 
@@ -490,3 +493,41 @@ def test_a_warm_pool_keeps_egress_sandboxes_for_a_sandbox_allowed_hosts(
     assert [d["host"] for d in _kinds(r, "network_allowed")] == ["api.test"]
     assert pool is not None
     assert sum(key.hits for key in pool.keys) == 1, pool
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to another user needs root")
+def test_another_local_user_cannot_use_a_run_s_proxy_socket(
+    config: Path, servers: dict[str, _Server], tmp_path: Path
+) -> None:
+    """The socket is the run's identity: only the sandbox's own host id may connect."""
+    api = servers["api"]
+    sandbox = _allowing(config, f"api.test:{api.port}", f"127.0.0.1:{api.port}")
+    started = threading.Event()
+    thread = threading.Thread(
+        target=lambda: (started.set(), sandbox.run("import time\ntime.sleep(3)")), daemon=True
+    )
+    thread.start()
+    started.wait()
+    own = f"codecage-run-{os.getpid()}-"
+    deadline = time.monotonic() + 10
+    sockets: list[Path] = []
+    while not sockets and time.monotonic() < deadline:
+        sockets = list(workspaces.private_parent().glob(f"{own}*/egress/egress.sock"))
+        time.sleep(0.05)
+    assert sockets, "no egress socket appeared for the run"
+    pid = os.fork()
+    if pid == 0:  # another user (nobody) tries the socket
+        code = 3
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.connect(str(sockets[0]))
+            code = 0
+        except PermissionError:
+            code = 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    thread.join(30)
+    assert os.waitstatus_to_exitcode(status) == 1, "another user could connect"

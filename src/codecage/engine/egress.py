@@ -13,9 +13,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from codecage.backends.base import Identity
 from codecage.guest import contract
 from codecage.isolation import rootfs
 from codecage.models import Event, NetworkLimits
@@ -34,8 +36,12 @@ MAX_NETWORK_EVENTS = 40
 """Connections recorded one event each; past this, one event counts the rest."""
 
 
-def open_socket(setup: EgressSetup, run_dir: Path, cleanup: contextlib.ExitStack) -> RunEgress:
-    """This sandbox's socket on the proxy, in `run_dir/egress` (closed by `cleanup`)."""
+def open_socket(
+    setup: EgressSetup, run_dir: Path, cleanup: contextlib.ExitStack, owner: Identity
+) -> RunEgress:
+    """This sandbox's socket on the proxy, in `run_dir/egress` (closed by `cleanup`),
+    connectable by the sandbox's own host id (`owner`) only: another local user who
+    guessed the path could otherwise use the run's grant."""
     directory = run_dir / "egress"
     directory.mkdir()
     # Searchable by all: the sandbox's own host id reaches the socket (and the CA bundle)
@@ -45,6 +51,9 @@ def open_socket(setup: EgressSetup, run_dir: Path, cleanup: contextlib.ExitStack
         (directory / "ca-bundle.pem").write_bytes(setup.ca_bundle.read_bytes())
     listener = setup.proxy.listen(directory / "egress.sock")
     cleanup.callback(listener.close)
+    if os.geteuid() == 0:
+        os.chown(listener.path, owner.uid, owner.gid)
+    listener.path.chmod(0o600)
     return listener
 
 

@@ -329,7 +329,7 @@ def start(
         listener = None
         if spec.egress is not None:
             _check_egress_backend(backend)
-            listener = egress_wiring.open_socket(spec.egress, run_dir, cleanup)
+            listener = egress_wiring.open_socket(spec.egress, run_dir, cleanup, identity)
             mounts += egress_wiring.mounts(run_dir)
             env.update(egress_wiring.env(spec.egress))
             guest_argv = (*guest_argv, contract.EGRESS_ARG)
