@@ -111,11 +111,13 @@ def plan(name: str, config: Upstream, *, etc_dir: Path, seccomp_fd: int) -> Serv
     mounts = [
         *_system_mounts(),
         *_etc_mounts(etc_dir),
-        *_program_mounts(command, config, who),
         Mount("proc", "/proc"),
         Mount("remount-ro", "/proc"),
         Mount("dev", "/dev"),
         Mount("tmpfs", "/tmp", size_bytes=_TMP_BYTES),  # noqa: S108 - private, size-limited
+        # After the private /tmp: a program that lives under the host's /tmp (a checkout
+        # there) is bound over it, not hidden by it.
+        *_program_mounts(command, config, who),
         Mount("bind", STATE, str(state)),
         *(Mount("bind", str(root), str(root)) for root in roots),
     ]
