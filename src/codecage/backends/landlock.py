@@ -47,7 +47,7 @@ from codecage.backends.base import (
     SandboxProcess,
     spawn,
 )
-from codecage.errors import HostError, SandboxError
+from codecage.errors import ConfigError, HostError, SandboxError
 from codecage.guest import contract
 from codecage.isolation import landlock, rootfs
 from codecage.isolation.rootfs import Mount
@@ -126,8 +126,16 @@ class LandlockBackend:
         returns.
 
         Raises:
+            ConfigError: the run is allowed network (`spec.network`): without a network
+                namespace of its own, IP sockets would reach the host's network.
             SandboxError: the tree or the launcher could not be made.
         """
+        if spec.network:
+            raise ConfigError(
+                "network egress needs the sandbox's own network namespace, which the landlock "
+                "backend does not have (IP sockets there would reach the host's network)",
+                hint="use the bwrap or gvisor backend for runs with allowed hosts",
+            )
         try:
             tree = plan_tree(spec.mounts, spec.cwd / _TREE, spec.cwd / _TMP)
             write_tree(tree, identity=spec.identity)

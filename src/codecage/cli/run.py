@@ -183,7 +183,7 @@ def run(
 
         codecage run --in sales.csv --out results/ --file chart.py
 
-        codecage run --allow-host api.github.com --file fetch.py  # may reach that host
+        codecage run --allow-host api.github.com --file fetch.py  # may reach it
     """
     configure_logging(verbose)
     overrides: dict[str, Any] = {

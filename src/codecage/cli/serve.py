@@ -128,7 +128,7 @@ def serve(
 
         codecage serve --mcp-host cursor   # code may call Cursor's MCP servers
 
-        codecage serve --allow-host '*.example.com'   # every call may reach those hosts
+        codecage serve --allow-host '*.example.com'   # every call may reach them
     """
     from codecage.mcp import http as http_serving
     from codecage.mcp import server as mcp_server  # the MCP SDK loads only for this command

@@ -435,7 +435,7 @@ def _load_chain(context: ssl.SSLContext, pem: bytes) -> None:
 
 
 def system_ca_pem() -> bytes:
-    """The host's trusted CAs as PEM: certifi's bundle when it is installed, else Python's
+    """The host's trusted CAs as PEM (the operator's store, not a package's): Python's
     default CA file, else a distribution's well-known bundle, else the certificates of the
     default CA directory; empty when none is found."""
     for candidate in _bundle_candidates():
@@ -447,15 +447,8 @@ def system_ca_pem() -> bytes:
 
 
 def _bundle_candidates() -> list[str]:
-    found: list[str] = []
-    try:
-        import certifi  # type: ignore[import-not-found,unused-ignore]
-
-        found.append(str(certifi.where()))
-    except ImportError:
-        pass
     paths = ssl.get_default_verify_paths()
-    found += [p for p in (paths.cafile, paths.openssl_cafile) if p]
+    found = [p for p in (paths.cafile, paths.openssl_cafile) if p]
     return [*found, *_KNOWN_BUNDLES]
 
 

@@ -328,7 +328,6 @@ def start(
         guest_argv = launch.guest_argv(channel, spec.preload, pooled=pooled)
         listener = None
         if spec.egress is not None:
-            _check_egress_backend(backend)
             listener = egress_wiring.open_socket(spec.egress, run_dir, cleanup, identity)
             mounts += egress_wiring.mounts(run_dir)
             env.update(egress_wiring.env(spec.egress))
@@ -371,21 +370,6 @@ def start(
         guest_rlimits=overhead.guest_rlimits,
         egress=listener,
     )
-
-
-def _check_egress_backend(backend: Backend) -> None:
-    """Egress needs a network namespace of the sandbox's own: the relay listens on its
-    loopback, and IP sockets reach nothing else. The Landlock fallback has none.
-
-    Raises:
-        ConfigError: this backend cannot give a run network safely.
-    """
-    if backend.name == "landlock":
-        raise ConfigError(
-            "network egress needs the sandbox's own network namespace, which the landlock "
-            "backend does not have (IP sockets there would reach the host's network)",
-            hint="use the bwrap or gvisor backend for runs with allowed hosts",
-        )
 
 
 def _on_created(cgroup: CgroupHandle | None, pid: int, *, check_identity: bool = True) -> None:
