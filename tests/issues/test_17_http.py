@@ -331,7 +331,9 @@ def test_bodies_in_flight_are_bounded_with_the_token(tmp_path: Path) -> None:
         for sock in socks:
             sock.close()
     budget = http_serving.MAX_BODY_BYTES_IN_FLIGHT / MiB
-    assert grown < budget + 40, f"server RSS grew {grown:.0f} MiB for 256 MiB of partial bodies"
+    # 256 MiB were sent: buffering them all fails this. The margin over the budget is the
+    # allocator's and the event loop's (CI twice measured 172-173 MiB on a loaded host).
+    assert grown < budget + 64, f"server RSS grew {grown:.0f} MiB for 256 MiB of partial bodies"
     # 16 fill the budget; a few more may slip in while their bytes sit in socket buffers
     assert busy >= 8, f"only {busy} of 32 were refused as busy"
 

@@ -15,8 +15,8 @@ them): `allow_tools` (the only tools code may call; default all), `timeout` (sec
 `roots` (directories declared to the server as the client's roots), `tokenize` (replace
 personal data in this server's results with tokens, see the privacy docs), `sandbox` (run a
 stdio server in a sandbox of its own, `bridge/sandboxed.py`), with `state_dir` (its
-persistent directory, /state inside) and `allow_hosts` (its egress allowlist: parsed, not
-wired yet, so a non-empty one is refused).
+persistent directory, /state inside) and `allow_hosts` (the hosts it may reach, through the
+egress proxy, as a run's: HOST[:PORT], *.domain; `[network] deny` still wins).
 """
 
 from __future__ import annotations
@@ -29,13 +29,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from codecage.egress import rules
 from codecage.errors import ConfigError
 
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # Keys other hosts write into the same table; accepted and not used.
-_HOST_PATTERN = re.compile(
-    r"(\*\.)?[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*(:[0-9]{1,5})?"
-)
 _HOST_KEYS = ("type", "disabled", "autoApprove", "alwaysAllow", "description", "transport")
 
 
@@ -83,11 +81,7 @@ class Upstream(BaseModel):
             raise ValueError("`state_dir` and `allow_hosts` apply only with `sandbox`: true")
         if self.state_dir is not None and not self.state_dir.startswith("/"):
             raise ValueError(f"state_dir must be an absolute path, got {self.state_dir!r}")
-        for pattern in self.allow_hosts:
-            if not _HOST_PATTERN.fullmatch(pattern):
-                raise ValueError(
-                    f"allow_hosts: {pattern!r} is not HOST, *.DOMAIN or either with :PORT"
-                )
+        rules.parse_rules(self.allow_hosts, what="allow_hosts")  # a RuleError says what is wrong
         return self
 
     def secrets(self) -> list[str]:
@@ -127,13 +121,6 @@ def parse(raw: Any, *, source: str, environ: dict[str, str]) -> dict[str, Upstre
                 hint='write {"command": ..., "args": [...]} or {"url": ...}',
             )
         server = _parse_one(name, _expand(entry, f"{source}: mcpServers.{name}", environ), source)
-        if server.allow_hosts:
-            raise ConfigError(
-                f"{source}: mcpServers.{name}: allow_hosts is not supported yet: egress for"
-                " sandboxed upstreams is not wired",
-                hint=f"remove allow_hosts from mcpServers.{name} (a sandboxed server has no"
-                " network for now), or run it unsandboxed",
-            )
         if not server.disabled:
             servers[name] = server
     return servers

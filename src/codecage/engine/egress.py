@@ -79,18 +79,25 @@ def _pip_package() -> Path | None:
 
 def env(setup: EgressSetup) -> dict[str, str]:
     """What points the code's HTTP clients (urllib, requests, httpx, pip, curl) at the relay."""
+    found = proxy_env(with_ca=setup.ca_bundle is not None)
+    found["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    found["PIP_CACHE_DIR"] = "/tmp/pip-cache"  # noqa: S108 - the sandbox's private /tmp
+    if _pip_package() is not None:
+        found["PYTHONPATH"] = _PIP_ROOT  # for `python -m pip`; the guest itself runs with -I
+    found.update(setup.extra_env)
+    return found
+
+
+def proxy_env(*, with_ca: bool) -> dict[str, str]:
+    """The proxy variables (both cases: curl reads lower case) and, when the proxy has a CA,
+    the variables that make TLS clients trust the bundle at `contract.EGRESS_CA_BUNDLE`."""
     found: dict[str, str] = {}
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
         found[name] = found[name.lower()] = _PROXY_URL
     found["NO_PROXY"] = found["no_proxy"] = _NO_PROXY
-    found["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    if _pip_package() is not None:
-        found["PYTHONPATH"] = _PIP_ROOT  # for `python -m pip`; the guest itself runs with -I
-    found["PIP_CACHE_DIR"] = "/tmp/pip-cache"  # noqa: S108 - the sandbox's private /tmp
-    if setup.ca_bundle is not None:
+    if with_ca:
         for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PIP_CERT"):
             found[name] = contract.EGRESS_CA_BUNDLE
-    found.update(setup.extra_env)
     return found
 
 

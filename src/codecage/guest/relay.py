@@ -14,8 +14,10 @@ One daemon thread with a selector for every connection: no thread per connection
 
 from __future__ import annotations
 
+import os
 import selectors
 import socket
+import sys
 import threading
 from typing import Any
 
@@ -193,3 +195,22 @@ def start(port: int, proxy_path: str) -> Relay:
     relay = Relay(port, proxy_path)
     relay.start()
     return relay
+
+
+def main(argv: list[str]) -> int:
+    """`python -I -S relay.py PORT SOCKET`: for a sandbox that runs no codecage guest (a
+    sandboxed upstream server). The port is bound before this returns: the process then
+    forks, the child relays for the sandbox's life and the parent exits 0, so that a shell
+    can start the server right after (`relay.py ... && exec server`)."""
+    if len(argv) != 3 or not argv[1].isdigit():
+        print("usage: relay.py PORT SOCKET", file=sys.stderr)
+        return 2
+    relay = Relay(int(argv[1]), argv[2])
+    if os.fork() == 0:
+        relay._serve()
+        os._exit(0)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv))
