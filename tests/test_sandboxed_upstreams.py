@@ -10,11 +10,13 @@ work sandboxed, with the memory persisting in the state directory across brokers
 
 from __future__ import annotations
 
+import http.server
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from codecage.bridge.broker import Broker
 from codecage.bridge.channel import CallFailed
 from codecage.errors import ConfigError
 from codecage.isolation import identity as identities
+from codecage.models import NetworkSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ROOT / "tests" / "fixtures" / "probe_server.py"
@@ -132,11 +135,8 @@ def test_a_sandboxed_server_runs_as_neither_root_nor_with_a_writable_root(
 # --- refusals that say what to do ------------------------------------------------------------
 
 
-def test_allow_hosts_is_parsed_and_refused_until_egress_is_wired(given_dir: Path) -> None:
-    entry = probe(True, given_dir, allow_hosts=["api.example.com", "*.example.com:8443"])
-    with pytest.raises(ConfigError, match="allow_hosts is not supported yet"):
-        upstreams.parse({"mcpServers": {"p": entry}}, source="test", environ={})
-    with pytest.raises(ConfigError, match="not HOST"):
+def test_bad_allow_hosts_are_refused_when_the_config_is_loaded(given_dir: Path) -> None:
+    with pytest.raises(ConfigError, match="no URL"):
         upstreams.parse(
             {"mcpServers": {"p": probe(True, given_dir, allow_hosts=["http://x/"])}},
             source="test",
@@ -148,6 +148,56 @@ def test_allow_hosts_is_parsed_and_refused_until_egress_is_wired(given_dir: Path
             source="test",
             environ={},
         )
+
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = f"hello {self.path}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def web() -> Iterator[int]:
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield httpd.server_address[1]
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_a_sandboxed_server_reaches_its_allowed_hosts_through_the_proxy_only(
+    given_dir: Path, web: int
+) -> None:
+    network = NetworkSettings(resolve={"web.test": ["127.0.0.1"], "other.test": ["127.0.0.1"]})
+    allowed = [f"web.test:{web}", f"127.0.0.1:{web}"]
+    servers = upstreams.parse(
+        {"mcpServers": {"caged": probe(True, given_dir, allow_hosts=allowed)}},
+        source="test",
+        environ={},
+    )
+    with Broker(servers, network=network) as broker:
+        assert call(broker, "caged", "fetch", url=f"http://web.test:{web}/x") == "hello /x"
+        refused = call(broker, "caged", "fetch", url=f"http://other.test:{web}/y")
+        assert refused.startswith("error: HTTP 403"), refused
+        direct = call(broker, "caged", "connect", port=web)  # around the proxy: nothing
+        assert direct.startswith("error"), direct
+        env = call(broker, "caged", "environment")
+        assert env["HTTP_PROXY"].startswith("http://127.0.0.1:")
+    records = broker.network_records("caged")
+    assert [(r.host, r.allowed) for r in records] == [("web.test", True), ("other.test", False)]
+
+
+def test_without_allow_hosts_a_sandboxed_server_has_no_proxy(given_dir: Path, web: int) -> None:
+    with broker_for({"caged": probe(True, given_dir)}) as broker:
+        assert "HTTP_PROXY" not in call(broker, "caged", "environment")
+        answer = call(broker, "caged", "fetch", url=f"http://127.0.0.1:{web}/z")
+    assert answer.startswith("error"), answer
 
 
 def test_a_missing_command_says_so_and_what_to_do(given_dir: Path) -> None:

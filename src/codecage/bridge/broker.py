@@ -41,7 +41,10 @@ from codecage.bridge.sandboxed import sandboxed_stdio_client
 from codecage.bridge.stdio_client import bounded_stdio_client
 from codecage.bridge.tooling import ToolPattern, allow_patterns, name_matches
 from codecage.bridge.upstreams import Upstream
+from codecage.egress.records import ConnectionRecord
+from codecage.egress.servers import ServerEgress
 from codecage.errors import ConfigError
+from codecage.models import NetworkSettings
 from codecage.output import neutralise_text
 from codecage.policy import scrub as scrubbing
 
@@ -62,8 +65,18 @@ _LOG_CHARS = 300  # of a text from the guest or an upstream, in a log record
 class Broker:
     """Sessions to the upstream servers in `servers`; `close()` ends them (also at exit)."""
 
-    def __init__(self, servers: Mapping[str, Upstream]) -> None:
+    def __init__(
+        self,
+        servers: Mapping[str, Upstream],
+        *,
+        network: NetworkSettings | None = None,
+        config_dir: Path | None = None,
+    ) -> None:
+        """`network`: the `[network]` settings a sandboxed server's `allow_hosts` go
+        through (its deny, limits, credentials, resolver); default: none of those."""
         self.servers = dict(servers)
+        # The proxy of the sandboxed servers allowed hosts (made at the first one started).
+        self.egress = ServerEgress(network or NetworkSettings(), base_dir=config_dir)
         self._process = forks.ForkGuard()  # a forked child has the sessions' copies, not the loop
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -81,7 +94,8 @@ class Broker:
             )
         )
         self._upstreams = {
-            name: _Upstream(name, cfg, credentials) for name, cfg in self.servers.items()
+            name: _Upstream(name, cfg, credentials, self.egress)
+            for name, cfg in self.servers.items()
         }
         self._closed = False
         forks.close_at_exit(self)  # stdio upstream servers exit with the host
@@ -146,6 +160,12 @@ class Broker:
         self._thread.join(timeout=5)
         if not self._thread.is_alive():
             self._loop.close()
+        self.egress.close()
+
+    def network_records(self, server: str) -> list[ConnectionRecord]:
+        """The connections sandboxed server `server` made through the proxy (its stopped
+        sandboxes'; each also logged as `egress.upstream_connection`)."""
+        return self.egress.records(server)
 
     def __enter__(self) -> Broker:
         return self
@@ -310,9 +330,16 @@ class RunTools:
 class _Upstream:
     """One upstream server's session, on the broker's loop."""
 
-    def __init__(self, name: str, config: Upstream, credentials: scrubbing.Scrubber) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: Upstream,
+        credentials: scrubbing.Scrubber,
+        egress: ServerEgress | None = None,
+    ) -> None:
         self.name = name
         self.config = config
+        self._egress = egress
         self._credentials = credentials
         # The names of the tools this session listed: a call to any other name is refused
         # before the SDK sees it (it would send it upstream, and log it when the server
@@ -504,6 +531,7 @@ class _Upstream:
                 self._stderr,
                 max_line_bytes=_MAX_MESSAGE_BYTES,
                 on_overflow=self._overflowed,
+                egress=self._egress,
             )
         params = StdioServerParameters(
             command=config.command or "",

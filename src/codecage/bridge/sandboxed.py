@@ -49,7 +49,11 @@ from codecage.backends import bwrap
 from codecage.backends.base import Identity
 from codecage.bridge.stdio_client import bounded_stdio_client
 from codecage.bridge.upstreams import Upstream
+from codecage.egress.servers import ServerEgress
+from codecage.engine import egress as egress_wiring
 from codecage.errors import BridgeError, CodecageError
+from codecage.guest import contract
+from codecage.guest import relay as relay_module
 from codecage.isolation import identity as identities
 from codecage.isolation import rootfs, seccomp, staging
 from codecage.isolation.rootfs import Mount
@@ -93,7 +97,23 @@ def state_dir(name: str, config: Upstream) -> Path:
     return Path(base) / "codecage" / "servers" / name
 
 
-def plan(name: str, config: Upstream, *, etc_dir: Path, seccomp_fd: int) -> ServerSandbox:
+@dataclass(frozen=True, slots=True)
+class ServerNetwork:
+    """A server allowed hosts: its socket's directory on the host (bound read-only at
+    `contract.EGRESS_DIR`) and whether the proxy has a CA bundle there."""
+
+    socket_dir: Path
+    with_ca: bool
+
+
+def plan(
+    name: str,
+    config: Upstream,
+    *,
+    etc_dir: Path,
+    seccomp_fd: int,
+    network: ServerNetwork | None = None,
+) -> ServerSandbox:
     """The launcher of `name`'s sandbox: its argv (setpriv as root, prlimit, bwrap, the
     server's command) and environment. Not pure: it resolves the command, stages what the
     sandbox's id cannot read, makes the state directory and writes the private /etc.
@@ -120,21 +140,26 @@ def plan(name: str, config: Upstream, *, etc_dir: Path, seccomp_fd: int) -> Serv
         *_program_mounts(command, config, who),
         Mount("bind", STATE, str(state)),
         *(Mount("bind", str(root), str(root)) for root in roots),
+        *(_relay_mounts(network, who) if network is not None else ()),
     ]
+    server = (str(command), *config.args)
+    if network is not None:
+        server = _behind_the_relay(server)
     argv = [
         *_launcher(who),
         bwrap.find_bwrap(),
-        *bwrap.isolation_args(allow_network=False),
+        *bwrap.isolation_args(allow_network=network is not None),
         *rootfs.bwrap_args(tuple(mounts)),
         "--chdir",
         config.cwd or STATE,
         "--seccomp",
         str(seccomp_fd),
         "--",
-        str(command),
-        *config.args,
+        *server,
     ]
     env = {"PATH": PATH, "HOME": STATE, "LANG": "C.UTF-8", **config.env}
+    if network is not None:
+        env.update(egress_wiring.proxy_env(with_ca=network.with_ca))
     return ServerSandbox(tuple(argv), env, state, who)
 
 
@@ -146,6 +171,7 @@ async def sandboxed_stdio_client(
     *,
     max_line_bytes: int,
     on_overflow: Callable[[], None],
+    egress: ServerEgress | None = None,
 ) -> AsyncGenerator[TransportStreams, None]:
     """`bounded_stdio_client` for `config`'s command started in its own sandbox.
 
@@ -157,17 +183,29 @@ async def sandboxed_stdio_client(
     with contextlib.ExitStack() as owned:
         seccomp_fd = os.memfd_create("codecage-upstream-seccomp", os.MFD_CLOEXEC)
         owned.callback(os.close, seccomp_fd)
-        os.write(seccomp_fd, seccomp.compile_bpf(seccomp.plan(network=False)))
+        network = config.sandbox and bool(config.allow_hosts) and egress is not None
+        os.write(seccomp_fd, seccomp.compile_bpf(seccomp.plan(network=network)))
         os.lseek(seccomp_fd, 0, os.SEEK_SET)
         run_dir = Path(tempfile.mkdtemp(prefix=f"codecage-upstream-{os.getpid()}-"))
         owned.callback(shutil.rmtree, run_dir, True)
         run_dir.chmod(0o755)  # bwrap runs as the sandbox's id and binds the /etc in it
+        server_network = None
+        if network and egress is not None:
+            who = identities.plan().identity
+            listener = egress.open(name, config.allow_hosts, run_dir / "egress", who)
+            owned.callback(egress.closed, name, listener)
+            server_network = ServerNetwork(run_dir / "egress", egress.setup().ca_bundle is not None)
         try:
             # In a thread: the first start may stage an interpreter (seconds), and the
             # broker's loop serves the other upstreams meanwhile.
             launch = await anyio.to_thread.run_sync(
                 functools.partial(
-                    plan, name, config, etc_dir=run_dir / "etc", seccomp_fd=seccomp_fd
+                    plan,
+                    name,
+                    config,
+                    etc_dir=run_dir / "etc",
+                    seccomp_fd=seccomp_fd,
+                    network=server_network,
                 )
             )
         except BridgeError:
@@ -184,6 +222,35 @@ async def sandboxed_stdio_client(
             pass_fds=(seccomp_fd,),
         ) as streams:
             yield streams
+
+
+_RELAY = "/opt/codecage-relay/relay.py"
+
+
+def _relay_mounts(network: ServerNetwork, who: Identity) -> list[Mount]:
+    """The proxy's socket, and what the relay runs with: the host's interpreter (its
+    files, as a command's are bound) and guest/relay.py."""
+    wanted: dict[Path, tuple[str, ...]] = {}
+    _needs(rootfs.find_interpreter().executable, wanted, depth=0)
+    kept = {p: s for p, s in wanted.items() if not any(_inside(p, other) for other in wanted)}
+    relay = Path(relay_module.__file__ or "relay.py")
+    return [
+        Mount("ro-bind", contract.EGRESS_DIR, str(network.socket_dir)),
+        *(
+            Mount("ro-bind", str(path), str(staging.readable(path, who, skip=skip)))
+            for path, skip in sorted(kept.items())
+        ),
+        Mount("ro-bind", _RELAY, str(staging.readable(relay, who))),
+    ]
+
+
+def _behind_the_relay(server: tuple[str, ...]) -> tuple[str, ...]:
+    """The server's argv, started once the relay listens (guest/relay.py's main binds the
+    port, forks the relay and returns): HTTP_PROXY then reaches the proxy from the start."""
+    python = str(rootfs.find_interpreter().executable)
+    port, socket_path = contract.EGRESS_RELAY_PORT, contract.EGRESS_SOCKET
+    script = f'{python} -I -S {_RELAY} {port} {socket_path} && exec "$@"'
+    return ("/bin/sh", "-c", script, "codecage-relay", *server)
 
 
 def _refused(name: str, what: str, fix: str) -> BridgeError:

@@ -119,7 +119,12 @@ def prepare(
         return ToolSetup(skills_dir=_existing_dir(skills_dir, "--skills-dir"))
     from codecage.bridge.broker import Broker
 
-    broker = Broker(servers)
+    config_file = settings.config_file if settings is not None else None
+    broker = Broker(
+        servers,
+        network=settings.network if settings is not None else None,
+        config_dir=config_file.parent if config_file is not None else None,
+    )
     try:
         servers_dir = servers_dir or where(file.servers_dir)
         if servers_dir is None:
