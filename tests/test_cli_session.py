@@ -187,3 +187,12 @@ def test_a_server_url_that_is_no_url_is_a_usage_error() -> None:
     done = codecage("session", "list", "--server", "localhost:8000", env=cli_env())
     assert done.returncode == 2
     assert "is not an http:// or https:// URL" in done.stderr
+
+
+def test_a_host_outside_what_the_server_permits_is_refused_in_the_cli_s_words(
+    server: HttpServer,
+) -> None:
+    code, out, err = session(server, "open", "--allow-host", "elsewhere.test")
+    assert code != 0 and out == ""
+    assert "--allow-host" in err and "allow_hosts" not in err, err
+    assert "elsewhere.test" in err

@@ -44,6 +44,7 @@ _CLI_WORDS = {
     "memory_limit_mb": "--memory-mb",
     "idle_ttl_seconds": "--ttl",
     "allowed_imports": "--allow-import",
+    "allow_hosts": "--allow-host",
 }
 _CLI_WORD = re.compile(r"\b(" + "|".join(re.escape(word) for word in _CLI_WORDS) + r")\b")
 

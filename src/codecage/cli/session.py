@@ -16,7 +16,7 @@ from rich.markup import escape
 from codecage.cli.logs import configure_logging
 from codecage.cli.options import AllowImportOpt, JsonOpt, ServerOpt, ServerTokenOpt, VerboseOpt
 from codecage.cli.render import fail, print_json, stderr
-from codecage.cli.setup import read_code, read_inputs
+from codecage.cli.setup import allowed_hosts, read_code, read_inputs
 from codecage.errors import CodecageError
 from codecage.output import neutralise_line, neutralise_text
 
@@ -86,6 +86,17 @@ def session_open(
             show_default=False,
         ),
     ] = None,
+    allow_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-host",
+            metavar="HOST[:PORT]",
+            help="A host every run of the session may reach through the server's egress "
+            "proxy (repeat, or separate with commas), within what the server permits "
+            "(its [network] ceiling). (default: the server's own hosts)",
+            show_default=False,
+        ),
+    ] = None,
     server: ServerOpt = DEFAULT_SERVER,
     token: ServerTokenOpt = None,
     as_json: JsonOpt = False,
@@ -98,6 +109,8 @@ def session_open(
         ID=$(codecage session open --profile data_science --memory-mb 1024)
 
         codecage session open --ttl 3600 --json
+
+        codecage session open --allow-host api.github.com   # its runs may reach it
     """
     configure_logging(verbose)
     arguments: dict[str, Any] = {
@@ -105,6 +118,7 @@ def session_open(
         "allowed_imports": _modules(allow_import),
         "memory_limit_mb": memory_mb,
         "idle_ttl_seconds": ttl,
+        "allow_hosts": allowed_hosts(allow_host) or None,
     }
     reply = _call(server, token, "open_session", arguments, as_json=as_json, verbose=verbose)
     data = reply.data
