@@ -24,9 +24,10 @@ from typing import Any
 import pytest
 from tests.conftest import HostCanary, NetCanary
 
-from codecage.bridge import upstreams
+from codecage.bridge import tooling, upstreams
 from codecage.bridge.broker import Broker
 from codecage.bridge.channel import CallFailed
+from codecage.config import load as load_config
 from codecage.errors import ConfigError
 from codecage.isolation import identity as identities
 from codecage.models import NetworkSettings
@@ -191,6 +192,43 @@ def test_a_sandboxed_server_reaches_its_allowed_hosts_through_the_proxy_only(
         assert env["HTTP_PROXY"].startswith("http://127.0.0.1:")
     records = broker.network_records("caged")
     assert [(r.host, r.allowed) for r in records] == [("web.test", True), ("other.test", False)]
+
+
+def test_the_operator_s_deny_wins_over_a_server_s_allow_hosts(given_dir: Path, web: int) -> None:
+    network = NetworkSettings(resolve={"web.test": ["127.0.0.1"]}, deny=[f"web.test:{web}"])
+    allowed = [f"web.test:{web}", f"127.0.0.1:{web}"]
+    servers = upstreams.parse(
+        {"mcpServers": {"caged": probe(True, given_dir, allow_hosts=allowed)}},
+        source="test",
+        environ={},
+    )
+    with Broker(servers, network=network) as broker:
+        refused = call(broker, "caged", "fetch", url=f"http://web.test:{web}/x")
+    assert refused.startswith("error: HTTP 403") and "denied" in refused, refused
+
+
+def test_the_config_s_network_settings_reach_the_broker(
+    given_dir: Path, web: int, tmp_path: Path
+) -> None:
+    """`prepare` (what the faces call) hands `[network]` to the broker: its resolve table
+    is what lets the sandboxed server reach web.test here."""
+    allowed = f'["web.test:{web}", "127.0.0.1:{web}"]'
+    config = tmp_path / "config.toml"  # the operator's (the given dir is the sandbox id's)
+    config.write_text(
+        '[network.resolve]\n"web.test" = ["127.0.0.1"]\n'
+        "[mcpServers.caged]\n"
+        f'command = "{VENV_BIN / "python"}"\n'
+        f'args = ["{PROBE}"]\n'
+        "sandbox = true\n"
+        f'state_dir = "{given_dir}"\n'
+        f"allow_hosts = {allowed}\n"
+    )
+    config.chmod(0o600)
+    (tmp_path / "tree").mkdir()  # an existing tree: no listing of the tools first
+    setup = tooling.prepare(None, settings=load_config(config), servers_dir=tmp_path / "tree")
+    assert setup.broker is not None
+    with setup.broker as broker:
+        assert call(broker, "caged", "fetch", url=f"http://web.test:{web}/c") == "hello /c"
 
 
 def test_without_allow_hosts_a_sandboxed_server_has_no_proxy(given_dir: Path, web: int) -> None:
