@@ -48,7 +48,7 @@ from urllib.parse import urlsplit
 
 import h11
 
-from codecage.egress import forward
+from codecage.egress import forward, tls
 from codecage.egress.forward import Budget, Cutoff, Meter, Refusal
 from codecage.egress.records import ConnectionRecord, RecordLog
 from codecage.egress.resolve import ResolveError, Resolver
@@ -124,11 +124,10 @@ class EgressProxy:
         self._closed = False
 
     def upstream_ssl_context(self) -> ssl.SSLContext:
-        """For TLS to servers (an interceptor's): the system's CAs and `upstream_ca_file`."""
-        context = ssl.create_default_context()
-        if self.upstream_ca_file is not None:
-            context.load_verify_locations(cafile=str(self.upstream_ca_file))
-        return context
+        """For TLS to servers (an interceptor's): the system's CAs and `upstream_ca_file`
+        (`tls.client_context`, made once per file)."""
+        cafile = self.upstream_ca_file
+        return tls.client_context(str(cafile) if cafile is not None else None)
 
     def listen(self, socket_path: Path) -> RunEgress:
         """A new run's listener: a Unix socket at `socket_path` (mode 0o666; its directory

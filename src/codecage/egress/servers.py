@@ -7,7 +7,6 @@ for `records` (the audit trail will take them)."""
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from pathlib import Path
 
@@ -46,15 +45,7 @@ class ServerEgress:
         Raises:
             ConfigError: the proxy cannot be made (a credential cannot be read).
         """
-        setup = self.setup()
-        directory.mkdir(mode=0o711, exist_ok=True)
-        directory.chmod(0o711)
-        if setup.ca_bundle is not None:
-            (directory / "ca-bundle.pem").write_bytes(setup.ca_bundle.read_bytes())
-        listener = setup.proxy.listen(directory / "egress.sock")
-        if os.geteuid() == 0:
-            os.chown(listener.path, owner.uid, owner.gid)
-        listener.path.chmod(0o600)
+        listener = self.setup().open_socket(directory, owner)
         policy = EgressPolicy(
             allow=parse_rules(allow_hosts, what=f"mcpServers.{name}.allow_hosts"),
             deny=parse_rules(self.settings.deny, what="[network] deny"),

@@ -4,16 +4,16 @@ adds them), and what every egress sandbox is given to reach it."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from codecage.egress import tls
+from codecage.backends.base import Identity
 from codecage.egress.ca import CertificateAuthority
 from codecage.egress.credentials import CredentialStore
 from codecage.egress.edge import CredentialEdge
-from codecage.egress.proxy import EgressProxy
+from codecage.egress.proxy import EgressProxy, RunEgress
 from codecage.egress.resolve import Resolver
-from codecage.isolation import rootfs
 from codecage.models import NetworkSettings
 
 
@@ -22,8 +22,25 @@ class EgressSetup:
     """How sandboxes made for egress reach the proxy (one Host's, for all its runs)."""
 
     proxy: EgressProxy
-    ca_bundle: Path | None = None  # the system's CAs + the proxy's own, when it has one
+    ca_bundle: bytes | None = None  # the system's CAs + the proxy's own, when it has one
     extra_env: tuple[tuple[str, str], ...] = ()  # credential placeholders, pip's index
+
+    def open_socket(self, directory: Path, owner: Identity) -> RunEgress:
+        """A new socket on the proxy in `directory` (made here, with the CA bundle beside
+        it), connectable by the sandbox's own host id (`owner`) only: another local user
+        who guessed the path could otherwise use the grant. Everything is refused on it
+        until `RunEgress.grant`; the caller closes it."""
+        directory.mkdir(exist_ok=True)
+        # Searchable by all: the sandbox's own host id reaches the socket (and the CA
+        # bundle) by name through it; nothing in it can be listed or written.
+        directory.chmod(0o711)
+        if self.ca_bundle is not None:
+            (directory / "ca-bundle.pem").write_bytes(self.ca_bundle)
+        listener = self.proxy.listen(directory / "egress.sock")
+        if os.geteuid() == 0:
+            os.chown(listener.path, owner.uid, owner.gid)
+        listener.path.chmod(0o600)
+        return listener
 
 
 def build(
@@ -46,17 +63,8 @@ def build(
         )
     store = CredentialStore.load(settings.credentials, base_dir=base_dir)
     ca = CertificateAuthority.load_or_create(ca_dir)
-    upstream = tls.client_context(str(upstream_ca) if upstream_ca else None)
-    edge = CredentialEdge(store, ca, upstream)
-    proxy = EgressProxy(
-        resolver, upstream_ca_file=upstream_ca, interceptor=edge, plain_edge=edge.plain
-    )
-    bundle = ca.bundle_file(_bundle_dir())
+    proxy = EgressProxy(resolver, upstream_ca_file=upstream_ca)
+    edge = CredentialEdge(store, ca, proxy.upstream_ssl_context())
+    proxy.interceptor, proxy.plain_edge = edge, edge.plain
     extra_env += sorted(store.environment(lambda host, port: True).items())
-    return EgressSetup(proxy, bundle, tuple(extra_env))
-
-
-def _bundle_dir() -> Path:
-    directory = rootfs.cache_dir() / "egress"
-    directory.mkdir(parents=True, exist_ok=True)
-    return directory
+    return EgressSetup(proxy, ca.bundle_pem(), tuple(extra_env))

@@ -13,19 +13,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from codecage.backends.base import Identity
 from codecage.guest import contract
 from codecage.isolation import rootfs
-from codecage.models import Event, NetworkLimits
+from codecage.models import Event
 
 if TYPE_CHECKING:
     from codecage.egress.proxy import RunEgress
     from codecage.egress.records import ConnectionRecord
-    from codecage.egress.rules import EgressPolicy
     from codecage.egress.setup import EgressSetup
 
 _PROXY_URL = f"http://127.0.0.1:{contract.EGRESS_RELAY_PORT}"
@@ -40,20 +38,9 @@ def open_socket(
     setup: EgressSetup, run_dir: Path, cleanup: contextlib.ExitStack, owner: Identity
 ) -> RunEgress:
     """This sandbox's socket on the proxy, in `run_dir/egress` (closed by `cleanup`),
-    connectable by the sandbox's own host id (`owner`) only: another local user who
-    guessed the path could otherwise use the run's grant."""
-    directory = run_dir / "egress"
-    directory.mkdir()
-    # Searchable by all: the sandbox's own host id reaches the socket (and the CA bundle)
-    # by name through it; nothing in it can be listed or written.
-    directory.chmod(0o711)
-    if setup.ca_bundle is not None:
-        (directory / "ca-bundle.pem").write_bytes(setup.ca_bundle.read_bytes())
-    listener = setup.proxy.listen(directory / "egress.sock")
+    connectable by the sandbox's own host id (`owner`) only (`EgressSetup.open_socket`)."""
+    listener = setup.open_socket(run_dir / "egress", owner)
     cleanup.callback(listener.close)
-    if os.geteuid() == 0:
-        os.chown(listener.path, owner.uid, owner.gid)
-    listener.path.chmod(0o600)
     return listener
 
 
@@ -99,10 +86,6 @@ def proxy_env(*, with_ca: bool) -> dict[str, str]:
         for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PIP_CERT"):
             found[name] = contract.EGRESS_CA_BUNDLE
     return found
-
-
-def grant(listener: RunEgress, policy: EgressPolicy, limits: NetworkLimits) -> None:
-    listener.grant(policy, limits)
 
 
 def finish(listener: RunEgress | None) -> list[Event]:

@@ -578,7 +578,7 @@ def _grant_egress(sandbox: StartedSandbox, request: RunRequest) -> None:
         return
     if sandbox.egress is None:
         raise SandboxError("this sandbox was made without network; the run asked for hosts")
-    egress_wiring.grant(sandbox.egress, request.egress, request.network_limits)
+    sandbox.egress.grant(request.egress, request.network_limits)
 
 
 def _supervise(
