@@ -6,6 +6,7 @@ The public API is `__all__`; everything else is internal.
 from __future__ import annotations
 
 from codecage.errors import (
+    AuditError,
     BridgeError,
     CodecageError,
     ConfigError,
@@ -32,6 +33,7 @@ from codecage.session import Session
 __version__ = "0.1.0"
 
 __all__ = [
+    "AuditError",
     "BridgeError",
     "CodecageError",
     "ConfigError",

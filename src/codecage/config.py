@@ -75,7 +75,8 @@ Environment variables: `CODECAGE_<LIMIT>` for each limit, `CODECAGE_PROFILE`,
 `CODECAGE_ALLOWED_IMPORTS`, `CODECAGE_ENABLED_PROFILES`, `CODECAGE_POOL` (1/0),
 `CODECAGE_POOL_MIN_IDLE`, `CODECAGE_POOL_MAX_IDLE`, `CODECAGE_SCRUB` (1/0),
 `CODECAGE_SCRUB_CATEGORIES` (comma-separated: the categories to redact),
-`CODECAGE_PACKAGES_DIR` (read by `codecage.packages`), `CODECAGE_REPLY_MAX_TOKENS`.
+`CODECAGE_PACKAGES_DIR` (read by `codecage.packages`), `CODECAGE_REPLY_MAX_TOKENS`,
+`CODECAGE_AUDIT` (the audit store: a SQLite path or a postgresql:// URL; 1/0 on/off).
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ from pydantic_core import ErrorDetails
 from codecage.errors import ConfigError
 from codecage.models import (
     SCRUB_CATEGORIES,
+    AuditSettings,
     Limits,
     NetworkSettings,
     PoolConfig,
@@ -187,6 +189,7 @@ class ConfigFile(_FileModel):
     serve: ServeSettings = Field(ServeSettings(), description="Settings of `codecage serve`.")
     sessions: SessionSettings = Field(SessionSettings(), description="Sessions' limits.")
     network: NetworkSettings = Field(NetworkSettings(), description="Egress through the proxy.")
+    audit: AuditSettings = Field(AuditSettings(), description="The audit trail.")
     tools: ToolsFile = Field(ToolsFile(), description="Tool trees and allow-list.")
     packages: PackagesFile = Field(PackagesFile(), description="Packages the operator added.")
     sandbox: SandboxFile = Field(SandboxFile(), description="Who sandboxes are on the host.")
@@ -216,6 +219,7 @@ class Settings:
     serve: ServeSettings = field(default_factory=ServeSettings)
     sessions: SessionSettings = field(default_factory=SessionSettings)
     network: NetworkSettings = field(default_factory=NetworkSettings)
+    audit: AuditSettings = field(default_factory=AuditSettings)
     tools: ToolsFile = field(default_factory=ToolsFile)
     packages: PackagesFile = field(default_factory=PackagesFile)
     sandbox: SandboxFile = field(default_factory=SandboxFile)
@@ -308,11 +312,32 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
         serve=serve,
         sessions=parsed.sessions,
         network=parsed.network,
+        audit=_audit_settings(parsed.audit, where, env, sources),
         tools=parsed.tools,
         packages=parsed.packages,
         sandbox=parsed.sandbox,
         mcp_servers=parsed.mcp_servers,
     )
+
+
+ENV_AUDIT = "CODECAGE_AUDIT"
+
+
+def _audit_settings(
+    parsed: AuditSettings, where: str, env: Mapping[str, str], sources: dict[str, str]
+) -> AuditSettings:
+    """The file's [audit] table; CODECAGE_AUDIT names the store (a path or a URL) and turns
+    the trail on, or turns it off with 0."""
+    sources["audit"] = where if parsed.enabled is not None or parsed.store else "default"
+    value = env.get(ENV_AUDIT, "").strip()
+    if not value:
+        return parsed
+    sources["audit"] = f"env {ENV_AUDIT}"
+    if value in ("0", "off", "false"):
+        return parsed.model_copy(update={"enabled": False})
+    if value in ("1", "on", "true"):
+        return parsed.model_copy(update={"enabled": True})
+    return parsed.model_copy(update={"enabled": True, "store": value})
 
 
 def check_workspace(settings: Settings, workspace: str | Path | None) -> None:

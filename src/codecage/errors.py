@@ -195,3 +195,10 @@ class SessionError(CodecageError):
 
 class BridgeError(CodecageError):
     """The tool bridge between the sandbox and the host failed."""
+
+
+class AuditError(CodecageError):
+    """The audit store cannot be read or written (a full disk, a locked or read-only
+    database, a server that is down). With `[audit] required`, new runs are refused."""
+
+    default_hint = "check the audit store named in the message (`codecage audit stats`)"

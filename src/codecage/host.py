@@ -26,11 +26,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from codecage import config as configuration
 from codecage import engine, forks, packages
+from codecage.audit import AuditTrail, Caller, Finished
+from codecage.audit.record import utc_now
 from codecage.backends.base import (
     Backend,
     auto_candidates,
@@ -79,6 +82,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+LIBRARY_CALLER = Caller("library")
+
 
 @dataclass(frozen=True, slots=True)
 class Request:
@@ -107,6 +112,7 @@ class Request:
     on_output: Callable[[str, str], None] | None = None
     # The hosts the run may reach, as `Host.network_for` resolved them; None: no network.
     egress: EgressPolicy | None = None
+    caller: Caller = LIBRARY_CALLER  # who asks, for the audit trail
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +128,9 @@ class SessionRequest:
     face: Face = "library"
     egress: EgressPolicy | None = None  # the hosts of every run in it (Host.network_for)
 
+
+_MAX_RECORDED_IMPORTS = 500
+"""Modules of a run's import policy kept in its audit record."""
 
 _PER_RUN_LIMITS = frozenset({"timeout", "cpu_seconds", "max_output_bytes"})
 """What a run in a session may set for itself; the rest is the session's."""
@@ -197,8 +206,13 @@ class Host:
         scrub: bool | ScrubSettings | None = None,
         data_dir: str | Path | None = None,
         allow_hosts: Iterable[str] = (),
+        audit: AuditTrail | None = None,
     ) -> None:
         self.settings = settings
+        self.audit = audit  # the caller's: closed by whoever opened it
+        # Told of every finished run after the audit trail (metrics, alerts); one that
+        # raises is logged and never fails the run.
+        self.observers: list[Callable[[Finished], None]] = []
         # The operator's grants with the config's [network]: refused before a pool starts.
         self.grants = egress_grants.Grants.of(settings.network, allow_hosts, face="library")
         self.limits = limits or settings.limits
@@ -414,13 +428,46 @@ class Host:
                 "input files and a workspace directory were both given",
                 hint="put the files in the workspace directory, or pass no workspace",
             )
+        if self.audit is not None:
+            self.audit.check()
+        started_at = utc_now()
+        result = redaction.scrub_result(self._result_of(request), self.scrubber)
+        self._finished(request, result, started_at)
+        return result
+
+    def _result_of(self, request: Request) -> ExecutionResult:
         if request.strict:
             blocked = self._blocked_by_validation(request)
             if blocked is not None:
-                return redaction.scrub_result(blocked, self.scrubber)
+                return blocked
         if request.session_id is not None:
-            return redaction.scrub_result(self._run_in_session(request), self.scrubber)
-        return redaction.scrub_result(self._execute(request), self.scrubber)
+            return self._run_in_session(request)
+        return self._execute(request)
+
+    def _finished(self, request: Request, result: ExecutionResult, started_at: datetime) -> None:
+        """Put the run on record, then tell the observers (see `observers`)."""
+        if self.audit is None and not self.observers:
+            return
+        policy = request.policy
+        finished = Finished(
+            result=result,
+            code=request.code,
+            caller=request.caller,
+            face=request.face,
+            profile=policy.profile if policy is not None else None,
+            allowed_imports=tuple(sorted(policy.modules))[:_MAX_RECORDED_IMPORTS]
+            if policy is not None and not policy.allows_every_module
+            else (),
+            started_at=started_at,
+            finished_at=utc_now(),
+        )
+        if self.audit is not None:
+            self.audit.record(finished)
+        for observe in self.observers:
+            try:
+                observe(finished)
+            except Exception:
+                log.exception("host.observer_failed", extra={"observer": repr(observe)})
 
     def _tools_for(self, request: Request) -> RunTools | None:
         if self.tools is None:
@@ -573,6 +620,11 @@ class Host:
         if scrubber is None or not scrubber.active:
             return None
         return lambda text, cut: scrubber.scrub(text, truncated=cut).text
+
+    def audit_scrub(self, text: str) -> str:
+        """What the audit trail keeps of a run's code: scrubbed as results are (the
+        default detectors when results are not scrubbed: a record holds nothing in clear)."""
+        return self._asked_scrubber.scrub(text).text
 
     def _scrub_asked(self, text: str) -> str:
         # Detectors only: the configured secrets would make it an oracle on them.

@@ -10,8 +10,10 @@ turns its arguments into a typed `host.Request` (or call) for the Host.
 from __future__ import annotations
 
 import asyncio
+import getpass
 import inspect
 import logging
+import os
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
@@ -21,6 +23,8 @@ from pydantic import ValidationError
 
 from codecage import config, host
 from codecage import kept as kept_files
+from codecage.audit import AuditTrail
+from codecage.audit import record as audit_record
 from codecage.bridge import channel as bridge
 from codecage.bridge import tooling
 from codecage.config import Settings
@@ -126,6 +130,12 @@ class Sandbox:
             ceiling` with `run(allow_hosts=...)`. Empty (default): no network unless the
             config allows some. Raises ConfigError for a malformed rule or one the
             config's `[network] deny` covers.
+        audit: keep a record of every run in the audit trail (docs/audit.md). None
+            (default): as the config's `[audit] enabled` says, else on for face "mcp"
+            (`codecage serve`) and off otherwise; True: on, in the config's `[audit] store`
+            (default: audit.db in codecage's state directory); a path or a
+            postgresql:// URL: on, there; False: off. Raises AuditError when the store
+            cannot be opened.
 
     >>> with Sandbox(pool=True) as sandbox:
     ...     sandbox.warm()                      # optional: wait until the pool is ready
@@ -157,6 +167,7 @@ class Sandbox:
         keep_files_mb: int = kept_files.DEFAULT_KEEP_FILES_MB,
         data_dir: str | Path | None = None,
         allow_hosts: Iterable[str] = (),
+        audit: bool | str | Path | None = None,
     ) -> None:
         settings = config if isinstance(config, Settings) else load_settings(config)
         self.allowed_tools = tuple(allowed_tools) if allowed_tools is not None else None
@@ -185,6 +196,14 @@ class Sandbox:
             allow_hosts=allow_hosts,
         )
         self.settings = settings
+        self.caller = audit_record.Caller(
+            "cli" if face == "cli" else "library", name=_login_name()
+        )  # the MCP server names each call's caller itself
+        try:
+            runtime.audit = _audit_trail(settings, audit, face, runtime.audit_scrub)
+        except BaseException:
+            runtime.close()  # its pool is running already
+            raise
         self.limit_sources = dict(runtime.limit_sources)
         if profile is not None:
             self.limit_sources["profile"] = "argument"
@@ -332,6 +351,7 @@ class Sandbox:
             face=self.face,
             on_output=on_output,
             egress=egress,
+            caller=self.caller,
         )
         result = self.host.run(request)
         return result.with_kept_files(collected[0]) if collected else result
@@ -381,8 +401,11 @@ class Sandbox:
         return self.host.warm(timeout)
 
     def close(self) -> None:
-        """Stop this Sandbox's own pool, killing its idle sandboxes (a shared one stays)."""
+        """Stop this Sandbox's own pool, killing its idle sandboxes (a shared one stays),
+        and close its audit trail."""
         self.host.close()
+        if self.host.audit is not None:
+            self.host.audit.close()
 
     def __enter__(self) -> Sandbox:
         return self
@@ -575,3 +598,25 @@ def _describe_validation(exc: ValidationError) -> str:
         field = ".".join(str(p) for p in err["loc"])
         parts.append(f"{field}={err.get('input')!r}: {err['msg']}")
     return "invalid limits: " + "; ".join(parts)
+
+
+def _audit_trail(
+    settings: Settings, audit: bool | str | Path | None, face: Face, scrub: Callable[[str], str]
+) -> AuditTrail | None:
+    """The trail `audit` asks for (see `Sandbox`), opened; None when off."""
+    wanted = settings.audit.enabled if audit is None else audit is not False
+    if wanted is None:
+        wanted = face == "mcp"
+    if not wanted:
+        return None
+    audit_settings = settings.audit
+    if isinstance(audit, str | Path):
+        audit_settings = audit_settings.model_copy(update={"store": str(audit)})
+    return AuditTrail.open(audit_settings, scrub)
+
+
+def _login_name() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (a container's arbitrary uid)
+        return str(os.getuid())

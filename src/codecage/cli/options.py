@@ -94,6 +94,18 @@ AllowHostOpt = Annotated[
         show_default=False,
     ),
 ]
+AuditOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--audit",
+        metavar="PATH|URL|off",
+        help="Keep a record of the run in the audit trail: a SQLite file, a postgresql:// "
+        "URL, 'on' for the config's \\[audit] store (default: audit.db in codecage's state "
+        "directory), 'off' for none. (default: the config's \\[audit] enabled, else "
+        "CODECAGE_AUDIT; `serve` keeps one unless told off, `run` does not)",
+        show_default=False,
+    ),
+]
 VerboseOpt = Annotated[
     bool, typer.Option("--verbose", "-v", help="Log what codecage does, with tracebacks.")
 ]

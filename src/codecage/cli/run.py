@@ -15,6 +15,7 @@ from codecage.cli.options import (
     AllowHostOpt,
     AllowImportOpt,
     AllowToolOpt,
+    AuditOpt,
     BackendOpt,
     ConfigOpt,
     CpuOpt,
@@ -155,6 +156,7 @@ def run(
     skills_dir: SkillsDirOpt = None,
     allow_tool: AllowToolOpt = None,
     allow_host: AllowHostOpt = None,
+    audit: AuditOpt = None,
     max_tool_calls: MaxToolCallsOpt = None,
     tokenize: TokenizeOpt = False,
     no_scrub: NoScrubOpt = False,
@@ -236,6 +238,7 @@ def run(
             import_policy=not no_import_policy,
             scrub=scrub_option(no_scrub, scrub_categories, settings),
             allow_host=allow_host,
+            audit=audit,
         )
         spinner = progress("starting the sandbox", enabled=not as_json)
         # Human mode prints the output as it comes; --json prints one object at the end.

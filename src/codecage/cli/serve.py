@@ -15,6 +15,7 @@ from codecage.cli.logs import configure_logging
 from codecage.cli.options import (
     AllowHostOpt,
     AllowToolOpt,
+    AuditOpt,
     ConfigOpt,
     MaxToolCallsOpt,
     McpConfigOpt,
@@ -105,6 +106,7 @@ def serve(
     skills_dir: SkillsDirOpt = None,
     allow_tool: AllowToolOpt = None,
     allow_host: AllowHostOpt = None,
+    audit: AuditOpt = None,
     max_tool_calls: MaxToolCallsOpt = None,
     tokenize: TokenizeOpt = False,
     no_scrub: NoScrubOpt = False,
@@ -170,6 +172,7 @@ def serve(
             face="mcp",
             data_dir=_data_dir(data, settings),
             allow_host=allow_host,
+            audit=audit,
         )
         app_server = mcp_server.build_server(sandbox, limits=limits)
         if not http:

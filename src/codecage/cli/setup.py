@@ -201,6 +201,7 @@ def build_sandbox(
     face: Face = "cli",
     data_dir: Path | None = None,
     allow_host: list[str] | None = None,
+    audit: str | None = None,
 ) -> Sandbox:
     """The one Sandbox of `run`, `validate` and `serve` (face "mcp"), so all judge code
     under the same policy (enabled profiles included) and tool directories.
@@ -225,8 +226,20 @@ def build_sandbox(
         face=face,
         data_dir=data_dir,
         allow_hosts=hosts,
+        audit=audit_argument(audit),
         **tools.sandbox_arguments(),
     )
+
+
+def audit_argument(flag: str | None) -> bool | str | None:
+    """--audit as `Sandbox(audit=)` takes it: on/off, a store, or None (the config's)."""
+    if flag is None:
+        return None
+    if flag.lower() in ("on", "1", "true", "yes"):
+        return True
+    if flag.lower() in ("off", "0", "false", "no"):
+        return False
+    return flag
 
 
 def allowed_hosts(allow_host: list[str] | None) -> list[str]:

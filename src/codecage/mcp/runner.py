@@ -20,6 +20,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ContentBlock
 
 from codecage import host
+from codecage.audit import Caller
 from codecage.egress.rules import EgressPolicy
 from codecage.errors import CodecageError, ConfigError
 from codecage.mcp import files as run_files
@@ -32,6 +33,7 @@ from codecage.sandbox import Sandbox
 if TYPE_CHECKING:
     from codecage.mcp.server import ServerLimits
 
+MCP_CALLER = Caller("mcp")  # a call whose context names no client
 _MAX_CACHED_PROFILES = 16
 
 
@@ -174,6 +176,7 @@ class Runner:
         backend: str | None = None,
         session_id: str | None = None,
         client: str = "",
+        caller: Caller = MCP_CALLER,
         on_output: Callable[[str, str], None] | None = None,
         egress: EgressPolicy | None = None,
     ) -> tuple[ExecutionResult, list[ContentBlock]]:
@@ -208,6 +211,7 @@ class Runner:
             client=client,
             on_output=on_output,
             egress=egress,
+            caller=caller,
         )
         try:
             result = self.base.host.run(request)

@@ -21,7 +21,7 @@ from mcp_types import CallToolResult, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from codecage.isolation import datadir
-from codecage.mcp import progress, reply, sessions
+from codecage.mcp import callers, progress, reply, sessions
 from codecage.mcp.arguments import registrar
 from codecage.mcp.files import (
     MAX_BINARY_FILE_BYTES,
@@ -143,6 +143,8 @@ def tools(runner: Runner) -> list[Tool]:
                 runner.policy_for(profile, allowed_imports), allow_hosts
             )
 
+        caller = callers.caller_of(ctx)
+
         async def run(on_output: progress.OutputHandler | None) -> Any:
             return await runner.queued(
                 lambda: runner.execute(
@@ -157,6 +159,7 @@ def tools(runner: Runner) -> list[Tool]:
                     client=client,
                     on_output=on_output,
                     egress=egress,
+                    caller=caller,
                 ),
                 cancel,
             )

@@ -39,6 +39,7 @@ from codecage.models.result import (
 from codecage.models.settings import (
     DEFAULT_REPLY_MAX_TOKENS,
     SCRUB_CATEGORIES,
+    AuditSettings,
     Limits,
     NetworkLimits,
     NetworkProfile,
@@ -87,6 +88,7 @@ __all__ = [
     "WIRE_VERSION",
     "AddedPackage",
     "Analysis",
+    "AuditSettings",
     "BackendState",
     "BridgeAnswer",
     "BridgeClosed",

@@ -340,3 +340,43 @@ def _ip(text: str, name: str) -> None:
         ipaddress.ip_address(text)
     except ValueError:
         raise ValueError(f"[network.resolve] {name}: {text!r} is not an IP address") from None
+
+
+class AuditSettings(Model):
+    """The audit trail (the config file's [audit] table; docs/audit.md)."""
+
+    enabled: bool | None = Field(
+        None,
+        description="Keep a record of every execution. None: on for `codecage serve`, off for "
+        "the library and `codecage run` (which turn it on with audit=... / --audit PATH).",
+    )
+    store: str | None = Field(
+        None,
+        description="Where: a SQLite file path, or a postgresql://... URL (one store for a "
+        "fleet). None: audit.db in codecage's state directory (/var/lib/codecage for root, "
+        "else $XDG_STATE_HOME/codecage). CODECAGE_AUDIT overrides it.",
+    )
+    required: bool = Field(
+        False,
+        description="When the store cannot be written (a full disk, a locked or read-only "
+        "database), refuse new runs instead of running them unrecorded.",
+    )
+    keep_code: bool = Field(
+        True,
+        description="Keep the code itself (scrubbed, cut to max_code_bytes) as well as its sha256.",
+    )
+    max_code_bytes: int = Field(
+        64 * 1024, ge=0, le=10 * 1024 * 1024, description="Bytes of code kept per record."
+    )
+    retention_days: float | None = Field(
+        90,
+        gt=0,
+        description="Records older than this many days are deleted (checked at start and "
+        "hourly); None: kept for ever.",
+    )
+    max_mb: int | None = Field(
+        1024,
+        ge=1,
+        description="The oldest records are deleted while the store is larger than this; "
+        "None: no bound.",
+    )

@@ -1,0 +1,109 @@
+"""The audit trail's tables, the same for SQLite and PostgreSQL, and their versions.
+
+Portable SQL only: times are ISO 8601 UTC text (`2026-11-26T21:18:31.123456+00:00`, which
+sorts as time does), JSON is text, booleans are integers. A store applies the migrations
+above the version it finds (`audit_meta.schema_version`) at open, in one transaction each;
+a store newer than this code is refused, never written.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+SCHEMA_VERSION: Final = 1
+
+_V1: Final = (
+    """CREATE TABLE IF NOT EXISTS audit_meta (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS executions (
+        execution_id TEXT PRIMARY KEY,
+        started_at TEXT NOT NULL,
+        finished_at TEXT NOT NULL,
+        caller_kind TEXT NOT NULL,
+        caller_name TEXT NOT NULL,
+        caller_version TEXT NOT NULL,
+        face TEXT NOT NULL,
+        session_id TEXT,
+        backend TEXT NOT NULL,
+        profile TEXT,
+        allowed_imports TEXT NOT NULL,
+        limits TEXT NOT NULL,
+        code_sha256 TEXT NOT NULL,
+        code_bytes INTEGER NOT NULL,
+        code TEXT,
+        code_truncated INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        exit_code INTEGER,
+        signal TEXT,
+        error_type TEXT,
+        wall_ms INTEGER NOT NULL,
+        cpu_ms INTEGER,
+        peak_memory_mb REAL,
+        bytes_written INTEGER NOT NULL,
+        redactions TEXT NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS executions_started ON executions (started_at)",
+    "CREATE INDEX IF NOT EXISTS executions_caller ON executions (caller_name)",
+    "CREATE INDEX IF NOT EXISTS executions_status ON executions (status)",
+    """CREATE TABLE IF NOT EXISTS events (
+        execution_id TEXT NOT NULL REFERENCES executions (execution_id) ON DELETE CASCADE,
+        seq INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        detail TEXT NOT NULL,
+        data TEXT,
+        PRIMARY KEY (execution_id, seq)
+    )""",
+    "CREATE INDEX IF NOT EXISTS events_kind ON events (kind)",
+    """CREATE TABLE IF NOT EXISTS tool_calls (
+        execution_id TEXT NOT NULL REFERENCES executions (execution_id) ON DELETE CASCADE,
+        seq INTEGER NOT NULL,
+        server TEXT NOT NULL,
+        tool TEXT NOT NULL,
+        status TEXT NOT NULL,
+        duration_ms INTEGER,
+        bytes INTEGER,
+        PRIMARY KEY (execution_id, seq)
+    )""",
+    """CREATE TABLE IF NOT EXISTS files (
+        execution_id TEXT NOT NULL REFERENCES executions (execution_id) ON DELETE CASCADE,
+        seq INTEGER NOT NULL,
+        path TEXT NOT NULL,
+        size INTEGER NOT NULL,
+        sha256 TEXT,
+        PRIMARY KEY (execution_id, seq)
+    )""",
+)
+
+MIGRATIONS: Final[tuple[tuple[int, tuple[str, ...]], ...]] = ((1, _V1),)
+"""(version, statements) in order: each brings a store from the version before to it."""
+
+EXECUTION_COLUMNS: Final = (
+    "execution_id",
+    "started_at",
+    "finished_at",
+    "caller_kind",
+    "caller_name",
+    "caller_version",
+    "face",
+    "session_id",
+    "backend",
+    "profile",
+    "allowed_imports",
+    "limits",
+    "code_sha256",
+    "code_bytes",
+    "code",
+    "code_truncated",
+    "status",
+    "exit_code",
+    "signal",
+    "error_type",
+    "wall_ms",
+    "cpu_ms",
+    "peak_memory_mb",
+    "bytes_written",
+    "redactions",
+)
+JSON_COLUMNS: Final = frozenset({"allowed_imports", "limits", "redactions"})

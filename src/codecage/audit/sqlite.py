@@ -1,0 +1,239 @@
+"""The default audit store: one SQLite file in WAL mode.
+
+WAL with `synchronous=NORMAL`: a committed transaction is in the WAL file before `write`
+returns, so it survives the host process being killed (not a power cut before the next
+checkpoint: `[audit] store` on PostgreSQL for that). `secure_delete` overwrites what is
+deleted, and `erase` checkpoints and VACUUMs, so an erased client's text is gone from the
+file's bytes, not only unlinked from its pages. The file is made 0600 in a 0700 directory:
+it holds code and who ran it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from codecage.audit.record import AuditRecord
+from codecage.audit.schema import EXECUTION_COLUMNS, MIGRATIONS, SCHEMA_VERSION
+from codecage.audit.store import Erasure, Query, child_rows, execution_row, record_from_rows
+from codecage.audit.store import timestamp as as_text
+from codecage.errors import AuditError, ConfigError
+
+BUSY_TIMEOUT_MS = 2000
+"""How long a write waits for another process's transaction before it fails."""
+
+# The column lists are this module's constants (never input): S608 does not apply.
+_COLUMNS = ", ".join(EXECUTION_COLUMNS)
+_INSERT_EXECUTION = (
+    f"INSERT INTO executions ({_COLUMNS}) "  # noqa: S608
+    f"VALUES ({', '.join('?' for _ in EXECUTION_COLUMNS)})"
+)
+_SELECT_EXECUTIONS = f"SELECT {_COLUMNS} FROM executions"  # noqa: S608
+
+
+class SqliteStore:
+    """An `AuditStore` in one SQLite file; safe to share between threads."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.location = str(path)
+        self._lock = threading.Lock()
+        self._db = self._connect()
+        self._migrate()
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            os.close(fd)
+            db = sqlite3.connect(
+                self.path, check_same_thread=False, isolation_level=None, timeout=0
+            )
+            for pragma in (
+                "journal_mode = WAL",
+                "synchronous = NORMAL",
+                "foreign_keys = ON",
+                "secure_delete = ON",
+                f"busy_timeout = {BUSY_TIMEOUT_MS}",
+            ):
+                db.execute(f"PRAGMA {pragma}")
+        except (OSError, sqlite3.Error) as exc:
+            raise AuditError(
+                f"the audit store {self.path} cannot be opened: {exc}",
+                hint="point [audit] store (or CODECAGE_AUDIT, --audit) at a writable place",
+            ) from exc
+        return db
+
+    def _migrate(self) -> None:
+        with self._transaction() as db:
+            db.execute(MIGRATIONS[0][1][0])  # audit_meta, to read the version from
+            found = _version(db)
+            if found > SCHEMA_VERSION:
+                raise ConfigError(
+                    f"the audit store {self.path} has schema version {found}; this codecage "
+                    f"knows up to {SCHEMA_VERSION}",
+                    hint="upgrade codecage, or point [audit] store at another file",
+                )
+            for version, statements in MIGRATIONS:
+                if version > found:
+                    for statement in statements:
+                        db.execute(statement)
+            if found < SCHEMA_VERSION:
+                db.execute(
+                    "INSERT OR REPLACE INTO audit_meta VALUES ('schema_version', ?)",
+                    (str(SCHEMA_VERSION),),
+                )
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction under the lock; a failure rolls back and is an AuditError."""
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise AuditError(f"the audit store {self.path} cannot be written: {exc}") from exc
+
+    def write(self, records: Sequence[AuditRecord]) -> None:
+        with self._transaction() as db:
+            for record in records:
+                events, calls, files = child_rows(record)
+                db.execute(_INSERT_EXECUTION, execution_row(record))
+                db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", events)
+                db.executemany("INSERT INTO tool_calls VALUES (?, ?, ?, ?, ?, ?, ?)", calls)
+                db.executemany("INSERT INTO files VALUES (?, ?, ?, ?, ?)", files)
+
+    def get(self, execution_id: str) -> AuditRecord | None:
+        found = self._read(f"{_SELECT_EXECUTIONS} WHERE execution_id = ?", (execution_id,))
+        return self._whole(found[0]) if found else None
+
+    def query(self, query: Query) -> list[AuditRecord]:
+        where, params = _where(query)
+        sql = f"{_SELECT_EXECUTIONS}{where} ORDER BY started_at DESC"
+        if query.limit is not None:
+            sql += f" LIMIT {int(query.limit)}"
+        return [self._whole(row) for row in self._read(sql, params)]
+
+    def _whole(self, row: Sequence[Any]) -> AuditRecord:
+        rid = (row[0],)
+        return record_from_rows(
+            row,
+            self._read(
+                "SELECT kind, detail, data FROM events WHERE execution_id = ? ORDER BY seq", rid
+            ),
+            self._read(
+                "SELECT server, tool, status, duration_ms, bytes FROM tool_calls "
+                "WHERE execution_id = ? ORDER BY seq",
+                rid,
+            ),
+            self._read(
+                "SELECT path, size, sha256 FROM files WHERE execution_id = ? ORDER BY seq", rid
+            ),
+        )
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            try:
+                return self._db.execute(sql, params).fetchall()
+            except sqlite3.Error as exc:
+                raise AuditError(f"the audit store {self.path} cannot be read: {exc}") from exc
+
+    def erase(self, erasure: Erasure) -> int:
+        clauses, params = [], []
+        if erasure.execution_id is not None:
+            clauses.append("execution_id = ?")
+            params.append(erasure.execution_id)
+        if erasure.caller is not None:
+            clauses.append("caller_name = ?")
+            params.append(erasure.caller)
+        if erasure.before is not None:
+            clauses.append("started_at < ?")
+            params.append(as_text(erasure.before))
+        if not clauses:
+            raise ConfigError("an erasure names nothing to erase")
+        with self._transaction() as db:
+            # The clauses are this function's own text; only `params` come from the caller.
+            sql = f"DELETE FROM executions WHERE {' AND '.join(clauses)}"  # noqa: S608
+            erased = db.execute(sql, params).rowcount
+        self.compact()
+        return erased
+
+    def prune(self, *, older_than: datetime.datetime | None, max_bytes: int | None) -> int:
+        """Delete records started before `older_than`, then the oldest while the file is
+        larger than `max_bytes`."""
+        removed = 0
+        if older_than is not None:
+            with self._transaction() as db:
+                removed += db.execute(
+                    "DELETE FROM executions WHERE started_at < ?", (as_text(older_than),)
+                ).rowcount
+        while max_bytes is not None and self.size_bytes() > max_bytes:
+            with self._transaction() as db:
+                batch = db.execute(
+                    "DELETE FROM executions WHERE execution_id IN (SELECT execution_id "
+                    "FROM executions ORDER BY started_at LIMIT 500)"
+                ).rowcount
+            removed += batch
+            self.compact()
+            if batch == 0:
+                break
+        return removed
+
+    def size_bytes(self) -> int:
+        return sum(
+            p.stat().st_size
+            for p in (self.path, self.path.with_name(self.path.name + "-wal"))
+            if p.exists()
+        )
+
+    def compact(self) -> None:
+        """Give deleted pages back: checkpoint the WAL into the file, VACUUM, truncate the
+        WAL (its frames still hold deleted rows)."""
+        with self._lock:
+            try:
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                self._db.execute("VACUUM")
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as exc:
+                raise AuditError(f"the audit store {self.path} cannot be compacted: {exc}") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def _version(db: sqlite3.Connection) -> int:
+    row = db.execute("SELECT value FROM audit_meta WHERE key = 'schema_version'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _where(query: Query) -> tuple[str, list[Any]]:
+    clauses: list[str] = []
+    params: list[Any] = []
+    if query.status is not None:
+        clauses.append("status = ?")
+        params.append(query.status)
+    if query.caller is not None:
+        clauses.append("caller_name = ?")
+        params.append(query.caller)
+    if query.since is not None:
+        clauses.append("started_at >= ?")
+        params.append(as_text(query.since))
+    if query.until is not None:
+        clauses.append("started_at < ?")
+        params.append(as_text(query.until))
+    if query.event_kind is not None:
+        clauses.append("execution_id IN (SELECT execution_id FROM events WHERE kind = ?)")
+        params.append(query.event_kind)
+    return (" WHERE " + " AND ".join(clauses) if clauses else ""), params

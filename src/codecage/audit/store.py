@@ -1,0 +1,146 @@
+"""What every audit store does, and choosing one from `[audit] store`.
+
+A store keeps `AuditRecord`s in the tables of `audit.schema`: `write` commits a batch in one
+transaction (so a record the caller saw written is on disk), `get` and `query` read them
+back whole, `erase` and `prune` delete (and compact). SQLite (`audit.sqlite`) is the
+default; a `postgresql://` URL picks `audit.postgres`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from codecage.audit.record import AuditRecord, RecordedEvent, RecordedFile, RecordedToolCall
+from codecage.audit.schema import EXECUTION_COLUMNS, JSON_COLUMNS
+from codecage.errors import ConfigError
+
+DEFAULT_NAME = "audit.db"
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """Which records `query` returns, newest first."""
+
+    status: str | None = None
+    caller: str | None = None  # a caller's name
+    since: datetime.datetime | None = None
+    until: datetime.datetime | None = None
+    event_kind: str | None = None  # records with at least one event of this kind
+    limit: int | None = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Erasure:
+    """What `erase` deletes: one execution, every record of a caller, or all before a time."""
+
+    execution_id: str | None = None
+    caller: str | None = None
+    before: datetime.datetime | None = None
+
+
+class AuditStore(Protocol):
+    location: str  # a path or a URL without its password, for messages
+
+    def write(self, records: Sequence[AuditRecord]) -> None: ...
+    def get(self, execution_id: str) -> AuditRecord | None: ...
+    def query(self, query: Query) -> list[AuditRecord]: ...
+    def erase(self, erasure: Erasure) -> int: ...
+    def prune(self, *, older_than: datetime.datetime | None, max_bytes: int | None) -> int: ...
+    def close(self) -> None: ...
+
+
+def default_location(environ: Mapping[str, str] | None = None) -> Path:
+    """audit.db in codecage's state directory: /var/lib/codecage for root, else
+    $XDG_STATE_HOME/codecage (~/.local/state/codecage)."""
+    env = os.environ if environ is None else environ
+    if os.geteuid() == 0:
+        return Path("/var/lib/codecage") / DEFAULT_NAME
+    state = env.get("XDG_STATE_HOME", "")
+    base = Path(state) if Path(state).is_absolute() else Path.home() / ".local" / "state"
+    return base / "codecage" / DEFAULT_NAME
+
+
+def open_store(location: str | Path | None) -> AuditStore:
+    """The store at `location`: a postgresql:// URL, else a SQLite file (None: the default).
+
+    Raises:
+        ConfigError: it cannot be opened or is of a newer schema than this codecage.
+    """
+    text = str(location) if location is not None else ""
+    if text.startswith(("postgresql://", "postgres://")):
+        from codecage.audit import postgres  # the driver is an optional dependency
+
+        return postgres.connect(text)
+    from codecage.audit import sqlite
+
+    path = Path(text).expanduser() if text else default_location()
+    if not path.is_absolute():
+        raise ConfigError(
+            f"the audit store {text!r} is a relative path",
+            hint="give an absolute path to a SQLite file, or a postgresql:// URL",
+        )
+    return sqlite.SqliteStore(path)
+
+
+# --- records as rows, and back: shared by the stores -------------------------------------------
+
+
+def timestamp(moment: datetime.datetime) -> str:
+    """The text form of a time in the tables: ISO 8601 in UTC, microseconds, sortable."""
+    return moment.astimezone(datetime.UTC).isoformat(timespec="microseconds")
+
+
+def execution_row(record: AuditRecord) -> tuple[Any, ...]:
+    data = record.model_dump(mode="json")
+    data["started_at"] = timestamp(record.started_at)
+    data["finished_at"] = timestamp(record.finished_at)
+    data["code_truncated"] = int(record.code_truncated)
+    return tuple(
+        json.dumps(data[c], sort_keys=True) if c in JSON_COLUMNS else data[c]
+        for c in EXECUTION_COLUMNS
+    )
+
+
+def child_rows(
+    record: AuditRecord,
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """The record's events, tool calls and files as rows (execution_id, seq, ...)."""
+    rid = record.execution_id
+    events = [
+        (rid, i, e.kind, e.detail, json.dumps(e.data, sort_keys=True) if e.data else None)
+        for i, e in enumerate(record.events)
+    ]
+    calls = [
+        (rid, i, c.server, c.tool, c.status, c.duration_ms, c.bytes)
+        for i, c in enumerate(record.tool_calls)
+    ]
+    files = [(rid, i, f.path, f.size, f.sha256) for i, f in enumerate(record.files)]
+    return events, calls, files
+
+
+def record_from_rows(
+    execution: Sequence[Any],
+    events: Iterable[Sequence[Any]],
+    calls: Iterable[Sequence[Any]],
+    files: Iterable[Sequence[Any]],
+) -> AuditRecord:
+    """The inverse of `execution_row` and `child_rows` (children without their two keys)."""
+    data: dict[str, Any] = dict(zip(EXECUTION_COLUMNS, execution, strict=True))
+    for column in JSON_COLUMNS:
+        data[column] = json.loads(data[column])
+    data["code_truncated"] = bool(data["code_truncated"])
+    data["events"] = [
+        RecordedEvent(kind=k, detail=d, data=json.loads(x) if x else None) for k, d, x in events
+    ]
+    data["tool_calls"] = [
+        RecordedToolCall(server=s, tool=t, status=st, duration_ms=ms, bytes=b)
+        for s, t, st, ms, b in calls
+    ]
+    data["files"] = [RecordedFile(path=p, size=n, sha256=h) for p, n, h in files]
+    return AuditRecord.model_validate(data)

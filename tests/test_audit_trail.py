@@ -1,0 +1,134 @@
+"""The audit trail as the faces fill it: a library run, a CLI run and an MCP call each leave
+one record in a real SQLite file, with who asked, what ran (its hash; the code scrubbed),
+what happened and what it left."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from codecage import AuditError, Sandbox
+from codecage.audit import Query, open_store
+from test_server import CODECAGE, INITIALIZE, server_env
+
+CODE = """
+print("mail alice@example.com")
+open("out.txt", "w").write("abc")
+1 / 0
+"""
+
+
+def rows(db: Path, sql: str) -> list[tuple[object, ...]]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def test_a_library_run_is_on_record_with_its_caller_hash_files_and_scrubbed_code(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "audit.db"
+    with Sandbox(audit=db, pool=False) as sandbox:
+        result = sandbox.run(CODE)
+    assert result.status == "error"
+    store = open_store(db)
+    record = store.get(result.execution_id)
+    store.close()
+    assert record is not None
+    assert record.caller_kind == "library" and record.caller_name
+    assert record.status == "error" and record.error_type == "ZeroDivisionError"
+    assert record.code_sha256 == hashlib.sha256(CODE.encode()).hexdigest()
+    assert record.code is not None and "alice@example.com" not in record.code
+    assert "[EMAIL]" in record.code
+    assert [(f.path, f.size) for f in record.files] == [("out.txt", 3)]
+    assert record.bytes_written == 3
+    assert record.backend == result.backend and record.limits == result.limits.model_dump()
+    assert record.wall_ms == result.usage.wall_ms
+    assert record.started_at <= record.finished_at
+
+
+def test_the_library_keeps_no_record_unless_asked(tmp_path: Path, clean_env: dict[str, str]) -> None:
+    with Sandbox(pool=False) as sandbox:
+        assert sandbox.host.audit is None
+
+
+def test_keep_code_off_keeps_only_the_hash(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("[audit]\nkeep_code = false\n")
+    db = tmp_path / "audit.db"
+    with Sandbox(audit=db, pool=False, config=config) as sandbox:
+        result = sandbox.run("print('secret plan')")
+    assert rows(db, "SELECT code, code_sha256 FROM executions") == [
+        (None, hashlib.sha256(b"print('secret plan')").hexdigest())
+    ]
+    assert result.status == "ok"
+
+
+def test_an_unopenable_store_is_a_clear_error(tmp_path: Path) -> None:
+    target = tmp_path / "file-not-dir"
+    target.write_text("x")
+    with pytest.raises(AuditError, match="cannot be opened"):
+        Sandbox(audit=target / "audit.db", pool=False)
+
+
+def test_the_cli_run_records_under_the_cli_caller(tmp_path: Path) -> None:
+    db = tmp_path / "audit.db"
+    done = subprocess.run(
+        [CODECAGE, "run", "--audit", str(db), "--code", "print(6 * 7)"],
+        capture_output=True,
+        text=True,
+        env=server_env(),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    found = rows(db, "SELECT caller_kind, face, status FROM executions")
+    assert found == [("cli", "cli", "ok")]
+
+
+def test_an_mcp_call_is_on_record_with_the_client_it_named(tmp_path: Path) -> None:
+    db = tmp_path / "audit.db"
+    call = {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "execute_code", "arguments": {"code": "print('hi')"}},
+    }
+    messages = [INITIALIZE, {"jsonrpc": "2.0", "method": "notifications/initialized"}, call]
+    with subprocess.Popen(
+        [CODECAGE, "serve", "--audit", str(db)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=server_env(),
+        cwd=tmp_path,
+    ) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write("".join(json.dumps(m) + "\n" for m in messages))
+        proc.stdin.flush()
+        answers = [json.loads(proc.stdout.readline()) for _ in range(2)]
+        proc.stdin.close()  # only now: EOF cancels a call in flight
+        proc.wait(timeout=60)
+    assert answers[-1]["id"] == 2 and not answers[-1]["result"].get("isError")
+    found = rows(db, "SELECT caller_kind, caller_name, caller_version, face FROM executions")
+    assert found == [("mcp", "test", "0", "mcp")]
+
+
+def test_query_filters_by_status_caller_and_event_kind(tmp_path: Path) -> None:
+    db = tmp_path / "audit.db"
+    with Sandbox(audit=db, pool=False, profile="basic") as sandbox:
+        ok = sandbox.run("1")
+        refused = sandbox.run("import socket")
+    store = open_store(db)
+    try:
+        assert [r.execution_id for r in store.query(Query(status="ok"))] == [ok.execution_id]
+        blocked = store.query(Query(event_kind="import_blocked"))
+        assert [r.execution_id for r in blocked] == [refused.execution_id]
+        assert store.query(Query(caller="nobody-of-that-name")) == []
+        assert len(store.query(Query())) == 2
+    finally:
+        store.close()
