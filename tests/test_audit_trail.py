@@ -51,7 +51,7 @@ def test_a_library_run_is_on_record_with_its_caller_hash_files_and_scrubbed_code
     assert record.started_at <= record.finished_at
 
 
-def test_the_library_keeps_no_record_unless_asked(tmp_path: Path, clean_env: dict[str, str]) -> None:
+def test_the_library_keeps_no_record_unless_asked(clean_env: dict[str, str]) -> None:
     with Sandbox(pool=False) as sandbox:
         assert sandbox.host.audit is None
 
