@@ -122,6 +122,22 @@ class AuditRecord(BaseModel):
     redactions: dict[str, int]
 
 
+class AlertRecord(BaseModel):
+    """An alert that was sent (or tried): `outcome` says which ("sent", "failed: ...",
+    "suppressed" when over its rate)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    alert_id: str
+    at: datetime.datetime
+    kind: str
+    execution_id: str | None
+    caller_name: str
+    detail: str
+    target: str = Field(description="The webhook's host or the command's name; no secrets.")
+    outcome: str
+
+
 def record_of(
     finished: Finished, *, keep_code: bool, max_code_bytes: int, scrub: Callable[[str], str]
 ) -> AuditRecord:

@@ -76,7 +76,21 @@ _V1: Final = (
     )""",
 )
 
-MIGRATIONS: Final[tuple[tuple[int, tuple[str, ...]], ...]] = ((1, _V1),)
+_V1_ALERTS: Final = (
+    """CREATE TABLE IF NOT EXISTS alerts (
+        alert_id TEXT PRIMARY KEY,
+        at TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        execution_id TEXT,
+        caller_name TEXT NOT NULL,
+        detail TEXT NOT NULL,
+        target TEXT NOT NULL,
+        outcome TEXT NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS alerts_at ON alerts (at)",
+)
+
+MIGRATIONS: Final[tuple[tuple[int, tuple[str, ...]], ...]] = ((1, _V1 + _V1_ALERTS),)
 """(version, statements) in order: each brings a store from the version before to it."""
 
 EXECUTION_COLUMNS: Final = (

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from codecage.audit.record import AuditRecord
+from codecage.audit.record import AlertRecord, AuditRecord
 from codecage.audit.schema import EXECUTION_COLUMNS, MIGRATIONS, SCHEMA_VERSION
 from codecage.audit.store import Erasure, Query, child_rows, execution_row, record_from_rows
 from codecage.audit.store import timestamp as as_text
@@ -114,6 +114,25 @@ class SqliteStore:
                 db.executemany("INSERT INTO tool_calls VALUES (?, ?, ?, ?, ?, ?, ?)", calls)
                 db.executemany("INSERT INTO files VALUES (?, ?, ?, ?, ?)", files)
 
+    def write_alert(self, alert: AlertRecord) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO alerts VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    alert.alert_id,
+                    as_text(alert.at),
+                    alert.kind,
+                    alert.execution_id,
+                    alert.caller_name,
+                    alert.detail,
+                    alert.target,
+                    alert.outcome,
+                ),
+            )
+
+    def select(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self._read(sql, params)
+
     def get(self, execution_id: str) -> AuditRecord | None:
         found = self._read(f"{_SELECT_EXECUTIONS} WHERE execution_id = ?", (execution_id,))
         return self._whole(found[0]) if found else None
@@ -166,6 +185,12 @@ class SqliteStore:
             # The clauses are this function's own text; only `params` come from the caller.
             sql = f"DELETE FROM executions WHERE {' AND '.join(clauses)}"  # noqa: S608
             erased = db.execute(sql, params).rowcount
+            if erasure.caller is not None:
+                alerts = ["caller_name = ?"] + (["at < ?"] if erasure.before else [])
+                db.execute(
+                    f"DELETE FROM alerts WHERE {' AND '.join(alerts)}",  # noqa: S608
+                    [erasure.caller] + ([as_text(erasure.before)] if erasure.before else []),
+                )
         self.compact()
         return erased
 

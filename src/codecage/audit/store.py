@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from codecage.audit.record import AuditRecord, RecordedEvent, RecordedFile, RecordedToolCall
+from codecage.audit.record import (
+    AlertRecord,
+    AuditRecord,
+    RecordedEvent,
+    RecordedFile,
+    RecordedToolCall,
+)
 from codecage.audit.schema import EXECUTION_COLUMNS, JSON_COLUMNS
 from codecage.errors import ConfigError
 
@@ -37,7 +43,8 @@ class Query:
 
 @dataclass(frozen=True, slots=True)
 class Erasure:
-    """What `erase` deletes: one execution, every record of a caller, or all before a time."""
+    """What `erase` deletes: one execution, every record of a caller (its alerts too), or
+    all before a time; the fields given must all match."""
 
     execution_id: str | None = None
     caller: str | None = None
@@ -48,6 +55,12 @@ class AuditStore(Protocol):
     location: str  # a path or a URL without its password, for messages
 
     def write(self, records: Sequence[AuditRecord]) -> None: ...
+    def write_alert(self, alert: AlertRecord) -> None: ...
+    def select(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Rows of a read-only query written with `?` placeholders (portable SQL: the
+        views of `audit.views` run on every store)."""
+        ...
+
     def get(self, execution_id: str) -> AuditRecord | None: ...
     def query(self, query: Query) -> list[AuditRecord]: ...
     def erase(self, erasure: Erasure) -> int: ...
