@@ -24,6 +24,7 @@ import pytest
 
 from codecage import Sandbox
 from codecage.bridge import channel as bridge_channel
+from codecage.engine import guardian
 from codecage.engine import workspace as workspaces
 from codecage.isolation import cgroups
 from containment._support import Outcome, against_baseline, outcome_of, run_unsandboxed
@@ -240,6 +241,7 @@ def _cmdline(pid: str) -> str:
 def leak_guard(request: pytest.FixtureRequest) -> Iterator[None]:
     """Nothing a module's runs created may outlive them: processes, fds, dirs, cgroups."""
     bridge_channel.watcher()  # made once per process and kept (its epoll fd is no leak)
+    guardian.ensure()  # this process's guardian lives as long as it does
     before = leak_snapshot()
     yield
     deadline = time.monotonic() + _TEARDOWN_GRACE_S

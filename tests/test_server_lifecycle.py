@@ -263,7 +263,41 @@ def test_a_stdio_client_closing_as_the_sdks_do_leaves_nothing_even_with_an_empty
                 break
             proc.send_signal(then)
         proc.wait(timeout=30)
-    assert left_behind(proc.pid) == {}
+    # Cleaned up by the server itself, or (if the SIGKILL came first) by its guardian.
+    assert gone_soon(proc.pid) == {}
+
+
+def gone_soon(server_pid: int, seconds: float = 10) -> dict[str, list[str]]:
+    """What the server left behind, once nothing more goes within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while (left := left_behind(server_pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def test_a_server_killed_with_sigkill_leaves_nothing_behind(tmp_path: Path) -> None:
+    """SIGKILL (the OOM killer, a client's last resort) gives the server no chance to clean
+    up: its guardian process removes the warm sandbox's run directory, mount and cgroup."""
+    proc = subprocess.Popen(
+        [CODECAGE, "serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        cwd=tmp_path,
+        env=server_env(),
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    with proc:
+        proc.stdin.write((json.dumps(INITIALIZE) + "\n").encode())
+        proc.stdin.flush()
+        assert proc.stdout.readline()
+        deadline = time.monotonic() + 30
+        while not left_behind(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the warm pool's sandbox is being made
+        assert left_behind(proc.pid), "the server made no warm sandbox to leave behind"
+        proc.kill()
+        proc.wait(timeout=30)
+    assert gone_soon(proc.pid) == {}
 
 
 def test_sigterms_during_the_cleanup_do_not_cut_it_short(tmp_path: Path) -> None:

@@ -47,7 +47,7 @@ from codecage.bridge import tooling
 from codecage.config import Settings
 from codecage.egress import grants as egress_grants
 from codecage.egress.rules import EgressPolicy
-from codecage.engine import selftest
+from codecage.engine import guardian, selftest
 from codecage.engine import session as sessions_engine
 from codecage.engine.pool import Pool
 from codecage.engine.workspace import private_parent
@@ -235,6 +235,7 @@ class Host:
             else None
         )
         _PROCESS.sweep_once()
+        guardian.ensure()  # what this process leaves if it is killed is swept then
         self.scrub_settings, self._scrub_source = _scrub_settings(settings, scrub)
         self.scrubber = redaction.build_scrubber(
             self.scrub_settings, extra_secrets=tools.secrets() if tools is not None else ()
