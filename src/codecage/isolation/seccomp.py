@@ -32,6 +32,7 @@ import os
 import socket
 import stat
 import termios
+import threading
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
@@ -459,7 +460,17 @@ def _set_bad_arch_action(seccomp: ModuleType, syscall_filter: Any) -> str:
     return "KILL_PROCESS"
 
 
+# libseccomp keeps process-wide state (its API level, probed on first use) and is not
+# documented as thread-safe; the pool's starter threads may compile at the same moment.
+_LIBSECCOMP_LOCK = threading.Lock()
+
+
 def _compile(seccomp_plan: SeccompPlan) -> _Compiled:
+    with _LIBSECCOMP_LOCK:
+        return _compile_unlocked(seccomp_plan)
+
+
+def _compile_unlocked(seccomp_plan: SeccompPlan) -> _Compiled:
     """Build the filter with libseccomp and export it as raw BPF.
 
     Raises:
