@@ -25,13 +25,13 @@ from codecage.audit.store import Erasure, Query, child_rows, execution_row, reco
 from codecage.audit.store import timestamp as as_text
 from codecage.errors import AuditError, ConfigError
 
-BUSY_TIMEOUT_MS = 2000
+BUSY_TIMEOUT_MS = 500
 """How long a write waits for another process's transaction before it fails."""
 
 # The column lists are this module's constants (never input): S608 does not apply.
 _COLUMNS = ", ".join(EXECUTION_COLUMNS)
 _INSERT_EXECUTION = (
-    f"INSERT INTO executions ({_COLUMNS}) "  # noqa: S608
+    f"INSERT OR IGNORE INTO executions ({_COLUMNS}) "  # noqa: S608
     f"VALUES ({', '.join('?' for _ in EXECUTION_COLUMNS)})"
 )
 _SELECT_EXECUTIONS = f"SELECT {_COLUMNS} FROM executions"  # noqa: S608
@@ -66,7 +66,8 @@ class SqliteStore:
         except (OSError, sqlite3.Error) as exc:
             raise AuditError(
                 f"the audit store {self.path} cannot be opened: {exc}",
-                hint="point [audit] store (or CODECAGE_AUDIT, --audit) at a writable place",
+                hint="point [audit] store (or CODECAGE_AUDIT, --audit) at a writable place, "
+                "or turn the trail off (--audit off, audit=False)",
             ) from exc
         return db
 
@@ -106,13 +107,19 @@ class SqliteStore:
                 raise AuditError(f"the audit store {self.path} cannot be written: {exc}") from exc
 
     def write(self, records: Sequence[AuditRecord]) -> None:
+        """Put `records` in, in one transaction; one already there is left as it is (a
+        journal replayed twice adds nothing)."""
         with self._transaction() as db:
             for record in records:
+                if db.execute(_INSERT_EXECUTION, execution_row(record)).rowcount == 0:
+                    continue
                 events, calls, files = child_rows(record)
-                db.execute(_INSERT_EXECUTION, execution_row(record))
-                db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", events)
-                db.executemany("INSERT INTO tool_calls VALUES (?, ?, ?, ?, ?, ?, ?)", calls)
-                db.executemany("INSERT INTO files VALUES (?, ?, ?, ?, ?)", files)
+                if events:
+                    db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", events)
+                if calls:
+                    db.executemany("INSERT INTO tool_calls VALUES (?, ?, ?, ?, ?, ?, ?)", calls)
+                if files:
+                    db.executemany("INSERT INTO files VALUES (?, ?, ?, ?, ?)", files)
 
     def write_alert(self, alert: AlertRecord) -> None:
         with self._transaction() as db:

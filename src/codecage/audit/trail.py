@@ -1,13 +1,19 @@
-"""The audit trail of one host process: every finished run written to the store before its
-result goes back, retention applied, and a failing store reported, never ignored.
+"""The audit trail of one host process: every finished run on disk before its result goes
+back, the store written off the run's path, retention applied, a failing store reported.
 
-`AuditTrail.record` runs on the caller's thread after the run, once per result: building the
-record and one SQLite commit (WAL, no fsync) cost well under a millisecond
-(benchmarks/bench_audit.py), and writing before the result is returned is what makes "a run
-whose result was returned is on record" hold through a crash of this process. When the store
-fails (a full disk, a locked or read-only file, a server that is down) the record is kept in
-a bounded backlog, retried with the next write, and the failure is logged as an error each
-time; with `[audit] required = true`, `check` then refuses new runs until a write succeeds.
+`AuditTrail.record` runs on the caller's thread after the run: it builds the record (the
+code scrubbed) and appends it to this process's journal (`audit.journal`: one write, on disk
+in the page cache when it returns, so a run whose result came back is on record even if the
+process is killed next). A writer thread then puts the records into the store in batches and
+empties the journal when it has them all. What this costs a run is measured by
+benchmarks/bench_audit.py.
+
+When the store fails (a full disk, a locked or read-only file, a server that is down) the
+writer keeps the records (in memory and in the journal), logs the failure as an error, and
+retries every `RETRY_S`; with `[audit] required = true`, `check` refuses new runs until a
+write succeeds. When the journal cannot be written either, the record stays in memory only,
+the error says so, and `required` refuses the next run. At open, the journals of dead
+processes on the same store are put into it (`journal.recover`).
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from codecage import forks
+from codecage.audit import journal as journals
 from codecage.audit.record import AuditRecord, Finished, record_of
 from codecage.audit.store import AuditStore, open_store
 from codecage.errors import AuditError
@@ -27,13 +35,18 @@ from codecage.models import AuditSettings
 log = logging.getLogger(__name__)
 
 BACKLOG_MAX = 10_000
-"""Records kept in memory while the store fails; past this the oldest are lost (and the
-loss is logged as an error with its count)."""
+"""Records kept in memory while the store fails; past this the oldest are dropped from
+memory (they stay in the journal, for the next start's recovery)."""
+BATCH_MAX = 500
+RETRY_S = 1.0
 PRUNE_EVERY_S = 3600.0
+CLOSE_WAIT_S = 10.0
+CHECK_WAIT_S = 2.0
+"""How long a run waits, while a required trail fails, for the writer's retry."""
 
 
 class AuditTrail:
-    """The store and the rules of `[audit]`, for one host process."""
+    """The store, its journal and the rules of `[audit]`, for one host process."""
 
     def __init__(
         self, store: AuditStore, settings: AuditSettings, scrub: Callable[[str], str]
@@ -41,24 +54,35 @@ class AuditTrail:
         self.store = store
         self.settings = settings
         self._scrub = scrub
-        self._lock = threading.Lock()
-        self._backlog: collections.deque[AuditRecord] = collections.deque()
-        self._lost = 0
-        self._failure: str | None = None  # the last write's error, while the store fails
+        self._journal = journals.Journal(journals.directory_for(store.location))
+        self._cond = threading.Condition()
+        self._waiting: collections.deque[AuditRecord] = collections.deque()
+        self._writing = 0  # records the writer took and has not finished with
+        self._unjournaled = False  # a record is in memory only (the journal failed)
+        self._failure: str | None = None  # why the store (or journal) failed, while it does
+        self._closing = False
+        self._closed = False
         self._pruned_at = 0.0
-        self._pruning = threading.Lock()
+        self._writer = threading.Thread(target=self._write_loop, name="codecage-audit", daemon=True)
+        self._writer.start()
+        forks.close_at_exit(self)  # the last records written, the journal removed
 
     @classmethod
     def open(cls, settings: AuditSettings, scrub: Callable[[str], str]) -> AuditTrail:
-        """The trail at `settings.store` (None: the default SQLite file).
+        """The trail at `settings.store` (None: the default SQLite file), with what dead
+        processes left in their journals put into it.
 
         Raises:
-            AuditError: the store cannot be opened.
+            AuditError: the store or its journal cannot be opened.
             ConfigError: it is of a newer schema, or the location is not usable.
         """
-        trail = cls(open_store(settings.store), settings, scrub)
-        trail.prune_when_due()
-        return trail
+        store = open_store(settings.store)
+        try:
+            journals.recover(store, journals.directory_for(store.location))
+            return cls(store, settings, scrub)
+        except BaseException:
+            store.close()
+            raise
 
     @property
     def failure(self) -> str | None:
@@ -66,95 +90,160 @@ class AuditTrail:
         return self._failure
 
     def check(self) -> None:
-        """Before a run: with `required`, refuse it while the store fails (a retry of the
-        backlog first: the disk may have room again).
+        """Before a run: with `required`, refuse it while records cannot be written (after
+        one more try, waited for up to `CHECK_WAIT_S`).
 
         Raises:
-            AuditError: the store fails and the operator required the audit trail.
+            AuditError: the trail fails and the operator required it.
         """
         if not self.settings.required or self._failure is None:
             return
-        self._flush([])
-        if self._failure is not None:
-            raise AuditError(
-                f"runs are refused: the audit trail is required and its store "
-                f"{self.store.location} cannot be written ({self._failure})",
-                hint="free space or fix the store; the operator set [audit] required = true",
-            )
+        with self._cond:
+            self._cond.notify_all()  # the writer tries again now: there may be room again
+        self.flush(CHECK_WAIT_S)
+        if self._failure is None:
+            return
+        raise AuditError(
+            f"runs are refused: the audit trail is required and its store "
+            f"{self.store.location} cannot be written ({self._failure})",
+            hint="free space or fix the store; the operator set [audit] required = true",
+        )
 
     def record(self, finished: Finished) -> None:
-        """Put one finished run on record (with any backlog before it)."""
+        """Put one finished run on record: in the journal now, in the store soon."""
         record = record_of(
             finished,
             keep_code=self.settings.keep_code,
             max_code_bytes=self.settings.max_code_bytes,
             scrub=self._scrub,
         )
-        self._flush([record])
-        self.prune_when_due()
-
-    def _flush(self, records: list[AuditRecord]) -> None:
-        with self._lock:
-            batch = [*self._backlog, *records]
-            if not batch:
-                return
+        line = record.model_dump_json().encode() + b"\n"
+        # Lock order: the journal's, then the writer's condition (`_all_written` too).
+        with self._journal.lock:
             try:
-                self.store.write(batch)
+                self._journal.append_locked(line)
             except AuditError as exc:
-                self._keep(records, str(exc))
-                return
-            self._backlog.clear()
-            if self._failure is not None:
-                log.warning("audit.store_recovered", extra={"written": len(batch)})
-            self._failure = None
+                self._unjournaled = True
+                self._failed(str(exc))
+            with self._cond:
+                self._waiting.append(record)
+                while len(self._waiting) > BACKLOG_MAX:
+                    self._waiting.popleft()  # still in the journal (or logged as lost)
+                    if self._unjournaled:
+                        log.error("audit.record_lost", extra={"store": self.store.location})
+                self._cond.notify()
 
-    def _keep(self, records: list[AuditRecord], reason: str) -> None:
+    def flush(self, timeout: float = CLOSE_WAIT_S) -> bool:
+        """Wait until the store has every record so far; False on timeout (it fails)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._waiting or self._writing:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    # --- the writer thread -------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        self._prune()
+        while True:
+            with self._cond:
+                while not self._waiting and not self._closing:
+                    self._cond.wait(PRUNE_EVERY_S)
+                    if not self._waiting and not self._closing:
+                        break  # an hour idle: prune below
+                if self._closing and not self._waiting:
+                    return
+                batch = [self._waiting.popleft() for _ in range(min(BATCH_MAX, len(self._waiting)))]
+                self._writing = len(batch)
+            written = self._write(batch)
+            with self._cond:
+                self._writing = 0
+                if not written:
+                    self._waiting.extendleft(reversed(batch))
+            if written:
+                self._all_written()
+            with self._cond:
+                self._cond.notify_all()
+            if not written:
+                self._pause()
+            if time.monotonic() - self._pruned_at >= PRUNE_EVERY_S:
+                self._prune()
+
+    def _write(self, batch: list[AuditRecord]) -> bool:
+        if not batch:
+            return True
+        try:
+            self.store.write(batch)
+        except AuditError as exc:
+            self._failed(str(exc))
+            return False
+        except Exception as exc:  # a store's bug must not kill the writer: keep the records
+            log.exception("audit.store_crashed")
+            self._failed(f"{type(exc).__name__}: {exc}")
+            return False
+        if self._failure is not None and not self._unjournaled:
+            log.warning("audit.store_recovered", extra={"store": self.store.location})
+            self._failure = None
+        return True
+
+    def _all_written(self) -> None:
+        """When the store has every record, empty the journal. Under the journal's lock, a
+        record is either not appended yet or already waiting: none is lost between."""
+        with self._journal.lock, self._cond:
+            if self._waiting or self._writing:
+                return
+            self._journal.empty_locked()
+            if self._unjournaled:
+                self._unjournaled = False
+                self._failure = None
+
+    def _failed(self, reason: str) -> None:
         self._failure = reason
-        self._backlog.extend(records)
-        while len(self._backlog) > BACKLOG_MAX:
-            self._backlog.popleft()
-            self._lost += 1
         log.error(
             "audit.write_failed",
-            extra={
-                "store": self.store.location,
-                "error": reason,
-                "waiting": len(self._backlog),
-                "lost": self._lost,
-            },
+            extra={"store": self.store.location, "error": reason, "waiting": len(self._waiting)},
         )
 
-    def prune_when_due(self) -> None:
-        """Apply retention at most once per `PRUNE_EVERY_S`, on a thread of its own."""
-        now = time.monotonic()
-        if self._pruned_at and now - self._pruned_at < PRUNE_EVERY_S:
-            return
-        if not self._pruning.acquire(blocking=False):
-            return
-        self._pruned_at = now
-        threading.Thread(target=self._prune, name="codecage-audit-prune", daemon=True).start()
+    def _pause(self) -> None:
+        with self._cond:
+            if not self._closing:
+                self._cond.wait(RETRY_S)
 
     def _prune(self) -> None:
+        self._pruned_at = time.monotonic()
+        days = self.settings.retention_days
+        older = (
+            datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=days)
+            if days is not None
+            else None
+        )
+        max_bytes = self.settings.max_mb * 1024 * 1024 if self.settings.max_mb else None
         try:
-            days = self.settings.retention_days
-            older = (
-                datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=days)
-                if days is not None
-                else None
-            )
-            max_bytes = self.settings.max_mb * 1024 * 1024 if self.settings.max_mb else None
             removed = self.store.prune(older_than=older, max_bytes=max_bytes)
-            if removed:
-                log.info("audit.pruned", extra={"removed": removed})
         except AuditError as exc:
             log.error("audit.prune_failed", extra={"error": str(exc)})
-        finally:
-            self._pruning.release()
+            return
+        if removed:
+            log.info("audit.pruned", extra={"removed": removed})
 
     def close(self) -> None:
-        """Write what is waiting (once more), then close the store."""
-        self._flush([])
-        if self._backlog:
-            log.error("audit.unwritten_at_close", extra={"records": len(self._backlog)})
-        with self._pruning:  # a prune in progress finishes first
-            self.store.close()
+        """Write what is waiting (for up to `CLOSE_WAIT_S`), then close the store. What
+        could not be written stays in the journal, for the next start. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        written = self.flush()
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._writer.join(CLOSE_WAIT_S)
+        if not written:
+            log.error(
+                "audit.unwritten_at_close",
+                extra={"records": len(self._waiting), "journal": str(self._journal.path)},
+            )
+        self._journal.close(remove=written and not self._unjournaled)
+        self.store.close()

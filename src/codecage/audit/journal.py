@@ -1,0 +1,161 @@
+"""The audit trail's journal: each record appended to a file of this process's before the
+run's result returns, so a record is on disk however the process ends, while the store is
+written on a thread of its own (`audit.trail`).
+
+One file per process (`<pid>-<random>.jsonl`, 0600, in a 0700 directory beside the store:
+`audit.db.pending/` for a SQLite file, the state directory's `audit-pending/<url hash>/`
+for PostgreSQL), one JSON record per line, appended with one `write` on an O_APPEND
+descriptor (the page cache has it once the call returns: a SIGKILL or an OOM kill loses
+nothing; a power cut may). Emptied whenever the store has every record in it. `recover`
+puts the records of the journals of dead processes into the store (a record already there
+is left as it is) and deletes those journals: the next trail on the same store does it at
+start, and the `codecage audit` commands before they read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import secrets
+import threading
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from codecage.audit.record import AuditRecord
+from codecage.audit.store import AuditStore, default_location
+from codecage.errors import AuditError
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".jsonl"
+
+
+def directory_for(location: str) -> Path:
+    """Where the journals of the store at `location` (its path or URL) live."""
+    if location.startswith(("postgresql://", "postgres://")):
+        digest = hashlib.sha256(location.encode()).hexdigest()[:16]
+        return default_location().parent / "audit-pending" / digest
+    path = Path(location)
+    return path.with_name(path.name + ".pending")
+
+
+class Journal:
+    """This process's journal for one store."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._lock = threading.Lock()
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.path = directory / f"{os.getpid()}-{secrets.token_hex(4)}{SUFFIX}"
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
+            self._fd = os.open(self.path, flags | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise AuditError(
+                f"the audit journal in {directory} cannot be made: {exc.strerror or exc}",
+                hint="point [audit] store (or CODECAGE_AUDIT, --audit) at a writable place, "
+                "or turn the trail off (--audit off, audit=False)",
+            ) from exc
+
+    def append(self, record: AuditRecord) -> None:
+        """Put `record` on disk (one write).
+
+        Raises:
+            AuditError: it could not be written (a full disk): the caller keeps it.
+        """
+        line = record.model_dump_json().encode() + b"\n"
+        with self._lock:
+            self.append_locked(line)
+
+    def append_locked(self, line: bytes) -> None:
+        """`append` of a serialised record; the caller holds `lock`."""
+        try:
+            written = os.write(self._fd, line)
+        except OSError as exc:
+            raise AuditError(f"the audit journal {self.path}: {exc.strerror}") from exc
+        if written != len(line):  # a full disk part-way: leave no half line behind
+            self._cut_back(written)
+            raise AuditError(f"the audit journal {self.path}: the disk is full")
+
+    def _cut_back(self, written: int) -> None:
+        with contextlib.suppress(OSError):
+            os.ftruncate(self._fd, os.fstat(self._fd).st_size - written)
+
+    @property
+    def lock(self) -> threading.Lock:
+        """Held while appending (and by the caller while it hands the record on): hold it
+        to know that no record is in the journal and not yet handed on."""
+        return self._lock
+
+    def empty_locked(self) -> None:
+        """Forget every record (the store has them all); the caller holds `lock`."""
+        with contextlib.suppress(OSError):
+            os.ftruncate(self._fd, 0)
+
+    def close(self, *, remove: bool) -> None:
+        with self._lock:
+            os.close(self._fd)
+            if remove:
+                with contextlib.suppress(OSError):
+                    self.path.unlink()
+
+
+def recover(store: AuditStore, directory: Path) -> int:
+    """Write the records of dead processes' journals in `directory` into `store` (records
+    already there are kept as they are), then delete those journals. Returns how many
+    records were in them. A line that is not a whole record (the process died while
+    writing it) is skipped and logged.
+
+    Raises:
+        AuditError: the store cannot be written (the journals stay for the next try).
+    """
+    total = 0
+    for journal in _orphans(directory):
+        records = _read(journal)
+        if records:
+            store.write(records)
+        journal.unlink(missing_ok=True)
+        total += len(records)
+    if total:
+        log.warning("audit.journal_recovered", extra={"records": total, "dir": str(directory)})
+    return total
+
+
+def _orphans(directory: Path) -> list[Path]:
+    try:
+        entries = sorted(directory.iterdir())
+    except OSError:
+        return []
+    found = []
+    for entry in entries:
+        head = entry.name.partition("-")[0]
+        if entry.name.endswith(SUFFIX) and head.isdigit() and not _alive(int(head)):
+            found.append(entry)
+    return found
+
+
+def _read(journal: Path) -> list[AuditRecord]:
+    records = []
+    try:
+        text = journal.read_bytes()
+    except OSError:
+        return []
+    for line in text.splitlines():
+        try:
+            records.append(AuditRecord.model_validate_json(line))
+        except ValidationError:
+            log.error("audit.journal_line_skipped", extra={"journal": str(journal)})
+    return records
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
