@@ -718,6 +718,11 @@ class Host:
             log.warning("sandbox.degraded", extra={"missing": list(missing)})
         return missing
 
+    def selftest_missing(self) -> tuple[str, ...] | None:
+        """The layers the self-test finds missing for this host's backend, without raising
+        (None: the self-test is off). Proven once per process, like `missing_layers`."""
+        return self._failed_layers(self.backend) if self._selftest else None
+
     def doctor(self) -> DoctorReport:
         """Prove each layer by running probes in a real sandbox (never cached).
 

@@ -90,6 +90,15 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    metrics_public: Annotated[
+        bool,
+        typer.Option(
+            "--metrics-public",
+            help="HTTP: serve /metrics without the token (for a scraper that cannot send "
+            "one; the counts then show to anyone who reaches the port). /healthz and /readyz "
+            "never need it.",
+        ),
+    ] = False,
     data: Annotated[
         Path | None,
         typer.Option(
@@ -118,7 +127,9 @@ def serve(
     and open_session, close_session, list_sessions (state across calls).
 
     Logs go to stderr: the settings at start, then one line per tool call (tool, status,
-    wall_ms, queue_ms); in stdio mode stdout carries only the protocol.
+    wall_ms, queue_ms); in stdio mode stdout carries only the protocol. Over HTTP, /healthz,
+    /readyz and /metrics (Prometheus) serve operators; OpenTelemetry traces go where the
+    OTEL_* variables say, when the SDK is installed.
 
     Examples:
 
@@ -132,15 +143,17 @@ def serve(
 
         codecage serve --allow-host '*.example.com'   # every call may reach them
     """
+    from codecage.audit import tracing
+    from codecage.mcp import health, stdio
     from codecage.mcp import http as http_serving
     from codecage.mcp import server as mcp_server  # the MCP SDK loads only for this command
-    from codecage.mcp import stdio
 
     configure_logging(verbose)
     if not verbose:  # the settings at start and one line per call, even when quiet
         for module in (mcp_server, stdio, http_serving):
             logging.getLogger(module.__name__).setLevel(logging.INFO)
     _exit_on_sigterm()
+    tracing.configure()
     limits = mcp_server.ServerLimits(
         max_timeout=max_timeout,
         max_memory_mb=max_memory_mb,
@@ -174,13 +187,20 @@ def serve(
             allow_host=allow_host,
             audit=audit,
         )
-        app_server = mcp_server.build_server(sandbox, limits=limits)
+        metrics = health.server_metrics(sandbox) if http else None
+        app_server = mcp_server.build_server(sandbox, limits=limits, metrics=metrics)
         if not http:
             stdio.serve(app_server)
             _ignore_sigterm()  # the client hung up: what is left is cleanup
             return
         asgi = mcp_server.http_app(
-            app_server, host=host, token=token, insecure_no_token=insecure_no_token
+            app_server,
+            host=host,
+            token=token,
+            insecure_no_token=insecure_no_token,
+            sandbox=sandbox,
+            metrics=metrics,
+            metrics_public=metrics_public,
         )
     except CodecageError as exc:
         fail(exc, as_json=False, verbose=verbose)

@@ -20,7 +20,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ContentBlock
 
 from codecage import host
-from codecage.audit import Caller
+from codecage.audit import Caller, tracing
+from codecage.audit.metrics import ServerMetrics
 from codecage.egress.rules import EgressPolicy
 from codecage.errors import CodecageError, ConfigError
 from codecage.mcp import files as run_files
@@ -47,6 +48,7 @@ class Runner:
     limits: ServerLimits
     slots: anyio.Semaphore
     waiting: int = 0
+    metrics: ServerMetrics | None = None  # serve --http's /metrics: the queue's waits
     policies: dict[str, ImportPolicy | None] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -154,8 +156,11 @@ class Runner:
             await self.slots.acquire()
         finally:
             self.waiting -= 1
+            waited_s = time.monotonic() - waiting_since
             if (call := current_call.get()) is not None:
-                call.queue_ms = (time.monotonic() - waiting_since) * 1000
+                call.queue_ms = waited_s * 1000
+        if self.metrics is not None:
+            self.metrics.queue_waited(waited_s)
         try:
             return await anyio.to_thread.run_sync(job, abandon_on_cancel=True)
         except anyio.get_cancelled_exc_class():
@@ -213,8 +218,12 @@ class Runner:
             egress=egress,
             caller=caller,
         )
+        call = current_call.get()
+        profile = policy.profile if policy is not None else "session" if session_id else None
         try:
-            result = self.base.host.run(request)
+            with tracing.run_span(profile, call.queue_ms if call else None) as span:
+                result = self.base.host.run(request)
+                span.ended(result)
         except CodecageError as exc:
             raise ToolError(refusal(exc)) from exc
         if not any(redacted):

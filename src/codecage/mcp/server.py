@@ -19,9 +19,10 @@ from mcp.server.mcpserver import MCPServer
 from pydantic import ValidationError
 
 from codecage import __version__
+from codecage.audit.metrics import ServerMetrics
 from codecage.errors import ConfigError
+from codecage.mcp import health, tools
 from codecage.mcp import http as http_serving
-from codecage.mcp import tools
 from codecage.mcp.runner import Runner
 from codecage.models import ServeSettings
 from codecage.sandbox import Sandbox
@@ -57,7 +58,10 @@ class ServerLimits:
 
 
 def build_server(
-    sandbox: Sandbox | None = None, *, limits: ServerLimits | None = None
+    sandbox: Sandbox | None = None,
+    *,
+    limits: ServerLimits | None = None,
+    metrics: ServerMetrics | None = None,
 ) -> MCPServer:
     """The MCP server, ready for `run()` (stdio) or `streamable_http_app()`.
 
@@ -67,6 +71,8 @@ def build_server(
             `Sandbox(pool=True)` with the config found. The calls' hints name the tools'
             arguments whatever face the Sandbox was made for.
         limits: what one call may ask for at most.
+        metrics: counts every run, the queue and the pool into these (`health.server_metrics`
+            of the same sandbox); None: nothing counted.
 
     Raises:
         ConfigError: the config file or environment is invalid, or reply_max_tokens is out
@@ -89,6 +95,8 @@ def build_server(
     runner = Runner(
         base=base, limits=server_limits, slots=anyio.Semaphore(server_limits.max_concurrent)
     )
+    if metrics is not None:
+        _count_into(metrics, runner)
     server = MCPServer(
         name="codecage",
         version=__version__,
@@ -117,17 +125,36 @@ def build_server(
     return server
 
 
+def _count_into(metrics: ServerMetrics, runner: Runner) -> None:
+    """Feed `metrics` from `runner`: its runs (a host observer), its queue's waits, and its
+    limiter's depth and slots in use, read at each scrape."""
+    slots, most = runner.slots, runner.limits.max_concurrent
+    runner.metrics = metrics
+    runner.base.host.observers.append(metrics.observe)
+    metrics.watch_queue(lambda: runner.waiting, lambda: most - slots.value)
+
+
 # --- HTTP -----------------------------------------------------------------------------------
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 
 
 def http_app(
-    server: MCPServer, *, host: str, token: str | None, insecure_no_token: bool = False
+    server: MCPServer,
+    *,
+    host: str,
+    token: str | None,
+    insecure_no_token: bool = False,
+    sandbox: Sandbox | None = None,
+    metrics: ServerMetrics | None = None,
+    metrics_public: bool = False,
 ) -> Any:
     """The streamable HTTP app at /mcp (DNS-rebinding protection from the SDK), behind
     `http_serving.RequestGate`: the bearer token checked before any body is read, and
     bounded bodies. Sessions are capped (the idle longest is closed for a new one).
+
+    Given the server's `sandbox`: /healthz and /readyz, without a token; given `metrics`
+    too: /metrics, behind the token unless `metrics_public` (mcp/health.py).
 
     A token is required: on loopback too, any local user could otherwise run code, and call
     the upstream tools with the operator's credentials. `insecure_no_token` (the CLI's
@@ -158,4 +185,12 @@ def http_app(
         session_idle_timeout=http_serving.SESSION_IDLE_TIMEOUT,
     )
     http_serving.evict_idle_sessions_at_cap(server.session_manager)
-    return http_serving.RequestGate(app, token=token, max_body_bytes=MAX_HTTP_BODY_BYTES)
+    routes = health.routes(sandbox.host, metrics) if sandbox is not None else {}
+    public = {p: r for p, r in routes.items() if p != "/metrics" or metrics_public}
+    private = {p: r for p, r in routes.items() if p not in public}
+    gated = http_serving.RequestGate(
+        health.Endpoints(app, private) if private else app,
+        token=token,
+        max_body_bytes=MAX_HTTP_BODY_BYTES,
+    )
+    return health.Endpoints(gated, public) if public else gated
