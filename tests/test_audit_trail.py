@@ -4,6 +4,7 @@ what happened and what it left."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sqlite3
@@ -24,7 +25,7 @@ open("out.txt", "w").write("abc")
 
 
 def rows(db: Path, sql: str) -> list[tuple[object, ...]]:
-    with sqlite3.connect(db) as conn:
+    with contextlib.closing(sqlite3.connect(db)) as conn:  # `with conn` alone does not close
         return conn.execute(sql).fetchall()
 
 

@@ -432,6 +432,9 @@ class Host:
         if self.audit is not None:
             self.audit.check()
         started_at = utc_now()
+        if request.session_id is not None:  # its runs have the session's policy
+            session = self.sessions.get(request.session_id, request.client)
+            request = dataclasses.replace(request, policy=session.terms.policy)
         result = redaction.scrub_result(self._result_of(request), self.scrubber)
         self._finished(request, result, started_at)
         return result
