@@ -16,5 +16,5 @@ def test_public_api_is_pinned() -> None:
         "BridgeError", "CodecageError", "ConfigError", "DoctorReport",
         "ErrorInfo", "Event", "ExecutionResult", "FileInfo", "HostError", "HostInfo",
         "LayerStatus", "Limits", "Sandbox", "SandboxError", "ScrubSettings", "Usage", "__version__",
-        "DisplayOutput", "Session", "SessionError",
+        "DisplayOutput", "Session", "SessionError", "AuditError", "ApprovalRequest",
     }  # fmt: skip

@@ -15,6 +15,7 @@ from codecage.errors import (
     SessionError,
 )
 from codecage.models import (
+    ApprovalRequest,
     DisplayOutput,
     DoctorReport,
     ErrorInfo,
@@ -33,6 +34,7 @@ from codecage.session import Session
 __version__ = "0.1.0"
 
 __all__ = [
+    "ApprovalRequest",
     "AuditError",
     "BridgeError",
     "CodecageError",

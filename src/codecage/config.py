@@ -69,6 +69,10 @@ max_calls = 200                       # tool calls per run (also max_in_flight, 
 [packages]                            # packages the operator added (`codecage packages`)
 dir = "/srv/codecage/packages"        # default: /var/lib/codecage/packages (root), else
                                       # $XDG_DATA_HOME/codecage/packages
+
+[approval]                            # a person approves high-risk code before it runs
+require = "high"                      # "high", "medium" or "always"; unset: no approval
+timeout = 300                         # seconds to answer; no answer is a denial
 ```
 
 Environment variables: `CODECAGE_<LIMIT>` for each limit, `CODECAGE_PROFILE`,
@@ -96,6 +100,7 @@ from pydantic_core import ErrorDetails
 from codecage.errors import ConfigError
 from codecage.models import (
     SCRUB_CATEGORIES,
+    ApprovalSettings,
     AuditSettings,
     Limits,
     NetworkSettings,
@@ -190,6 +195,9 @@ class ConfigFile(_FileModel):
     sessions: SessionSettings = Field(SessionSettings(), description="Sessions' limits.")
     network: NetworkSettings = Field(NetworkSettings(), description="Egress through the proxy.")
     audit: AuditSettings = Field(AuditSettings(), description="The audit trail.")
+    approval: ApprovalSettings = Field(
+        ApprovalSettings(), description="Human approval of high-risk code."
+    )
     tools: ToolsFile = Field(ToolsFile(), description="Tool trees and allow-list.")
     packages: PackagesFile = Field(PackagesFile(), description="Packages the operator added.")
     sandbox: SandboxFile = Field(SandboxFile(), description="Who sandboxes are on the host.")
@@ -220,6 +228,7 @@ class Settings:
     sessions: SessionSettings = field(default_factory=SessionSettings)
     network: NetworkSettings = field(default_factory=NetworkSettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
+    approval: ApprovalSettings = field(default_factory=ApprovalSettings)
     tools: ToolsFile = field(default_factory=ToolsFile)
     packages: PackagesFile = field(default_factory=PackagesFile)
     sandbox: SandboxFile = field(default_factory=SandboxFile)
@@ -313,6 +322,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
         sessions=parsed.sessions,
         network=parsed.network,
         audit=_audit_settings(parsed.audit, where, env, sources),
+        approval=parsed.approval,
         tools=parsed.tools,
         packages=parsed.packages,
         sandbox=parsed.sandbox,

@@ -55,6 +55,7 @@ from codecage.errors import ConfigError, Face, HostError
 from codecage.isolation import cgroups, datadir, rootfs, seccomp, staging, tmpfs
 from codecage.isolation import identity as identities
 from codecage.models import (
+    ApprovalRequest,
     DoctorReport,
     ErrorInfo,
     Event,
@@ -70,6 +71,7 @@ from codecage.models import (
     Usage,
     ValidationReport,
 )
+from codecage.policy import approval as approvals
 from codecage.policy import profiles
 from codecage.policy import scrub as scrubbing
 from codecage.policy import validate as validation
@@ -113,6 +115,9 @@ class Request:
     # The hosts the run may reach, as `Host.network_for` resolved them; None: no network.
     egress: EgressPolicy | None = None
     caller: Caller = LIBRARY_CALLER  # who asks, for the audit trail
+    # How this face asks a person when [approval] requires it (policy/approval.py); None:
+    # code that needs approval is refused with a ConfigError.
+    approve: approvals.Approver | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -435,7 +440,12 @@ class Host:
         if request.session_id is not None:  # its runs have the session's policy
             session = self.sessions.get(request.session_id, request.client)
             request = dataclasses.replace(request, policy=session.terms.policy)
-        result = redaction.scrub_result(self._result_of(request), self.scrubber)
+        try:
+            produced = self._result_of(request)
+        except approvals.Unavailable as exc:  # on record as blocked, then the face's error
+            self._finished(request, redaction.scrub_result(exc.result, self.scrubber), started_at)
+            raise ConfigError(str(exc), hint=exc.verdict.hint) from None
+        result = redaction.scrub_result(produced, self.scrubber)
         self._finished(request, result, started_at)
         return result
 
@@ -444,6 +454,54 @@ class Host:
             blocked = self._blocked_by_validation(request)
             if blocked is not None:
                 return blocked
+        asked = self.approval_for(request.code, request.caller)
+        if asked is None:
+            return self._run_now(request)
+        verdict = self._ask(request, asked)
+        if verdict.decision != "approved":
+            blocked = approvals.blocked_result(asked, verdict, request.limits, self.backend.name)
+            if verdict.decision == "unavailable":
+                raise approvals.Unavailable(blocked, verdict)
+            return blocked
+        result = self._run_now(request)
+        events = [approvals.event(asked, verdict), *result.events]
+        return result.model_copy(update={"events": events})
+
+    def approval_for(self, code: str, caller: Caller = LIBRARY_CALLER) -> ApprovalRequest | None:
+        """What a person must approve before `code` runs, or None when the config's
+        [approval] does not ask for it (policy/approval.py)."""
+        settings = self.settings.approval
+        if settings.require is None:
+            return None
+        findings = approvals.reaching(self.validate(code, None), settings.require)
+        if findings is None:
+            return None
+        return ApprovalRequest(
+            code=code,
+            code_sha256=approvals.code_sha256(code),
+            findings=findings,
+            require=settings.require,
+            timeout=settings.timeout,
+            caller=caller.label,
+        )
+
+    def _ask(self, request: Request, asked: ApprovalRequest) -> approvals.Verdict:
+        """The face's verdict on `asked`.
+
+        Raises:
+            ConfigError: the face has no way to ask.
+        """
+        if request.approve is None:
+            raise ConfigError(
+                f"this code needs a person's approval ([approval] require = "
+                f"'{asked.require}'; {', '.join(asked.rule_ids) or 'every run'}) and this "
+                "caller has no way to ask one",
+                hint="pass Sandbox(approve=callback), or change the code so that "
+                "`validate` finds nothing at that level",
+            )
+        return request.approve(asked)
+
+    def _run_now(self, request: Request) -> ExecutionResult:
         if request.session_id is not None:
             return self._run_in_session(request)
         return self._execute(request)

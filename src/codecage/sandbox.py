@@ -40,6 +40,7 @@ from codecage.models import (
     ScrubSettings,
     ValidationReport,
 )
+from codecage.policy import approval as approvals
 from codecage.policy.profiles import ImportPolicy
 from codecage.session import Session, open_session
 
@@ -136,6 +137,13 @@ class Sandbox:
             (default: audit.db in codecage's state directory); a path or a
             postgresql:// URL: on, there; False: off. Raises AuditError when the store
             cannot be opened.
+        approve: how a person approves code before it runs, when the config's `[approval]
+            require` asks for it (docs/configuration.md): called with an `ApprovalRequest`
+            (the code, its sha256, the findings), returns True to run it; False, an
+            exception or no answer within `[approval] timeout` seconds is a denial, and the
+            result is `blocked` with an `approval` event. A coroutine function is awaited on
+            the caller's loop under `arun`. Required when `[approval] require` is set
+            (ConfigError without it).
 
     >>> with Sandbox(pool=True) as sandbox:
     ...     sandbox.warm()                      # optional: wait until the pool is ready
@@ -168,8 +176,11 @@ class Sandbox:
         data_dir: str | Path | None = None,
         allow_hosts: Iterable[str] = (),
         audit: bool | str | Path | None = None,
+        approve: approvals.Callback | None = None,
     ) -> None:
         settings = config if isinstance(config, Settings) else load_settings(config)
+        # How this Sandbox's runs ask a person (the CLI puts its terminal prompt here).
+        self.approver = _approver(settings, approve, face)
         self.allowed_tools = tuple(allowed_tools) if allowed_tools is not None else None
         tooling.allow_patterns(self.allowed_tools)  # a malformed one fails here, not in a run
         # Refused before the Host starts a pool that a refusal would leave running.
@@ -352,6 +363,7 @@ class Sandbox:
             on_output=on_output,
             egress=egress,
             caller=self.caller,
+            approve=self.approver,
         )
         result = self.host.run(request)
         return result.with_kept_files(collected[0]) if collected else result
@@ -447,7 +459,7 @@ class Sandbox:
             handler = relay.put
         try:
             result = await asyncio.to_thread(
-                self.run,
+                approvals.on_loop(asyncio.get_running_loop(), self.run),
                 code,
                 limits=limits,
                 filename=filename,
@@ -613,6 +625,27 @@ def _audit_trail(
     if isinstance(audit, str | Path):
         audit_settings = audit_settings.model_copy(update={"store": str(audit)})
     return AuditTrail.open(audit_settings, scrub)
+
+
+def _approver(
+    settings: Settings, approve: approvals.Callback | None, face: Face
+) -> approvals.Approver | None:
+    """The library's approver from `approve`; refused when the config requires approval and
+    a library caller gave no callback (the CLI and the MCP server ask in their own way).
+
+    Raises:
+        ConfigError: approval is required and there is no callback.
+    """
+    if approve is not None:
+        return approvals.from_callback(approve)
+    if settings.approval.require is not None and face == "library":
+        raise ConfigError(
+            f"the config's [approval] require = '{settings.approval.require}': code at that "
+            "level waits for a person, and no one can be asked",
+            hint="pass Sandbox(approve=callback), a function that shows an ApprovalRequest "
+            "to a person and returns True to run the code",
+        )
+    return None
 
 
 def _login_name() -> str:

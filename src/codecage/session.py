@@ -96,6 +96,7 @@ class Session:
             face=self._sandbox.face,
             session_id=self.id,
             on_output=on_output,
+            approve=self._sandbox.approver,
         )
         return self._sandbox.host.run(request)
 

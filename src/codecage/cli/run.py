@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -10,6 +11,7 @@ import typer
 from rich.markup import escape
 
 from codecage import config, displays
+from codecage.cli.approval import TerminalPrompt
 from codecage.cli.logs import configure_logging
 from codecage.cli.options import (
     AllowHostOpt,
@@ -241,6 +243,8 @@ def run(
             audit=audit,
         )
         spinner = progress("starting the sandbox", enabled=not as_json)
+        sandbox.approver = prompt = TerminalPrompt(sys.stdin, sys.stderr)  # [approval]
+        prompt.before_prompt = spinner.stop
         # Human mode prints the output as it comes; --json prints one object at the end.
         live = None if as_json else LiveOutput(raw=raw, before_first=spinner.stop)
         with contextlib.closing(tools), sandbox, spinner:

@@ -27,6 +27,7 @@ from codecage.errors import CodecageError, ConfigError
 from codecage.mcp import files as run_files
 from codecage.mcp.arguments import current_call, refusal
 from codecage.models import ExecutionResult, FileInfo, Limits
+from codecage.policy import approval as approvals
 from codecage.policy.profiles import ImportPolicy
 from codecage.policy.scrub import merge_counts
 from codecage.sandbox import Sandbox
@@ -184,6 +185,7 @@ class Runner:
         caller: Caller = MCP_CALLER,
         on_output: Callable[[str, str], None] | None = None,
         egress: EgressPolicy | None = None,
+        approve: approvals.Approver | None = None,
     ) -> tuple[ExecutionResult, list[ContentBlock]]:
         """One run, as a request to the host runtime. Uploads go into the run's fresh
         workspace (its tmpfs, bounded by workspace_mb, removed with it) before the code runs.
@@ -217,6 +219,7 @@ class Runner:
             on_output=on_output,
             egress=egress,
             caller=caller,
+            approve=approve,  # the verdict the tool obtained ([approval])
         )
         call = current_call.get()
         profile = policy.profile if policy is not None else "session" if session_id else None

@@ -17,11 +17,11 @@ from typing import Annotated, Any, cast
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
-from mcp_types import CallToolResult, ToolAnnotations
+from mcp_types import CallToolResult, InputRequiredResult, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from codecage.isolation import datadir
-from codecage.mcp import callers, progress, reply, sessions
+from codecage.mcp import approval, callers, progress, reply, sessions
 from codecage.mcp.arguments import registrar
 from codecage.mcp.files import (
     MAX_BINARY_FILE_BYTES,
@@ -43,6 +43,7 @@ def tools(runner: Runner) -> list[Tool]:
     made: list[Tool] = []
     tool = registrar(made)
     clients = sessions.Clients()
+    questions = approval.Questions()
     upstream = runner.base.tools is not None
     backends = runner.base.host.call_backends
     backend_help = (
@@ -144,6 +145,11 @@ def tools(runner: Runner) -> list[Tool]:
             )
 
         caller = callers.caller_of(ctx)
+        # [approval]: the client's user decides before the call takes a run slot.
+        decided = await approval.verdict(ctx, runner.base.host, code, caller, questions)
+        if isinstance(decided, InputRequiredResult):
+            # The question (2026-07-28+): the SDK passes it through; the client retries.
+            return cast(CallToolResult, decided)
 
         async def run(on_output: progress.OutputHandler | None) -> Any:
             return await runner.queued(
@@ -160,6 +166,7 @@ def tools(runner: Runner) -> list[Tool]:
                     on_output=on_output,
                     egress=egress,
                     caller=caller,
+                    approve=approval.given(decided),
                 ),
                 cancel,
             )

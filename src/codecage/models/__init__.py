@@ -1,9 +1,16 @@
 """The shapes that cross codecage's boundaries, one module a concern: `settings` (limits,
 pool, scrubbing, serve), `result` (a run's result), `host` (what the host reports),
-`wire` (host<->guest messages: control and tool bridge), `validation` (static validation's report).
+`wire` (host<->guest messages: control and tool bridge), `validation` (static validation's
+report), `approval` (what a person is asked before code runs).
 
 Everything is importable from here, as before the split."""
 
+from codecage.models.approval import (
+    DECISIONS,
+    ApprovalLevel,
+    ApprovalRequest,
+    Decision,
+)
 from codecage.models.host import (
     AddedPackage,
     BackendState,
@@ -39,6 +46,7 @@ from codecage.models.result import (
 from codecage.models.settings import (
     DEFAULT_REPLY_MAX_TOKENS,
     SCRUB_CATEGORIES,
+    ApprovalSettings,
     AuditSettings,
     Limits,
     NetworkLimits,
@@ -78,6 +86,7 @@ from codecage.models.wire import (
 )
 
 __all__ = [
+    "DECISIONS",
     "DEFAULT_REPLY_MAX_TOKENS",
     "DISPLAY_MIME_TYPES",
     "EVENT_KINDS",
@@ -88,6 +97,9 @@ __all__ = [
     "WIRE_VERSION",
     "AddedPackage",
     "Analysis",
+    "ApprovalLevel",
+    "ApprovalRequest",
+    "ApprovalSettings",
     "AuditSettings",
     "BackendState",
     "BridgeAnswer",
@@ -98,6 +110,7 @@ __all__ = [
     "BridgeRequest",
     "CallToolRequest",
     "Ceilings",
+    "Decision",
     "DisplayMime",
     "DisplayOutput",
     "DisplaySource",

@@ -40,6 +40,7 @@ EventKind = Literal[
     "reply_trimmed",
     "display_truncated",
     "session_ended",
+    "approval",
 ]
 """Things worth knowing that happened during a run (see docs/security-model.md)."""
 

@@ -14,6 +14,7 @@ from pydantic import (
 )
 
 from codecage.egress.credentials import Credential
+from codecage.models.approval import ApprovalLevel
 from codecage.models.base import Model
 
 
@@ -340,6 +341,23 @@ def _ip(text: str, name: str) -> None:
         ipaddress.ip_address(text)
     except ValueError:
         raise ValueError(f"[network.resolve] {name}: {text!r} is not an IP address") from None
+
+
+class ApprovalSettings(Model):
+    """Human approval of high-risk code (the config file's [approval] table)."""
+
+    require: ApprovalLevel | None = Field(
+        None,
+        description="Which code waits for a person before it runs: 'high' (a high-severity "
+        "security finding, or code too large to analyse), 'medium' (medium or high), "
+        "'always' (every run). None: no approval.",
+    )
+    timeout: float = Field(
+        300.0,
+        gt=0,
+        le=86_400,
+        description="Seconds a person has to answer; no answer in time is a denial.",
+    )
 
 
 class AuditSettings(Model):

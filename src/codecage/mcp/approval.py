@@ -1,0 +1,180 @@
+"""The MCP server's way of asking a person to approve code ([approval] in the config): MCP
+elicitation (form mode), answered by the client's user with approve yes/no.
+
+Asked before the call takes a run slot (a person may take minutes), on the event loop:
+- protocols before 2026-07-28: an `elicitation/create` request in the middle of the call,
+  given `[approval] timeout` seconds;
+- 2026-07-28 and later: the call returns an `InputRequiredResult` carrying the question
+  (the SDK's resolver machinery: it records what was asked and checks the answer is to that
+  question); the client retries with the answer. The server cannot wait on a client that
+  does not come back, so it keeps each question's deadline (by caller and code hash,
+  bounded) and an answer after it is a timeout.
+
+A client that did not declare the elicitation capability cannot be asked: the verdict is
+"unavailable", which the host puts on record as a blocked run and the tool reports as an
+error saying why. An approval is the client's word: a client may answer without asking
+its user (docs/mcp.md).
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import threading
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from mcp.server.elicitation import AcceptedElicitation, ElicitationResult
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.resolve import (
+    Elicit,
+    Resolve,
+    build_resolver_plans,
+    resolve_arguments,
+)
+from mcp_types import InputRequiredResult
+from mcp_types.version import is_version_at_least
+from pydantic import BaseModel, Field
+
+from codecage.audit import Caller
+from codecage.host import Host
+from codecage.models import ApprovalRequest
+from codecage.output import neutralise_line
+from codecage.policy import approval as approvals
+
+_INPUT_REQUIRED_VERSION = "2026-07-28"
+_MAX_QUESTIONS = 1024  # open questions kept (each: a key and a deadline)
+
+
+class ApprovalForm(BaseModel):
+    """What the client's user answers."""
+
+    approve: bool = Field(
+        title="Run this code?", description="Yes runs the code in the sandbox; no blocks it."
+    )
+
+
+class Questions:
+    """The deadlines of questions asked through an `InputRequiredResult` (2026-07-28 and
+    later), by caller and code hash: a retry within it is an answer, after it a timeout.
+    Bounded: the oldest question goes when there are too many (its late answer is then
+    asked again, never taken as approval)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._deadlines: collections.OrderedDict[tuple[str, str], datetime.datetime] = (
+            collections.OrderedDict()
+        )
+
+    def deadline(self, asked: ApprovalRequest) -> datetime.datetime:
+        """When the answer to `asked` must have come (set the first time it is asked)."""
+        key = (asked.caller, asked.code_sha256)
+        with self._lock:
+            if key not in self._deadlines:
+                now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+                self._deadlines[key] = now + datetime.timedelta(seconds=asked.timeout)
+                while len(self._deadlines) > _MAX_QUESTIONS:
+                    self._deadlines.popitem(last=False)
+            return self._deadlines[key]
+
+    def answered(self, asked: ApprovalRequest) -> None:
+        with self._lock:
+            self._deadlines.pop((asked.caller, asked.code_sha256), None)
+
+
+async def verdict(
+    ctx: Context[Any, Any], host: Host, code: str, caller: Caller, questions: Questions
+) -> approvals.Verdict | InputRequiredResult | None:
+    """The client's verdict on `code`, or None when it needs no approval, or the question
+    to return (2026-07-28 and later, first round).
+
+    Raises:
+        ToolError: the client's answer did not match the question's form.
+    """
+    asked = await anyio.to_thread.run_sync(lambda: host.approval_for(code, caller))
+    if asked is None:
+        return None
+    who = f"{caller.label} (its user, asked by elicitation)"
+    if not _can_elicit(ctx):
+        return _unavailable(asked, caller)
+    version = ctx.protocol_version
+    if version is not None and is_version_at_least(version, _INPUT_REQUIRED_VERSION):
+        return await _by_input_required(ctx, asked, who, questions)
+    with anyio.move_on_after(asked.timeout):
+        outcome = await ctx.elicit(_message(asked, None), ApprovalForm)
+        return _decided(outcome, who)
+    return approvals.Verdict("timeout", who)
+
+
+def given(verdict: approvals.Verdict | None) -> approvals.Approver:
+    """The host's approver for a call whose verdict was obtained before it ran."""
+
+    def approve(asked: ApprovalRequest) -> approvals.Verdict:
+        if verdict is None:  # validation found nothing before, and something now: refuse
+            return approvals.Verdict("unavailable", "", reason="the client was not asked")
+        return verdict
+
+    return approve
+
+
+async def _by_input_required(
+    ctx: Context[Any, Any], asked: ApprovalRequest, who: str, questions: Questions
+) -> approvals.Verdict | InputRequiredResult:
+    deadline = questions.deadline(asked)
+    message = _message(asked, deadline)
+
+    def question() -> Elicit[ApprovalForm]:
+        return Elicit(message, ApprovalForm)
+
+    params = {"approval": (Resolve(question), True)}
+    resolved = await resolve_arguments(params, build_resolver_plans(params, set()), {}, ctx)
+    if isinstance(resolved, InputRequiredResult):
+        return resolved
+    questions.answered(asked)
+    if datetime.datetime.now(datetime.UTC) > deadline:
+        return approvals.Verdict("timeout", who)
+    return _decided(resolved["approval"], who)
+
+
+def _decided(outcome: ElicitationResult[ApprovalForm], who: str) -> approvals.Verdict:
+    if isinstance(outcome, AcceptedElicitation) and outcome.data.approve is True:
+        return approvals.Verdict("approved", who)
+    return approvals.Verdict("denied", who)  # no, declined or cancelled
+
+
+def _can_elicit(ctx: Context[Any, Any]) -> bool:
+    """Whether the client declared form elicitation (a bare `elicitation: {}` counts)."""
+    capabilities = ctx.client_capabilities
+    elicitation = capabilities.elicitation if capabilities is not None else None
+    return elicitation is not None and (elicitation.form is not None or elicitation.url is None)
+
+
+def _unavailable(asked: ApprovalRequest, caller: Caller) -> approvals.Verdict:
+    listed = ", ".join(asked.rule_ids) or "every run"
+    return approvals.Verdict(
+        "unavailable",
+        caller.label,
+        reason=f"approval required: this server has a person approve code before it runs "
+        f"([approval] require = '{asked.require}'; this code: {listed}), and this client "
+        "did not declare the elicitation capability, so its user cannot be asked; nothing ran",
+        hint="use a client that supports MCP elicitation (form mode), or change the code so "
+        "that validate_code reports no finding at that level",
+    )
+
+
+def _message(asked: ApprovalRequest, deadline: datetime.datetime | None) -> str:
+    lines = [
+        f"Approve running this code in the sandbox? The server requires a person's approval "
+        f"([approval] require = '{asked.require}')."
+    ]
+    lines += [
+        f"- line {f.line}: {f.rule_id} ({f.severity}) {neutralise_line(f.message)}"
+        for f in asked.findings
+    ]
+    lines.append(f"Code sha256: {asked.code_sha256}")
+    if deadline is not None:
+        lines.append(f"Answer by {deadline.isoformat()} (later is a denial).")
+    else:
+        lines.append(f"Answer within {asked.timeout:g} s (later is a denial).")
+    return "\n".join(lines)
