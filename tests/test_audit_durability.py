@@ -185,3 +185,35 @@ async def test_fifty_concurrent_mcp_calls_are_each_on_record_exactly_once(tmp_pa
     assert len(ids) == 50 == len(set(ids))
     on_record = recorded_ids(db)
     assert sorted(on_record) == sorted(ids)  # each once: no duplicate, none missing
+
+
+@pytest.fixture
+def read_only_dir(tmp_path: Path) -> Iterator[Path]:
+    """A directory with an audit store in it, then made read-only by a read-only bind mount
+    (root ignores file modes, so a mode would prove nothing)."""
+    if __import__("os").geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root")
+    where = tmp_path / "state"
+    where.mkdir()
+    with Sandbox(audit=where / "audit.db", pool=False) as sandbox:
+        sandbox.run("1")
+    subprocess.run(["mount", "--bind", str(where), str(where)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(where)], check=True)
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_a_read_only_state_directory_stops_serve_with_a_clear_error(read_only_dir: Path) -> None:
+    done = subprocess.run(
+        [CODECAGE, "serve", "--audit", str(read_only_dir / "audit.db")],
+        input="",
+        capture_output=True,
+        text=True,
+        env=server_env(),
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "audit" in done.stderr and "cannot be" in done.stderr
+    assert "--audit off" in done.stderr  # what to do, in flag terms

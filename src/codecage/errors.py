@@ -70,6 +70,7 @@ SETTINGS: dict[str, Spelling] = {
     "data_dir": Spelling(cli="--data", library="data_dir", mcp=None),
     "allow_degraded": Spelling(cli="--allow-degraded", library="allow_degraded", mcp=None),
     "config": Spelling(cli="--config", library="config", mcp=None),
+    "audit": Spelling(cli="--audit", library="audit", mcp=None),
     "session_id": Spelling(cli="codecage session run ID", library="Session.run", mcp="session_id"),
     "reply_max_tokens": Spelling(
         cli="--reply-max-tokens", library="ServerLimits(reply_max_tokens=...)", mcp=None

@@ -135,8 +135,8 @@ class Sandbox:
             (default): as the config's `[audit] enabled` says, else on for face "mcp"
             (`codecage serve`) and off otherwise; True: on, in the config's `[audit] store`
             (default: audit.db in codecage's state directory); a path or a
-            postgresql:// URL: on, there; False: off. Raises AuditError when the store
-            cannot be opened.
+            postgresql:// URL: on, there; False (or "off"): off. Raises AuditError when
+            the store cannot be opened.
         approve: how a person approves code before it runs, when the config's `[approval]
             require` asks for it (docs/configuration.md): called with an `ApprovalRequest`
             (the code, its sha256, the findings), returns True to run it; False, an
@@ -616,6 +616,8 @@ def _audit_trail(
     settings: Settings, audit: bool | str | Path | None, face: Face, scrub: Callable[[str], str]
 ) -> AuditTrail | None:
     """The trail `audit` asks for (see `Sandbox`), opened; None when off."""
+    if isinstance(audit, str) and audit.lower() in ("on", "off"):  # as the CLI spells it
+        audit = audit.lower() == "on"
     wanted = settings.audit.enabled if audit is None else audit is not False
     if wanted is None:
         wanted = face == "mcp"

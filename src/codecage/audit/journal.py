@@ -56,8 +56,8 @@ class Journal:
         except OSError as exc:
             raise AuditError(
                 f"the audit journal in {directory} cannot be made: {exc.strerror or exc}",
-                hint="point [audit] store (or CODECAGE_AUDIT, --audit) at a writable place, "
-                "or turn the trail off (--audit off, audit=False)",
+                hint="point {audit} (or [audit] store, CODECAGE_AUDIT) at a writable place, "
+                "or turn the trail off: {audit=off}",
             ) from exc
 
     def append(self, record: AuditRecord) -> None:

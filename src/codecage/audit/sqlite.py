@@ -66,8 +66,8 @@ class SqliteStore:
         except (OSError, sqlite3.Error) as exc:
             raise AuditError(
                 f"the audit store {self.path} cannot be opened: {exc}",
-                hint="point [audit] store (or CODECAGE_AUDIT, --audit) at a writable place, "
-                "or turn the trail off (--audit off, audit=False)",
+                hint="point {audit} (or [audit] store, CODECAGE_AUDIT) at a writable place, "
+                "or turn the trail off: {audit=off}",
             ) from exc
         return db
 
