@@ -100,6 +100,7 @@ from pydantic_core import ErrorDetails
 from codecage.errors import ConfigError
 from codecage.models import (
     SCRUB_CATEGORIES,
+    AlertSettings,
     ApprovalSettings,
     AuditSettings,
     Limits,
@@ -198,6 +199,7 @@ class ConfigFile(_FileModel):
     approval: ApprovalSettings = Field(
         ApprovalSettings(), description="Human approval of high-risk code."
     )
+    alerts: AlertSettings = Field(AlertSettings(), description="Alerts to a webhook or command.")
     tools: ToolsFile = Field(ToolsFile(), description="Tool trees and allow-list.")
     packages: PackagesFile = Field(PackagesFile(), description="Packages the operator added.")
     sandbox: SandboxFile = Field(SandboxFile(), description="Who sandboxes are on the host.")
@@ -229,6 +231,7 @@ class Settings:
     network: NetworkSettings = field(default_factory=NetworkSettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
     approval: ApprovalSettings = field(default_factory=ApprovalSettings)
+    alerts: AlertSettings = field(default_factory=AlertSettings)
     tools: ToolsFile = field(default_factory=ToolsFile)
     packages: PackagesFile = field(default_factory=PackagesFile)
     sandbox: SandboxFile = field(default_factory=SandboxFile)
@@ -323,6 +326,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
         network=parsed.network,
         audit=_audit_settings(parsed.audit, where, env, sources),
         approval=parsed.approval,
+        alerts=parsed.alerts,
         tools=parsed.tools,
         packages=parsed.packages,
         sandbox=parsed.sandbox,

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from codecage import config, host
 from codecage import kept as kept_files
 from codecage.audit import AuditTrail
+from codecage.audit import alerts as alerting
 from codecage.audit import record as audit_record
 from codecage.bridge import channel as bridge
 from codecage.bridge import tooling
@@ -32,6 +33,7 @@ from codecage.engine import workspace as workspaces
 from codecage.engine.pool import Pool
 from codecage.errors import ConfigError, Face
 from codecage.models import (
+    AlertSettings,
     DoctorReport,
     ExecutionResult,
     FileInfo,
@@ -144,6 +146,11 @@ class Sandbox:
             result is `blocked` with an `approval` event. A coroutine function is awaited on
             the caller's loop under `arun`. Required when `[approval] require` is set
             (ConfigError without it).
+        alerts: tell a webhook or a command when chosen things happen in runs
+            (docs/configuration.md, `[alerts]`): False (default): no alerts; True: as the
+            config's `[alerts]` says; an `AlertSettings`: those. Alerts are recorded in the
+            audit trail when there is one. Raises ConfigError when there is no hook to send
+            to, or the command is not an executable program.
 
     >>> with Sandbox(pool=True) as sandbox:
     ...     sandbox.warm()                      # optional: wait until the pool is ready
@@ -177,8 +184,10 @@ class Sandbox:
         allow_hosts: Iterable[str] = (),
         audit: bool | str | Path | None = None,
         approve: approvals.Callback | None = None,
+        alerts: bool | AlertSettings = False,
     ) -> None:
         settings = config if isinstance(config, Settings) else load_settings(config)
+        alert_settings = alerting.chosen(alerts, settings.alerts)
         # How this Sandbox's runs ask a person (the CLI puts its terminal prompt here).
         self.approver = _approver(settings, approve, face)
         self.allowed_tools = tuple(allowed_tools) if allowed_tools is not None else None
@@ -215,6 +224,7 @@ class Sandbox:
         except BaseException:
             runtime.close()  # its pool is running already
             raise
+        self.alerter = alerting.attach(runtime, alert_settings) if alert_settings else None
         self.limit_sources = dict(runtime.limit_sources)
         if profile is not None:
             self.limit_sources["profile"] = "argument"
@@ -416,6 +426,8 @@ class Sandbox:
         """Stop this Sandbox's own pool, killing its idle sandboxes (a shared one stays),
         and close its audit trail."""
         self.host.close()
+        if self.alerter is not None:  # before the audit trail it records in
+            self.alerter.close()
         if self.host.audit is not None:
             self.host.audit.close()
 

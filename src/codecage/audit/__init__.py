@@ -3,7 +3,8 @@
 `record` (what one execution leaves on record, and who asked: `Caller`), `schema` (the
 tables, shared by every store, and their migrations), `store` (the store interface,
 choosing one, rows to records), `sqlite` and `postgres` (the stores), `trail` (writing
-each finished run before its result returns, retention, a failing store reported).
+each finished run before its result returns, retention, a failing store reported),
+`alerts` (`[alerts]`: a webhook or a command told of chosen events, rate-limited, recorded).
 """
 
 from codecage.audit.record import AuditRecord, Caller, Finished

@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from codecage.audit import alerts as alerting
 from codecage.cli.logs import configure_logging
 from codecage.cli.options import (
     AllowHostOpt,
@@ -163,6 +164,8 @@ def serve(
     )
     try:
         settings = load_config(config_file)
+        # [alerts] checked (its command found) before the pool starts.
+        alert_settings = alerting.chosen(settings.alerts.active, settings.alerts)
         host_servers, _ = servers_of_hosts(mcp_host, mcp_config)
         tools = tool_setup(
             mcp_config,
@@ -187,6 +190,8 @@ def serve(
             allow_host=allow_host,
             audit=audit,
         )
+        if alert_settings is not None:
+            atexit.register(alerting.attach(sandbox.host, alert_settings).close)
         metrics = health.server_metrics(sandbox) if http else None
         app_server = mcp_server.build_server(sandbox, limits=limits, metrics=metrics)
         if not http:

@@ -44,8 +44,10 @@ from codecage.models.result import (
     Usage,
 )
 from codecage.models.settings import (
+    ALERT_TRIGGERS,
     DEFAULT_REPLY_MAX_TOKENS,
     SCRUB_CATEGORIES,
+    AlertSettings,
     ApprovalSettings,
     AuditSettings,
     Limits,
@@ -86,6 +88,7 @@ from codecage.models.wire import (
 )
 
 __all__ = [
+    "ALERT_TRIGGERS",
     "DECISIONS",
     "DEFAULT_REPLY_MAX_TOKENS",
     "DISPLAY_MIME_TYPES",
@@ -96,6 +99,7 @@ __all__ = [
     "STATUSES",
     "WIRE_VERSION",
     "AddedPackage",
+    "AlertSettings",
     "Analysis",
     "ApprovalLevel",
     "ApprovalRequest",

@@ -6,6 +6,7 @@ Defaults live here and only here; the CLI, `info` and the docs read them from th
 from __future__ import annotations
 
 import ipaddress
+import urllib.parse
 from typing import Any, Final
 
 from pydantic import (
@@ -397,4 +398,112 @@ class AuditSettings(Model):
         ge=1,
         description="The oldest records are deleted while the store is larger than this; "
         "None: no bound.",
+    )
+
+
+ALERT_TRIGGERS: Final = (
+    "network_denied",
+    "import_blocked",
+    "degraded_isolation",
+    "validation_high",
+    "client_blocked",
+)
+"""The triggers of `[alerts] on`, besides `status:<status>` (a run that ended so)."""
+_LOOPBACK_NAMES: Final = frozenset({"localhost", "localhost.localdomain"})
+
+
+class AlertSettings(Model):
+    """Alerts to a webhook or a command when chosen things happen (`[alerts]`;
+    docs/configuration.md). Neither `webhook_url` nor `command`: no alerts."""
+
+    webhook_url: str | None = Field(
+        None,
+        description="POST each alert as JSON here: https://, or http:// to a loopback "
+        "address only. Only its host is recorded (a path may hold a secret).",
+    )
+    command: list[str] | None = Field(
+        None,
+        description="Run this argv (no shell) per alert, the alert as JSON on stdin, e.g. "
+        '["/usr/local/bin/page-oncall", "--team", "sec"]. A name without / is looked up '
+        "on PATH when alerts start.",
+    )
+    on: list[str] = Field(
+        ["network_denied", "degraded_isolation", "validation_high", "client_blocked"],
+        description="What alerts: network_denied and import_blocked (repeat_count of them "
+        "from one caller within repeat_window), degraded_isolation, validation_high (a "
+        "high-severity validation finding), client_blocked (a client's call refused), and "
+        "status:<status> (a run that ended so, e.g. status:memory_limit).",
+    )
+    max_per_hour: int = Field(
+        10,
+        ge=1,
+        le=3600,
+        description="Alerts one trigger may send per hour; past it they are suppressed "
+        "(recorded, counted, and the next one sent says how many).",
+    )
+    timeout: float = Field(
+        10.0, gt=0, le=300, description="Seconds one webhook call or command may take."
+    )
+    repeat_count: int = Field(
+        5,
+        ge=1,
+        le=100_000,
+        description="network_denied and import_blocked: events from one caller that make an alert.",
+    )
+    repeat_window: float = Field(
+        600.0,
+        gt=0,
+        le=86_400,
+        description="network_denied and import_blocked: the seconds repeat_count is counted in.",
+    )
+
+    @property
+    def active(self) -> bool:
+        """Whether there is anywhere to send alerts to."""
+        return bool(self.webhook_url or self.command)
+
+    @model_validator(mode="after")
+    def _checked(self) -> AlertSettings:
+        if self.webhook_url is not None:
+            webhook_host(self.webhook_url)
+        if self.command is not None and (not self.command or not self.command[0]):
+            raise ValueError("command must name a program: a non-empty argv list")
+        for trigger in self.on:
+            _check_trigger(trigger)
+        return self
+
+
+def webhook_host(url: str) -> str:
+    """The host of an alert webhook URL (what is recorded of it).
+
+    Raises:
+        ValueError: not https://, or http:// to a host other than loopback.
+    """
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    if parts.scheme not in ("https", "http") or not host:
+        raise ValueError(f"webhook_url must be an https:// URL with a host, not {url[:60]!r}")
+    if parts.scheme == "http" and not _is_loopback(host):
+        raise ValueError(f"webhook_url: http:// is for loopback only ({host} is not); use https://")
+    return host
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_trigger(trigger: str) -> None:
+    from codecage.models.result import STATUSES  # result imports this module: kept local
+
+    kind, _, status = trigger.partition(":")
+    if trigger in ALERT_TRIGGERS or (kind == "status" and status in STATUSES and status != "ok"):
+        return
+    statuses = ", ".join(f"status:{s}" for s in STATUSES if s != "ok")
+    raise ValueError(
+        f"on: unknown trigger {trigger!r}; the triggers are {', '.join(ALERT_TRIGGERS)}, {statuses}"
     )
