@@ -1,9 +1,11 @@
 """The audit trail's tables, the same for SQLite and PostgreSQL, and their versions.
 
 Portable SQL only: times are ISO 8601 UTC text (`2026-11-26T21:18:31.123456+00:00`, which
-sorts as time does), JSON is text, booleans are integers. A store applies the migrations
-above the version it finds (`audit_meta.schema_version`) at open, in one transaction each;
-a store newer than this code is refused, never written.
+sorts as time does), JSON is text, booleans are integers. Byte counts are BIGINT and floats
+DOUBLE PRECISION: PostgreSQL's INTEGER and REAL have 4 bytes (no 2 GiB file; 5.3 MB read
+back as 5.300000190734863), and SQLite reads both names as its INTEGER and REAL. A store
+applies the migrations above the version it finds (`audit_meta.schema_version`) at open,
+in one transaction each; a store newer than this code is refused, never written.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ _V1: Final = (
         allowed_imports TEXT NOT NULL,
         limits TEXT NOT NULL,
         code_sha256 TEXT NOT NULL,
-        code_bytes INTEGER NOT NULL,
+        code_bytes BIGINT NOT NULL,
         code TEXT,
         code_truncated INTEGER NOT NULL,
         status TEXT NOT NULL,
@@ -40,8 +42,8 @@ _V1: Final = (
         error_type TEXT,
         wall_ms INTEGER NOT NULL,
         cpu_ms INTEGER,
-        peak_memory_mb REAL,
-        bytes_written INTEGER NOT NULL,
+        peak_memory_mb DOUBLE PRECISION,
+        bytes_written BIGINT NOT NULL,
         redactions TEXT NOT NULL
     )""",
     "CREATE INDEX IF NOT EXISTS executions_started ON executions (started_at)",
@@ -63,14 +65,14 @@ _V1: Final = (
         tool TEXT NOT NULL,
         status TEXT NOT NULL,
         duration_ms INTEGER,
-        bytes INTEGER,
+        bytes BIGINT,
         PRIMARY KEY (execution_id, seq)
     )""",
     """CREATE TABLE IF NOT EXISTS files (
         execution_id TEXT NOT NULL REFERENCES executions (execution_id) ON DELETE CASCADE,
         seq INTEGER NOT NULL,
         path TEXT NOT NULL,
-        size INTEGER NOT NULL,
+        size BIGINT NOT NULL,
         sha256 TEXT,
         PRIMARY KEY (execution_id, seq)
     )""",

@@ -21,7 +21,17 @@ from typing import Any
 
 from codecage.audit.record import AlertRecord, AuditRecord
 from codecage.audit.schema import EXECUTION_COLUMNS, MIGRATIONS, SCHEMA_VERSION
-from codecage.audit.store import Erasure, Query, child_rows, execution_row, record_from_rows
+from codecage.audit.store import (
+    PRUNE_ROUNDS,
+    Erasure,
+    Query,
+    child_rows,
+    erasure_statements,
+    execution_row,
+    oldest_over,
+    query_where,
+    record_from_rows,
+)
 from codecage.audit.store import timestamp as as_text
 from codecage.errors import AuditError, ConfigError
 
@@ -30,9 +40,12 @@ BUSY_TIMEOUT_MS = 500
 
 # The column lists are this module's constants (never input): S608 does not apply.
 _COLUMNS = ", ".join(EXECUTION_COLUMNS)
+# Only an execution already on record is skipped: OR IGNORE would also drop, silently, a
+# row that breaks NOT NULL.
 _INSERT_EXECUTION = (
-    f"INSERT OR IGNORE INTO executions ({_COLUMNS}) "  # noqa: S608
-    f"VALUES ({', '.join('?' for _ in EXECUTION_COLUMNS)})"
+    f"INSERT INTO executions ({_COLUMNS}) "  # noqa: S608
+    f"VALUES ({', '.join('?' for _ in EXECUTION_COLUMNS)}) "
+    "ON CONFLICT (execution_id) DO NOTHING"
 )
 _SELECT_EXECUTIONS = f"SELECT {_COLUMNS} FROM executions"  # noqa: S608
 
@@ -45,7 +58,11 @@ class SqliteStore:
         self.location = str(path)
         self._lock = threading.Lock()
         self._db = self._connect()
-        self._migrate()
+        try:
+            self._migrate()
+        except BaseException:
+            self._db.close()  # a refused store leaves no open file behind
+            raise
 
     def _connect(self) -> sqlite3.Connection:
         try:
@@ -145,7 +162,7 @@ class SqliteStore:
         return self._whole(found[0]) if found else None
 
     def query(self, query: Query) -> list[AuditRecord]:
-        where, params = _where(query)
+        where, params = query_where(query)
         sql = f"{_SELECT_EXECUTIONS}{where} ORDER BY started_at DESC"
         if query.limit is not None:
             sql += f" LIMIT {int(query.limit)}"
@@ -176,28 +193,10 @@ class SqliteStore:
                 raise AuditError(f"the audit store {self.path} cannot be read: {exc}") from exc
 
     def erase(self, erasure: Erasure) -> int:
-        clauses, params = [], []
-        if erasure.execution_id is not None:
-            clauses.append("execution_id = ?")
-            params.append(erasure.execution_id)
-        if erasure.caller is not None:
-            clauses.append("caller_name = ?")
-            params.append(erasure.caller)
-        if erasure.before is not None:
-            clauses.append("started_at < ?")
-            params.append(as_text(erasure.before))
-        if not clauses:
-            raise ConfigError("an erasure names nothing to erase")
+        """Delete what `erasure` names (its alerts too), then compact the file."""
+        statements = erasure_statements(erasure)
         with self._transaction() as db:
-            # The clauses are this function's own text; only `params` come from the caller.
-            sql = f"DELETE FROM executions WHERE {' AND '.join(clauses)}"  # noqa: S608
-            erased = db.execute(sql, params).rowcount
-            if erasure.caller is not None:
-                alerts = ["caller_name = ?"] + (["at < ?"] if erasure.before else [])
-                db.execute(
-                    f"DELETE FROM alerts WHERE {' AND '.join(alerts)}",  # noqa: S608
-                    [erasure.caller] + ([as_text(erasure.before)] if erasure.before else []),
-                )
+            erased = [db.execute(sql, params).rowcount for sql, params in statements][-1]
         self.compact()
         return erased
 
@@ -210,16 +209,20 @@ class SqliteStore:
                 removed += db.execute(
                     "DELETE FROM executions WHERE started_at < ?", (as_text(older_than),)
                 ).rowcount
-        while max_bytes is not None and self.size_bytes() > max_bytes:
-            with self._transaction() as db:
-                batch = db.execute(
-                    "DELETE FROM executions WHERE execution_id IN (SELECT execution_id "
-                    "FROM executions ORDER BY started_at LIMIT 500)"
-                ).rowcount
-            removed += batch
-            self.compact()
-            if batch == 0:
+        if max_bytes is not None and self.size_bytes() > max_bytes:
+            self.compact()  # the WAL's copies of pages are no records: measure the file
+        for _ in range(PRUNE_ROUNDS if max_bytes is not None else 0):
+            (count,) = self._read("SELECT count(*) FROM executions")[0]
+            excess = oldest_over(self.size_bytes(), count, max_bytes or 0)
+            if excess == 0:
                 break
+            with self._transaction() as db:
+                removed += db.execute(
+                    "DELETE FROM executions WHERE execution_id IN (SELECT execution_id "
+                    "FROM executions ORDER BY started_at LIMIT ?)",
+                    (excess,),
+                ).rowcount
+            self.compact()
         return removed
 
     def size_bytes(self) -> int:
@@ -248,24 +251,3 @@ class SqliteStore:
 def _version(db: sqlite3.Connection) -> int:
     row = db.execute("SELECT value FROM audit_meta WHERE key = 'schema_version'").fetchone()
     return int(row[0]) if row else 0
-
-
-def _where(query: Query) -> tuple[str, list[Any]]:
-    clauses: list[str] = []
-    params: list[Any] = []
-    if query.status is not None:
-        clauses.append("status = ?")
-        params.append(query.status)
-    if query.caller is not None:
-        clauses.append("caller_name = ?")
-        params.append(query.caller)
-    if query.since is not None:
-        clauses.append("started_at >= ?")
-        params.append(as_text(query.since))
-    if query.until is not None:
-        clauses.append("started_at < ?")
-        params.append(as_text(query.until))
-    if query.event_kind is not None:
-        clauses.append("execution_id IN (SELECT execution_id FROM events WHERE kind = ?)")
-        params.append(query.event_kind)
-    return (" WHERE " + " AND ".join(clauses) if clauses else ""), params

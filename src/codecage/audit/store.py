@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -65,6 +66,11 @@ class AuditStore(Protocol):
     def query(self, query: Query) -> list[AuditRecord]: ...
     def erase(self, erasure: Erasure) -> int: ...
     def prune(self, *, older_than: datetime.datetime | None, max_bytes: int | None) -> int: ...
+    def size_bytes(self) -> int:
+        """What `prune`'s `max_bytes` bounds (SQLite: the file and its WAL; PostgreSQL: the
+        rows' bytes)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -99,6 +105,82 @@ def open_store(location: str | Path | None) -> AuditStore:
             hint="give an absolute path to a SQLite file, or a postgresql:// URL",
         )
     return sqlite.SqliteStore(path)
+
+
+# --- the SQL the stores share (`?` placeholders; PostgreSQL translates them) ---------------
+
+
+def query_where(query: Query) -> tuple[str, list[Any]]:
+    """The WHERE clause (or "") of `query` on `executions`, and its parameters."""
+    clauses: list[str] = []
+    params: list[Any] = []
+    if query.status is not None:
+        clauses.append("status = ?")
+        params.append(query.status)
+    if query.caller is not None:
+        clauses.append("caller_name = ?")
+        params.append(query.caller)
+    if query.since is not None:
+        clauses.append("started_at >= ?")
+        params.append(timestamp(query.since))
+    if query.until is not None:
+        clauses.append("started_at < ?")
+        params.append(timestamp(query.until))
+    if query.event_kind is not None:
+        clauses.append("execution_id IN (SELECT execution_id FROM events WHERE kind = ?)")
+        params.append(query.event_kind)
+    return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
+
+
+def erasure_statements(erasure: Erasure) -> list[tuple[str, list[Any]]]:
+    """The DELETEs of `erasure`, in order, the executions' last (its row count is the number
+    erased; their events, tool calls and files go with them, ON DELETE CASCADE). Alerts go
+    when they match the erasure's fields themselves (an alert's time is its `at`) or belong
+    to an erased execution.
+
+    Raises:
+        ConfigError: the erasure names nothing.
+    """
+    matches = [
+        (column, value)
+        for column, value in (
+            ("execution_id", erasure.execution_id),
+            ("caller_name", erasure.caller),
+        )
+        if value is not None
+    ]
+    if not matches and erasure.before is None:
+        raise ConfigError(
+            "an erasure names nothing to erase",
+            hint="name an execution id, a caller, a time before which to erase, or several",
+        )
+    before = [timestamp(erasure.before)] if erasure.before is not None else []
+    fields = [f"{column} = ?" for column, _ in matches]
+    values = [value for _, value in matches]
+    executions = " AND ".join(fields + (["started_at < ?"] if before else []))
+    alerts = " AND ".join(fields + (["at < ?"] if before else []))
+    # Both clauses are built here from column names; only the values come from the caller.
+    return [
+        (
+            f"DELETE FROM alerts WHERE ({alerts}) OR execution_id IN "  # noqa: S608
+            f"(SELECT execution_id FROM executions WHERE {executions})",
+            [*values, *before, *values, *before],
+        ),
+        (f"DELETE FROM executions WHERE {executions}", [*values, *before]),  # noqa: S608
+    ]
+
+
+PRUNE_ROUNDS = 5
+"""Pruning by size deletes the estimated excess, then measures again, at most this often."""
+
+
+def oldest_over(size_bytes: int, records: int, max_bytes: int) -> int:
+    """How many of the oldest of `records` to delete to bring a store of `size_bytes` under
+    `max_bytes`, by their mean size (0 when under it). An estimate: the store measures again
+    after deleting them."""
+    if size_bytes <= max_bytes or records == 0:
+        return 0
+    return min(records, math.ceil((size_bytes - max_bytes) * records / size_bytes))
 
 
 # --- records as rows, and back: shared by the stores -------------------------------------------
