@@ -320,6 +320,13 @@ def test_pruning_by_age_deletes_only_the_older_records(store: AuditStore) -> Non
     assert store.prune(older_than=None, max_bytes=None) == 0
 
 
+def test_pruning_by_age_deletes_the_older_alerts_too(store: AuditStore) -> None:
+    for n in range(1, 6):
+        store.write_alert(alert(n))
+    store.prune(older_than=T0 + datetime.timedelta(minutes=3), max_bytes=None)
+    assert alert_ids(store) == ["alert-0003", "alert-0004", "alert-0005"]
+
+
 def test_pruning_by_size_deletes_the_oldest_until_the_store_fits(store: AuditStore) -> None:
     for n in range(60):  # random text: compression cannot make it small
         store.write([record(n, code=secrets.token_hex(2048))])

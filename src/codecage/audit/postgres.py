@@ -297,6 +297,8 @@ class PostgresStore:
             removed += self._delete(
                 "DELETE FROM executions WHERE started_at < %s", (as_text(older_than),)
             )
+            # Alerts age out as records do (not counted: they are no executions).
+            self._delete("DELETE FROM alerts WHERE at < %s", (as_text(older_than),))
         for _ in range(PRUNE_ROUNDS if max_bytes is not None else 0):
             excess = self._excess(max_bytes or 0)
             if excess == 0:

@@ -209,6 +209,8 @@ class SqliteStore:
                 removed += db.execute(
                     "DELETE FROM executions WHERE started_at < ?", (as_text(older_than),)
                 ).rowcount
+                # Alerts age out as records do (not counted: they are no executions).
+                db.execute("DELETE FROM alerts WHERE at < ?", (as_text(older_than),))
         if max_bytes is not None and self.size_bytes() > max_bytes:
             self.compact()  # the WAL's copies of pages are no records: measure the file
         for _ in range(PRUNE_ROUNDS if max_bytes is not None else 0):
