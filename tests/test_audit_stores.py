@@ -489,3 +489,17 @@ def test_a_sandbox_run_lands_in_postgresql(
     assert kept is not None
     assert [(f.path, f.size) for f in kept.files] == [("out.txt", 3)]
     assert kept.code is not None and "bob@example.com" not in kept.code
+
+
+def test_events_added_later_follow_the_records_own(store: AuditStore) -> None:
+    written = record(1)
+    store.write([written])
+    later = RecordedEvent(kind="reply_trimmed", detail="cut to fit", data={"tokens": 2000})
+    store.add_events(written.execution_id, [later])
+    store.add_events("exec-none", [later])  # no such record: nothing
+    got = store.get(written.execution_id)
+    assert got is not None and got.events == [*written.events, later]
+    assert store.get("exec-none") is None
+    assert store.select("SELECT count(*) FROM events WHERE execution_id = ?", ("exec-none",)) == [
+        (0,)
+    ]

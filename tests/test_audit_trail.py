@@ -133,3 +133,34 @@ def test_query_filters_by_status_caller_and_event_kind(tmp_path: Path) -> None:
         assert len(store.query(Query())) == 2
     finally:
         store.close()
+
+
+def test_a_trimmed_mcp_reply_is_on_the_record_too(tmp_path: Path) -> None:
+    """The reply is made after the record: the trail adds its reply_trimmed event."""
+    db = tmp_path / "audit.db"
+    call = {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "execute_code", "arguments": {"code": "print('x' * 200_000)"}},
+    }
+    messages = [INITIALIZE, {"jsonrpc": "2.0", "method": "notifications/initialized"}, call]
+    with subprocess.Popen(
+        [CODECAGE, "serve", "--audit", str(db), "--reply-max-tokens", "2000"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=server_env(),
+        cwd=tmp_path,
+    ) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write("".join(json.dumps(m) + "\n" for m in messages))
+        proc.stdin.flush()
+        answers = [json.loads(proc.stdout.readline()) for _ in range(2)]
+        proc.stdin.close()
+        proc.wait(timeout=60)
+    kinds = [e["kind"] for e in answers[-1]["result"]["structuredContent"]["events"]]
+    assert "reply_trimmed" in kinds
+    recorded = rows(db, "SELECT kind FROM events")
+    assert ("reply_trimmed",) in recorded

@@ -26,12 +26,14 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.numeric import FloatLoader
 
-from codecage.audit.record import AlertRecord, AuditRecord
+from codecage.audit.record import AlertRecord, AuditRecord, RecordedEvent
 from codecage.audit.schema import EXECUTION_COLUMNS, MIGRATIONS, SCHEMA_VERSION
 from codecage.audit.store import (
+    ADD_EVENT_SQL,
     PRUNE_ROUNDS,
     Erasure,
     Query,
+    added_event_params,
     child_rows,
     erasure_statements,
     execution_row,
@@ -225,6 +227,16 @@ class PostgresStore:
                 row,
             ),
         )
+
+    def add_events(self, execution_id: str, events: Sequence[RecordedEvent]) -> None:
+        sql = ADD_EVENT_SQL.replace("?", "%s")
+
+        def add(db: Connection) -> None:
+            with db.transaction(), db.cursor() as cur:
+                for event in events:
+                    cur.execute(sql, added_event_params(execution_id, event))
+
+        self._call("written", add)
 
     # --- reading -----------------------------------------------------------------------
 

@@ -19,12 +19,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from codecage.audit.record import AlertRecord, AuditRecord
+from codecage.audit.record import AlertRecord, AuditRecord, RecordedEvent
 from codecage.audit.schema import EXECUTION_COLUMNS, MIGRATIONS, SCHEMA_VERSION
 from codecage.audit.store import (
+    ADD_EVENT_SQL,
     PRUNE_ROUNDS,
     Erasure,
     Query,
+    added_event_params,
     child_rows,
     erasure_statements,
     execution_row,
@@ -153,6 +155,11 @@ class SqliteStore:
                     alert.outcome,
                 ),
             )
+
+    def add_events(self, execution_id: str, events: Sequence[RecordedEvent]) -> None:
+        with self._transaction() as db:
+            for event in events:
+                db.execute(ADD_EVENT_SQL, added_event_params(execution_id, event))
 
     def select(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self._read(sql, params)

@@ -57,6 +57,11 @@ class AuditStore(Protocol):
 
     def write(self, records: Sequence[AuditRecord]) -> None: ...
     def write_alert(self, alert: AlertRecord) -> None: ...
+    def add_events(self, execution_id: str, events: Sequence[RecordedEvent]) -> None:
+        """Append events to a record already written (what the face learnt after the run,
+        e.g. a trimmed MCP reply); nothing when there is no such record."""
+        ...
+
     def select(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Rows of a read-only query written with `?` placeholders (portable SQL: the
         views of `audit.views` run on every store)."""
@@ -217,6 +222,20 @@ def child_rows(
     ]
     files = [(rid, i, f.path, f.size, f.sha256) for i, f in enumerate(record.files)]
     return events, calls, files
+
+
+ADD_EVENT_SQL = (
+    "INSERT INTO events (execution_id, seq, kind, detail, data) "
+    "SELECT x.execution_id, "
+    "(SELECT COALESCE(MAX(seq), -1) + 1 FROM events WHERE execution_id = ?), ?, ?, ? "
+    "FROM executions x WHERE x.execution_id = ?"
+)
+"""One event after a record's others (portable: `?` placeholders, each store translates)."""
+
+
+def added_event_params(execution_id: str, event: RecordedEvent) -> tuple[Any, ...]:
+    data = json.dumps(event.data, sort_keys=True) if event.data else None
+    return (execution_id, event.kind, event.detail, data, execution_id)
 
 
 def record_from_rows(

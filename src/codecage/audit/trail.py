@@ -24,10 +24,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from codecage import forks
 from codecage.audit import journal as journals
-from codecage.audit.record import AuditRecord, Finished, record_of
+from codecage.audit.record import AuditRecord, Finished, RecordedEvent, record_of
 from codecage.audit.store import AuditStore, open_store
 from codecage.errors import AuditError
 from codecage.models import AuditSettings
@@ -45,6 +46,12 @@ CHECK_WAIT_S = 2.0
 """How long a run waits, while a required trail fails, for the writer's retry."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Note:
+    execution_id: str
+    events: list[RecordedEvent]
+
+
 class AuditTrail:
     """The store, its journal and the rules of `[audit]`, for one host process."""
 
@@ -56,7 +63,7 @@ class AuditTrail:
         self._scrub = scrub
         self._journal = journals.Journal(journals.directory_for(store.location))
         self._cond = threading.Condition()
-        self._waiting: collections.deque[AuditRecord] = collections.deque()
+        self._waiting: collections.deque[AuditRecord | _Note] = collections.deque()
         self._writing = 0  # records the writer took and has not finished with
         self._unjournaled = False  # a record is in memory only (the journal failed)
         self._failure: str | None = None  # why the store (or journal) failed, while it does
@@ -133,6 +140,16 @@ class AuditTrail:
                         log.error("audit.record_lost", extra={"store": self.store.location})
                 self._cond.notify()
 
+    def note(self, execution_id: str, events: list[RecordedEvent]) -> None:
+        """Add `events` to a record written (or waiting) already: what a face learnt after
+        the run (the MCP reply trimmed). Written after the record; not journaled (a note
+        lost to a crash loses no run)."""
+        if not events:
+            return
+        with self._cond:
+            self._waiting.append(_Note(execution_id, events))
+            self._cond.notify()
+
     def flush(self, timeout: float = CLOSE_WAIT_S) -> bool:
         """Wait until the store has every record so far; False on timeout (it fails)."""
         deadline = time.monotonic() + timeout
@@ -172,11 +189,14 @@ class AuditTrail:
             if time.monotonic() - self._pruned_at >= PRUNE_EVERY_S:
                 self._prune()
 
-    def _write(self, batch: list[AuditRecord]) -> bool:
+    def _write(self, batch: list[AuditRecord | _Note]) -> bool:
         if not batch:
             return True
         try:
-            self.store.write(batch)
+            self.store.write([r for r in batch if isinstance(r, AuditRecord)])
+            for note in batch:
+                if isinstance(note, _Note):
+                    self.store.add_events(note.execution_id, note.events)
         except AuditError as exc:
             self._failed(str(exc))
             return False

@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp_types import ContentBlock
+from mcp_types import CallToolResult, ContentBlock
 
 from codecage import host
 from codecage.audit import Caller, tracing
 from codecage.audit.metrics import ServerMetrics
+from codecage.audit.record import RecordedEvent
 from codecage.egress.rules import EgressPolicy
 from codecage.errors import CodecageError, ConfigError
 from codecage.mcp import files as run_files
@@ -52,6 +53,20 @@ class Runner:
     metrics: ServerMetrics | None = None  # serve --http's /metrics: the queue's waits
     policies: dict[str, ImportPolicy | None] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def note_trimmed(self, execution_id: str, built: CallToolResult) -> None:
+        """Put the reply's `reply_trimmed` event on the run's audit record (the reply is
+        made after the record: the trail adds it)."""
+        trail = self.base.host.audit
+        if trail is None:
+            return
+        events = (built.structured_content or {}).get("events") or []
+        trimmed = [
+            RecordedEvent(kind="reply_trimmed", detail=str(e.get("detail", "")))
+            for e in events
+            if isinstance(e, dict) and e.get("kind") == "reply_trimmed"
+        ]
+        trail.note(execution_id, trimmed)
 
     def __post_init__(self) -> None:
         if self.base.policy is not None:

@@ -173,7 +173,9 @@ def tools(runner: Runner) -> list[Tool]:
 
         # With a progressToken: progress and log notifications while it runs (mcp/progress.py).
         result, extra = await progress.reporting(ctx, run)
-        return reply.build(result, extra, budget)
+        built = reply.build(result, extra, budget)
+        runner.note_trimmed(result.execution_id, built)
+        return built
 
     sessions.register(tool, runner, clients, budget)
 
