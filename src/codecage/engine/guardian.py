@@ -61,6 +61,11 @@ def ensure() -> None:
     _guardian.get()
 
 
+def watcher_pids() -> list[int]:
+    """The guardian processes this process started (tests tell them from sandboxes)."""
+    return [watcher.pid for watcher in _watchers]
+
+
 def sweep_after(pid: int) -> int:
     """In the guardian: remove what the (dead) process `pid` left. Returns how many."""
 
