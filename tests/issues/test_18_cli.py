@@ -188,13 +188,32 @@ def _runtime_closure() -> set[str]:
     return seen
 
 
+# Modules imported only when their extra is wanted (the store by a postgresql:// URL), each
+# with the extra that installs what it imports; the test below checks that.
+_OPTIONAL_MODULES = {"audit/postgres.py": "postgres"}
+
+
 def _third_party_imports() -> set[str]:
     found: set[str] = set()
     for path in (ROOT / "src" / "codecage").rglob("*.py"):
         if "guest" in path.parts:  # runs inside the sandbox, on the stdlib only
             continue
+        if path.relative_to(ROOT / "src" / "codecage").as_posix() in _OPTIONAL_MODULES:
+            continue
         found |= top_level_imports(path)
     return found - set(sys.stdlib_module_names) - {"codecage", "servers", "__future__"}
+
+
+def test_a_module_of_an_extra_imports_only_what_its_extra_installs() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    owners = metadata.packages_distributions()
+    for module, extra in _OPTIONAL_MODULES.items():
+        wanted = {Requirement(r).name.lower() for r in project["optional-dependencies"][extra]}
+        imports = top_level_imports(ROOT / "src" / "codecage" / module)
+        third = imports - set(sys.stdlib_module_names) - {"codecage", "__future__"}
+        for name in third:
+            dists = {d.lower() for d in owners.get(name, [])}
+            assert dists & wanted, f"{module} imports {name}, not installed by [{extra}]"
 
 
 def test_every_module_the_host_imports_comes_with_pip_install() -> None:

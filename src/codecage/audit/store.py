@@ -98,8 +98,13 @@ def open_store(location: str | Path | None) -> AuditStore:
     """
     text = str(location) if location is not None else ""
     if text.startswith(("postgresql://", "postgres://")):
-        from codecage.audit import postgres  # the driver is an optional dependency
-
+        try:
+            from codecage.audit import postgres  # the driver is an optional dependency
+        except ImportError as exc:
+            raise ConfigError(
+                f"a PostgreSQL audit store needs its driver: {exc}",
+                hint="pip install 'codecage[postgres]' (psycopg), or use a SQLite file",
+            ) from exc
         return postgres.connect(text)
     from codecage.audit import sqlite
 
