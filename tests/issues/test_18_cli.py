@@ -190,7 +190,7 @@ def _runtime_closure() -> set[str]:
 
 # Modules imported only when their extra is wanted (the store by a postgresql:// URL), each
 # with the extra that installs what it imports; the test below checks that.
-_OPTIONAL_MODULES = {"audit/postgres.py": "postgres"}
+_OPTIONAL_MODULES = {"audit/postgres.py": "postgres", "audit/web.py": "web"}
 
 
 def _third_party_imports() -> set[str]:

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, TextIO
 
 import typer
+import uvicorn
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from codecage.audit import AuditStore, Erasure, Query, journal, open_store, views
+from codecage.audit import AuditStore, Erasure, Query, journal, open_store, views, web
 from codecage.audit.record import AuditRecord
 from codecage.audit.store import default_location
 from codecage.cli.logs import configure_logging
@@ -230,6 +232,63 @@ def audit_erase(
         print(f"erased {erased} record{'s' if erased != 1 else ''}; {trail.location} compacted")
 
 
+@app.command("web")
+def audit_web(
+    store: StoreOpt = None,
+    host: Annotated[
+        str, typer.Option("--host", help="Address to bind; not loopback: needs --token-env.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to bind.")] = 8001,
+    token_env: Annotated[
+        str | None,
+        typer.Option(
+            "--token-env",
+            metavar="VAR",
+            help="The environment variable holding the token every request must carry "
+            "(HTTP Basic's password, or Bearer).",
+        ),
+    ] = None,
+    config_file: ConfigOpt = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """A read-only web view of a SQLite audit store (Datasette): recent runs, failures,
+    denials, tool calls, and a chart of runs and failures per hour. Works offline.
+
+    Examples:
+
+        codecage audit web                      # http://127.0.0.1:8001
+
+        WEB_TOKEN=... codecage audit web --host 0.0.0.0 --token-env WEB_TOKEN
+    """
+    configure_logging(verbose)
+    try:
+        token = _token(token_env)
+        web.check_bind(host, token)
+        location = _location(store, config_file)
+        if location.startswith(("postgresql://", "postgres://")):
+            raise ConfigError(
+                "the web view reads a SQLite store",
+                hint="point Grafana or Metabase at the PostgreSQL tables (docs/audit.md)",
+            )
+        asgi = web.app(Path(location), token)
+    except CodecageError as exc:
+        fail(exc, as_json=False, verbose=verbose)
+    stderr.print(f"codecage audit web on http://{host}:{port}/ (read-only)", markup=False)
+    uvicorn.run(asgi, host=host, port=port, log_level="warning")
+
+
+def _token(variable: str | None) -> str | None:
+    if variable is None:
+        return None
+    value = os.environ.get(variable, "")
+    if not value.strip():
+        raise ConfigError(
+            f"--token-env {variable}: the variable is unset or empty",
+            hint=f"export {variable}=<a long random token> first",
+        )
+    return value.strip()
+
+
 # --- helpers -----------------------------------------------------------------------------
 
 
@@ -252,6 +311,12 @@ def _reading(
 
 
 def _open(store: str | None, config_file: Path | None) -> AuditStore:
+    return open_store(_location(store, config_file))
+
+
+def _location(store: str | None, config_file: Path | None) -> str:
+    """--store, else the config's (CODECAGE_AUDIT included), else the default; a SQLite
+    path must exist (reading never makes an empty store)."""
     settings = load_config(config_file)
     location = store or settings.audit.store or str(default_location())
     if not location.startswith(("postgresql://", "postgres://")):
@@ -263,7 +328,7 @@ def _open(store: str | None, config_file: Path | None) -> AuditStore:
                 f"{default_location()} unless its config says otherwise)",
             )
         location = str(path.resolve())
-    return open_store(location)
+    return location
 
 
 def _query(

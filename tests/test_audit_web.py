@@ -1,0 +1,189 @@
+"""`codecage audit web`: Datasette over a real audit store, seen by headless Chromium with the
+network cut off (the page and its chart need nothing from outside), read-only, and behind a
+token when it binds beyond loopback."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime
+import os
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from codecage import Sandbox
+from codecage.audit import Query, open_store
+from codecage.audit.web import CHART_FRAGMENT
+from test_server import CODECAGE, free_port, server_env
+
+CHROMIUM = shutil.which("chromium")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
+
+WIDTH, HEIGHT = 1200, 900
+
+
+@dataclass
+class Store:
+    db: Path
+    run_ids: list[str]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """Real runs, and copies of one spread over the last day (a chart needs several hours)."""
+    db = tmp_path_factory.mktemp("web") / "audit.db"
+    with Sandbox(audit=db, pool=False, profile="basic") as sandbox:
+        runs = [sandbox.run("print('fine')"), sandbox.run("1 / 0"), sandbox.run("import socket")]
+    trail = open_store(db)
+    template = trail.query(Query(limit=1))[0]
+    now = datetime.datetime.now(datetime.UTC)
+    spread = [
+        template.model_copy(
+            update={
+                "execution_id": uuid.uuid4().hex,
+                "started_at": now - datetime.timedelta(hours=hours),
+                "status": "error" if hours % 3 == 0 else "ok",
+            }
+        )
+        for hours in range(1, 25)
+        for _ in range(hours % 4 + 1)
+    ]
+    trail.write(spread)
+    trail.close()
+    return Store(db, [r.execution_id for r in runs])
+
+
+@contextlib.contextmanager
+def serving(db: Path, *args: str, **env: str) -> Iterator[str]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with subprocess.Popen(
+        [CODECAGE, "audit", "web", "--store", str(db), "--port", str(port), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=server_env(**env),
+    ) as proc:
+        try:
+            deadline = time.monotonic() + 30
+            while fetch(url + "/-/versions.json")[0] == 0:
+                assert proc.poll() is None, "codecage audit web exited"
+                assert time.monotonic() < deadline, "codecage audit web did not listen"
+                time.sleep(0.1)
+            yield url
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+def fetch(url: str, **headers: str) -> tuple[int, str]:
+    """(status, body) of a GET; status 0 when nothing answered."""
+    request = urllib.request.Request(url, headers=headers)  # noqa: S310 - http only
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 - http only
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, str(exc.headers.get("WWW-Authenticate", ""))
+    except OSError:
+        return 0, ""
+
+
+def chromium(*args: str) -> subprocess.CompletedProcess[str]:
+    assert CHROMIUM is not None
+    return subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--window-size={WIDTH},{HEIGHT}",
+            "--virtual-time-budget=8000",
+            # Nothing but this machine resolves: a page that needed a CDN would break.
+            "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_runs_page_lists_the_runs(store: Store) -> None:
+    with serving(store.db) as url:
+        done = chromium("--dump-dom", f"{url}/audit/recent_runs")
+    assert done.returncode == 0, done.stderr[-2000:]
+    for run_id in store.run_ids:
+        assert run_id in done.stdout
+    assert "import_blocked" in done.stdout
+
+
+def test_the_chart_of_runs_per_hour_renders_offline(store: Store, tmp_path: Path) -> None:
+    from PIL import Image
+
+    shot = tmp_path / "chart.png"
+    with serving(store.db) as url:
+        done = chromium(f"--screenshot={shot}", f"{url}/audit/runs_per_hour{CHART_FRAGMENT}")
+    assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
+    with Image.open(shot) as image:
+        assert image.size == (WIDTH, HEIGHT)
+        chart_area = image.convert("HSV").crop((60, 540, 700, 770))
+        saturation = chart_area.getchannel("S").histogram()
+        coloured = sum(saturation[81:])
+    # The bars fill much of that area; without a chart it holds the table's text on white.
+    assert coloured > 10_000, f"no chart drawn ({coloured} coloured pixels)"
+
+
+def test_browsing_never_changes_the_store(store: Store) -> None:
+    before = (store.db.stat().st_mtime_ns, store.db.read_bytes())
+    with serving(store.db) as url:
+        for page in ("/audit/recent_runs", "/audit/failures", "/audit/denials", "/audit"):
+            assert fetch(url + page)[0] == 200
+    assert (store.db.stat().st_mtime_ns, store.db.read_bytes()) == before
+
+
+def test_another_address_needs_a_token(store: Store) -> None:
+    done = subprocess.run(
+        [CODECAGE, "audit", "web", "--store", str(store.db), "--host", "0.0.0.0"],  # noqa: S104
+        capture_output=True,
+        text=True,
+        env=server_env(),
+        timeout=60,
+    )
+    assert done.returncode == 2 and "--token-env" in done.stderr
+
+
+def test_with_a_token_every_request_must_carry_it(store: Store) -> None:
+    token = uuid.uuid4().hex
+    page = "/audit/recent_runs"
+    with serving(store.db, "--token-env", "WEB_TOKEN", WEB_TOKEN=token) as url:
+        status, challenge = fetch(url + page)
+        assert status == 401 and "Basic" in challenge
+        wrong = base64.b64encode(b"x:" + b"0" * 32).decode()
+        assert fetch(url + page, Authorization=f"Basic {wrong}")[0] == 401
+        assert fetch(url + page, Authorization=f"Bearer {token[:-1]}")[0] == 401
+        basic = base64.b64encode(f"operator:{token}".encode()).decode()
+        for header in (f"Basic {basic}", f"Bearer {token}"):
+            status, body = fetch(url + page, Authorization=header)
+            assert status == 200 and store.run_ids[0] in body
+
+
+def test_a_postgresql_store_is_refused_with_what_to_use(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [CODECAGE, "audit", "web", "--store", "postgresql://nobody@127.0.0.1:1/none"],
+        capture_output=True,
+        text=True,
+        env=server_env(),
+        timeout=60,
+    )
+    assert done.returncode == 2 and "Grafana" in done.stderr
+    assert os.environ.get("WEB_TOKEN") is None
