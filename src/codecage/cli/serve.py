@@ -206,6 +206,7 @@ def serve(
             sandbox=sandbox,
             metrics=metrics,
             metrics_public=metrics_public,
+            clients=settings.serve.clients,
         )
     except CodecageError as exc:
         fail(exc, as_json=False, verbose=verbose)

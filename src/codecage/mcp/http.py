@@ -23,7 +23,6 @@ slowly it arrives. Here:
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import resource
@@ -33,6 +32,9 @@ from typing import Any, ClassVar
 import anyio
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from codecage.mcp.callers import SCOPE_CLIENT_KEY
+from codecage.mcp.clients import ClientTokens
 
 log = logging.getLogger(__name__)
 
@@ -256,13 +258,15 @@ class RequestGate:
         self,
         app: Any,
         *,
-        token: str | None,
+        token: str | None = None,
+        tokens: ClientTokens | None = None,
         max_body_bytes: int,
         max_in_flight: int = MAX_BODY_BYTES_IN_FLIGHT,
         body_idle_timeout: float = BODY_IDLE_TIMEOUT,
     ) -> None:
         self.app = app
-        self._expected = f"Bearer {token}".encode() if token else None
+        # `token` alone is the one client "default"; `tokens` names every client.
+        self._tokens = tokens or ClientTokens.load({}, token)
         self.max_body_bytes = max_body_bytes
         self.max_in_flight = max_in_flight
         self.body_idle_timeout = body_idle_timeout
@@ -275,14 +279,15 @@ class RequestGate:
         held = _Held()
         try:
             headers = dict(scope.get("headers") or [])
-            if self._expected is not None and not hmac.compare_digest(
-                headers.get(b"authorization", b""), self._expected
-            ):
-                raise _Refused(
-                    401,
-                    "unauthorized: send Authorization: Bearer <token>",
-                    (b"www-authenticate", b"Bearer"),
-                )
+            if self._tokens is not None:
+                client = self._tokens.identify(headers.get(b"authorization", b""))
+                if client is None:
+                    raise _Refused(
+                        401,
+                        "unauthorized: send Authorization: Bearer <token>",
+                        (b"www-authenticate", b"Bearer"),
+                    )
+                scope[SCOPE_CLIENT_KEY] = client  # who, for the audit trail and its limits
             declared = self._declared_length(headers)
             body = await self._read_body(receive, declared, held)
         except _Refused as refused:

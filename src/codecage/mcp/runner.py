@@ -27,6 +27,7 @@ from codecage.egress.rules import EgressPolicy
 from codecage.errors import CodecageError, ConfigError
 from codecage.mcp import files as run_files
 from codecage.mcp.arguments import current_call, refusal
+from codecage.mcp.clients import ClientLimits
 from codecage.models import ExecutionResult, FileInfo, Limits
 from codecage.policy import approval as approvals
 from codecage.policy.profiles import ImportPolicy
@@ -51,6 +52,7 @@ class Runner:
     slots: anyio.Semaphore
     waiting: int = 0
     metrics: ServerMetrics | None = None  # serve --http's /metrics: the queue's waits
+    client_limits: ClientLimits | None = None  # [serve.clients.NAME]'s bounds (HTTP)
     policies: dict[str, ImportPolicy | None] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -67,6 +69,53 @@ class Runner:
             if isinstance(e, dict) and e.get("kind") == "reply_trimmed"
         ]
         trail.note(execution_id, trimmed)
+
+    # --- named HTTP clients ([serve.clients.NAME], mcp/clients.py) --------------------------
+
+    def named_client(self, caller: Caller) -> str | None:
+        """The [serve.clients] name of an HTTP caller, or None (stdio, or no clients)."""
+        return caller.name if caller.kind == "http" and caller.name else None
+
+    def within_client(
+        self, client: str | None, timeout: float | None, memory_mb: int | None
+    ) -> tuple[float | None, int | None]:
+        """A call's timeout and memory within its client's bounds: above them it is refused;
+        unasked, the server's default is lowered to the bound.
+
+        Raises:
+            ToolError: the call asks for more than its client may.
+        """
+        limits = self.client_limits
+        bounds = limits.bounds(client) if limits is not None else None
+        if limits is None or bounds is None:
+            return timeout, memory_mb
+        try:
+            limits.check_request(client, memory_mb=memory_mb, timeout=timeout)
+        except CodecageError as exc:
+            raise ToolError(refusal(exc)) from exc
+        default = self.base.limits
+        if timeout is None and bounds.max_timeout and default.timeout > bounds.max_timeout:
+            timeout = bounds.max_timeout
+        if memory_mb is None and bounds.max_memory_mb and default.memory_mb > bounds.max_memory_mb:
+            memory_mb = bounds.max_memory_mb
+        return timeout, memory_mb
+
+    def admit(self, client: str | None) -> None:
+        """Count the call against its client's rate and concurrent runs (`release` after).
+
+        Raises:
+            ToolError: the client is over its rate or at its concurrent runs; says when to retry.
+        """
+        if self.client_limits is None:
+            return
+        try:
+            self.client_limits.admit(client)
+        except CodecageError as exc:
+            raise ToolError(refusal(exc)) from exc
+
+    def release(self, client: str | None) -> None:
+        if self.client_limits is not None:
+            self.client_limits.done(client)
 
     def __post_init__(self) -> None:
         if self.base.policy is not None:

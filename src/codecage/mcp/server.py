@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,12 +20,14 @@ from mcp.server.mcpserver import MCPServer
 from pydantic import ValidationError
 
 from codecage import __version__
+from codecage.audit import alerts as alerting
 from codecage.audit.metrics import ServerMetrics
 from codecage.errors import ConfigError
 from codecage.mcp import health, tools
 from codecage.mcp import http as http_serving
+from codecage.mcp.clients import ClientLimits, ClientTokens
 from codecage.mcp.runner import Runner
-from codecage.models import ServeSettings
+from codecage.models import ClientSettings, ServeSettings
 from codecage.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
@@ -92,8 +95,15 @@ def build_server(
             hint="set {reply_max_tokens} from 2000 to 240000 (the default is 20000)",
         ) from exc
     server_limits = dataclasses.replace(server_limits, reply_max_tokens=budget)
+    alerter = alerting.of(base.host)
     runner = Runner(
-        base=base, limits=server_limits, slots=anyio.Semaphore(server_limits.max_concurrent)
+        base=base,
+        limits=server_limits,
+        slots=anyio.Semaphore(server_limits.max_concurrent),
+        client_limits=ClientLimits(
+            base.settings.serve.clients,
+            on_refused=alerter.client_blocked if alerter is not None else None,
+        ),
     )
     if metrics is not None:
         _count_into(metrics, runner)
@@ -148,6 +158,7 @@ def http_app(
     sandbox: Sandbox | None = None,
     metrics: ServerMetrics | None = None,
     metrics_public: bool = False,
+    clients: Mapping[str, ClientSettings] | None = None,
 ) -> Any:
     """The streamable HTTP app at /mcp (DNS-rebinding protection from the SDK), behind
     `http_serving.RequestGate`: the bearer token checked before any body is read, and
@@ -161,9 +172,11 @@ def http_app(
     `--insecure-no-token`) waives it on loopback only.
 
     Raises:
-        ConfigError: no token, and not waived (or not on loopback).
+        ConfigError: no token, and not waived (or not on loopback); a named client's
+            token variable is unset or empty, or two clients share a token.
     """
-    if not token:
+    tokens = ClientTokens.load(clients or {}, token)
+    if tokens is None:
         if host not in LOOPBACK_HOSTS:
             raise ConfigError(
                 f"refusing to serve on {host} without a token: anyone who reaches it could "
@@ -190,7 +203,7 @@ def http_app(
     private = {p: r for p, r in routes.items() if p not in public}
     gated = http_serving.RequestGate(
         health.Endpoints(app, private) if private else app,
-        token=token,
+        tokens=tokens,
         max_body_bytes=MAX_HTTP_BODY_BYTES,
     )
     return health.Endpoints(gated, public) if public else gated

@@ -128,6 +128,9 @@ def tools(runner: Runner) -> list[Tool]:
         uploads = decode_uploads(files or {})
         cancel = threading.Event()
         client = clients.key(ctx)
+        caller = callers.caller_of(ctx)
+        named = runner.named_client(caller)  # an HTTP client of [serve.clients]: its bounds
+        bounded_timeout, bounded_memory = runner.within_client(named, timeout, memory_limit_mb)
         if session_id is not None:
             _refuse_session_arguments(
                 profile=profile,
@@ -136,15 +139,14 @@ def tools(runner: Runner) -> list[Tool]:
                 backend=backend,
                 allow_hosts=allow_hosts,
             )
-            run_limits = runner.session_limits(session_id, client, timeout)
+            run_limits = runner.session_limits(session_id, client, bounded_timeout)
             policy, egress = None, None
         else:
-            run_limits = runner.call_limits(timeout, memory_limit_mb)
+            run_limits = runner.call_limits(bounded_timeout, bounded_memory)
             egress, policy = runner.network_for(
                 runner.policy_for(profile, allowed_imports), allow_hosts
             )
 
-        caller = callers.caller_of(ctx)
         # [approval]: the client's user decides before the call takes a run slot.
         decided = await approval.verdict(ctx, runner.base.host, code, caller, questions)
         if isinstance(decided, InputRequiredResult):
@@ -171,8 +173,12 @@ def tools(runner: Runner) -> list[Tool]:
                 cancel,
             )
 
-        # With a progressToken: progress and log notifications while it runs (mcp/progress.py).
-        result, extra = await progress.reporting(ctx, run)
+        runner.admit(named)  # its rate and concurrent runs count from here (queued too)
+        try:
+            # With a progressToken: progress and log notifications while it runs.
+            result, extra = await progress.reporting(ctx, run)
+        finally:
+            runner.release(named)
         built = reply.build(result, extra, budget)
         runner.note_trimmed(result.execution_id, built)
         return built

@@ -6,11 +6,13 @@ Defaults live here and only here; the CLI, `info` and the docs read them from th
 from __future__ import annotations
 
 import ipaddress
+import re
 import urllib.parse
 from typing import Any, Final
 
 from pydantic import (
     Field,
+    field_validator,
     model_validator,
 )
 
@@ -94,6 +96,31 @@ class Limits(Model):
 DEFAULT_REPLY_MAX_TOKENS = 20_000
 
 
+CLIENT_NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
+class ClientSettings(Model):
+    """One named HTTP client of `codecage serve --http` ([serve.clients.NAME])."""
+
+    token_env: str = Field(
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$",
+        description="The environment variable holding this client's bearer token (tokens are "
+        "never written in the config file).",
+    )
+    runs_per_minute: int | None = Field(
+        None, ge=1, le=100_000, description="Runs it may start in any 60 s; None: no bound."
+    )
+    max_concurrent: int | None = Field(
+        None, ge=1, le=1024, description="Its runs at once (queued ones count); None: no bound."
+    )
+    max_memory_mb: int | None = Field(
+        None, ge=32, description="The most memory one of its runs may ask for."
+    )
+    max_timeout: float | None = Field(
+        None, gt=0, description="The longest timeout one of its runs may ask for, in seconds."
+    )
+
+
 class ServeSettings(Model):
     """Settings of `codecage serve` (the config file's [serve] table)."""
 
@@ -118,6 +145,22 @@ class ServeSettings(Model):
         "(absolute; not /, nor above or inside codecage's own state); None: no /data. "
         "`serve --data DIR` overrides it.",
     )
+    clients: dict[str, ClientSettings] = Field(
+        {},
+        description="Named HTTP clients, each with its own token and limits "
+        "([serve.clients.NAME]); its name goes into the audit trail.",
+    )
+
+    @field_validator("clients")
+    @classmethod
+    def _client_names(cls, value: dict[str, ClientSettings]) -> dict[str, ClientSettings]:
+        for name in value:
+            if not re.fullmatch(CLIENT_NAME_PATTERN, name):
+                raise ValueError(
+                    f"serve.clients.{name[:80]!r}: a client's name is 1-64 letters, digits, "
+                    "'_', '.', '-'"
+                )
+        return value
 
 
 class SessionSettings(Model):
