@@ -21,6 +21,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from codecage import AuditError, Sandbox
 from codecage.audit import journal, open_store
+from codecage.mcp import health
 from test_server import CODECAGE, INITIALIZE, server_env, serving_http, structured
 
 pytestmark = pytest.mark.anyio
@@ -137,6 +138,7 @@ def test_a_required_trail_refuses_runs_while_its_store_fails(small_disk: Path) -
         unrecorded = sandbox.run(big_code(1))  # this one's write fails: it ran already
         with pytest.raises(AuditError, match="required"):
             sandbox.run("print('refused')")
+        assert "audit" in (health.host_readiness(sandbox.host).reason or "")  # /readyz: 503
         filler.unlink()
         again = sandbox.run("print('accepted again')")
     assert again.status == "ok"

@@ -69,8 +69,12 @@ def readiness(missing: tuple[str, ...] | None, pool: PoolState | None) -> Readin
 
 
 def host_readiness(host: Host) -> Readiness:
-    """`readiness` of this host now. Its first call may run the self-test (once per
-    process): call it off the event loop."""
+    """`readiness` of this host now: not ready either while an audit trail the operator
+    required cannot be written (its runs are refused). Its first call may run the self-test
+    (once per process): call it off the event loop."""
+    audit = host.audit
+    if audit is not None and audit.settings.required and audit.failure is not None:
+        return Readiness(False, "the required audit trail cannot be written")
     missing = host.selftest_missing()
     return readiness(missing, host.pool.state() if host.pool is not None else None)
 
