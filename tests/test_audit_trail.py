@@ -164,3 +164,14 @@ def test_a_trimmed_mcp_reply_is_on_the_record_too(tmp_path: Path) -> None:
     assert "reply_trimmed" in kinds
     recorded = rows(db, "SELECT kind FROM events")
     assert ("reply_trimmed",) in recorded
+
+
+def test_info_says_whether_runs_are_on_record_and_where(tmp_path: Path) -> None:
+    db = tmp_path / "audit.db"
+    with Sandbox(audit=db, pool=False) as sandbox:
+        state = sandbox.info().audit
+    assert state is not None and state.enabled and state.store == str(db)
+    assert state.failure is None
+    with Sandbox(audit=False, pool=False) as sandbox:
+        off = sandbox.info().audit
+    assert off is not None and not off.enabled

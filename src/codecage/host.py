@@ -56,6 +56,7 @@ from codecage.isolation import cgroups, datadir, rootfs, seccomp, staging, tmpfs
 from codecage.isolation import identity as identities
 from codecage.models import (
     ApprovalRequest,
+    AuditState,
     DoctorReport,
     ErrorInfo,
     Event,
@@ -844,6 +845,18 @@ class Host:
             sessions=self.settings.sessions,
             open_sessions=self.sessions.open_count(),
             network=self._network_state(),
+            audit=self._audit_state(),
+        )
+
+    def _audit_state(self) -> AuditState:
+        trail = self.audit
+        if trail is None:
+            return AuditState(enabled=False)
+        return AuditState(
+            enabled=True,
+            store=trail.store.location,
+            required=trail.settings.required,
+            failure=trail.failure,
         )
 
     def _network_state(self) -> NetworkState:

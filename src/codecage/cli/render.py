@@ -19,6 +19,7 @@ from codecage import config, displays
 from codecage import packages as added
 from codecage.errors import CodecageError, ConfigError
 from codecage.models import (
+    AuditState,
     DoctorReport,
     ExecutionResult,
     HostInfo,
@@ -221,12 +222,23 @@ def render_info(report: HostInfo) -> None:
         )
     if report.network is not None:
         _render_network(out, report.network)
+    if report.audit is not None:
+        _render_audit(out, report.audit)
     if report.packages:
         listed = ", ".join(f"{p.name}=={p.version}" for p in report.packages if p.requested)
         extra = sum(1 for p in report.packages if not p.requested)
         out.print(f"added packages: {listed} (+{extra} dependencies)", markup=False)
     else:
         out.print("added packages: none (`codecage packages add NAME`)", markup=False)
+
+
+def _render_audit(out: Console, audit: AuditState) -> None:
+    if not audit.enabled:
+        out.print("audit: off (--audit PATH, [audit]; `codecage serve` keeps one)", markup=False)
+        return
+    required = ", required" if audit.required else ""
+    failing = f"; FAILING: {audit.failure}" if audit.failure else ""
+    out.print(f"audit: every run on record in {audit.store}{required}{failing}", markup=False)
 
 
 def _render_network(out: Console, network: NetworkState) -> None:

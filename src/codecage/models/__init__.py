@@ -13,6 +13,7 @@ from codecage.models.approval import (
 )
 from codecage.models.host import (
     AddedPackage,
+    AuditState,
     BackendState,
     Ceilings,
     DoctorReport,
@@ -106,6 +107,7 @@ __all__ = [
     "ApprovalRequest",
     "ApprovalSettings",
     "AuditSettings",
+    "AuditState",
     "BackendState",
     "BridgeAnswer",
     "BridgeClosed",

@@ -51,6 +51,15 @@ class ScrubState(Model):
     source: str = Field(description="Where the setting came from (default, file, env, argument).")
 
 
+class AuditState(Model):
+    """The audit trail of this process (`[audit]`, docs/audit.md)."""
+
+    enabled: bool
+    store: str | None = Field(None, description="Its store: a path, or a URL without password.")
+    required: bool = False
+    failure: str | None = Field(None, description="Why the store cannot be written, if so.")
+
+
 class NetworkState(Model):
     """Which hosts runs may reach here (`[network]` and the operator's grants); all empty:
     no run has network."""
@@ -203,6 +212,7 @@ class HostInfo(Model):
     network: NetworkState | None = Field(
         None, description="Which hosts runs may reach (the config's [network], the grants)."
     )
+    audit: AuditState | None = Field(None, description="Whether runs are put on record, where.")
 
 
 class ProbeResult(Model):
