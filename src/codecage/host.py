@@ -23,7 +23,6 @@ import json
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -69,7 +68,6 @@ from codecage.models import (
     PoolState,
     ScrubSettings,
     ToolsState,
-    Usage,
     ValidationReport,
 )
 from codecage.policy import approval as approvals
@@ -722,20 +720,8 @@ class Host:
             return None
         refusing = [f for f in report.findings if f.severity == "high"] or report.findings
         listing = "\n".join(f"line {f.line}:{f.col} {f.rule_id} {f.message}" for f in refusing[:50])
-        return ExecutionResult(
-            execution_id=uuid.uuid4().hex,
-            status="blocked",
-            exit_code=None,
-            signal=None,
-            stdout="",
-            stderr="",
-            stdout_truncated=False,
-            stderr_truncated=False,
-            return_value=None,
+        return ExecutionResult.blocked(
             error=ErrorInfo(type="ValidationError", message=report.message, traceback=listing),
-            files=[],
-            usage=Usage(wall_ms=0, cpu_ms=None, peak_memory_mb=None),
-            limits=request.limits,
             events=[
                 Event(
                     kind="validation_finding",
@@ -743,6 +729,7 @@ class Host:
                 )
                 for f in refusing[:50]
             ],
+            limits=request.limits,
             backend=self.backend.name,
         )
 

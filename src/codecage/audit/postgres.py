@@ -27,7 +27,12 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.numeric import FloatLoader
 
 from codecage.audit.record import AlertRecord, AuditRecord, RecordedEvent
-from codecage.audit.schema import EXECUTION_COLUMNS, MIGRATIONS, SCHEMA_VERSION
+from codecage.audit.schema import (
+    EXECUTION_COLUMNS,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    migrations_after,
+)
 from codecage.audit.store import (
     ADD_EVENT_SQL,
     PRUNE_ROUNDS,
@@ -171,16 +176,8 @@ class PostgresStore:
                     "SELECT value FROM audit_meta WHERE key = 'schema_version'"
                 ).fetchone()
                 found = int(row[0]) if row else 0
-                if found > SCHEMA_VERSION:
-                    raise ConfigError(
-                        f"the audit store {self.location} has schema version {found}; this "
-                        f"codecage knows up to {SCHEMA_VERSION}",
-                        hint="upgrade codecage, or point [audit] store at another database",
-                    )
-                for version, statements in MIGRATIONS:
-                    if version > found:
-                        for statement in statements:
-                            db.execute(statement)
+                for statement in migrations_after(found, self.location):
+                    db.execute(statement)
                 if found < SCHEMA_VERSION:
                     db.execute(
                         "INSERT INTO audit_meta VALUES ('schema_version', %s) "

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from codecage.errors import ConfigError
+
 SCHEMA_VERSION: Final = 1
 
 _V1: Final = (
@@ -94,6 +96,23 @@ _V1_ALERTS: Final = (
 
 MIGRATIONS: Final[tuple[tuple[int, tuple[str, ...]], ...]] = ((1, _V1 + _V1_ALERTS),)
 """(version, statements) in order: each brings a store from the version before to it."""
+
+
+def migrations_after(found: int, location: str) -> list[str]:
+    """The statements that bring a store of schema version `found` (0: empty) to
+    `SCHEMA_VERSION`, in order.
+
+    Raises:
+        ConfigError: the store is newer than this codecage (it is never written then).
+    """
+    if found > SCHEMA_VERSION:
+        raise ConfigError(
+            f"the audit store {location} has schema version {found}; this codecage knows up "
+            f"to {SCHEMA_VERSION}",
+            hint="upgrade codecage, or point [audit] store at another store",
+        )
+    return [sql for version, statements in MIGRATIONS if version > found for sql in statements]
+
 
 EXECUTION_COLUMNS: Final = (
     "execution_id",

@@ -20,7 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from codecage.audit.record import AlertRecord, AuditRecord, RecordedEvent
-from codecage.audit.schema import EXECUTION_COLUMNS, MIGRATIONS, SCHEMA_VERSION
+from codecage.audit.schema import (
+    EXECUTION_COLUMNS,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    migrations_after,
+)
 from codecage.audit.store import (
     ADD_EVENT_SQL,
     PRUNE_ROUNDS,
@@ -35,7 +40,7 @@ from codecage.audit.store import (
     record_from_rows,
 )
 from codecage.audit.store import timestamp as as_text
-from codecage.errors import AuditError, ConfigError
+from codecage.errors import AuditError
 
 BUSY_TIMEOUT_MS = 500
 """How long a write waits for another process's transaction before it fails."""
@@ -94,16 +99,8 @@ class SqliteStore:
         with self._transaction() as db:
             db.execute(MIGRATIONS[0][1][0])  # audit_meta, to read the version from
             found = _version(db)
-            if found > SCHEMA_VERSION:
-                raise ConfigError(
-                    f"the audit store {self.path} has schema version {found}; this codecage "
-                    f"knows up to {SCHEMA_VERSION}",
-                    hint="upgrade codecage, or point [audit] store at another file",
-                )
-            for version, statements in MIGRATIONS:
-                if version > found:
-                    for statement in statements:
-                        db.execute(statement)
+            for statement in migrations_after(found, str(self.path)):
+                db.execute(statement)
             if found < SCHEMA_VERSION:
                 db.execute(
                     "INSERT OR REPLACE INTO audit_meta VALUES ('schema_version', ?)",

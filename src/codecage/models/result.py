@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -312,6 +313,30 @@ class ExecutionResult(Model):
                 partial), a link or a file is in the way, or this result kept no files.
         """
         return self._kept_files().save(Path(directory), overwrite=overwrite, partial=partial)
+
+    @classmethod
+    def blocked(
+        cls, *, error: ErrorInfo, events: list[Event], limits: Limits, backend: str
+    ) -> ExecutionResult:
+        """The result of code refused before it ran (validation, approval): `blocked`,
+        nothing ran, nothing used."""
+        return cls(
+            execution_id=uuid.uuid4().hex,
+            status="blocked",
+            exit_code=None,
+            signal=None,
+            stdout="",
+            stderr="",
+            stdout_truncated=False,
+            stderr_truncated=False,
+            return_value=None,
+            error=error,
+            files=[],
+            usage=Usage(wall_ms=0, cpu_ms=None, peak_memory_mb=None),
+            limits=limits,
+            events=events,
+            backend=backend,
+        )
 
     def with_kept_files(self, kept: KeptFiles) -> ExecutionResult:
         """This result, holding `kept` for `read_file` and `save_files`."""

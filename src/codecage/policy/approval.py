@@ -29,7 +29,6 @@ import inspect
 import logging
 import os
 import threading
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -43,7 +42,6 @@ from codecage.models import (
     ExecutionResult,
     Finding,
     Limits,
-    Usage,
     ValidationReport,
 )
 
@@ -128,26 +126,15 @@ def blocked_result(
 ) -> ExecutionResult:
     """The result of code a person did not approve: `blocked`, nothing ran."""
     recorded = event(asked, verdict)
-    return ExecutionResult(
-        execution_id=uuid.uuid4().hex,
-        status="blocked",
-        exit_code=None,
-        signal=None,
-        stdout="",
-        stderr="",
-        stdout_truncated=False,
-        stderr_truncated=False,
-        return_value=None,
+    return ExecutionResult.blocked(
         error=ErrorInfo(
             type="ApprovalDenied",
             message=f"not run: approval required ([approval] require = '{asked.require}'), "
             f"{recorded.detail}",
             traceback=asked.describe(),
         ),
-        files=[],
-        usage=Usage(wall_ms=0, cpu_ms=None, peak_memory_mb=None),
-        limits=limits,
         events=[recorded],
+        limits=limits,
         backend=backend,
     )
 
