@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from codecage.audit.record import AuditRecord
 from codecage.audit.store import AuditStore, default_location
+from codecage.engine.launch import process_alive
 from codecage.errors import AuditError
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ def _orphans(directory: Path) -> list[Path]:
     found = []
     for entry in entries:
         head = entry.name.partition("-")[0]
-        if entry.name.endswith(SUFFIX) and head.isdigit() and not _alive(int(head)):
+        if entry.name.endswith(SUFFIX) and head.isdigit() and not process_alive(int(head)):
             found.append(entry)
     return found
 
@@ -149,13 +150,3 @@ def _read(journal: Path) -> list[AuditRecord]:
         except ValidationError:
             log.error("audit.journal_line_skipped", extra={"journal": str(journal)})
     return records
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -345,10 +345,11 @@ def sweep_stale_runs() -> int:
 def _owned_by_dead_process(name: str) -> bool:
     """Run dirs and cgroups are named "<host pid>-...": is that process gone?"""
     head, _, _ = name.partition("-")
-    return head.isdigit() and not _alive(int(head))
+    return head.isdigit() and not process_alive(int(head))
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process `pid` exists (another user's too; a zombie counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
