@@ -17,7 +17,7 @@ from pathlib import Path
 from urllib.parse import quote, quote_plus
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from codecage.errors import ConfigError
@@ -32,6 +32,7 @@ from codecage.policy.scrub import (
     Vault,
     merge_counts,
 )
+from codecage.policy.scrub.detectors import _CARD_WORDS as CARD_CONTEXT
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRUB = Scrubber()
@@ -926,6 +927,10 @@ def test_scrub_value_bounds_its_depth() -> None:
     )
 )
 def test_scrub_value_agrees_with_scrubbing_each_string_on_its_own(value: object) -> None:
+    # A card word anywhere in the value is context for the digits near it (a key "card"
+    # before a bare card number: detectors.card_context), which one string alone lacks.
+    assume(not CARD_CONTEXT.search(json.dumps(value, default=str).lower()))
+
     def each(v: object) -> object:
         if isinstance(v, str):
             return SCRUB.scrub(v).text

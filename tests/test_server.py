@@ -681,6 +681,15 @@ def left_behind(server_pid: int) -> dict[str, list[str]]:
     return {key: value for key, value in found.items() if value}
 
 
+def gone_soon(server_pid: int, seconds: float = 10) -> dict[str, list[str]]:
+    """What the server left behind once nothing more goes within `seconds` (its own
+    cleanup, or its guardian's after a SIGKILL: engine/guardian.py)."""
+    deadline = time.monotonic() + seconds
+    while (left := left_behind(server_pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
 @pytest.fixture(scope="module")
 def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
     """`codecage serve --http --host 127.0.0.1 --token secret`."""

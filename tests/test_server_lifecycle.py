@@ -27,7 +27,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, TextContent
 
-from test_server import CODECAGE, INITIALIZE, left_behind, server_env, serving_http
+from test_server import CODECAGE, INITIALIZE, gone_soon, left_behind, server_env, serving_http
 
 pytestmark = pytest.mark.anyio
 
@@ -265,14 +265,6 @@ def test_a_stdio_client_closing_as_the_sdks_do_leaves_nothing_even_with_an_empty
         proc.wait(timeout=30)
     # Cleaned up by the server itself, or (if the SIGKILL came first) by its guardian.
     assert gone_soon(proc.pid) == {}
-
-
-def gone_soon(server_pid: int, seconds: float = 10) -> dict[str, list[str]]:
-    """What the server left behind, once nothing more goes within `seconds`."""
-    deadline = time.monotonic() + seconds
-    while (left := left_behind(server_pid)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return left
 
 
 def test_a_server_killed_with_sigkill_leaves_nothing_behind(tmp_path: Path) -> None:
