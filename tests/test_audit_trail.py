@@ -175,3 +175,13 @@ def test_info_says_whether_runs_are_on_record_and_where(tmp_path: Path) -> None:
     with Sandbox(audit=False, pool=False) as sandbox:
         off = sandbox.info().audit
     assert off is not None and not off.enabled
+
+
+def test_a_tool_calls_duration_is_kept_though_the_bridge_gives_a_float() -> None:
+    from codecage.audit.record import _tool_call
+
+    call = _tool_call(
+        {"server": "s", "tool": "t", "status": "ok", "duration_ms": 12.6, "request_bytes": 10}
+    )
+    assert call.duration_ms == 13 and call.bytes == 10
+    assert _tool_call({"duration_ms": float("nan"), "result_bytes": True}).duration_ms is None

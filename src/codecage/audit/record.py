@@ -196,8 +196,10 @@ def _kept_code(
 
 def _tool_call(data: dict[str, Any]) -> RecordedToolCall:
     def as_int(key: str) -> int | None:
-        value = data.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
+        value = data.get(key)  # the bridge gives durations as floats (ms), sizes as ints
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        return round(value) if value == value and abs(value) < 2**62 else None  # not NaN/inf
 
     sizes = [n for n in (as_int("request_bytes"), as_int("result_bytes")) if n is not None]
     return RecordedToolCall(
