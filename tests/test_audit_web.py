@@ -187,3 +187,11 @@ def test_a_postgresql_store_is_refused_with_what_to_use(tmp_path: Path) -> None:
     )
     assert done.returncode == 2 and "Grafana" in done.stderr
     assert os.environ.get("WEB_TOKEN") is None
+
+
+def test_a_page_that_rebinds_its_name_to_loopback_cannot_read_the_view(store: Store) -> None:
+    """DNS rebinding: the operator's browser, on a hostile page, asks 127.0.0.1 with the
+    page's own name in Host. The view answers loopback names only."""
+    with serving(store.db) as url:
+        assert fetch(url + "/audit/recent_runs", Host="evil.example")[0] == 403
+        assert fetch(url + "/audit/recent_runs", Host="localhost:8001")[0] == 200

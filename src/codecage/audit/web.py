@@ -6,10 +6,12 @@ queries an operator wants first (recent runs, failures, denials by kind, tool ca
 failures per hour over the last week) and charts of the latter drawn by datasette-vega, whose
 JavaScript is bundled in the package: the page needs no network. `audit_meta` is hidden.
 
-It binds to loopback by default. Any other address needs a token (`--token-env VAR`): each
-request must carry it, as HTTP Basic's password (what a browser prompts for) or a Bearer
-token; it is compared in constant time and never logged. A PostgreSQL store has no web view
-here: point Grafana or Metabase at its tables (docs/audit.md).
+It binds to loopback by default, and then answers only requests whose Host is a loopback
+name (a page that rebinds its own name to 127.0.0.1 cannot read it through the operator's
+browser). Any other address needs a token (`--token-env VAR`): each request must carry it, as
+HTTP Basic's password (what a browser prompts for) or a Bearer token; it is compared in
+constant time, never logged, and taken off the request before Datasette sees it. A
+PostgreSQL store has no web view here: point Grafana or Metabase at its tables.
 """
 
 from __future__ import annotations
@@ -141,29 +143,58 @@ def app(store: Path, token: str | None) -> ASGIApp:
         settings={"allow_download": False, "allow_csv_stream": False},
     )
     asgi: ASGIApp = datasette.app()
-    return _guarded(asgi, token) if token else asgi
+    return _guarded(asgi, token)
 
 
-def _guarded(inner: ASGIApp, token: str) -> ASGIApp:
-    expected = token.encode()
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "[::1]"})
+
+
+def _guarded(inner: ASGIApp, token: str | None) -> ASGIApp:
+    """What reaches Datasette. With a token: only requests that carry it (401 otherwise),
+    and without their Authorization header (Datasette's error pages print a request's
+    headers). Without one (a loopback view): only requests whose Host is a loopback name,
+    so a web page that rebinds its own name to 127.0.0.1 (DNS rebinding) cannot read the
+    trail through the operator's browser (403 otherwise)."""
+    expected = token.encode() if token else None
 
     async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not _carries(scope, expected):
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 401,
-                    "headers": [
-                        (b"content-type", b"text/plain"),
-                        (b"www-authenticate", b'Basic realm="codecage audit"'),
-                    ],
-                }
-            )
-            await send({"type": "http.response.body", "body": b"a token is needed\n"})
+        if scope["type"] == "lifespan":
+            await inner(scope, receive, send)
             return
-        await inner(scope, receive, send)
+        headers = list(scope.get("headers", []))
+        if expected is not None:
+            status = None if _carries(scope, expected) else 401
+        else:
+            status = None if _loopback_host(headers) else 403
+        if status is None:
+            kept = [(k, v) for k, v in headers if bytes(k).lower() != b"authorization"]
+            await inner({**scope, "headers": kept}, receive, send)
+        elif scope["type"] == "http":
+            await _refuse(send, status)
+        else:  # a websocket (Datasette has none)
+            await send({"type": "websocket.close", "code": 1008})
 
     return guarded
+
+
+def _loopback_host(headers: list[tuple[bytes, bytes]]) -> bool:
+    host = next((bytes(v) for k, v in headers if bytes(k).lower() == b"host"), b"")
+    name = host.decode("latin-1").lower()
+    if name.rpartition(":")[2].isdigit():
+        name = name.rpartition(":")[0]
+    return name in LOOPBACK_NAMES
+
+
+async def _refuse(send: Send, status: int) -> None:
+    headers = [(b"content-type", b"text/plain")]
+    if status == 401:  # a browser then asks for a login
+        headers.append((b"www-authenticate", b'Basic realm="codecage audit"'))
+    body = {
+        401: b"a token is needed: Authorization: Bearer TOKEN (or Basic, TOKEN as password)\n",
+        403: b"this view answers only to a loopback name (127.0.0.1, localhost)\n",
+    }[status]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _carries(scope: Scope, expected: bytes) -> bool:
