@@ -377,3 +377,14 @@ def test_a_data_dir_the_sandbox_cannot_read_is_refused_before_any_run(tmp_path: 
         pytest.skip("the sandbox runs as the caller's own id, which can read it")
     with pytest.raises(ConfigError, match="cannot be read by the sandbox"):
         Sandbox(pool=False, data_dir=hidden)
+
+
+def test_a_config_file_does_not_make_every_data_dir_overlap(data_dir: Path, tmp_path: Path) -> None:
+    """The directories above the config file (/ among them) are not codecage's state: a data
+    directory elsewhere is fine; one holding the config file is refused."""
+    config = tmp_path / "config.toml"
+    config.write_text("[limits]\ntimeout = 20\n", encoding="utf-8")
+    with Sandbox(pool=False, data_dir=data_dir, config=config) as sb:
+        assert sb.run("print(open('/data/hello.txt').read())").stdout == "hello data\n"
+    with pytest.raises(ConfigError, match="overlaps"):
+        Sandbox(pool=False, data_dir=tmp_path, config=config)

@@ -257,11 +257,14 @@ class Host:
 
     def _state_dirs(self) -> list[Path]:
         """codecage's own places, which a data directory must neither be in nor hold."""
+        # The config file and the places one is looked for (files: a data directory must not
+        # hold them); not the directories above them, which hold everything (/ among them).
+        config_files = [self.settings.config_file] if self.settings.config_file else []
         places = [
             private_parent(),
             staging.STAGE_ROOT,
             rootfs.cache_dir(),
-            *self.settings.config_lookups,
+            *config_files,
             *self.settings.config_searched,
         ]
         return places + ([self.packages_dir] if self.packages_dir is not None else [])
