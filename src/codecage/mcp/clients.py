@@ -8,8 +8,8 @@ would time which one matched), and no token is ever logged. The gate (`mcp.http`
 name in the request's scope (`callers.SCOPE_CLIENT_KEY`): the audit record names it, and
 `ClientLimits` bound its runs: per minute (a sliding window), at once, and the largest
 memory and timeout a call may ask for. A refusal is a tool error that says when to retry
-(what a model can act on; an HTTP 429 reaches the SDK as a transport failure), and is told
-to `on_refused` (the alerts' `client_blocked`).
+(content the model reads in every client; docs/mcp.md weighs it against an HTTP 429), and is
+told to `on_refused` (the alerts' `client_blocked`).
 """
 
 from __future__ import annotations
