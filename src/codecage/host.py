@@ -439,9 +439,9 @@ class Host:
         if self.audit is not None:
             self.audit.check()
         started_at = utc_now()
-        if request.session_id is not None:  # its runs have the session's policy
-            session = self.sessions.get(request.session_id, request.client)
-            request = dataclasses.replace(request, policy=session.terms.policy)
+        if request.session_id is not None:  # its runs have the session's policy and hosts
+            terms = self.sessions.get(request.session_id, request.client).terms
+            request = dataclasses.replace(request, policy=terms.policy, egress=terms.egress)
         try:
             produced = self._result_of(request)
         except approvals.Unavailable as exc:  # on record as blocked, then the face's error
@@ -666,11 +666,8 @@ class Host:
             )
         session = self.sessions.get(request.session_id, request.client)
         _check_session_limits(session.terms.limits, request.limits)
-        tools = self._tools_for(request)
-        fixed = dataclasses.replace(
-            request, policy=session.terms.policy, egress=session.terms.egress
-        )
-        run = self._engine_request(fixed, self.backend, tools)
+        tools = self._tools_for(request)  # `run` gave the request the session's terms
+        run = self._engine_request(request, self.backend, tools)
         engine.check_request(run.code, run.filename, run.limits, run.files)
         try:
             return session.run(run)

@@ -15,6 +15,7 @@ told to `on_refused` (the alerts' `client_blocked`).
 from __future__ import annotations
 
 import collections
+import hashlib
 import hmac
 import math
 import os
@@ -70,13 +71,14 @@ class ClientTokens:
         return cls(tokens) if tokens else None
 
     def identify(self, authorization: bytes) -> str | None:
-        """The client whose token `authorization` ("Bearer <token>") carries, or None."""
+        """The client whose token `authorization` ("Bearer <token>") carries, or None.
+        Digests are compared, not the tokens: compare_digest's time may tell a length."""
         kind, _, given = authorization.partition(b" ")
-        if kind.lower() != b"bearer":
-            given = b""
+        presented = given.strip() if kind.lower() == b"bearer" else b""
+        digest = hashlib.sha256(presented).digest()
         found: str | None = None
         for name, token in self.by_name.items():  # every one, every time: no timing tell
-            if hmac.compare_digest(given.strip(), token) and given:
+            if hmac.compare_digest(digest, hashlib.sha256(token).digest()) and presented:
                 found = name
         return found
 
