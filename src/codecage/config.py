@@ -77,7 +77,8 @@ timeout = 300                         # seconds to answer; no answer is a denial
 
 Environment variables: `CODECAGE_<LIMIT>` for each limit, `CODECAGE_PROFILE`,
 `CODECAGE_ALLOWED_IMPORTS`, `CODECAGE_ENABLED_PROFILES`, `CODECAGE_POOL` (1/0),
-`CODECAGE_POOL_MIN_IDLE`, `CODECAGE_POOL_MAX_IDLE`, `CODECAGE_SCRUB` (1/0),
+`CODECAGE_POOL_MIN_IDLE`, `CODECAGE_POOL_MAX_IDLE`, `CODECAGE_FORK_SERVER` (1/0),
+`CODECAGE_SCRUB` (1/0),
 `CODECAGE_SCRUB_CATEGORIES` (comma-separated: the categories to redact),
 `CODECAGE_PACKAGES_DIR` (read by `codecage.packages`), `CODECAGE_REPLY_MAX_TOKENS`,
 `CODECAGE_AUDIT` (the audit store: a SQLite path or a postgresql:// URL; 1/0 on/off).
@@ -699,6 +700,10 @@ def _pool_settings(
     if "CODECAGE_POOL" in env:
         hint = "set CODECAGE_POOL=1 to enable the warm pool, 0 to disable it"
         data["enabled"], source = _env_flag(env, "CODECAGE_POOL", hint), "env CODECAGE_POOL"
+    if "CODECAGE_FORK_SERVER" in env:
+        hint = "set CODECAGE_FORK_SERVER=1 to fork sandboxes from a template, 0 to start each anew"
+        data["fork_server"] = _env_flag(env, "CODECAGE_FORK_SERVER", hint)
+        source = "env CODECAGE_FORK_SERVER"
     for name in ("min_idle", "max_idle"):
         key = f"CODECAGE_POOL_{name.upper()}"
         if key in env:

@@ -46,7 +46,7 @@ from codecage.bridge import tooling
 from codecage.config import Settings
 from codecage.egress import grants as egress_grants
 from codecage.egress.rules import EgressPolicy
-from codecage.engine import guardian, selftest
+from codecage.engine import forkserver, guardian, selftest
 from codecage.engine import session as sessions_engine
 from codecage.engine.pool import Pool
 from codecage.engine.workspace import private_parent
@@ -61,12 +61,14 @@ from codecage.models import (
     Event,
     ExecutionResult,
     FileInfo,
+    ForkServerState,
     HostInfo,
     LayerStatus,
     Limits,
     NetworkState,
     PoolState,
     ScrubSettings,
+    TemplateState,
     ToolsState,
     ValidationReport,
 )
@@ -201,6 +203,7 @@ class Host:
         allow_degraded: bool = False,
         selftest: bool = True,
         pool: bool | Pool | None = None,
+        fork_server: bool | None = None,
         tools: Broker | None = None,
         tool_limits: bridge.BridgeLimits | None = None,
         tokenize: bool | None = None,
@@ -247,6 +250,7 @@ class Host:
         # What the code's own `codecage.runtime.scrub(text)` uses: it asked, so it gets the
         # default detectors even when results are not scrubbed.
         self._asked_scrubber = self.scrubber or scrubbing.Scrubber()
+        self.templates, self.fork_server_off = self._templates(fork_server)
         self.pool, self._owns_pool = self._pool(pool)
         self._other_backends: dict[str, Backend] = {}
         self._other_backends_lock = threading.Lock()
@@ -353,7 +357,16 @@ class Host:
         if pool is False or (pool is None and not self.settings.pool.enabled):
             return None, False
         config = self.settings.pool.model_copy(update={"enabled": True})
-        return Pool(self.backend, config, self.limits), True
+        return Pool(self.backend, config, self.limits, templates=self.templates), True
+
+    def _templates(self, wanted: bool | None) -> tuple[forkserver.Templates | None, str | None]:
+        """The fork server of this Host's runs, or None and why not (engine/forkserver.py)."""
+        if not (self.settings.pool.fork_server if wanted is None else wanted):
+            return None, "turned off ([pool] fork_server, CODECAGE_FORK_SERVER, fork_server=)"
+        why_not = forkserver.supported(self.backend)
+        if why_not is not None:
+            return None, why_not
+        return forkserver.Templates(self.backend, self.limits), None
 
     # --- policy ----------------------------------------------------------------------------
 
@@ -552,7 +565,8 @@ class Host:
                 result, waited_ms = self._run_warm(self.pool, run)
                 if result is not None:
                     return _with_wait(result, waited_ms)
-            return _with_wait(engine.execute(run, backend), waited_ms)
+            templates = self.templates if backend is self.backend else None
+            return _with_wait(engine.execute(run, backend, templates), waited_ms)
         finally:
             if tools is not None:
                 tools.close()  # the run's token vault goes with it
@@ -820,11 +834,13 @@ class Host:
             config_origin=settings.config_origin,
             import_policy=policy.profile if policy else None,
             ceilings=engine.ceilings(),
-            pool=self.pool.state()
-            if self.pool is not None
-            else PoolState(
-                enabled=settings.pool.enabled, config=settings.pool, keys=[], host_rss_mb=None
-            ),
+            pool=(
+                self.pool.state()
+                if self.pool is not None
+                else PoolState(
+                    enabled=settings.pool.enabled, config=settings.pool, keys=[], host_rss_mb=None
+                )
+            ).model_copy(update={"fork_server": self._fork_server_state()}),
             scrub=redaction.state(self.scrub_settings, self.scrubber, self._scrub_source),
             tools=self._tools_state(allowed_tools),
             packages=packages.added_packages(self.packages_dir),
@@ -885,12 +901,26 @@ class Host:
         """Wait until the pool has its warm sandboxes ready; False on timeout or no pool."""
         return self.pool.wait_ready(timeout) if self.pool is not None else False
 
+    def _fork_server_state(self) -> ForkServerState:
+        if self.templates is None:
+            return ForkServerState(enabled=False, why_not=self.fork_server_off)
+        return ForkServerState(
+            enabled=True,
+            forked=self.templates.forked,
+            templates=[
+                TemplateState(profile=profile, rss_mb=rss, pss_mb=pss)
+                for profile, (rss, pss) in self.templates.memory().items()
+            ],
+        )
+
     def close(self) -> None:
         """Close every session, then stop this Host's own pool, killing its idle sandboxes
         (a shared one stays)."""
         self.sessions.close_all()
         if self.pool is not None and self._owns_pool:
             self.pool.close()
+        if self.templates is not None:
+            self.templates.close()
         with self._egress_lock:
             if self._egress is not None and self._egress_made_here.owned_here():
                 self._egress.proxy.close()

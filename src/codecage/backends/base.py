@@ -48,6 +48,11 @@ class LaunchSpec:
     cwd: Path  # the host directory the launcher runs in (the run's own directory)
     identity: Identity | None = None  # None: the ids of the process that runs codecage
     network: bool = False
+    # A fork server's template (engine/forkserver.py): it keeps CAP_SYS_ADMIN and
+    # CAP_SETPCAP inside, to make each run's namespaces and mounts; its
+    # `extra_fds` (the runs' filter) are passed under the same numbers. bwrap only.
+    template: bool = False
+    extra_fds: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

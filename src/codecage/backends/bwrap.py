@@ -77,7 +77,7 @@ class BwrapBackend:
             ours = (fds.info_write, fds.block_read, fds.seccomp)
             process = spawn(
                 argv,
-                pass_fds=(*ours, spec.control_fd, spec.bridge_fd),
+                pass_fds=(*ours, spec.control_fd, spec.bridge_fd, *spec.extra_fds),
                 env=spec.env,
                 cwd=spec.cwd,
                 exit_status=exit_status,
@@ -100,7 +100,7 @@ class BwrapBackend:
     def _argv(self, spec: LaunchSpec, fds: _HandshakeFds) -> list[str]:
         return [
             self.executable,
-            *isolation_args(allow_network=spec.network),
+            *isolation_args(allow_network=spec.network, template=spec.template),
             *rootfs.bwrap_args(spec.mounts),
             "--chdir",
             rootfs.WORKSPACE,
@@ -114,10 +114,16 @@ class BwrapBackend:
         ]
 
 
-def isolation_args(*, allow_network: bool) -> list[str]:
+def isolation_args(*, allow_network: bool, template: bool = False) -> list[str]:
     """bwrap's options for everything but the mounts and the handshake: the namespaces,
     the ids inside, no capabilities, death with the parent, a session of its own (also
-    used for sandboxed upstream servers, `bridge.sandboxed`)."""
+    used for sandboxed upstream servers, `bridge.sandboxed`).
+
+    A fork server's `template` (guest/template.py) keeps CAP_SYS_ADMIN and CAP_SETPCAP in
+    its user namespace and may make user namespaces: it makes each run's namespaces, and
+    never runs user code; each run gives both up, and its filter refuses new namespaces.
+    """
+    powers = ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"] if template else []
     return [
         *_NAMESPACES,
         *_NAMESPACES_TRY,
@@ -129,6 +135,7 @@ def isolation_args(*, allow_network: bool) -> list[str]:
         str(rootfs.SANDBOX_GID),
         "--cap-drop",
         "ALL",
+        *powers,
         "--die-with-parent",
         "--new-session",
         "--hostname",

@@ -41,6 +41,7 @@ import time
 from codecage import engine, forks
 from codecage.backends.base import Backend
 from codecage.engine import SandboxSpec, StartedSandbox
+from codecage.engine.forkserver import Templates
 from codecage.engine.pool_plan import HOLD_OFF_S, KeyPlan, PoolPlan
 from codecage.errors import CodecageError
 from codecage.models import Limits, PoolConfig, PoolKeyState, PoolState
@@ -66,8 +67,15 @@ class Pool:
     >>> pool.close()                        # kills every pooled sandbox
     """
 
-    def __init__(self, backend: Backend, config: PoolConfig, limits: Limits) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        config: PoolConfig,
+        limits: Limits,
+        templates: Templates | None = None,
+    ) -> None:
         self.backend = backend
+        self.templates = templates  # a fork server: sandboxes forked, not started anew
         self.config = config
         self._limits = limits  # idle sandboxes' cgroups; each request sets its own
         self._process = forks.ForkGuard()  # a forked child must not use (or close) this pool
@@ -317,7 +325,9 @@ class Pool:
                     return
                 self._hold_off()
             try:
-                sandbox = engine.start(key.spec, self._limits, self.backend, pooled=True)
+                sandbox = engine.start(
+                    key.spec, self._limits, self.backend, pooled=True, templates=self.templates
+                )
             except Exception as exc:  # a starter must survive anything, or the key starves
                 if not isinstance(exc, CodecageError):
                     log.exception("pool.start_crashed")

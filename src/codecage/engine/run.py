@@ -53,6 +53,7 @@ from codecage.models import (
     Event,
     ExecutionResult,
     FileInfo,
+    GuestLimits,
     GuestReady,
     GuestRequest,
     Limits,
@@ -68,6 +69,7 @@ if TYPE_CHECKING:
     from codecage.egress.proxy import RunEgress
     from codecage.egress.rules import EgressPolicy
     from codecage.egress.setup import EgressSetup
+    from codecage.engine.forkserver import Templates
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +237,10 @@ class StartedSandbox:
     used: bool = False
     guest_rlimits: bool = False  # backends.base.HostOverhead.guest_rlimits
     egress: RunEgress | None = None  # its socket on the proxy (spec.egress), else None
+    # Forked from a template (engine/forkserver.py): its user namespace is the template's,
+    # shared by every run forked from it, where RLIMIT_NPROC would count them all together;
+    # its pids cgroup alone bounds its processes (the fork server needs one).
+    shares_user_namespace: bool = False
 
     def alive(self) -> bool:
         return self.proc.alive()
@@ -251,7 +257,9 @@ class StartedSandbox:
         self.cleanup.close()
 
 
-def execute(request: RunRequest, backend: Backend) -> ExecutionResult:
+def execute(
+    request: RunRequest, backend: Backend, templates: Templates | None = None
+) -> ExecutionResult:
     """Run `request` in a fresh sandbox of `backend` and destroy the sandbox afterwards
     (a cold start; `codecage.engine.pool` runs requests in sandboxes started ahead of time).
 
@@ -271,6 +279,7 @@ def execute(request: RunRequest, backend: Backend) -> ExecutionResult:
         request.limits,
         backend,
         workspace_dir=request.workspace_dir,
+        templates=templates,
     )
     try:
         return run_in(sandbox, request, backend_name=backend.name)
@@ -285,19 +294,29 @@ def start(
     *,
     workspace_dir: Path | None = None,
     pooled: bool = False,
+    templates: Templates | None = None,
+    as_template: bool = False,
 ) -> StartedSandbox:
     """Start one sandbox made as `spec` says, its cgroup set to `limits`; do not wait for
     the guest. Everything it creates is undone by `StartedSandbox.destroy()`. A `pooled`
     one will wait for its request a while: its guest warms up more before it is ready.
 
+    With `templates` (a fork server), a sandbox of a spec they serve is forked from its
+    template instead of started anew (engine/forkserver.py); `as_template` starts such a
+    template (it never runs a request: it forks sandboxes).
+
     Raises:
         HostError: this host cannot provide the isolation.
         SandboxError: the sandbox failed to start.
     """
+    if templates is not None and workspace_dir is None:
+        forked = templates.fork(spec, limits)
+        if forked is not None:
+            return forked
     execution_id = uuid.uuid4().hex
     identity = spec.identity or identities.plan().identity
     interpreter = rootfs.find_interpreter()
-    bpf = launch.sandbox_filter(network=spec.egress is not None)
+    bpf = launch.sandbox_filter(network=spec.egress is not None, template=as_template)
     started_at = time.monotonic()
     # Worked out before anything is created: a process killed meanwhile (the first time,
     # with an empty cache, it takes seconds) must leave no run directory, mount or cgroup.
@@ -313,6 +332,8 @@ def start(
             identity,
             run_dir,
         )
+        if as_template:  # its runs mask their own /proc (guest/template.py)
+            mounts = tuple(m for m in mounts if m.dest not in rootfs.PROC_MASKED)
         overhead = host_overhead(backend)
         cgroup = cgroups.create(
             f"{os.getpid()}-{execution_id}",
@@ -326,6 +347,10 @@ def start(
         channel = launch.Channels.open(cleanup)
         env = launch.sandbox_env(interpreter)
         guest_argv = launch.guest_argv(channel, spec.preload, pooled=pooled)
+        extra_fds: tuple[int, ...] = ()
+        if as_template:
+            extra_fds = (launch.runs_filter_fd(cleanup),)
+            guest_argv = (*guest_argv, contract.TEMPLATE_ARG, str(extra_fds[0]))
         listener = None
         if spec.egress is not None:
             listener = egress_wiring.open_socket(spec.egress, run_dir, cleanup, identity)
@@ -343,6 +368,8 @@ def start(
                 cwd=run_dir,
                 identity=identity,
                 network=spec.egress is not None,
+                template=as_template,
+                extra_fds=extra_fds,
             ),
             # Between "namespaces made" and "guest starts": never host root (checked on
             # the process itself), and what the guest starts, and every process it makes,
@@ -433,6 +460,13 @@ def wait_ready(sandbox: StartedSandbox, timeout_s: float) -> None:
         )
 
 
+def _guest_limits(sandbox: StartedSandbox, limits: GuestLimits) -> GuestLimits:
+    """No RLIMIT_NPROC in a sandbox that shares its user namespace (see StartedSandbox)."""
+    if sandbox.shares_user_namespace and sandbox.cgroup is not None:
+        return limits.model_copy(update={"max_processes": None})
+    return limits
+
+
 def _startup_failure(sandbox: StartedSandbox) -> str:
     """What the sandbox's stderr said before it died (it is small: nothing ran yet)."""
     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -494,13 +528,16 @@ def run_in(
     guest_request = GuestRequest(
         code=request.code,
         filename=request.filename,
-        limits=rlimits.guest_limits(
-            limits,
-            by_cgroup=cgroup is not None and not sandbox.guest_rlimits,
-            session_cpu_seconds=session.session_cpu_seconds if session else None,
-            # On a kernel of its own (gVisor's Sentry) the guest is PID 1: no init of the
-            # backend's shares its RLIMIT_NPROC count, so the code gets exactly its limit.
-            init_processes=0 if sandbox.guest_rlimits else rlimits.SANDBOX_INIT_PROCESSES,
+        limits=_guest_limits(
+            sandbox,
+            rlimits.guest_limits(
+                limits,
+                by_cgroup=cgroup is not None and not sandbox.guest_rlimits,
+                session_cpu_seconds=session.session_cpu_seconds if session else None,
+                # On a kernel of its own (gVisor's Sentry) the guest is PID 1: no init of the
+                # backend's shares its RLIMIT_NPROC count, so the code gets exactly its limit.
+                init_processes=0 if sandbox.guest_rlimits else rlimits.SANDBOX_INIT_PROCESSES,
+            ),
         ),
         return_value_max_bytes=RETURN_VALUE_MAX_BYTES,
         profile=request.policy.profile if request.policy else "",

@@ -71,10 +71,16 @@ _displays: Any = None  # codecage.runtime.displays, once installed (_install_dis
 
 
 def main(argv: list[str]) -> int:
+    run_filter = _template_filter(argv)  # read first: its fd may be any number
     control = _take_fds(argv)
     _close_other_fds(keep=(contract.CONTROL_FD, contract.BRIDGE_FD))
     _preload(_preload_list(argv))
-    _warm_up(pooled="--pooled" in argv)
+    _warm_up(pooled="--pooled" in argv or run_filter is not None)
+    if run_filter is not None:  # a fork server's template: this returns in each sandbox
+        _send(
+            control, {"v": contract.WIRE_VERSION, "kind": contract.KIND_READY, "pid": os.getpid()}
+        )
+        control = _guest_module("template").serve(control, run_filter)
     _start_egress_relay(argv)
     _install_displays(control)  # before the request: a warm sandbox has it ready
     main_pid = os.getpid()
@@ -204,6 +210,18 @@ def _take_fds(argv: list[str]) -> _socket.socket:
     # _socket, not socket: the wrapper module (enums, selectors) costs ~1 MB in every idle
     # warm sandbox, and the control channel needs none of it.
     return _socket.socket(fileno=contract.CONTROL_FD)
+
+
+def _template_filter(argv: list[str]) -> bytes | None:
+    """A template (guest/template.py) is given the runs' seccomp filter in a memfd."""
+    if contract.TEMPLATE_ARG not in argv:
+        return None
+    fd = int(argv[argv.index(contract.TEMPLATE_ARG) + 1])
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks)
 
 
 def _receive_fds(path: str) -> tuple[int, int]:

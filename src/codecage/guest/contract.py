@@ -107,5 +107,21 @@ EGRESS_CA_BUNDLE: Final = f"{EGRESS_DIR}/ca-bundle.pem"
 """The system's CAs and the proxy's own (hosts whose credentials the proxy adds)."""
 EGRESS_RELAY_PORT: Final = 3128
 """Where the relay listens on the sandbox's own loopback (HTTP_PROXY points there)."""
+PROC_MASKED: Final = (
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/key-users",
+    "/proc/latency_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+)
+"""/proc entries that tell about the host or other users, hidden in every sandbox's /proc
+behind an empty file or directory (isolation/rootfs.py; guest/template.py for forked ones)."""
+TEMPLATE_ARG: Final = "--template-filter-fd"
+"""A fork server's template (guest/template.py): the fd of the runs' seccomp filter."""
 EGRESS_ARG: Final = "--egress"
 """On the guest's command line: start the relay before anything else runs."""

@@ -52,19 +52,9 @@ _HEADLESS_SKIP = ("_tkinter", "readline", "_curses", "_curses_panel")
 MountKind = Literal["ro-bind", "bind", "tmpfs", "proc", "dev", "symlink", "dir", "remount-ro"]
 
 # /proc files that tell about the host or other users (Docker masks the same): hidden behind
-# an empty file or directory. Only those that exist on this kernel are masked.
-_PROC_MASKED = (
-    "/proc/acpi",
-    "/proc/asound",
-    "/proc/kcore",
-    "/proc/keys",
-    "/proc/key-users",
-    "/proc/latency_stats",
-    "/proc/sched_debug",
-    "/proc/scsi",
-    "/proc/timer_list",
-    "/proc/timer_stats",
-)
+# an empty file or directory. Only those that exist on this kernel are masked. In the
+# contract: a fork server's init masks them in each run's own /proc (guest/template.py).
+PROC_MASKED = contract.PROC_MASKED
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,7 +324,7 @@ def bwrap_args(mounts: tuple[Mount, ...]) -> list[str]:
 def _proc_masks(empty_dir: Path) -> list[Mount]:
     empty_file = empty_dir.parent / "empty-file"
     masks: list[Mount] = []
-    for path in _PROC_MASKED:
+    for path in PROC_MASKED:
         host = Path(path)
         if host.is_dir():
             masks.append(Mount("ro-bind", path, str(empty_dir)))

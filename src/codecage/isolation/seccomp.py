@@ -279,14 +279,23 @@ class SeccompPlan:
             raise ValueError(f"syscall arguments are numbered 0 to 5: {bad_args}")
 
 
-def plan(*, network: bool = False) -> SeccompPlan:
-    """The seccomp filter for a run, with or without network access. Pure.
+_TEMPLATE_NEEDS: tuple[str, ...] = ("unshare", "mount", "move_mount")
+"""What a fork server's template (guest/template.py) calls to make each run's namespaces
+and mounts; the run's own processes then install the full filter on top."""
+
+
+def plan(*, network: bool = False, template: bool = False) -> SeccompPlan:
+    """The seccomp filter for a run, with or without network access; or, `template`, for a
+    fork server's template: the same, less `_TEMPLATE_NEEDS`. Pure.
 
     Raises:
         Nothing.
     """
+    denied = _DENIED_SYSCALLS
+    if template:
+        denied = tuple(name for name in denied if name not in _TEMPLATE_NEEDS)
     return SeccompPlan(
-        denied_syscalls=_DENIED_SYSCALLS,
+        denied_syscalls=denied,
         enosys_syscalls=_ENOSYS_SYSCALLS,
         allow_inet_sockets=network,
         setid_mode_args=_SETID_MODE_ARGS,

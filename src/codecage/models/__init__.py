@@ -17,6 +17,7 @@ from codecage.models.host import (
     BackendState,
     Ceilings,
     DoctorReport,
+    ForkServerState,
     HostInfo,
     LayerStatus,
     NetworkState,
@@ -25,6 +26,7 @@ from codecage.models.host import (
     ProbeResult,
     ProfileInfo,
     ScrubState,
+    TemplateState,
     ToolsState,
 )
 from codecage.models.result import (
@@ -130,6 +132,7 @@ __all__ = [
     "FileInfo",
     "Finding",
     "FindingKind",
+    "ForkServerState",
     "GuestDisplay",
     "GuestEnd",
     "GuestEvent",
@@ -158,6 +161,7 @@ __all__ = [
     "SessionSettings",
     "Severity",
     "Status",
+    "TemplateState",
     "ToolsState",
     "Usage",
     "ValidationReport",

@@ -138,6 +138,26 @@ class PoolState(Model):
     config: PoolConfig
     keys: list[PoolKeyState] = Field(description="Live keys; empty when no pool runs here.")
     host_rss_mb: float | None = Field(description="Resident memory of this (host) process.")
+    fork_server: ForkServerState | None = Field(
+        None, description="The fork server: on or why not, its templates and their memory."
+    )
+
+
+class TemplateState(Model):
+    """One fork-server template, as `info` lists it."""
+
+    profile: str
+    rss_mb: float | None
+    pss_mb: float | None = Field(description="Its share of memory (forks share its pages).")
+
+
+class ForkServerState(Model):
+    """What `info` says of the fork server (engine/forkserver.py)."""
+
+    enabled: bool = Field(description="Sandboxes of fresh-workspace, no-network runs are forked.")
+    why_not: str | None = Field(None, description="Why it is off, when it is.")
+    forked: int = Field(0, description="Sandboxes this process forked so far.")
+    templates: list[TemplateState] = Field(default_factory=list)
 
 
 class AddedPackage(Model):

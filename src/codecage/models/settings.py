@@ -221,6 +221,12 @@ class PoolConfig(Model):
     ready_timeout: float = Field(
         60.0, gt=0, le=600, description="Seconds a sandbox may take to start and preload."
     )
+    fork_server: bool = Field(
+        True,
+        description="Fork sandboxes from a warm template (bwrap, as root: namespaces, "
+        "workspace, cgroup and filter per run, as a started one has) instead of starting "
+        "each anew; off: every sandbox starts bwrap and an interpreter.",
+    )
     wait: float = Field(
         2.0,
         ge=0,

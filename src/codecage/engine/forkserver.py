@@ -1,0 +1,430 @@
+"""The fork server: sandboxes forked from a warm template instead of started anew.
+
+A sandbox started anew pays bubblewrap, a new interpreter and the profile's imports (~20-40
+ms of CPU). A template pays them once: a bwrap sandbox like any other whose guest, after its
+imports, serves "fork" requests (guest/template.py). Each request makes a sandbox with
+namespaces of its own (pid, mount, ipc, uts, net, and a user namespace), its own workspace
+tmpfs (mounted here, handed over as a detached mount), /tmp and /proc, the run's cgroup
+(init is moved into it before it makes anything), no capability and the same seccomp
+filter as a bwrap sandbox. The host then runs it exactly as any started sandbox
+(`engine.run_in`, `judge`): the same request, result, events, scrubbing and tool bridge.
+
+What is forked: sandboxes of a fresh workspace and no network (`eligible`). A lent
+workspace directory, a run allowed egress and other backends start anew, as before.
+Templates are per `SandboxSpec`, started at the first sandbox of their spec, and replaced
+when one dies (after `_MAX_FAILURES` failures in a row, that spec starts anew).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import IO
+
+from codecage import forks
+from codecage.backends.base import Backend, ExitStatus, SandboxProcess
+from codecage.engine import launch
+from codecage.engine.run import SandboxSpec, StartedSandbox, start, wait_ready
+from codecage.errors import SandboxError
+from codecage.guest import template as guest_template
+from codecage.isolation import cgroups, rlimits, tmpfs
+from codecage.isolation import identity as identities
+from codecage.isolation.cgroups import CgroupHandle
+from codecage.models import Limits
+
+log = logging.getLogger(__name__)
+
+TEMPLATE_READY_TIMEOUT_S = 60.0
+HELLO_TIMEOUT_S = 10.0  # a fork request answered by nothing (a template that is stuck)
+_MAX_FAILURES = 3
+_TEMPLATE_PROCESSES = 64  # the template, and inits between their fork and their cgroup move
+_INIT_EXIT_WAIT_S = 5.0
+
+_OPEN_TREE_CLONE = 1
+_OPEN_TREE_CLOEXEC = os.O_CLOEXEC
+_AT_FDCWD = -100
+_SYS_OPEN_TREE = 428  # the same number on every architecture (the generic table)
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def supported(backend: Backend) -> str | None:
+    """Why `backend` cannot fork sandboxes here, for a person; None when it can."""
+    if backend.name != "bwrap":
+        return f"the {backend.name} backend starts every sandbox anew (bwrap only)"
+    if not tmpfs.can_mount_tmpfs():
+        return "codecage cannot mount tmpfs workspaces here (it is not root)"
+    if cgroups.why_unavailable() is not None:
+        return "no per-run cgroup can be made here (each forked run needs its pids cgroup)"
+    return None
+
+
+def eligible(spec: SandboxSpec) -> bool:
+    """Whether sandboxes of `spec` are forked: no network (the relay needs a loopback of
+    its own, made by bwrap)."""
+    return spec.egress is None
+
+
+class Templates:
+    """One template per spec, started at the first sandbox of that spec; `fork` makes a
+    sandbox from it. Thread-safe; closed with the host (and never used by a forked child
+    of this process)."""
+
+    def __init__(self, backend: Backend, limits: Limits) -> None:
+        self.backend = backend
+        self._limits = limits
+        self._lock = threading.Lock()
+        self._templates: dict[SandboxSpec, _Template] = {}
+        self._failures: dict[SandboxSpec, int] = {}
+        self._process = forks.ForkGuard()
+        self._closed = False
+        self.forked = 0  # sandboxes made, for `info` and the benchmarks
+        forks.close_at_exit(self)
+
+    def fork(self, spec: SandboxSpec, limits: Limits) -> StartedSandbox | None:
+        """A sandbox of `spec` forked from its template, its cgroup set to `limits`; None
+        when `spec` is not forked (the caller starts one anew).
+
+        Raises:
+            SandboxError: the template could not fork it (the template is replaced).
+        """
+        if not eligible(spec) or not self._process.owned_here():
+            return None
+        template = self._template_for(spec)
+        if template is None:
+            return None
+        try:
+            sandbox = template.fork(spec, limits)
+        except SandboxError:
+            self._failed(spec, template)
+            raise
+        self.forked += 1
+        return sandbox
+
+    def _template_for(self, spec: SandboxSpec) -> _Template | None:
+        with self._lock:
+            if self._closed or self._failures.get(spec, 0) >= _MAX_FAILURES:
+                return None
+            template = self._templates.get(spec)
+            if template is not None and template.sandbox.alive():
+                return template
+            if template is not None:
+                self._templates.pop(spec).close()
+            try:
+                template = _Template.start(spec, self._limits, self.backend)
+            except SandboxError as exc:
+                self._failures[spec] = self._failures.get(spec, 0) + 1
+                log.warning("forkserver.template_failed", extra={"error": str(exc)})
+                return None
+            self._failures[spec] = 0
+            self._templates[spec] = template
+            return template
+
+    def _failed(self, spec: SandboxSpec, template: _Template) -> None:
+        with self._lock:
+            if self._templates.get(spec) is template:
+                self._templates.pop(spec).close()
+                self._failures[spec] = self._failures.get(spec, 0) + 1
+
+    def memory(self) -> dict[str, tuple[float | None, float | None]]:
+        """RSS and PSS (MB) of each template's processes (bwrap's and the template's), by
+        profile."""
+        from codecage.engine.pool import _sandbox_memory
+
+        with self._lock:
+            return {
+                (spec.policy.profile if spec.policy else "none"): _sandbox_memory(t.sandbox)
+                for spec, t in self._templates.items()
+            }
+
+    def close(self) -> None:
+        """Stop every template (the sandboxes forked from them die with them)."""
+        if not self._process.owned_here():
+            return
+        with self._lock:
+            self._closed = True
+            templates, self._templates = list(self._templates.values()), {}
+        for template in templates:
+            template.close()
+
+
+@dataclass(slots=True)
+class _Template:
+    sandbox: StartedSandbox
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def start(cls, spec: SandboxSpec, limits: Limits, backend: Backend) -> _Template:
+        """Start a template of `spec` and wait until it serves.
+
+        Raises:
+            SandboxError: it failed to start.
+        """
+        own = limits.model_copy(update={"max_processes": _TEMPLATE_PROCESSES})
+        sandbox = start(spec, own, backend, pooled=True, as_template=True)
+        try:
+            wait_ready(sandbox, TEMPLATE_READY_TIMEOUT_S)
+        except BaseException:
+            sandbox.destroy()
+            raise
+        return cls(sandbox)
+
+    def fork(self, spec: SandboxSpec, limits: Limits) -> StartedSandbox:
+        """Make one sandbox of `spec` (see the module docstring).
+
+        Raises:
+            SandboxError: the template did not answer.
+        """
+        execution_id = uuid.uuid4().hex
+        identity = spec.identity or identities.plan().identity
+        cleanup = contextlib.ExitStack()
+        try:
+            run_dir = launch.make_run_dir(cleanup)
+            ws = launch.prepare_workspace(None, spec.workspace_mb, run_dir, cleanup, owner=identity)
+            cgroup = cgroups.create(
+                f"{os.getpid()}-{execution_id}",
+                limits,
+                extra_pids=rlimits.SANDBOX_INIT_PROCESSES,  # init, as bwrap's
+            )
+            if cgroup is not None:
+                cleanup.callback(_destroy_cgroup, cgroup)
+            channel = launch.Channels.open(cleanup)
+            proc = self._request(channel, ws.bind_source, spec.tmp_mb, cleanup)
+            cleanup.callback(proc.close)
+            channel.close_guest_ends()
+            try:
+                proc.admit(cgroup)
+            except SandboxError as exc:
+                # A maker or init that failed said why on the template's stderr.
+                raise SandboxError(f"{exc}; {_said(self.sandbox.proc.stderr)}") from exc
+        except BaseException:
+            cleanup.close()
+            raise
+        return StartedSandbox(
+            execution_id=execution_id,
+            spec=spec,
+            proc=proc,
+            channel=channel,
+            cgroup=cgroup,
+            workspace=ws,
+            cgroup_limits=limits,
+            started_at=time.monotonic(),
+            cleanup=cleanup,
+            shares_user_namespace=True,
+        )
+
+    def _request(
+        self,
+        channel: launch.Channels,
+        workspace: os.PathLike[str] | str,
+        tmp_mb: int,
+        cleanup: contextlib.ExitStack,
+    ) -> ForkedProcess:
+        """Send the template one fork request with the new sandbox's fds."""
+        out_read, out_write = os.pipe2(os.O_CLOEXEC)
+        err_read, err_write = os.pipe2(os.O_CLOEXEC)
+        exit_host, exit_guest = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        exit_host.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        proc = ForkedProcess(exit_host, os.fdopen(out_read, "rb"), os.fdopen(err_read, "rb"))
+        tree = -1
+        try:
+            tree = _detached_mount(workspace)
+            message = json.dumps(
+                {"v": 1, "kind": guest_template.KIND_FORK, "tmp_bytes": tmp_mb * cgroups.MiB}
+            ).encode()
+            fds = [
+                channel.guest_control.fileno(),
+                channel.guest_bridge.fileno(),
+                out_write,
+                err_write,
+                exit_guest.fileno(),
+                tree,
+            ]
+            with self.lock:
+                socket.send_fds(self.sandbox.channel.host_control, [message], fds)
+        except OSError as exc:
+            proc.close()
+            raise SandboxError(f"the fork server's template is gone: {exc}") from exc
+        finally:
+            for fd in (out_write, err_write, tree):
+                if fd >= 0:
+                    os.close(fd)
+            exit_guest.close()
+        return proc
+
+    def close(self) -> None:
+        self.sandbox.destroy()
+
+
+def _detached_mount(path: os.PathLike[str] | str) -> int:
+    """A detached copy of the mount at `path` (open_tree), to be attached in the sandbox.
+
+    Raises:
+        OSError: the kernel refused (no open_tree before Linux 5.2; no privilege).
+    """
+    fd = int(
+        _libc.syscall(
+            _SYS_OPEN_TREE,
+            _AT_FDCWD,
+            os.fsencode(path),
+            _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC,
+        )
+    )
+    if fd < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"open_tree {path}: {os.strerror(code)}")
+    return fd
+
+
+def _destroy_cgroup(cgroup: CgroupHandle) -> None:
+    cgroups.kill_all(cgroup)
+    cgroups.remove(cgroup)
+
+
+class ForkedProcess(SandboxProcess):
+    """A forked sandbox as the host holds it: its init (host pid from the hello's
+    credentials, held by a pidfd), its output pipes, and its exit as init reports it over
+    the exit socket (the template, not the host, is init's parent)."""
+
+    def __init__(self, exit_sock: socket.socket, stdout: IO[bytes], stderr: IO[bytes]) -> None:
+        self.stdout = stdout
+        self.stderr = stderr
+        self._exit_sock = exit_sock
+        self._status: ExitStatus | None = None
+        self._buffer = b""
+        self._init_pid = 0
+        self._init_pidfd: int | None = None
+        self._init_lock = threading.Lock()
+
+    def admit(self, cgroup: CgroupHandle | None) -> None:
+        """Follow the sandbox's making: move the maker into `cgroup` before it makes
+        anything (init and the guest inherit it), then hold init by a pidfd.
+
+        Raises:
+            SandboxError: no answer in time (the template could not fork it), or a process
+                of it is not who a sandbox must be.
+        """
+        maker = self._hello(b"h")
+        identities.ensure_not_root(maker)
+        if cgroup is not None:
+            cgroups.attach(cgroup, maker)
+        self._exit_sock.sendall(b"g")
+        self._init_pid = self._hello(b"i")
+        with contextlib.suppress(OSError):
+            self._init_pidfd = os.pidfd_open(self._init_pid)
+        identities.ensure_not_root(self._init_pid)
+
+    def _hello(self, expected: bytes) -> int:
+        """The host pid of the process that sent `expected` (from its credentials)."""
+        ready, _, _ = select.select([self._exit_sock], [], [], HELLO_TIMEOUT_S)
+        if not ready:
+            raise SandboxError(
+                f"the fork server did not fork the sandbox within {HELLO_TIMEOUT_S:g} s"
+            )
+        data, ancillary, _, _ = self._exit_sock.recvmsg(1, socket.CMSG_SPACE(12))
+        pid = _sender_pid(ancillary)
+        if data != expected or pid is None:
+            raise SandboxError("the fork server could not fork the sandbox")
+        return pid
+
+    @property
+    def pid(self) -> int:
+        """The host pid of the sandbox's init."""
+        return self._init_pid
+
+    def poll(self) -> ExitStatus | None:
+        if self._status is None and select.select([self._exit_sock], [], [], 0)[0]:
+            self._read_status()
+        return self._status
+
+    def alive(self) -> bool:
+        return self.poll() is None
+
+    def wait(self, timeout: float | None = None) -> ExitStatus:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._status is None:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self._exit_sock], [], [], left)[0]:
+                raise subprocess.TimeoutExpired("sandbox", timeout or 0)
+            self._read_status()
+        return self._status
+
+    def _read_status(self) -> None:
+        """Read what init said: "x CODE SIGNAL" once the guest ended; nothing (the socket
+        closed) when init itself was killed."""
+        try:
+            chunk = self._exit_sock.recv(64)
+        except OSError:
+            chunk = b""
+        self._buffer += chunk
+        if b"\n" in self._buffer:
+            self._status = _parse_status(self._buffer[: self._buffer.index(b"\n")])
+        elif not chunk or len(self._buffer) > 64:
+            self._status = ExitStatus(code=None, signal=signal.SIGKILL)
+
+    def kill(self) -> None:
+        """SIGKILL init: the kernel then kills every process of its pid namespace. Returns
+        once init has exited (at most a few seconds)."""
+        with self._init_lock:
+            pidfd = self._init_pidfd
+            if pidfd is None:
+                return
+            with contextlib.suppress(ProcessLookupError, OSError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            poller = select.poll()
+            poller.register(pidfd, select.POLLIN)
+            with contextlib.suppress(OSError):
+                poller.poll(_INIT_EXIT_WAIT_S * 1000)
+
+    def close(self) -> None:
+        """Kill it, close its pipes and sockets; idempotent."""
+        self.kill()
+        if self._status is None:
+            self._status = ExitStatus(code=None, signal=signal.SIGKILL)
+        self.stdout.close()
+        self.stderr.close()
+        self._exit_sock.close()
+        with self._init_lock:
+            if self._init_pidfd is not None:
+                os.close(self._init_pidfd)
+                self._init_pidfd = None
+
+
+def _sender_pid(ancillary: list[tuple[int, int, bytes]]) -> int | None:
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(data) >= 12:
+            pid, _, _ = struct.unpack("iII", data[:12])
+            return pid if pid > 0 else None
+    return None
+
+
+def _parse_status(line: bytes) -> ExitStatus:
+    """ "x CODE SIGNAL" (one of the two empty) -> ExitStatus; anything else: killed."""
+    parts = line.decode("ascii", "replace").split(" ")
+    if len(parts) == 3 and parts[0] == "x":
+        if parts[1].isdigit():
+            return ExitStatus(code=int(parts[1]))
+        if parts[2].isdigit():
+            return ExitStatus(code=None, signal=int(parts[2]))
+    return ExitStatus(code=None, signal=signal.SIGKILL)
+
+
+def _said(stderr: IO[bytes]) -> str:
+    """What the template's stderr holds now (where a maker or init that failed says why),
+    without waiting."""
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        os.set_blocking(stderr.fileno(), False)
+        data = stderr.read1(2000) if hasattr(stderr, "read1") else stderr.read(2000)
+        return (data or b"").decode("utf-8", "replace").strip()[-1000:] or "no message"
+    return "no message"
