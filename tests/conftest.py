@@ -24,7 +24,7 @@ import pytest
 
 from codecage import Sandbox
 from codecage.bridge import channel as bridge_channel
-from codecage.engine import guardian
+from codecage.engine import forkserver, guardian
 from codecage.engine import workspace as workspaces
 from codecage.isolation import cgroups
 from containment._support import Outcome, against_baseline, outcome_of, run_unsandboxed
@@ -244,6 +244,10 @@ def leak_guard(request: pytest.FixtureRequest) -> Iterator[None]:
     guardian.ensure()  # this process's guardian lives as long as it does
     before = leak_snapshot()
     yield
+    # A Sandbox keeps its fork server's templates until it is closed (or the process
+    # ends); a module's unclosed ones are stopped here (tests/test_forkserver.py checks
+    # that close() stops them).
+    forkserver.stop_all()
     deadline = time.monotonic() + _TEARDOWN_GRACE_S
     while (leaks := _new_leaks(before)) and time.monotonic() < deadline:
         time.sleep(0.05)

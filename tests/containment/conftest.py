@@ -34,8 +34,16 @@ def sandbox_on(backend: str) -> Sandbox:
     if os.geteuid() != 0 and backend in NEEDS_ROOT:
         pytest.skip(f"not as an ordinary user: {NEEDS_ROOT[backend]}")
     if backend not in _sandboxes:
+        forked = backend == "bwrap-fork"
         try:
-            _sandboxes[backend] = Sandbox(backend=backend, import_policy=False, scrub=False)
+            _sandboxes[backend] = made = Sandbox(
+                backend="bwrap" if forked else backend,
+                import_policy=False,
+                scrub=False,
+                fork_server=forked,
+            )
+            if forked and made.host.templates is None:
+                _sandboxes[backend] = f"no fork server here: {made.host.fork_server_off}"
         except CodecageError as exc:
             _sandboxes[backend] = f"backend {backend!r} is not available here: {exc}"
     found = _sandboxes[backend]

@@ -27,7 +27,7 @@ import pytest
 
 from codecage import Sandbox
 from codecage.backends.base import load_backend
-from codecage.engine import RunRequest, SandboxSpec, run_in
+from codecage.engine import RunRequest, SandboxSpec, forkserver, run_in
 from codecage.engine.pool import Pool
 from codecage.isolation import tmpfs
 from codecage.models import Limits, PoolConfig, PoolSizes
@@ -172,6 +172,24 @@ def warm_pool() -> Iterator[Pool]:
         yield pool
 
 
+@pytest.fixture(scope="module")
+def forked_pool() -> Iterator[Pool]:
+    """A warm pool whose sandboxes are forked from a fork server's template
+    (engine/forkserver.py): the same cross-run properties must hold."""
+    backend = load_backend("auto")
+    why_not = forkserver.supported(backend)
+    if why_not is not None:
+        pytest.skip(f"no fork server here: {why_not}")
+    templates = forkserver.Templates(backend, Limits())
+    config = PoolConfig(enabled=True, sizes=PoolSizes(min_idle=3, max_idle=6))
+    try:
+        with Pool(backend, config, Limits(), templates=templates) as pool:
+            yield pool
+        assert templates.forked > 0, "the pool's sandboxes were not forked"
+    finally:
+        templates.close()
+
+
 @pytest.fixture
 def token() -> Iterator[str]:
     """A unique word for the files and processes of one test; the processes left by the
@@ -185,13 +203,17 @@ def token() -> Iterator[str]:
 
 
 @pytest.fixture(
-    params=against_baseline(
-        "pool", "reused", "a reused interpreter isolates nothing: the test must fail"
-    )
+    params=[
+        "forked",
+        *against_baseline(
+            "pool", "reused", "a reused interpreter isolates nothing: the test must fail"
+        ),
+    ]
 )
-def pooled(request: pytest.FixtureRequest, warm_pool: Pool) -> Iterator[PooledRunner]:
-    if request.param == "pool":
-        yield _PoolRunner(warm_pool)
+def pooled(request: pytest.FixtureRequest) -> Iterator[PooledRunner]:
+    if request.param in ("pool", "forked"):
+        pool = request.getfixturevalue("warm_pool" if request.param == "pool" else "forked_pool")
+        yield _PoolRunner(pool)
         return
     with tempfile.TemporaryDirectory() as cwd:
         worker = _ReusedWorker(cwd)

@@ -241,6 +241,8 @@ def run(
             scrub=scrub_option(no_scrub, scrub_categories, settings),
             allow_host=allow_host,
             audit=audit,
+            # One run per process: a template would cost a sandbox's start before the fork.
+            fork_server=False,
         )
         spinner = progress("starting the sandbox", enabled=not as_json)
         sandbox.approver = prompt = TerminalPrompt(sys.stdin, sys.stderr)  # [approval]

@@ -30,6 +30,7 @@ import subprocess
 import threading
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -57,6 +58,17 @@ _OPEN_TREE_CLOEXEC = os.O_CLOEXEC
 _AT_FDCWD = -100
 _SYS_OPEN_TREE = 428  # the same number on every architecture (the generic table)
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+_LIVE: weakref.WeakSet[Templates] = weakref.WeakSet()
+
+
+def stop_all() -> None:
+    """Stop the templates of every `Templates` of this process (each starts new ones at
+    its next sandbox): for a test's leak check, which counts a template as something a
+    module's runs left."""
+    for templates in list(_LIVE):
+        templates.stop()
 
 
 def supported(backend: Backend) -> str | None:
@@ -91,6 +103,7 @@ class Templates:
         self._closed = False
         self.forked = 0  # sandboxes made, for `info` and the benchmarks
         forks.close_at_exit(self)
+        _LIVE.add(self)
 
     def fork(self, spec: SandboxSpec, limits: Limits) -> StartedSandbox | None:
         """A sandbox of `spec` forked from its template, its cgroup set to `limits`; None
@@ -148,15 +161,21 @@ class Templates:
                 for spec, t in self._templates.items()
             }
 
-    def close(self) -> None:
-        """Stop every template (the sandboxes forked from them die with them)."""
+    def stop(self) -> None:
+        """Stop every template now (the sandboxes forked from them die with them); the
+        next sandbox of a spec starts a new one."""
         if not self._process.owned_here():
             return
         with self._lock:
-            self._closed = True
             templates, self._templates = list(self._templates.values()), {}
         for template in templates:
             template.close()
+
+    def close(self) -> None:
+        """Stop every template, and fork nothing more."""
+        with self._lock:
+            self._closed = True
+        self.stop()
 
 
 @dataclass(slots=True)
