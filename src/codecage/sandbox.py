@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import ValidationError
 
-from codecage import config, host
+from codecage import batch, config, host
 from codecage import kept as kept_files
 from codecage.audit import AuditTrail
 from codecage.audit import alerts as alerting
@@ -498,6 +498,71 @@ class Sandbox:
         if relay is not None:
             await relay.finish()
         return result
+
+    def run_many(
+        self,
+        programs: Iterable[batch.ProgramLike],
+        *,
+        concurrency: int | None = None,
+        max_queued: int = batch.DEFAULT_MAX_QUEUED,
+        on_progress: batch.ProgressHandler | None = None,
+    ) -> list[batch.BatchResult]:
+        """Run many programs, each once in its own sandbox, `concurrency` at a time, and
+        return one `BatchResult` per program in input order (`codecage.batch`).
+
+        >>> results = sandbox.run_many(["1 + 1", {"code": "2 * 3", "limits": {"timeout": 2}}])
+        >>> [r.result.return_value for r in results]
+        [2, 6]
+
+        Args:
+            programs: code strings, `batch.Program`s or dicts with their keys (code, id,
+                limits, files, filename).
+            concurrency: runs at once, 1 to 256; None: the pool's size, else the CPUs.
+            max_queued: the most programs one batch may hold (default 100,000).
+            on_progress: called with (done, total, the BatchResult just finished), one
+                call at a time, on a worker thread.
+
+        A program whose sandbox failed is reported as its item's `error`, never retried.
+
+        Raises:
+            ConfigError: refused before anything ran (too many programs, an item
+                malformed or with limits out of bounds: the message names it).
+        """
+        return batch.run_many(
+            self,
+            programs,
+            concurrency=concurrency,
+            max_queued=max_queued,
+            on_progress=on_progress,
+        )
+
+    async def arun_many(
+        self,
+        programs: Iterable[batch.ProgramLike],
+        *,
+        concurrency: int | None = None,
+        max_queued: int = batch.DEFAULT_MAX_QUEUED,
+        on_progress: batch.ProgressHandler | None = None,
+    ) -> list[batch.BatchResult]:
+        """`run_many()` for asyncio callers; cancelling the task kills the runs in flight.
+
+        Raises:
+            ConfigError: refused before anything ran, as for `run_many`.
+        """
+        cancel = threading.Event()
+        try:
+            return await asyncio.to_thread(
+                approvals.on_loop(asyncio.get_running_loop(), batch.run_many),
+                self,
+                programs,
+                concurrency=concurrency,
+                max_queued=max_queued,
+                on_progress=on_progress,
+                cancel=cancel,
+            )
+        except asyncio.CancelledError:
+            cancel.set()  # the worker threads kill their sandboxes and take no more
+            raise
 
     def validate(self, code: str, *, strict: bool = False) -> ValidationReport:
         """Check `code` against this Sandbox's profile without running it.

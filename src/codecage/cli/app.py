@@ -18,7 +18,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from codecage import __version__
-from codecage.cli import audit, gen, info, packages, run, serve, session
+from codecage.cli import audit, batch, gen, info, packages, run, serve, session
 from codecage.cli.render import print_json, stderr
 
 try:  # typer 0.2x carries its own copy of click; older ones use click itself
@@ -78,6 +78,7 @@ def _options(
 # In this order in --help.
 for command in (run.run, run.validate, info.info, info.doctor, gen.gen, serve.serve):
     app.command()(command)
+app.command(name="run-batch")(batch.run_batch)
 app.add_typer(packages.app, name="packages")
 app.add_typer(session.app, name="session")
 app.add_typer(audit.app, name="audit")
