@@ -23,7 +23,7 @@ from codecage import __version__
 from codecage.audit import alerts as alerting
 from codecage.audit.metrics import ServerMetrics
 from codecage.errors import ConfigError
-from codecage.mcp import health, tools
+from codecage.mcp import health, run_code, tools
 from codecage.mcp import http as http_serving
 from codecage.mcp.clients import ClientLimits, ClientTokens
 from codecage.mcp.runner import Runner
@@ -159,13 +159,16 @@ def http_app(
     metrics: ServerMetrics | None = None,
     metrics_public: bool = False,
     clients: Mapping[str, ClientSettings] | None = None,
+    limits: ServerLimits | None = None,
 ) -> Any:
     """The streamable HTTP app at /mcp (DNS-rebinding protection from the SDK), behind
     `http_serving.RequestGate`: the bearer token checked before any body is read, and
     bounded bodies. Sessions are capped (the idle longest is closed for a new one).
 
     Given the server's `sandbox`: /healthz and /readyz, without a token; given `metrics`
-    too: /metrics, behind the token unless `metrics_public` (mcp/health.py).
+    too: /metrics, behind the token unless `metrics_public` (mcp/health.py); and
+    SandboxFusion's POST /run_code behind the token, queued within `limits`' max_concurrent
+    and max_queued (mcp/run_code.py).
 
     A token is required: on loopback too, any local user could otherwise run code, and call
     the upstream tools with the operator's credentials. `insecure_no_token` (the CLI's
@@ -201,9 +204,23 @@ def http_app(
     routes = health.routes(sandbox.host, metrics) if sandbox is not None else {}
     public = {p: r for p, r in routes.items() if p != "/metrics" or metrics_public}
     private = {p: r for p, r in routes.items() if p not in public}
+    inner = health.Endpoints(app, private) if private else app
+    if sandbox is not None:
+        inner = _with_run_code(inner, sandbox, limits or ServerLimits())
     gated = http_serving.RequestGate(
-        health.Endpoints(app, private) if private else app,
+        inner,
         tokens=tokens,
         max_body_bytes=MAX_HTTP_BODY_BYTES,
     )
     return health.Endpoints(gated, public) if public else gated
+
+
+def _with_run_code(app: Any, sandbox: Sandbox, limits: ServerLimits) -> Any:
+    """`app` with SandboxFusion's POST /run_code in front (mcp/run_code.py)."""
+    return run_code.RunCode(
+        app,
+        sandbox,
+        most=run_code.Maximums(timeout=limits.max_timeout, memory_mb=limits.max_memory_mb),
+        max_concurrent=limits.max_concurrent,
+        max_queued=limits.max_queued,
+    )
