@@ -93,3 +93,24 @@ def test_the_ab_benchmark_runs_both_sides_and_compares_them() -> None:
     assert "round 1 base:" in p.stderr and "round 1 new:" in p.stderr
     assert "execute_code p50_ms" in p.stdout
     assert set(results.iterdir()) == kept  # the runs' own files removed, --no-write kept
+
+
+def test_the_throughput_benchmark_runs_quick_and_its_batch_agrees_with_the_peer() -> None:
+    """Every section runs, the sandboxed batch gives each program the verdict the harness
+    peer gives it, and the soak leaves nothing behind; no results file without --save."""
+    results = ROOT / "benchmarks" / "results"
+    kept = set(results.iterdir())
+    p = run_bench(
+        "bench_throughput.py", "--quick", "--soak", "20", "--soak-mode", "pool", timeout=300
+    )
+    for section in ("tiny", "batch", "latency", "data_science", "cli", "memory", "soak"):
+        assert f"== {section} ==" in p.stdout, section
+    for variant in ("floor_fork", "floor_fork_host", "floor_raw_bwrap", "peer", "codecage_run"):
+        assert f"\n{variant} " in p.stdout, variant
+    batch_pool = next(
+        line for line in p.stdout.splitlines() if line.startswith("pool ") and "peer" in line
+    )
+    assert "disagree 0" in batch_pool and "pass 11 fail 1" in batch_pool
+    assert "left behind: nothing; own run dirs none" in p.stdout
+    assert p.stdout.split("== problems ==")[1].splitlines()[1] == "none"
+    assert set(results.iterdir()) == kept
