@@ -22,6 +22,7 @@ import ctypes
 import json
 import logging
 import os
+import queue
 import select
 import signal
 import socket
@@ -31,8 +32,10 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Any, TypeVar
 
 from codecage import forks
 from codecage.backends.base import Backend, ExitStatus, SandboxProcess
@@ -46,6 +49,7 @@ from codecage.isolation.cgroups import CgroupHandle
 from codecage.models import Limits
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 TEMPLATE_READY_TIMEOUT_S = 60.0
 HELLO_TIMEOUT_S = 10.0  # a fork request answered by nothing (a template that is stuck)
@@ -101,6 +105,10 @@ class Templates:
         self._failures: dict[SandboxSpec, int] = {}
         self._process = forks.ForkGuard()
         self._closed = False
+        # bwrap's --die-with-parent is tied to the thread that started it: templates are
+        # started by a thread of their own, which lives as long as this object (a caller's
+        # thread, e.g. a ThreadPoolExecutor's, may end and take the template with it).
+        self._starter = _StarterThread()
         self.forked = 0  # sandboxes made, for `info` and the benchmarks
         forks.close_at_exit(self)
         _LIVE.add(self)
@@ -135,7 +143,9 @@ class Templates:
             if template is not None:
                 self._templates.pop(spec).close()
             try:
-                template = _Template.start(spec, self._limits, self.backend)
+                template = self._starter.call(
+                    lambda: _Template.start(spec, self._limits, self.backend)
+                )
             except SandboxError as exc:
                 self._failures[spec] = self._failures.get(spec, 0) + 1
                 log.warning("forkserver.template_failed", extra={"error": str(exc)})
@@ -176,6 +186,35 @@ class Templates:
         with self._lock:
             self._closed = True
         self.stop()
+        self._starter.close()
+
+
+class _StarterThread:
+    """One long-lived thread that runs the calls given to `call` (template starts), one at
+    a time, and hands back their result or exception."""
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(target=self._serve, name="codecage-templates", daemon=True)
+        self._thread.start()
+
+    def call(self, function: Callable[[], _T]) -> _T:
+        done: Future[_T] = Future()
+        self._calls.put((function, done))
+        return done.result()
+
+    def _serve(self) -> None:
+        while (item := self._calls.get()) is not None:
+            function, done = item
+            try:
+                done.set_result(function())
+            except BaseException as exc:
+                done.set_exception(exc)
+
+    def close(self) -> None:
+        self._calls.put(None)
 
 
 @dataclass(slots=True)
@@ -354,7 +393,7 @@ class ForkedProcess(SandboxProcess):
         data, ancillary, _, _ = self._exit_sock.recvmsg(1, socket.CMSG_SPACE(12))
         pid = _sender_pid(ancillary)
         if data != expected or pid is None:
-            raise SandboxError("the fork server could not fork the sandbox")
+            raise SandboxError(f"the fork server could not fork the sandbox (got {data!r})")
         return pid
 
     @property

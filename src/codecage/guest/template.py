@@ -141,8 +141,9 @@ def serve(control: _socket.socket, run_filter: bytes) -> _socket.socket:
         fds, tmp_bytes = request
         try:
             pid = os.fork()
-        except OSError:
+        except OSError as exc:
             pid = -1  # the host sees the request's exit socket close, unanswered
+            _say(f"codecage: the template could not fork: {exc!r}")
         if pid == 0:
             named = dict(zip(FORK_FDS, fds, strict=True))
             return _start_sandbox(control, named, tmp_bytes, run_filter)
@@ -187,6 +188,7 @@ def _receive(control: _socket.socket) -> tuple[list[int], int] | None:
         if message.get("kind") != KIND_FORK or len(fds) != len(FORK_FDS) or tmp_bytes < 1:
             raise ValueError(message)
     except (ValueError, KeyError, TypeError):
+        _say(f"codecage: a malformed fork request ({len(data)} bytes, {len(fds)} fds)")
         for fd in fds:
             os.close(fd)
         return None
@@ -240,11 +242,15 @@ def _init(exit_sock: _socket.socket, fds: dict[str, int], run_filter: bytes) -> 
 
 
 def _fail(exc: BaseException) -> None:
+    _say(f"codecage: the sandbox could not be forked: {exc!r}")
+    os._exit(71)
+
+
+def _say(line: str) -> None:
     try:
-        os.write(2, f"codecage: the sandbox could not be forked: {exc!r}\n".encode())
+        os.write(2, (line + "\n").encode())
     except OSError:
         pass
-    os._exit(71)
 
 
 def _hello(exit_sock: _socket.socket) -> None:
@@ -279,17 +285,19 @@ def _mount_proc() -> None:
         path = f"/proc/{name}"
         if os.path.exists(path):
             _read_only_bind(path, path)
-    for path in contract.PROC_MASKED:
-        if os.path.isdir(path):
-            _mount(
-                "tmpfs",
-                path,
-                "tmpfs",
-                _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
-                "size=4k,nr_inodes=1,mode=555",
-            )
-        elif os.path.exists(path):
-            _read_only_bind("/dev/null", path)
+    # An empty file to mask files with, made in the run's /tmp and unlinked once bound:
+    # nothing of the run can reach it to write into it.
+    empty = "/tmp/.codecage-empty"  # noqa: S108 - the run's own tmpfs, nothing in it yet
+    os.close(os.open(empty, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444))
+    try:
+        for path in contract.PROC_MASKED:
+            if os.path.isdir(path):
+                flags = _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+                _mount("tmpfs", path, "tmpfs", flags, "size=4k,nr_inodes=1,mode=555")
+            elif os.path.exists(path):
+                _read_only_bind(empty, path)
+    finally:
+        os.unlink(empty)
 
 
 def _read_only_bind(source: str, target: str) -> None:
