@@ -374,14 +374,12 @@ class ForkedProcess(SandboxProcess):
                 of it is not who a sandbox must be.
         """
         maker = self._hello(b"h")
-        identities.ensure_not_root(maker)
         if cgroup is not None:
             cgroups.attach(cgroup, maker)
         self._exit_sock.sendall(b"g")
         self._init_pid = self._hello(b"i")
         with contextlib.suppress(OSError):
             self._init_pidfd = os.pidfd_open(self._init_pid)
-        identities.ensure_not_root(self._init_pid)
 
     def _hello(self, expected: bytes) -> int:
         """The host pid of the process that sent `expected` (from its credentials)."""
@@ -391,7 +389,7 @@ class ForkedProcess(SandboxProcess):
                 f"the fork server did not fork the sandbox within {HELLO_TIMEOUT_S:g} s"
             )
         data, ancillary, _, _ = self._exit_sock.recvmsg(1, socket.CMSG_SPACE(12))
-        pid = _sender_pid(ancillary)
+        pid = _sender_pid(ancillary)  # and never host root (see _sender_pid)
         if data != expected or pid is None:
             raise SandboxError(f"the fork server could not fork the sandbox (got {data!r})")
         return pid
@@ -460,9 +458,20 @@ class ForkedProcess(SandboxProcess):
 
 
 def _sender_pid(ancillary: list[tuple[int, int, bytes]]) -> int | None:
+    """The host pid in the kernel's credentials of a message.
+
+    Raises:
+        SandboxError: the sender runs as host root (uid or gid 0). The template was checked
+            when it started (`identity.ensure_not_root`); its forks cannot change ids (no
+            CAP_SETUID, one id mapped), so the ids the kernel reports are the check here.
+    """
     for level, kind, data in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(data) >= 12:
-            pid, _, _ = struct.unpack("iII", data[:12])
+            pid, uid, gid = struct.unpack("iII", data[:12])
+            if uid == 0 or gid == 0:
+                raise SandboxError(
+                    f"refused: a forked sandbox runs as host root (uid {uid}, gid {gid})"
+                )
             return pid if pid > 0 else None
     return None
 
