@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import json
 import logging
 import os
@@ -47,6 +48,7 @@ from codecage.isolation import cgroups, rlimits, tmpfs
 from codecage.isolation import identity as identities
 from codecage.isolation.cgroups import CgroupHandle
 from codecage.models import Limits
+from codecage.policy.profiles import preload_for
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -122,13 +124,17 @@ class Templates:
         """
         if not eligible(spec) or not self._process.owned_here():
             return None
-        template = self._template_for(spec)
+        # A cold run's spec names no modules to preload; its template preloads the
+        # profile's all the same (the point of a template), and serves both.
+        template = self._template_for(
+            spec if spec.preload else dataclasses.replace(spec, preload=preload_for(spec.policy))
+        )
         if template is None:
             return None
         try:
             sandbox = template.fork(spec, limits)
         except SandboxError:
-            self._failed(spec, template)
+            self._failed(template)
             raise
         self.forked += 1
         return sandbox
@@ -154,7 +160,8 @@ class Templates:
             self._templates[spec] = template
             return template
 
-    def _failed(self, spec: SandboxSpec, template: _Template) -> None:
+    def _failed(self, template: _Template) -> None:
+        spec = template.sandbox.spec
         with self._lock:
             if self._templates.get(spec) is template:
                 self._templates.pop(spec).close()
