@@ -90,7 +90,10 @@ from codecage.engine import workspace as workspaces
 from codecage.errors import CodecageError
 
 SECTIONS = ("tiny", "batch", "latency", "data_science", "cli", "memory")
-MODES = {"pool": False, "fork_server": True}  # mode name -> Sandbox(fork_server=...)
+# mode name -> Sandbox(fork_server=...); every mode runs a warm pool but `fork_direct`, which
+# forks each run's sandbox when the run asks (the fork server without a pool).
+MODES = {"pool": False, "fork_server": True, "fork_direct": True}
+UNPOOLED = {"fork_direct"}
 CONCURRENCY = 4
 TINY = "1"
 PANDAS = "import pandas; pandas.DataFrame({'a':[1]}).a.sum()"
@@ -139,8 +142,9 @@ TARGETS = {
 # --- sandboxes --------------------------------------------------------------------------
 
 
-def open_sandbox(fork_server: bool, profile: str) -> Sandbox | str:
-    """A pooled Sandbox of `profile` in this mode, or why the mode is n/a here."""
+def open_sandbox(fork_server: bool, profile: str, pool: bool = True) -> Sandbox | str:
+    """A Sandbox of `profile` in this mode (pooled unless `pool` is False), or why the
+    mode is n/a here."""
     if "fork_server" not in inspect.signature(Sandbox).parameters:
         if fork_server:
             return "n/a: Sandbox has no fork_server keyword in this checkout"
@@ -148,7 +152,7 @@ def open_sandbox(fork_server: bool, profile: str) -> Sandbox | str:
     try:
         # through a dict: the keyword exists only in checkouts with the fork server
         mode: dict[str, Any] = {"fork_server": fork_server}
-        return Sandbox(pool=True, profile=profile, **mode)
+        return Sandbox(pool=pool, profile=profile, **mode)
     except CodecageError as exc:  # e.g. a backend without a fork server
         if not fork_server:
             raise
@@ -158,7 +162,9 @@ def open_sandbox(fork_server: bool, profile: str) -> Sandbox | str:
 @contextlib.contextmanager
 def sandboxes(profile: str) -> Iterator[dict[str, Sandbox | str]]:
     """One Sandbox per mode (or the reason it is n/a), all warm, closed on the way out."""
-    opened = {mode: open_sandbox(flag, profile) for mode, flag in MODES.items()}
+    opened = {
+        mode: open_sandbox(flag, profile, pool=mode not in UNPOOLED) for mode, flag in MODES.items()
+    }
     try:
         settle(opened)
         yield opened
@@ -171,7 +177,11 @@ def sandboxes(profile: str) -> Iterator[dict[str, Sandbox | str]]:
 def settle(opened: dict[str, Sandbox | str]) -> None:
     """Every open pool full again, so that no refill runs during the next timed chunk."""
     for mode, sandbox in opened.items():
-        if isinstance(sandbox, Sandbox) and not sandbox.warm(WARM_TIMEOUT_S):
+        if (
+            isinstance(sandbox, Sandbox)
+            and sandbox.pool is not None
+            and not sandbox.warm(WARM_TIMEOUT_S)
+        ):
             raise RuntimeError(f"{mode}: pool not ready within {WARM_TIMEOUT_S:g} s")
 
 
@@ -355,9 +365,65 @@ def measure_rates(
     return rows
 
 
+# The kernel's part of one forked run, without codecage: in a bwrap sandbox that keeps
+# CAP_SYS_ADMIN (as a template does), fork; unshare pid, mount, ipc, uts and net namespaces;
+# make the mounts private; a tmpfs /tmp; fork PID 1, which mounts its /proc; exit; reap.
+NAMESPACE_LOOP = """
+import ctypes, os, sys, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+count, workers = int(sys.argv[1]), int(sys.argv[2])
+def mount(src, dst, fs, flags, data=None):
+    if libc.mount(src, dst, fs, ctypes.c_ulong(flags), data) != 0:
+        os._exit(3)
+def one():
+    pid = os.fork()
+    if pid == 0:
+        if libc.unshare(0x20000000 | 0x00020000 | 0x08000000 | 0x04000000 | 0x40000000):
+            os._exit(2)
+        mount(None, b"/", None, 0x4000 | 0x40000)
+        mount(b"tmpfs", b"/tmp", b"tmpfs", 0x6, b"size=1m,mode=1777")
+        init = os.fork()
+        if init == 0:
+            mount(b"proc", b"/proc", b"proc", 0xF)
+            os._exit(0)
+        os._exit(os.waitstatus_to_exitcode(os.waitpid(init, 0)[1]))
+    if os.waitpid(pid, 0)[1] != 0:
+        raise SystemExit("a namespaced fork failed")
+def worker(n):
+    for _ in range(n):
+        one()
+threads = [threading.Thread(target=worker, args=((count + i) // workers,)) for i in range(workers)]
+started = time.perf_counter()
+for t in threads: t.start()
+for t in threads: t.join()
+print(time.perf_counter() - started)
+"""
+
+
+def namespace_chunk(offset: int, count: int, tally: Tally) -> None:
+    """NAMESPACE_LOOP in a bwrap sandbox with a template's powers (root only)."""
+    powers = ["--cap-drop", "ALL", "--cap-add", "CAP_SYS_ADMIN"]
+    argv = [
+        "bwrap", "--unshare-user", "--unshare-pid", "--unshare-net", "--uid", "1000", *powers,
+        "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+        _python(), "-I", "-S", "-c", NAMESPACE_LOOP, str(count), str(CONCURRENCY),
+    ]  # fmt: skip
+    busy0, total0 = machine_jiffies()
+    p = subprocess.run(argv, capture_output=True, text=True, cwd="/", env={}, check=False)
+    busy1, total1 = machine_jiffies()
+    if p.returncode != 0:
+        tally.failures.append(f"exit {p.returncode}: {p.stderr[-200:]!r}")
+        return
+    tally.seconds += float(p.stdout)
+    tally.busy_jiffies += busy1 - busy0
+    tally.total_jiffies += total1 - total0
+    tally.runs += count
+
+
 def measure_tiny(sizes: Sizes) -> dict[str, Any]:
     floors = {
         "floor_fork": (sizes.tiny, bare_fork_chunk),
+        **({"floor_namespaces": (sizes.tiny, namespace_chunk)} if os.geteuid() == 0 else {}),
         "floor_fork_host": (sizes.tiny, work_chunk(fork_once)),
         "floor_raw_bwrap": (sizes.bwrap, work_chunk(argv_once(_raw_bwrap_argv(TINY)))),
     }
@@ -741,29 +807,14 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def template_memory() -> list[dict[str, Any]]:
-    """RSS/PSS of each fork-server template process of this host process.
-
-    A template is found as a descendant of this process whose working directory or command
-    line lies under one of this process's run directories (`RUN_DIR_PREFIX<pid>-...` in the
-    private parent). TODO(lead): narrow this to however the fork server marks its
-    templates (e.g. a name in the command line); until the fork server exists it finds none.
-    """
-    parent = workspaces.private_parent()
-    own = f"{parent}/{RUN_DIR_PREFIX}{os.getpid()}-"
-    rows = []
-    for pid in descendants(os.getpid()):
-        try:
-            cwd = str(Path(f"/proc/{pid}/cwd").readlink())
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if not (cwd.startswith(own) or own in cmdline):
-            continue
-        rows.append(
-            {"pid": pid, "rss_mb": rss_mb(pid), "pss_mb": pss_mb(pid), "cmdline": cmdline[:120]}
-        )
-    return rows
+def template_memory(sandbox: Sandbox) -> list[dict[str, Any]]:
+    """RSS/PSS of each fork-server template of `sandbox` (its bwrap processes and the
+    template's interpreter), as `info` reports them."""
+    state = sandbox.info().pool
+    fork_server = state.fork_server if state is not None else None
+    if fork_server is None:
+        return []
+    return [t.model_dump() for t in fork_server.templates]
 
 
 def measure_memory() -> dict[str, Any]:
@@ -771,7 +822,7 @@ def measure_memory() -> dict[str, Any]:
     RSS/PSS (as the pool reports them), the templates' RSS/PSS."""
     rows: dict[str, Any] = {"host_rss_mb_before": rss_mb()}
     for mode, flag in MODES.items():
-        sandbox = open_sandbox(flag, "basic")
+        sandbox = open_sandbox(flag, "basic", pool=mode not in UNPOOLED)
         if isinstance(sandbox, str):
             rows[mode] = {"n/a": sandbox}
             continue
@@ -785,7 +836,7 @@ def measure_memory() -> dict[str, Any]:
                 "idle_rss_mb": key.idle_rss_mb if key else None,
                 "idle_pss_mb": key.idle_pss_mb if key else None,
                 # today's pooled sandboxes would match too: only the fork server has templates
-                "templates": template_memory() if flag else None,
+                "templates": template_memory(sandbox) if flag else None,
             }
     return rows
 
@@ -799,7 +850,7 @@ def measure_soak(runs: int, mode: str | None) -> dict[str, Any]:
         has_fork_server = "fork_server" in inspect.signature(Sandbox).parameters
         mode = "fork_server" if has_fork_server else "pool"
     before = leak_counts()
-    sandbox = open_sandbox(MODES[mode], "basic")
+    sandbox = open_sandbox(MODES[mode], "basic", pool=mode not in UNPOOLED)
     if isinstance(sandbox, str):
         return {"mode": mode, "n/a": sandbox}
     samples: list[dict[str, Any]] = []
