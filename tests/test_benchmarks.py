@@ -29,6 +29,15 @@ def test_the_cold_start_benchmark_runs_and_prints_every_variant() -> None:
         assert variant in p.stdout
 
 
+def test_the_cli_startup_benchmark_prints_every_variant_and_every_step() -> None:
+    p = run_bench("bench_cli_startup.py", "-n", "1")
+    for variant in ("python_pass", "import_cli", "codecage_run", "codecage_json"):
+        assert variant in p.stdout
+    p = run_bench("bench_cli_startup.py", "--phases", "-n", "1")
+    for step in ("imports (codecage.cli)", "config load", "sandbox start", "teardown"):
+        assert step in p.stdout
+
+
 def test_the_benchmark_suite_runs_quick_and_prints_every_section() -> None:
     p = run_bench("bench_suite.py", "--quick", "--no-write", timeout=110)
     for section in (

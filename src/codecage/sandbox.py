@@ -9,7 +9,6 @@ turns its arguments into a typed `host.Request` (or call) for the Host.
 
 from __future__ import annotations
 
-import asyncio
 import getpass
 import inspect
 import logging
@@ -47,6 +46,8 @@ from codecage.policy.profiles import ImportPolicy
 from codecage.session import Session, open_session
 
 if TYPE_CHECKING:
+    import asyncio
+
     from codecage.backends.base import Backend
     from codecage.bridge.broker import Broker
     from codecage.policy.scrub import Scrubber
@@ -466,6 +467,8 @@ class Sandbox:
             HostError: the host cannot provide the isolation (see `doctor()`).
             SandboxError: the sandbox itself failed.
         """
+        import asyncio  # here: a plain `run` (the CLI's) need not pay its import (~15 ms)
+
         cancel = threading.Event()
         relay, handler = None, cast(OutputHandler | None, on_output)
         if inspect.iscoroutinefunction(on_output):
@@ -549,6 +552,8 @@ class Sandbox:
         Raises:
             ConfigError: refused before anything ran, as for `run_many`.
         """
+        import asyncio  # as in `arun`
+
         cancel = threading.Event()
         try:
             return await asyncio.to_thread(
@@ -623,6 +628,8 @@ class _LoopRelay:
     queues each piece (`put`), one task awaits the handler for each in order."""
 
     def __init__(self, handler: Callable[[str, str], Awaitable[None]]) -> None:
+        import asyncio  # as in `arun`
+
         self._handler = handler
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[tuple[str, str] | None] = asyncio.Queue()
@@ -645,6 +652,8 @@ class _LoopRelay:
 
     async def finish(self) -> None:
         """After the run: the pieces queued so far are handled (at most 5 s more)."""
+        import asyncio  # as in `arun`
+
         self._queue.put_nowait(None)  # after every put: the run's thread queued them first
         _, pending = await asyncio.wait({self._task}, timeout=5.0)
         if pending:

@@ -27,15 +27,18 @@ except ImportError:  # pragma: no cover
     from click.exceptions import ClickException  # type: ignore[assignment]
 
 _HELP_NAMES = ["-h", "--help"]
-app = typer.Typer(
-    help="Run code written by AI agents with real OS isolation, and get a structured result.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
-    # Inherited by every command's context: `codecage run -h` as well as --help.
-    context_settings={"help_option_names": _HELP_NAMES},
-)
+
+
+def _typer() -> typer.Typer:
+    return typer.Typer(
+        help="Run code written by AI agents with real OS isolation, and get a structured result.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        rich_markup_mode="rich",
+        # Inherited by every command's context: `codecage run -h` as well as --help.
+        context_settings={"help_option_names": _HELP_NAMES},
+    )
 
 
 def reflow(doc: str) -> str:
@@ -59,7 +62,6 @@ def _show_version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-@app.callback()
 def _options(
     version: Annotated[
         bool,
@@ -76,12 +78,36 @@ def _options(
 
 
 # In this order in --help.
-for command in (run.run, run.validate, info.info, info.doctor, gen.gen, serve.serve):
-    app.command()(command)
-app.command(name="run-batch")(batch.run_batch)
-app.add_typer(packages.app, name="packages")
-app.add_typer(session.app, name="session")
-app.add_typer(audit.app, name="audit")
+_COMMANDS = (run.run, run.validate, info.info, info.doctor, gen.gen, serve.serve)
+_NAMED = {"run-batch": batch.run_batch}  # commands whose name is not their function's
+_GROUPS = {"packages": packages.app, "session": session.app, "audit": audit.app}
+
+
+def _build(
+    commands: Sequence[Any], named: dict[str, Any], groups: dict[str, typer.Typer]
+) -> typer.Typer:
+    built = _typer()
+    built.callback()(_options)
+    for command in commands:
+        built.command()(command)
+    for name, command in named.items():
+        built.command(name=name)(command)
+    for name, group in groups.items():
+        built.add_typer(group, name=name)
+    return built
+
+
+app = _build(_COMMANDS, _NAMED, _GROUPS)
+
+
+def _app_for(args: list[str]) -> typer.Typer:
+    """`app`, or for `codecage COMMAND ...` an app of that one command: typer builds the
+    click parser of every command it holds at each start (~25 ms for all of them), and
+    `codecage run` needs one. What it parses and prints is the same: the command's own
+    options and help; the others only show in `codecage --help` and its usage errors."""
+    plain = [c for c in _COMMANDS if args and c.__name__ == args[0]]
+    named = {n: c for n, c in _NAMED.items() if args and n == args[0]}
+    return _build(plain, named, {}) if plain or named else app
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
@@ -89,7 +115,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     --json they are one JSON object on stdout like every other error."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        code = _click_command().main(args=args, prog_name="codecage", standalone_mode=False)
+        code = _click_command(_app_for(args)).main(
+            args=args, prog_name="codecage", standalone_mode=False
+        )
     except ClickException as exc:
         _usage_error(exc, as_json=_wants_json(args))
     except typer.Abort:
@@ -98,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-def _click_command() -> Any:
+def _click_command(app: typer.Typer = app) -> Any:
     """The click command typer builds, with its help fitted to an 80-column terminal: each
     command's docstring reflowed (typer keeps the source's line breaks inside a paragraph,
     which leave one word on a line), a flag shown without `<bool>` and a repeatable option

@@ -12,12 +12,10 @@ from pathlib import Path
 from typing import Annotated, TextIO
 
 import typer
-import uvicorn
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
-from codecage.audit import AuditStore, Erasure, Query, journal, open_store, views, web
+from codecage.audit import AuditStore, Erasure, Query, journal, open_store, views
 from codecage.audit.record import AuditRecord
 from codecage.audit.store import default_location
 from codecage.cli.logs import configure_logging
@@ -262,6 +260,8 @@ def audit_web(
     """
     configure_logging(verbose)
     try:
+        from codecage.audit import web  # here, with uvicorn below: only this command serves
+
         token = _token(token_env)
         web.check_bind(host, token)
         location = _location(store, config_file)
@@ -274,6 +274,8 @@ def audit_web(
     except CodecageError as exc:
         fail(exc, as_json=False, verbose=verbose)
     stderr.print(f"codecage audit web on http://{host}:{port}/ (read-only)", markup=False)
+    import uvicorn  # here: its import (~40 ms) would otherwise delay every `codecage run`
+
     uvicorn.run(asgi, host=host, port=port, log_level="warning")
 
 
@@ -423,6 +425,8 @@ def _print_table(records: list[AuditRecord]) -> None:
     if not records:
         console.print("no runs on record match", markup=False)
         return
+    from rich.table import Table  # here, as uvicorn above: only this command draws tables
+
     table = Table(box=None, pad_edge=False)
     for column in ("started (UTC)", "id", "caller", "status", "wall", "events"):
         table.add_column(column, no_wrap=column != "events")

@@ -241,7 +241,10 @@ def run(
             scrub=scrub_option(no_scrub, scrub_categories, settings),
             allow_host=allow_host,
             audit=audit,
-            # One run per process: a template would cost a sandbox's start before the fork.
+            # One run, one sandbox: a warm pool (the config's [pool]) would start several
+            # for nothing and make this process wait to tear them down; a fork server's
+            # template would cost a sandbox's start before the fork.
+            pool=False,
             fork_server=False,
         )
         spinner = progress("starting the sandbox", enabled=not as_json)

@@ -20,7 +20,6 @@ an elicitation without asking anyone, and a library callback is the caller's own
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import datetime
 import getpass
@@ -31,7 +30,7 @@ import os
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from codecage.models import (
     ApprovalLevel,
@@ -44,6 +43,9 @@ from codecage.models import (
     Limits,
     ValidationReport,
 )
+
+if TYPE_CHECKING:
+    import asyncio
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +188,8 @@ def _on_loop(
     asked: ApprovalRequest,
     loop: asyncio.AbstractEventLoop,
 ) -> bool | None:
+    import asyncio  # here: a plain `run` (the CLI's) need not pay its import (~15 ms)
+
     async def ask() -> bool:
         return await callback(asked)
 
@@ -208,6 +212,8 @@ def _on_thread(callback: Callback, asked: ApprovalRequest) -> bool | None:
         try:
             answer = callback(asked)
             if inspect.isawaitable(answer):
+                import asyncio  # as in `_on_loop`
+
                 answer = asyncio.run(_awaited(answer))
             answers.append(answer is True)
         except Exception as exc:  # the caller's code failed: no approval

@@ -1,0 +1,213 @@
+"""How long does one whole `codecage run --code 1` process take, next to its floors?
+
+Measures in ONE run, interleaved so that machine drift hits every variant alike:
+
+    python_pass     the host interpreter, `python -c pass`, as a whole process
+    import_cli      `python -c "import codecage.cli"`: what imports alone cost
+    codecage_run    `codecage run --code 1` (the installed entry point), as a whole process
+    codecage_json   the same with --json
+
+The code measured is this checkout's (`src/` goes first on PYTHONPATH), run with the
+caller's environment, so as root it is the CLI as it runs by default. Prints a table of
+p50/p95 and the ratio of each p50 to python_pass; writes nothing.
+
+--phases runs `codecage run --code 1` in this process instead, n times each in a fresh
+interpreter, with a timer around each step of the run (config load, self-test verdict,
+guardian, sandbox start, ...), and prints the median of each step.
+
+    .venv/bin/python benchmarks/bench_cli_startup.py          # n=20
+    .venv/bin/python benchmarks/bench_cli_startup.py --phases # where one run's time goes
+    .venv/bin/python benchmarks/bench_cli_startup.py --src OLD/src --src src  # before/after
+    .venv/bin/python benchmarks/bench_cli_startup.py -n 2     # smoke (the test suite)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = ROOT / ".venv" / "bin"
+
+
+def variants() -> dict[str, list[str]]:
+    python = str(BIN / "python")
+    codecage = str(BIN / "codecage")
+    return {
+        "python_pass": [python, "-c", "pass"],
+        "import_cli": [python, "-c", "import codecage.cli"],
+        "codecage_run": [codecage, "run", "--code", "1"],
+        "codecage_json": [codecage, "run", "--code", "1", "--json"],
+    }
+
+
+SOURCES = [ROOT / "src"]  # --src sets it: the trees measured, side by side
+
+
+def environment(src: Path | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    # The entry point's own install may point at another checkout: measure this one.
+    first = str(src or SOURCES[0])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [first, env.get("PYTHONPATH")]))
+    return env
+
+
+def compile_sources() -> None:
+    """Bring each tree's .pyc files up to date first: with PYTHONDONTWRITEBYTECODE set (as
+    here) a process never writes them, and every run would compile what is stale."""
+    for src in SOURCES:
+        subprocess.run(
+            [str(BIN / "python"), "-m", "compileall", "-q", str(src)], check=True, cwd=ROOT
+        )
+
+
+def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall ms, and CPU ms (user + system) of the process and all it waited for: on a
+    shared machine the CPU figure moves less with the load than the wall one."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    subprocess.run(argv, check=True, capture_output=True, env=env, cwd=ROOT)
+    wall = (time.perf_counter() - start) * 1000
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) * 1000
+    return wall, cpu
+
+
+def measure(n: int) -> dict[str, list[tuple[float, float]]]:
+    """Each variant of each source tree, interleaved round by round."""
+    runs = {
+        (f"{name}@{i}" if len(SOURCES) > 1 and name != "python_pass" else name): (argv, env)
+        for i, src in enumerate(SOURCES)
+        for env in [environment(src)]
+        for name, argv in variants().items()
+    }
+    compile_sources()
+    for argv, env in runs.values():  # warm: .pyc files, the self-test cache, page cache
+        timed(argv, env)
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
+    for _ in range(n):
+        for name, (argv, env) in runs.items():
+            samples[name].append(timed(argv, env))
+    return samples
+
+
+# (module, attribute path, label): each is wrapped in a timer by `_phases_child`. Nested
+# steps are included in their parents' time.
+PHASES = [
+    ("codecage.cli.run", "load_config", "config load"),
+    ("codecage.cli.run", "build_sandbox", "Sandbox(...): host set-up"),
+    ("codecage.host", "Host._choose_backend", "  backend choice + self-test verdict"),
+    ("codecage.host", "selftest.cache_key", "    self-test cache key"),
+    ("codecage.host", "_read_cached", "    cached verdict read"),
+    ("codecage.host", "_PROCESS.sweep_once", "  sweep of stale runs"),
+    ("codecage.host", "guardian.ensure", "  guardian start"),
+    ("codecage.host", "redaction.build_scrubber", "  scrubber"),
+    ("codecage.host", "Host._pool", "  pool"),
+    ("codecage.sandbox", "Sandbox.run", "Sandbox.run"),
+    ("codecage.engine.run", "start", "  sandbox start"),
+    ("codecage.engine.run", "rootfs.find_interpreter", "    interpreter facts"),
+    ("codecage.engine.run", "launch.sandbox_filter", "    seccomp filter"),
+    ("codecage.engine.run", "_binds", "    binds (libraries, packages)"),
+    ("codecage.engine.launch", "rootfs.packages_for", "      the profile's packages"),
+    ("codecage.engine.run", "launch.reachable", "    mounts reachable"),
+    ("codecage.engine.run", "cgroups.create", "    cgroup set-up"),
+    ("codecage.engine.run", "launch.prepare_workspace", "    workspace"),
+    ("codecage.backends.bwrap", "BwrapBackend.start", "    bwrap spawn"),
+    ("codecage.engine.run", "run_in", "  run (guest start + code + result)"),
+    ("codecage.engine.run", "StartedSandbox.destroy", "  teardown"),
+    ("codecage.sandbox", "Sandbox.close", "Sandbox close"),
+]
+
+_CHILD = r"""
+import functools, importlib, json, sys, time
+t0 = time.perf_counter()
+from codecage.cli import main
+imported = time.perf_counter()
+totals = {}
+for module, path, label in json.loads(sys.argv[1]):
+    owner = importlib.import_module(module)
+    *parents, name = path.split(".")
+    for part in parents:
+        owner = getattr(owner, part)
+    inner = getattr(owner, name)
+    def timer(*a, __inner=inner, __label=label, **k):
+        start = time.perf_counter()
+        try:
+            return __inner(*a, **k)
+        finally:
+            totals[__label] = totals.get(__label, 0.0) + time.perf_counter() - start
+    setattr(owner, name, functools.wraps(inner)(timer))
+set_up = time.perf_counter()
+try:
+    main(["run", "--code", "1", "--json"])
+except SystemExit:
+    pass
+end = time.perf_counter()
+totals["imports (codecage.cli)"] = imported - t0
+totals["CLI total after imports"] = end - set_up
+print(json.dumps({k: v * 1000 for k, v in totals.items()}))
+"""
+
+
+def phases(n: int) -> dict[str, list[float]]:
+    env = environment()
+    compile_sources()
+    argv = [str(BIN / "python"), "-c", _CHILD, json.dumps(PHASES)]
+    samples: dict[str, list[float]] = {}
+    for _ in range(n + 1):
+        proc = subprocess.run(argv, check=True, capture_output=True, text=True, env=env, cwd=ROOT)
+        timings = json.loads(proc.stdout.splitlines()[-1])
+        for label, ms in timings.items():
+            samples.setdefault(label, []).append(ms)
+    order = ["imports (codecage.cli)", *(label for _, _, label in PHASES)]
+    order.append("CLI total after imports")
+    return {label: samples[label][1:] for label in order if label in samples}  # 1st warms
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("-n", type=int, default=20, help="rounds (default 20)")
+    parser.add_argument("--phases", action="store_true", help="time each step of one run")
+    parser.add_argument(
+        "--src",
+        type=Path,
+        action="append",
+        help="a source tree to measure instead of this checkout's src/; repeat to compare "
+        "(variants are suffixed @0, @1, ... in that order)",
+    )
+    args = parser.parse_args(argv)
+    if args.src:
+        SOURCES[:] = [p.resolve() for p in args.src]
+    if args.phases:
+        print(f"{'step':<40}{'p50 ms':>9}")
+        for label, values in phases(args.n).items():
+            print(f"{label:<40}{statistics.median(values):>9.1f}")
+        return 0
+    samples = measure(args.n)
+    floor = statistics.median(wall for wall, _ in samples["python_pass"])
+    for i, src in enumerate(SOURCES):
+        print(f"@{i}: {src}")
+    print(f"{'variant':<18}{'p50 ms':>9}{'p95 ms':>9}{'x pass':>8}{'CPU p50 ms':>12}")
+    for name, pairs in samples.items():
+        walls = [wall for wall, _ in pairs]
+        p50 = statistics.median(walls)
+        cpu = statistics.median(c for _, c in pairs)
+        p95 = percentile(walls, 0.95)
+        print(f"{name:<18}{p50:>9.1f}{p95:>9.1f}{p50 / floor:>8.2f}{cpu:>12.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
