@@ -53,6 +53,7 @@ def test_an_unset_cancel_event_changes_nothing() -> None:
 
 def test_cancelling_an_arun_task_kills_its_sandbox() -> None:
     sandbox = Sandbox(pool=False, import_policy=False)
+    sandbox.run("1")  # a fork server's template (a run dir of its own) is up by now
     before = set(_own_run_dirs())
 
     async def cancel_midway() -> None:

@@ -442,7 +442,11 @@ def test_a_pool_with_nothing_idle_counts_a_miss_runs_cold_and_grows(make_pool: M
 def test_a_memory_limit_below_what_the_preloaded_modules_use_falls_back_to_cold(
     make_pool: MakePool,
 ) -> None:
-    sandbox = _warm_sandbox(make_pool, profile="data_science", allowed_imports=["sys"])
+    # Started anew, not forked: a fork's preloaded modules are its template's memory, so a
+    # forked sandbox can take such a limit (tests/test_forkserver.py).
+    sandbox = _warm_sandbox(
+        make_pool, profile="data_science", allowed_imports=["sys"], fork_server=False
+    )
     (member,) = _idle(sandbox)
     r = sandbox.run(SHOW_PRELOADED + "preloaded", limits={"memory_mb": 40})
     assert (r.status, r.return_value) == ("ok", []), r.error  # nothing preloaded: cold
@@ -469,8 +473,10 @@ def test_a_run_that_fell_back_to_cold_is_not_counted_as_a_hit(make_pool: MakePoo
 def test_fifty_pooled_runs_and_a_close_leave_nothing_behind() -> None:
     before = _snapshot()
     config = PoolConfig(enabled=True, sizes=PoolSizes(min_idle=2, max_idle=2))
-    with Pool(load_backend("auto"), config, Limits()) as pool:
-        sandbox = Sandbox(pool=pool, import_policy=False)
+    with (
+        Pool(load_backend("auto"), config, Limits()) as pool,
+        Sandbox(pool=pool, import_policy=False) as sandbox,  # its fork server closed too
+    ):
         assert sandbox.warm(30)
         results = [sandbox.run(f"print({i})\n{i}") for i in range(50)]
         key = _key(sandbox)

@@ -43,6 +43,8 @@ class BwrapBackend:
     """Namespaces via bubblewrap; see the module docstring for what is in force."""
 
     name = "bwrap"
+    # It can start a fork server's template (LaunchSpec.template; engine/forkserver.py).
+    forks_templates = True
 
     def __init__(self) -> None:
         self.executable = _find_bwrap()

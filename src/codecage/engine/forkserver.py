@@ -79,8 +79,8 @@ def stop_all() -> None:
 
 def supported(backend: Backend) -> str | None:
     """Why `backend` cannot fork sandboxes here, for a person; None when it can."""
-    if backend.name != "bwrap":
-        return f"the {backend.name} backend starts every sandbox anew (bwrap only)"
+    if not getattr(backend, "forks_templates", False):
+        return f"the {backend.name} backend starts every sandbox anew (no fork server)"
     if not tmpfs.can_mount_tmpfs():
         return "codecage cannot mount tmpfs workspaces here (it is not root)"
     if cgroups.why_unavailable() is not None:
@@ -110,7 +110,7 @@ class Templates:
         # bwrap's --die-with-parent is tied to the thread that started it: templates are
         # started by a thread of their own, which lives as long as this object (a caller's
         # thread, e.g. a ThreadPoolExecutor's, may end and take the template with it).
-        self._starter = _StarterThread()
+        self._starter: _StarterThread | None = None  # made with the first template
         self.forked = 0  # sandboxes made, for `info` and the benchmarks
         forks.close_at_exit(self)
         _LIVE.add(self)
@@ -148,6 +148,8 @@ class Templates:
                 return template
             if template is not None:
                 self._templates.pop(spec).close()
+            if self._starter is None:
+                self._starter = _StarterThread()
             try:
                 template = self._starter.call(
                     lambda: _Template.start(spec, self._limits, self.backend)
@@ -185,15 +187,17 @@ class Templates:
             return
         with self._lock:
             templates, self._templates = list(self._templates.values()), {}
+            starter, self._starter = self._starter, None
         for template in templates:
             template.close()
+        if starter is not None:  # no template of its left: it may end
+            starter.close()
 
     def close(self) -> None:
         """Stop every template, and fork nothing more."""
         with self._lock:
             self._closed = True
         self.stop()
-        self._starter.close()
 
 
 class _StarterThread:
@@ -221,7 +225,10 @@ class _StarterThread:
                 done.set_exception(exc)
 
     def close(self) -> None:
+        """End the thread once the calls given so far are done; wait a moment for it."""
         self._calls.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5)
 
 
 @dataclass(slots=True)
