@@ -25,6 +25,7 @@ from tests._forking import in_forked_child
 from codecage import ExecutionResult, Sandbox
 from codecage.backends.base import load_backend
 from codecage.engine import RunRequest, SandboxSpec, StartedSandbox, run_in
+from codecage.engine import pool as pool_module
 from codecage.engine import workspace as workspaces
 from codecage.engine.pool import Pool
 from codecage.isolation import cgroups
@@ -352,6 +353,23 @@ def test_closing_a_sandbox_kills_its_own_pool_and_removes_everything(
     assert [p for p in pids if _running(p)] == []
     assert _own_run_dirs() == set()
     assert _own_cgroups() == set()
+
+
+def test_a_full_graveyard_makes_the_releaser_destroy_its_sandbox(
+    make_pool: MakePool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs that come faster than the reaper tears sandboxes down do not pile them up:
+    past the bound, the sandbox is destroyed before `release` returns."""
+    sandbox = _warm_sandbox(make_pool)
+    pool = sandbox.pool
+    assert pool is not None
+    (member,) = _idle(sandbox)
+    taken = pool.take(member.spec)
+    assert taken is member
+    monkeypatch.setattr(pool_module, "_GRAVEYARD_MAX", 0)
+    pool.release(member)
+    assert not member.workspace.path.parent.exists()  # gone already, not HOLD_OFF_S later
+    assert member.proc.poll() is not None
 
 
 def test_closing_the_pool_lets_a_run_in_progress_finish(make_pool: MakePool) -> None:

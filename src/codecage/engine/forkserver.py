@@ -397,8 +397,7 @@ class ForkedProcess(SandboxProcess):
 
     def _hello(self, expected: bytes) -> int:
         """The host pid of the process that sent `expected` (from its credentials)."""
-        ready, _, _ = select.select([self._exit_sock], [], [], HELLO_TIMEOUT_S)
-        if not ready:
+        if not _readable(self._exit_sock, HELLO_TIMEOUT_S):
             raise SandboxError(
                 f"the fork server did not fork the sandbox within {HELLO_TIMEOUT_S:g} s"
             )
@@ -414,7 +413,7 @@ class ForkedProcess(SandboxProcess):
         return self._init_pid
 
     def poll(self) -> ExitStatus | None:
-        if self._status is None and select.select([self._exit_sock], [], [], 0)[0]:
+        if self._status is None and _readable(self._exit_sock, 0):
             self._read_status()
         return self._status
 
@@ -425,7 +424,7 @@ class ForkedProcess(SandboxProcess):
         deadline = None if timeout is None else time.monotonic() + timeout
         while self._status is None:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not select.select([self._exit_sock], [], [], left)[0]:
+            if not _readable(self._exit_sock, left):
                 raise subprocess.TimeoutExpired("sandbox", timeout or 0)
             self._read_status()
         return self._status
@@ -469,6 +468,13 @@ class ForkedProcess(SandboxProcess):
             if self._init_pidfd is not None:
                 os.close(self._init_pidfd)
                 self._init_pidfd = None
+
+
+def _readable(sock: socket.socket, timeout_s: float | None) -> bool:
+    """poll, not select: a busy host's fds pass FD_SETSIZE (1024)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(None if timeout_s is None else timeout_s * 1000))
 
 
 def _sender_pid(ancillary: list[tuple[int, int, bytes]]) -> int | None:

@@ -52,6 +52,7 @@ _TICK_S = 0.5
 _STARTER_THREADS = 2
 _REAPER_POLL_S = 0.02  # while runs come and go, the reaper looks for used sandboxes so often
 _REAPER_LINGER_S = 2.0  # ... for so long after its last work; then it waits to be woken
+_GRAVEYARD_MAX = 16  # used sandboxes waiting for the reaper; past it, the releaser destroys
 
 
 _Key = KeyPlan[StartedSandbox]
@@ -443,10 +444,21 @@ class Pool:
     # --- the reaper thread -------------------------------------------------------------------
 
     def _to_graveyard(self, sandbox: StartedSandbox) -> None:
+        """Leave `sandbox` to the reaper; or, when it already has `_GRAVEYARD_MAX` waiting
+        (runs come faster than one thread tears sandboxes down: forked ones come at 100/s),
+        destroy it here: the caller waits for it, and the sandboxes (their processes,
+        mounts and fds) waiting for their end stay bounded."""
         with self._graveyard_cond:
-            self._graveyard.append((sandbox, time.monotonic() + HOLD_OFF_S))
-            if self._reaper_asleep:
-                self._graveyard_cond.notify()
+            full = len(self._graveyard) >= _GRAVEYARD_MAX
+            if not full:
+                self._graveyard.append((sandbox, time.monotonic() + HOLD_OFF_S))
+                if self._reaper_asleep:
+                    self._graveyard_cond.notify()
+        if full:
+            try:
+                sandbox.destroy()
+            except Exception:
+                log.exception("pool.destroy_failed")
 
     def _reap_loop(self) -> None:
         """Destroy used sandboxes, each `HOLD_OFF_S` after its release (at once when the
