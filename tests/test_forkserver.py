@@ -69,13 +69,18 @@ status = dict(line.split(":\\t") for line in open("/proc/self/status").read().sp
 libc = ctypes.CDLL(None, use_errno=True)
 refused = libc.unshare(0x00020000) != 0 and ctypes.get_errno() == errno.EPERM
 mount = libc.mount(b"none", b"/tmp", b"tmpfs", 0, None) != 0
+# A user namespace needs no capability: only the run's filter answers EPERM (the template's
+# allows unshare; bwrap's --disable-userns alone would answer ENOSPC).
+userns = libc.unshare(0x10000000) != 0 and ctypes.get_errno() == errno.EPERM
 print(json.dumps({k: status[k].strip() for k in ("CapEff", "CapPrm", "CapBnd", "CapAmb",
-      "NoNewPrivs", "Seccomp")} | {"unshare_refused": refused, "mount_refused": mount}))
+      "NoNewPrivs", "Seccomp")} | {"unshare_refused": refused, "mount_refused": mount,
+      "userns_refused_by_the_filter": userns}))
 """
     got = json.loads(forked.run(code).stdout)
     assert got["CapEff"] == got["CapPrm"] == got["CapBnd"] == got["CapAmb"] == "0" * 16
     assert got["NoNewPrivs"] == "1" and got["Seccomp"] == "2"
     assert got["unshare_refused"] and got["mount_refused"]
+    assert got["userns_refused_by_the_filter"]
 
 
 def test_the_templates_filter_is_the_runs_less_what_making_namespaces_needs() -> None:
