@@ -270,7 +270,7 @@ class _Template:
                 extra_pids=rlimits.SANDBOX_INIT_PROCESSES,  # init, as bwrap's
             )
             if cgroup is not None:
-                cleanup.callback(_destroy_cgroup, cgroup)
+                cleanup.callback(cgroups.destroy, cgroup)
             channel = launch.Channels.open(cleanup)
             proc = self._request(channel, ws.bind_source, spec.tmp_mb, cleanup)
             cleanup.callback(proc.close)
@@ -357,11 +357,6 @@ def _detached_mount(path: os.PathLike[str] | str) -> int:
         code = ctypes.get_errno()
         raise OSError(code, f"open_tree {path}: {os.strerror(code)}")
     return fd
-
-
-def _destroy_cgroup(cgroup: CgroupHandle) -> None:
-    cgroups.kill_all(cgroup)
-    cgroups.remove(cgroup)
 
 
 class ForkedProcess(SandboxProcess):

@@ -343,7 +343,7 @@ def start(
             extra_memory_mb=overhead.memory_mb,
         )
         if cgroup is not None:
-            cleanup.callback(_destroy_cgroup, cgroup)
+            cleanup.callback(cgroups.destroy, cgroup)
         channel = launch.Channels.open(cleanup)
         env = launch.sandbox_env(interpreter)
         guest_argv = launch.guest_argv(channel, spec.preload, pooled=pooled)
@@ -726,11 +726,6 @@ def _hint_packages(policy: ImportPolicy | None, packages_dir: Path | None) -> li
         return []
     added = packages.installed(packages_dir).top_level() if packages_dir else frozenset()
     return sorted(set(profiles.installed_packages()) | added)
-
-
-def _destroy_cgroup(cgroup: CgroupHandle) -> None:
-    cgroups.kill_all(cgroup)
-    cgroups.remove(cgroup)
 
 
 def _usage(seen: Observation, cgroup: CgroupHandle | None, baseline: _Baseline) -> Usage:

@@ -338,6 +338,12 @@ def _still_exiting(pid: int) -> bool:
     return stat.rpartition(b")")[2].split()[0] not in (b"Z", b"X")
 
 
+def destroy(handle: CgroupHandle) -> None:
+    """Kill what is left in the run's cgroup(s), then remove them."""
+    kill_all(handle)
+    remove(handle)
+
+
 def remove(handle: CgroupHandle) -> None:
     """Remove the run's cgroup(s); processes must be gone (see kill_all)."""
     for d in handle.dirs.values():
