@@ -91,6 +91,12 @@ class Sandbox:
             own, sized by the config's [pool] table; a `Pool`: share that one; False: cold
             starts only; None (default): as the config says (`[pool] enabled`, or
             CODECAGE_POOL). Close the Sandbox (or use it in a `with`) to stop its pool.
+        fork_server: fork each sandbox from a warm template of its profile instead of
+            starting bwrap and an interpreter anew (same isolation per run: namespaces,
+            workspace, cgroup, filter; docs/security-model.md#the-fork-server). None
+            (default): as the config says (`[pool] fork_server`, on; CODECAGE_FORK_SERVER).
+            Where it cannot be used (not bwrap, not root) sandboxes start anew; `info()`
+            says which. Its templates live until the Sandbox is closed.
         tools: a `Broker` holding sessions to upstream MCP servers: the code's tool calls
             (`codecage.runtime.call_tool`, `servers.<server>.<tool>.call`) go to it over the
             sandbox's private bridge (docs/tool-bridge.md). None: tool calls fail clearly.
