@@ -308,8 +308,9 @@ print(time.perf_counter() - started)
 """
 
 
-def bare_fork_chunk(offset: int, count: int, tally: Tally) -> None:
-    argv = [_python(), "-I", "-S", "-c", FORK_LOOP, str(count), str(CONCURRENCY)]
+def run_timed_loop(argv: list[str], count: int, tally: Tally) -> None:
+    """Run a loop script that times itself (it prints its seconds: its start-up is not
+    counted) and add its `count` runs to `tally`."""
     busy0, total0 = machine_jiffies()
     p = subprocess.run(argv, capture_output=True, text=True, cwd="/", env={}, check=False)
     busy1, total1 = machine_jiffies()
@@ -320,6 +321,11 @@ def bare_fork_chunk(offset: int, count: int, tally: Tally) -> None:
     tally.busy_jiffies += busy1 - busy0
     tally.total_jiffies += total1 - total0
     tally.runs += count
+
+
+def bare_fork_chunk(offset: int, count: int, tally: Tally) -> None:
+    argv = [_python(), "-I", "-S", "-c", FORK_LOOP, str(count), str(CONCURRENCY)]
+    run_timed_loop(argv, count, tally)
 
 
 def argv_once(argv: list[str]) -> Work:
@@ -414,16 +420,7 @@ def namespace_chunk(offset: int, count: int, tally: Tally) -> None:
         "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
         "/usr/bin/python3", "-I", "-S", "-c", NAMESPACE_LOOP, str(count), str(CONCURRENCY),
     ]  # fmt: skip
-    busy0, total0 = machine_jiffies()
-    p = subprocess.run(argv, capture_output=True, text=True, cwd="/", env={}, check=False)
-    busy1, total1 = machine_jiffies()
-    if p.returncode != 0:
-        tally.failures.append(f"exit {p.returncode}: {p.stderr[-200:]!r}")
-        return
-    tally.seconds += float(p.stdout)
-    tally.busy_jiffies += busy1 - busy0
-    tally.total_jiffies += total1 - total0
-    tally.runs += count
+    run_timed_loop(argv, count, tally)
 
 
 def measure_tiny(sizes: Sizes) -> dict[str, Any]:

@@ -172,11 +172,11 @@ class Templates:
     def memory(self) -> dict[str, tuple[float | None, float | None]]:
         """RSS and PSS (MB) of each template's processes (bwrap's and the template's), by
         profile."""
-        from codecage.engine.pool import _sandbox_memory
+        from codecage.engine.pool import sandbox_memory  # here: the pool imports this module
 
         with self._lock:
             return {
-                (spec.policy.profile if spec.policy else "none"): _sandbox_memory(t.sandbox)
+                (spec.policy.profile if spec.policy else "none"): sandbox_memory(t.sandbox)
                 for spec, t in self._templates.items()
             }
 

@@ -515,11 +515,11 @@ _REPLACEMENTS_DUE = _ReplacementsDue()
 def _with_memory(row: PoolKeyState, sandbox: StartedSandbox | None) -> PoolKeyState:
     if sandbox is None:
         return row
-    rss, pss = _sandbox_memory(sandbox)
+    rss, pss = sandbox_memory(sandbox)
     return row.model_copy(update={"idle_rss_mb": rss, "idle_pss_mb": pss})
 
 
-def _sandbox_memory(sandbox: StartedSandbox) -> tuple[float | None, float | None]:
+def sandbox_memory(sandbox: StartedSandbox) -> tuple[float | None, float | None]:
     """RSS and PSS of every process of one sandbox: bwrap outside, its init and the guest
     inside (found in the sandbox's cgroup)."""
     from codecage.isolation import cgroups
