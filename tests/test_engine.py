@@ -237,13 +237,16 @@ def test_a_forked_childs_report_does_not_replace_the_main_processs(sandbox: Sand
 
 
 DAEMON_KEEPS_WRITING = """
-import threading, time
-def tick(sleep=time.sleep, open=open):  # its own references: the globals go at the end
-    n = 0
+import os, threading, time
+def tick(sleep=time.sleep, open=open, replace=os.replace):  # its own references: the globals go
+    n = 0                                                # at the end
     while True:
         n += 1
-        with open("/workspace/ticks.txt", "w") as f:
+        # Written aside and renamed: the thread may be stopped mid-write, and the file read
+        # must never be a half-written (empty) one.
+        with open("/workspace/ticks.tmp", "w") as f:
             f.write(str(n))
+        replace("/workspace/ticks.tmp", "/workspace/ticks.txt")
         sleep(0.002)
 threading.Thread(target=tick, daemon=True).start()
 time.sleep(0.05)
