@@ -561,12 +561,16 @@ class Host:
         run = self._engine_request(request, backend, tools)
         try:
             waited_ms = 0
-            if self.pool is not None and run.workspace_dir is None and backend is self.backend:
-                result, waited_ms = self._run_warm(self.pool, run)
+            pool = self.pool
+            if pool is not None and run.workspace_dir is None and backend is self.backend:
+                result, waited_ms = self._run_warm(pool, run)
                 if result is not None:
                     return _with_wait(result, waited_ms)
             templates = self.templates if backend is self.backend else None
-            return _with_wait(engine.execute(run, backend, templates), waited_ms)
+            cold = engine.execute(run, backend, templates)
+            if pool is not None and run.workspace_dir is None and backend is self.backend:
+                pool.started_cold(self._spec(run.policy, run.limits, egress=run.egress is not None))
+            return _with_wait(cold, waited_ms)
         finally:
             if tools is not None:
                 tools.close()  # the run's token vault goes with it

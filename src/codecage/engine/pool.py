@@ -156,6 +156,18 @@ class Pool:
                 self._cond.notify_all()
         return None
 
+    def started_cold(self, spec: SandboxSpec) -> None:
+        """A sandbox of `spec` was started outside the pool, after a `take` found none: a
+        back-off after failed starts ends, and the pool refills now rather than up to
+        MAX_BACKOFF_S after whatever made its starts fail is over."""
+        if self._forked():  # a forked child: the parent's lock may be held for good
+            return
+        with self._cond:
+            key = self._plan.keys.get(spec)
+            if key is not None and self._plan.started_elsewhere(key):
+                log.info("pool.resumed", extra={"profile": key.profile})
+                self._cond.notify_all()
+
     def _have_it_replaced(self) -> None:
         """Get a starter to replace a sandbox just taken; the lock is held. A starter would
         hold off `HOLD_OFF_S` anyway: while the reaper looks around every `_REAPER_POLL_S`

@@ -199,6 +199,15 @@ class PoolPlan(Generic[S]):
         key.last_error = error[:500]
         key.paused_until = now + min(MAX_BACKOFF_S, 0.1 * 2**key.failures_in_a_row)
 
+    def started_elsewhere(self, key: KeyPlan[S]) -> bool:
+        """A sandbox of `key` started outside the pool (a caller's cold start): starts work
+        again, so a back-off ends now. True if there was one to end."""
+        if key.failures_in_a_row == 0:
+            return False
+        key.failures_in_a_row = 0
+        key.paused_until = 0.0
+        return True
+
     def idle_died(self, key: KeyPlan[S], sandbox: S) -> bool:
         """An idle sandbox's process ended; True if it was still idle (a crash: the caller
         buries it), False if a take had it or the pool is closing (its starters' exit kills

@@ -172,6 +172,7 @@ def create(
     support = detect()
     if support is None:
         return None
+    _retry_removals()
     dirs = {name: parent / run_id for name, parent in support.parents.items()}
     handle = CgroupHandle(support.version, dirs, extra_pids, pids_per_process, extra_memory_mb)
     try:
@@ -357,8 +358,26 @@ def remove(handle: CgroupHandle) -> None:
                 # EBUSY: the last killed processes are still being torn down.
                 if exc.errno != errno.EBUSY:
                     log.error("cgroup.remove_failed", extra={"dir": str(d), "error": str(exc)})
+                    _unremoved.add(d)
                     break
                 time.sleep(0.01)
+
+
+# Run cgroups that could not be removed (e.g. the hierarchy was read-only for a while):
+# retried at each new run's cgroup, so a long-lived host does not keep them until it exits
+# (its guardian, or the next start, would sweep them only then).
+_unremoved: set[Path] = set()
+
+
+def _retry_removals() -> None:
+    for d in list(_unremoved):
+        try:
+            d.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError:
+            continue  # still refused (or busy): kept for the next try
+        _unremoved.discard(d)
 
 
 def sweep_stale(is_stale: Callable[[str], bool]) -> int:
