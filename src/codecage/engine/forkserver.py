@@ -12,7 +12,8 @@ filter as a bwrap sandbox. The host then runs it exactly as any started sandbox
 What is forked: sandboxes of a fresh workspace and no network (`eligible`). A lent
 workspace directory, a run allowed egress and other backends start anew, as before.
 Templates are per `SandboxSpec`, started at the first sandbox of their spec, and replaced
-when one dies (after `_MAX_FAILURES` failures in a row, that spec starts anew).
+when one dies (after `_MAX_FAILURES` failures in a row, that spec starts anew until a
+back-off has passed: an outage of the backend does not turn the fork server off for good).
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ _T = TypeVar("_T")
 TEMPLATE_READY_TIMEOUT_S = 60.0
 HELLO_TIMEOUT_S = 10.0  # a fork request answered by nothing (a template that is stuck)
 _MAX_FAILURES = 3
+_RETRY_AFTER_S = 0.25  # after _MAX_FAILURES, the next try waits this, doubling per failure
+_MAX_RETRY_AFTER_S = 5.0  # ...up to this: a template start that fails costs ~20 ms of CPU
 _TEMPLATE_PROCESSES = 64  # the template, and inits between their fork and their cgroup move
 _INIT_EXIT_WAIT_S = 5.0
 
@@ -105,6 +108,7 @@ class Templates:
         self._lock = threading.Lock()
         self._templates: dict[SandboxSpec, _Template] = {}
         self._failures: dict[SandboxSpec, int] = {}
+        self._paused_until: dict[SandboxSpec, float] = {}  # monotonic; see _record_failure
         self._process = forks.ForkGuard()
         self._closed = False
         # bwrap's --die-with-parent is tied to the thread that started it: templates are
@@ -141,7 +145,7 @@ class Templates:
 
     def _template_for(self, spec: SandboxSpec) -> _Template | None:
         with self._lock:
-            if self._closed or self._failures.get(spec, 0) >= _MAX_FAILURES:
+            if self._closed or time.monotonic() < self._paused_until.get(spec, 0.0):
                 return None
             template = self._templates.get(spec)
             if template is not None and template.sandbox.alive():
@@ -155,10 +159,11 @@ class Templates:
                     lambda: _Template.start(spec, self._limits, self.backend)
                 )
             except SandboxError as exc:
-                self._failures[spec] = self._failures.get(spec, 0) + 1
+                self._record_failure(spec)
                 log.warning("forkserver.template_failed", extra={"error": str(exc)})
                 return None
             self._failures[spec] = 0
+            self._paused_until.pop(spec, None)
             self._templates[spec] = template
             return template
 
@@ -167,7 +172,15 @@ class Templates:
         with self._lock:
             if self._templates.get(spec) is template:
                 self._templates.pop(spec).close()
-                self._failures[spec] = self._failures.get(spec, 0) + 1
+                self._record_failure(spec)
+
+    def _record_failure(self, spec: SandboxSpec) -> None:
+        """Count a failure of `spec`'s template; the lock is held. From `_MAX_FAILURES` in a
+        row, `spec` starts anew for a back-off that doubles with each failure after."""
+        failures = self._failures[spec] = self._failures.get(spec, 0) + 1
+        if failures >= _MAX_FAILURES:
+            wait = min(_MAX_RETRY_AFTER_S, _RETRY_AFTER_S * 2 ** (failures - _MAX_FAILURES))
+            self._paused_until[spec] = time.monotonic() + wait
 
     def memory(self) -> dict[str, tuple[float | None, float | None]]:
         """RSS and PSS (MB) of each template's processes (bwrap's and the template's), by
