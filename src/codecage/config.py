@@ -398,6 +398,13 @@ def _read(path: Path, *, explicit: bool) -> tuple[ConfigFile, tuple[Path, ...]]:
         raise ConfigError(f"cannot read config file {path}: {exc}", hint="") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}", hint="") from exc
+    except ValueError as exc:  # an integer past Python's 4300 digits: valid TOML, no number
+        raise ConfigError(f"{path}: a value cannot be read: {exc}", hint="") from exc
+    except RecursionError as exc:  # tomllib recurses into nested arrays and tables
+        raise ConfigError(
+            f"{path}: arrays or tables nested too deeply to read",
+            hint="a codecage config file nests a few levels at most",
+        ) from exc
     return _validated(
         ConfigFile,
         data,
@@ -613,6 +620,13 @@ def _validated(
         raise ConfigError(text, hint=hint) from exc
 
 
+def _shown(value: object, limit: int = 80) -> str:
+    """A bad value in an error message: its repr, cut (an environment variable can hold
+    megabytes, and the message is printed whole)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
 def _dotted(err: ErrorDetails) -> str:
     """Where a validation error is, as a dotted key (`sandbox.timeout_s`)."""
     return ".".join(str(p) for p in err["loc"])
@@ -622,7 +636,7 @@ def _validated_limits(data: dict[str, Any], sources: dict[str, str]) -> Limits:
     def message(err: ErrorDetails) -> tuple[str, str]:
         name = str(err["loc"][0])
         return (
-            f"{name}={err.get('input')!r} from {sources.get(name, 'default')}: {err['msg']}",
+            f"{name}={_shown(err.get('input'))} from {sources.get(name, 'default')}: {err['msg']}",
             f"fix {{{name}}}; {{info}} lists the defaults and bounds",
         )
 
@@ -687,7 +701,7 @@ def _env_flag(env: Mapping[str, str], key: str, hint: str) -> bool:
     """The yes/no value of `env[key]` (`1`, `true`, `yes`, `on` or their opposites)."""
     value = env[key].strip().lower()
     if value not in _TRUE | _FALSE:
-        raise ConfigError(f"{key}={env[key]!r} is not a yes/no value", hint=hint)
+        raise ConfigError(f"{key}={_shown(env[key])} is not a yes/no value", hint=hint)
     return value in _TRUE
 
 
@@ -712,7 +726,7 @@ def _pool_settings(
         PoolConfig,
         data,
         lambda err: (
-            f"pool.{_dotted(err)}={err.get('input')!r} from {source}: {err['msg']}",
+            f"pool.{_dotted(err)}={_shown(err.get('input'))} from {source}: {err['msg']}",
             "fix that value; `codecage info` shows the pool settings",
         ),
     ), source
@@ -730,7 +744,7 @@ def _serve_settings(
         ServeSettings,
         {**from_file.model_dump(exclude_unset=True), "reply_max_tokens": env[key]},
         lambda err: (
-            f"{key}={env[key]!r}: {err['msg']}",
+            f"{key}={_shown(env[key])}: {err['msg']}",
             "give a number of tokens from 2000 to 240000 (the default is 20000)",
         ),
     ), f"env {key}"
@@ -763,7 +777,7 @@ def with_categories(settings: ScrubSettings, wanted: list[str], origin: str) -> 
     unknown = sorted(set(wanted) - set(SCRUB_CATEGORIES))
     if unknown:
         raise ConfigError(
-            f"{origin}: unknown scrub categories: {', '.join(unknown)}",
+            f"{origin}: unknown scrub categories: {', '.join(u[:80] for u in unknown[:5])}",
             hint=f"choose from: {', '.join(SCRUB_CATEGORIES)}",
         )
     return settings.model_copy(update={c: c in wanted for c in SCRUB_CATEGORIES})

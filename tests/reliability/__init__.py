@@ -1,0 +1,1 @@
+"""Reliability under load, faults and hostile input (issue 25)."""

@@ -45,10 +45,21 @@ class GuestMessages:
     ready: bool = False
     report: GuestResult | None = None
     exit_code: int | None = None  # from the main process's "end": the run is over
-    problems: list[str] = field(default_factory=list)  # what was malformed
+    problems: list[str] = field(default_factory=list)  # what was malformed: the first few
+    problem_count: int = 0  # every malformed line (only the first MAX_PROBLEMS are kept)
     displays: list[GuestDisplay] = field(default_factory=list)  # the main process's, in order
     displays_bytes: int = 0  # their lines' bytes together
-    displays_refused: list[str] = field(default_factory=list)  # why each was left out
+    displays_refused: list[str] = field(default_factory=list)  # why: the first few
+    displays_refused_count: int = 0  # every output left out
+
+
+MAX_PROBLEMS = 8
+"""Malformed guest lines whose reason is kept: the rest are only counted (the reason of a
+15-byte line can be 500 bytes, and the guest sends up to the control cap of them)."""
+
+
+_MIN_MESSAGE_BYTES = len(b'{"v":1,"kind":"ready","pid":0}')
+"""No valid guest message is shorter (each has at least these three fields)."""
 
 
 class ControlStream:
@@ -104,11 +115,18 @@ class ControlStream:
     def _line(self, line: bytes) -> None:
         if not line:
             return
+        if line[:1] != b"{" or len(line) < _MIN_MESSAGE_BYTES:
+            # Refused before the (costlier) parser: a flood of short lines cost the host
+            # ~3 µs each, 10 s of CPU for the control cap's worth of "{}".
+            self._problem("not a JSON object" if line[:1] != b"{" else "too short")
+            return
         said = self.said
         if line.startswith(b'{"v":1,"kind":"display"') and self._display_refused(len(line)):
             return
         try:
-            message: dict[str, Any] = json.loads(line)
+            message = json.loads(line)
+            if not isinstance(message, dict):
+                raise ValueError(f"not a JSON object: {type(message).__name__}")
             kind = message.get("kind")
             if kind == contract.KIND_DISPLAY:
                 self._display(message, len(line))
@@ -125,8 +143,18 @@ class ControlStream:
                     said.exit_code = end.exit_code
             else:
                 raise ValueError("unexpected message")
+        except RecursionError:
+            self._problem("nested too deeply to parse")
         except (ValueError, ValidationError) as exc:
-            said.problems.append(str(exc))
+            self._problem(exc)
+
+    def _problem(self, why: object) -> None:
+        """Note one malformed line; its reason (made only here: costly for a validation
+        error) is kept for the first few."""
+        said = self.said
+        said.problem_count += 1
+        if len(said.problems) < MAX_PROBLEMS:
+            said.problems.append(str(why))
 
     def _display_refused(self, size: int) -> bool:
         """Whether a display line of `size` bytes is over a cap (then noted, not parsed).
@@ -141,7 +169,9 @@ class ControlStream:
             why = f"past the {contract.MAX_DISPLAYS_BYTES:,} bytes a run's outputs may have"
         else:
             return False
-        said.displays_refused.append(why)
+        said.displays_refused_count += 1
+        if len(said.displays_refused) < MAX_PROBLEMS:
+            said.displays_refused.append(why)
         return True
 
     def _display(self, message: dict[str, Any], size: int) -> None:
@@ -178,11 +208,13 @@ def guest_messages(seen: Observation) -> tuple[GuestMessages, list[Event]]:
     """
     said = seen.control.finish()
     problems = list(said.problems)
+    count = said.problem_count
     if seen.control.truncated:
         problems.insert(0, "the guest's messages were over the size bound")
+        count += 1
     events = []
     if problems:
-        detail = f"ignored {len(problems)} malformed guest message(s); first: {problems[0]}"
+        detail = f"ignored {count} malformed guest message(s); first: {problems[0]}"
         events.append(Event(kind="guest_report_invalid", detail=detail[:300]))
     if seen.reported and said.exit_code is not None:
         seen.exit = ExitStatus(code=said.exit_code)
@@ -342,8 +374,9 @@ def _refused_displays_events(said: GuestMessages) -> list[Event]:
     return [
         Event(
             kind="display_truncated",
-            detail=f"the host left out {len(refused)} display output(s): {refused[0]}",
-            data={"left_out": len(refused)},
+            detail=f"the host left out {said.displays_refused_count} display output(s): "
+            f"{refused[0]}",
+            data={"left_out": said.displays_refused_count},
         )
     ]
 
