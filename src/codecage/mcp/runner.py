@@ -2,7 +2,7 @@
 run of `execute_code` (its limits, its import policy, its files read back).
 
 Executions run in worker threads, at most `max_concurrent` at once; up to `max_queued` more
-wait, and past that a call is refused with a clear "busy" error.
+wait, and past that a call is refused with a clear "busy" error that says when to retry.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 MCP_CALLER = Caller("mcp")  # a call whose context names no client
 _MAX_CACHED_PROFILES = 16
+BUSY_RETRY_S = 1
+"""The retry time a "busy" refusal names (the HTTP refusals' `Retry-After` is 1 s too)."""
 
 
 @dataclass(slots=True)
@@ -210,10 +212,12 @@ class Runner:
         """Run `job` in a worker thread once a slot is free; refuse when too many wait. When
         the call is cancelled (its client went away), `cancel` is set: the job kills its
         sandbox. (The counter is only touched on the event loop's thread.)"""
-        if self.waiting >= self.limits.max_queued:
-            raise ToolError(
+        # Only a call that finds no free slot waits (with --max-queued 0, every call
+        # was refused, an idle server's too).
+        if self.slots.value == 0 and self.waiting >= self.limits.max_queued:
+            raise ToolError(  # says when, as the HTTP refusals' Retry-After does
                 f"the server is busy: {self.waiting} executions are waiting already; "
-                "try again shortly"
+                f"retry in {BUSY_RETRY_S} s"
             )
         self.waiting += 1
         waiting_since = time.monotonic()
