@@ -109,12 +109,20 @@ class Broker:
 
         Raises:
             ConfigError: no such server.
-            CallFailed: the server could not be reached or failed.
+            CallFailed: the server could not be reached, failed, or did not answer in time.
         """
         upstream = self._upstream(server)
-        tools: list[mcp_types.Tool] = self._submit(upstream.list_tools()).result(
-            timeout=timeout + _START_TIMEOUT_S
-        )
+        try:
+            tools: list[mcp_types.Tool] = self._submit(upstream.list_tools()).result(
+                timeout=timeout + _START_TIMEOUT_S
+            )
+        except TimeoutError as exc:  # a page's own timeout, or this wait
+            # The SDK drops an answer it cannot parse (JSON nested too deep, say) and waits on.
+            raise CallFailed(
+                "timeout",
+                f"the upstream server {server!r} did not list its tools in time (an answer "
+                "it sent may have been unreadable: see the log)",
+            ) from exc
         return tools
 
     def call(self, server: str, tool: str, arguments: dict[str, Any]) -> Future[ToolAnswer]:

@@ -8,6 +8,7 @@ read are bounded, so no schema makes this raise or run long.
 from __future__ import annotations
 
 import json
+import re
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,6 +35,9 @@ _MAX_PROPERTIES: Final = 256  # per object; the rest are left out of the type
 _MAX_FIELD_DOC: Final = 600
 _MAX_DEFAULT: Final = 80
 _BUDGET: Final = 5000  # schema nodes read per module: bounds time and size on any schema
+# An array index in a `$ref` pointer: ASCII digits only (`"²".isdigit()` is true but `int`
+# refuses it) and short (`int` refuses more than 4300 digits).
+_INDEX: Final = re.compile(r"[0-9]{1,9}")
 
 
 @dataclass(slots=True)
@@ -115,7 +119,7 @@ class SchemaReader:
                 part = raw.replace("~1", "/").replace("~0", "~")
                 if isinstance(node, dict) and part in node:
                     node = node[part]
-                elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                elif isinstance(node, list) and _INDEX.fullmatch(part) and int(part) < len(node):
                     node = node[int(part)]
                 else:
                     return None
@@ -135,8 +139,10 @@ class SchemaReader:
     def merge_all_of(self, schema: Mapping[str, Any]) -> dict[str, Any]:
         """`allOf` folded into one schema: properties and required lists united."""
         merged = {k: v for k, v in schema.items() if k != "allOf"}
-        properties = dict(merged.get("properties") or {})
-        required = list(merged.get("required") or [])
+        # Only a dict and a list are read: `dict("ab")`, `list(5)` would raise.
+        own_properties, own_required = merged.get("properties"), merged.get("required")
+        properties = dict(own_properties) if isinstance(own_properties, dict) else {}
+        required = list(own_required) if isinstance(own_required, list) else []
         for branch in schema["allOf"]:
             branch = self.deref(branch)
             if not isinstance(branch, dict):
