@@ -99,13 +99,20 @@ def check_relpath(path: str, *, hint: str = _PATH_HINT) -> list[str]:
     rule for a path a caller names in a workspace: uploads, reads, kept files).
 
     Raises:
-        ConfigError: it is empty, absolute, holds a NUL or an empty, '.' or '..' component.
+        ConfigError: it is empty, absolute, holds a NUL or a lone surrogate, or an empty, '.'
+            or '..' component.
     """
     shown = neutralise_line(path)
     if not path:
         raise ConfigError("the file path is empty", hint=hint)
     if "\x00" in path:
         raise ConfigError(f"the file path '{shown}' contains a NUL byte", hint=hint)
+    try:
+        os.fsencode(path)  # a lone surrogate names no file: os.stat would raise, not refuse
+    except UnicodeEncodeError:
+        raise ConfigError(
+            f"the file path '{shown}' is not valid text (a lone surrogate)", hint=hint
+        ) from None
     if path.startswith("/"):
         raise ConfigError(f"the file path '{shown}' is absolute", hint=hint)
     parts = path.split("/")

@@ -24,7 +24,7 @@ from mcp_types import CallToolResult, ToolAnnotations
 from pydantic import ConfigDict, ValidationError
 
 from codecage.errors import CodecageError
-from codecage.output import neutralise_text
+from codecage.output import neutralise_line
 
 log = logging.getLogger("codecage.mcp.server")
 
@@ -170,7 +170,9 @@ def _argument_path(loc: tuple[int | str, ...]) -> str:
             path += f"[{part}]"
         else:
             path += f".{part}" if path else str(part)
-    return neutralise_text(path) or "arguments"
+    # One line: an unknown argument's name is the caller's to choose, and a line break in it
+    # would forge lines of this message (`code: required, but not given`).
+    return neutralise_line(path) or "arguments"
 
 
 def _plain(message: str) -> str:

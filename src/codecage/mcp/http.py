@@ -15,8 +15,9 @@ slowly it arrives. Here:
   and a *lingering* close: its request is read and dropped for up to `LINGER_S`,
   since closing on unread bytes sends a reset that destroys the `503` before the client
   reads it (1000 clients at once: 872 got a bare connection reset, no answer at all);
-- `RequestGate` checks the bearer token on the headers alone: an unauthenticated request's
-  body is never read (the `401` closes the connection). An accepted body must arrive within
+- `RequestGate` checks the bearer token on the headers alone (one Authorization header, all
+  headers within `MAX_HEADER_BYTES`): an unauthenticated request's body is never read (the
+  `401` closes the connection). An accepted body must arrive within
   `BODY_IDLE_TIMEOUT` per gap and `BODY_TIMEOUT_BASE` + size / `BODY_MIN_RATE` in total,
   and all bodies being read or served together hold at most `MAX_BODY_BYTES_IN_FLIGHT`;
 - RLIMIT_NOFILE's soft limit is raised to the hard one at start, the connection cap kept
@@ -335,7 +336,9 @@ class RequestGate:
             return
         held = _Held()
         try:
-            headers = dict(scope.get("headers") or [])
+            raw_headers = scope.get("headers") or []
+            _check_headers(raw_headers)
+            headers = dict(raw_headers)
             if self._tokens is not None:
                 client = self._tokens.identify(headers.get(b"authorization", b""))
                 if client is None:
@@ -413,8 +416,32 @@ class RequestGate:
         raise _Refused(408, f"no byte of the request body came for {self.body_idle_timeout:g} s")
 
 
+def _check_headers(headers: list[tuple[bytes, bytes]]) -> None:
+    """The headers as a whole: within `MAX_HEADER_BYTES` (h11 bounds only headers still
+    arriving: up to ~100 KiB that came in one read passed), and one Authorization (the token
+    is checked on one, the session's owner was keyed on another: both must be the same).
+
+    Raises:
+        _Refused: 431 over the size, 400 for a repeated Authorization.
+    """
+    if sum(len(name) + len(value) + 4 for name, value in headers) > MAX_HEADER_BYTES:
+        raise _Refused(431, f"the request headers are over {MAX_HEADER_BYTES} bytes")
+    if sum(1 for name, _ in headers if name == b"authorization") > 1:
+        raise _Refused(400, "send one Authorization header, not several")
+
+
 async def _refuse(send: Any, refused: _Refused) -> None:
     body = json.dumps({"error": str(refused)}).encode()
+    try:
+        await _send_refusal(send, refused, body)
+    except h11.LocalProtocolError:
+        # uvicorn already answered this connection: a malformed request (a broken chunk) that
+        # came in the same read as the headers got its 400 before this refusal, and the
+        # connection is closing. Nothing more to say, and no traceback to log.
+        log.debug("server.http_refusal_after_close", extra={"status": refused.status})
+
+
+async def _send_refusal(send: Any, refused: _Refused, body: bytes) -> None:
     await send(
         {
             "type": "http.response.start",
