@@ -73,7 +73,8 @@ def test_an_endless_fork_bomb_ends_in_bounded_time_and_the_host_stays_healthy(
     started = time.monotonic()
     r = sandbox.run(ENDLESS_BOMB, limits={"max_processes": MAX_PROCESSES, "timeout": 4})
     elapsed = time.monotonic() - started
-    assert r.status in ("timeout", "cpu_limit", "error", "ok")
+    # It never ends on its own: whatever stops it, the run did not succeed.
+    assert r.status in ("timeout", "cpu_limit", "error"), (r.status, r.error)
     assert elapsed < 4 + 5
     after = sandbox.run("import os\nos.fork() or os.wait()\n'fine'")
     assert (after.status, after.return_value) == ("ok", "fine")

@@ -57,8 +57,9 @@ _TAIL_RULES: Final[tuple[tuple[Category, re.Pattern[str]], ...]] = (
     ),
     # A user and the start of a password in a URL ("localhost:8080" is a port: digits).
     ("secret", re.compile(r"://[^\s:/@]{1,256}:([^\s/@]*[^\s/@0-9][^\s/@]*)\Z")),
-    # A local part and an @: the domain was cut.
-    ("email", re.compile(r"(?<![A-Za-z0-9._%+\-])[A-Za-z0-9._%+\-]{1,64}@[A-Za-z0-9.\-]*\Z")),
+    # A local part and an @: the domain was cut. Its last 64 characters at most, as the
+    # whole-text detector takes them (a longer run keeps only what lies beyond).
+    ("email", re.compile(r"[A-Za-z0-9._%+\-]{1,64}@[A-Za-z0-9.\-]*\Z")),
     # Card digits from the 9th on (PCI DSS lets the first 8 be shown), first digit 2-6.
     (
         "credit_card",
