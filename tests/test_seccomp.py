@@ -723,7 +723,6 @@ def test_a_missing_libseccomp_raises_host_error_naming_libseccomp2(
     """No host without libseccomp can be made here; None in sys.modules is how Python
     itself makes an import fail, which is what pyseccomp does when libseccomp is absent."""
     monkeypatch.setitem(sys.modules, "pyseccomp", None)
-    monkeypatch.setattr(seccomp, "_COMPILED", {})  # what this process compiled before
     with pytest.raises(HostError) as caught:
         compile_bpf(plan())
     assert "libseccomp" in str(caught.value)
@@ -758,7 +757,6 @@ def test_probe_reports_the_layer_inactive_without_libseccomp(
 ) -> None:
     """See test_a_missing_libseccomp_raises_host_error_naming_libseccomp2 for the import."""
     monkeypatch.setitem(sys.modules, "pyseccomp", None)
-    monkeypatch.setattr(seccomp, "_COMPILED", {})
     status = probe()
     assert status.active is False
     assert "libseccomp2" in status.detail
@@ -1033,12 +1031,3 @@ def test_a_mode_is_refused_exactly_when_it_has_setuid_or_setgid_whatever_its_upp
 ) -> None:
     answer = server.errno_of(call, mode)
     assert answer == (errno.EPERM if mode & SETID_BITS else 0)
-
-
-def test_each_plan_is_compiled_once_per_process_and_stays_the_same() -> None:
-    """A start under load never calls libseccomp again (issue 25: a start once failed with
-    EINVAL from it on a busy machine); the program is the one a fresh compile gives."""
-    first = compile_bpf(plan())
-    assert compile_bpf(plan()) is first
-    assert compile_bpf(plan(network=True)) != first
-    assert seccomp._compile_unlocked(plan()).program == first

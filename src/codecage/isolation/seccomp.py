@@ -470,23 +470,13 @@ def _set_bad_arch_action(seccomp: ModuleType, syscall_filter: Any) -> str:
 
 
 # libseccomp keeps process-wide state (its API level, probed on first use) and is not
-# documented as thread-safe (pyseccomp calls it through ctypes, which lets go of the GIL);
-# the pool's starter threads may compile at the same moment.
+# documented as thread-safe; the pool's starter threads may compile at the same moment.
 _LIBSECCOMP_LOCK = threading.Lock()
-
-# A plan's program on this host never changes: each is compiled once per process. A start
-# under load then never calls libseccomp (a pool start failed once with EINVAL from it on a
-# busy machine; 260,000 compiles from 48 unlocked threads did not reproduce it), and saves
-# the ~0.7 ms of CPU a compile costs.
-_COMPILED: dict[SeccompPlan, _Compiled] = {}
 
 
 def _compile(seccomp_plan: SeccompPlan) -> _Compiled:
     with _LIBSECCOMP_LOCK:
-        compiled = _COMPILED.get(seccomp_plan)
-        if compiled is None:
-            compiled = _COMPILED[seccomp_plan] = _compile_unlocked(seccomp_plan)
-        return compiled
+        return _compile_unlocked(seccomp_plan)
 
 
 def _compile_unlocked(seccomp_plan: SeccompPlan) -> _Compiled:
