@@ -67,7 +67,8 @@ class Sandbox:
     ('ok', 45)
 
     Args:
-        limits: default limits of this Sandbox's runs (each run may override them).
+        limits: default limits of this Sandbox's runs (each run may override them): a full
+            `Limits`, or a dict of fields overriding the configuration's.
         backend: "auto" (the strongest available) or a backend name ("bwrap", "gvisor").
         allow_degraded: run even when the self-test finds a promised layer missing; each
             result then carries a `degraded_isolation` event naming the missing layer.
@@ -167,7 +168,7 @@ class Sandbox:
     def __init__(
         self,
         *,
-        limits: Limits | None = None,
+        limits: Limits | dict[str, Any] | None = None,
         backend: str = "auto",
         allow_degraded: bool = False,
         selftest: bool = True,
@@ -208,7 +209,7 @@ class Sandbox:
         )
         self.host = runtime = host.Host(
             settings,
-            limits=limits,
+            limits=_limits_over(settings.limits, limits) if limits is not None else None,
             backend=backend,
             allow_degraded=allow_degraded,
             selftest=selftest,
@@ -224,6 +225,11 @@ class Sandbox:
             data_dir=data_dir,
             allow_hosts=allow_hosts,
         )
+        if isinstance(limits, dict):  # only the fields given are the argument's
+            runtime.limit_sources = {
+                **settings.sources,
+                **{name: "argument" for name, value in limits.items() if value is not None},
+            }
         self.settings = settings
         self.caller = audit_record.Caller(
             "cli" if face == "cli" else "library", name=_login_name()
@@ -604,15 +610,29 @@ class Sandbox:
         Raises:
             ConfigError: an override is out of its bounds.
         """
-        if isinstance(limits, Limits):
-            return limits
-        overrides = {name: value for name, value in (limits or {}).items() if value is not None}
-        if not overrides:
-            return self.limits
-        try:
-            return self.limits.merged(overrides)
-        except ValidationError as exc:
-            raise ConfigError(_describe_validation(exc), hint=_limits_hint(exc)) from exc
+        return _limits_over(self.limits, limits)
+
+
+def _limits_over(defaults: Limits, limits: Limits | dict[str, Any] | None) -> Limits:
+    """`limits` whole, or `defaults` with the dict's non-None fields applied.
+
+    Raises:
+        ConfigError: an override is unknown or out of its bounds, or `limits` is neither.
+    """
+    if isinstance(limits, Limits):
+        return limits
+    if limits is not None and not isinstance(limits, dict):
+        raise ConfigError(
+            f"limits must be a Limits or a dict of its fields, not {type(limits).__name__}",
+            hint="e.g. limits={'timeout': 5, 'memory_mb': 512}",
+        )
+    overrides = {name: value for name, value in (limits or {}).items() if value is not None}
+    if not overrides:
+        return defaults
+    try:
+        return defaults.merged(overrides)
+    except ValidationError as exc:
+        raise ConfigError(_describe_validation(exc), hint=_limits_hint(exc)) from exc
 
 
 def _check_keep_files_mb(value: int) -> int:
