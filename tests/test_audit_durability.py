@@ -18,6 +18,7 @@ import httpx2
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from tests._disk import big_code, fill, small_tmpfs
 
 from codecage import AuditError, Sandbox
 from codecage.audit import journal, open_store
@@ -79,30 +80,8 @@ def test_runs_answered_before_a_sigkill_are_on_record(tmp_path: Path) -> None:
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs: a state directory that fills up."""
-    if not Path("/proc/self/ns/mnt").exists() or __import__("os").geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    where = tmp_path / "small"
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], check=True)
-    try:
+    with small_tmpfs(tmp_path / "small") as where:
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def fill(directory: Path) -> Path:
-    """Fill `directory`'s filesystem; the filler file's path (delete it to free the space)."""
-    filler = directory / "filler"
-    with filler.open("wb") as out, contextlib.suppress(OSError):
-        while True:
-            out.write(b"\0" * 65536)
-            out.flush()
-    return filler
-
-
-def big_code(i: int) -> str:
-    # Each record carries ~32 KiB of (kept) code: a full disk shows at once.
-    return f"x = {i}\n" + "#" * 32_000 + "\nprint(x)"
 
 
 def test_a_full_disk_is_reported_and_the_records_are_written_once_there_is_room(

@@ -10,13 +10,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests._disk import big_code, fill, small_tmpfs
 
 from codecage import Limits, Sandbox
 from conftest import leak_snapshot
@@ -126,30 +125,8 @@ def test_nothing_of_the_full_workspaces_is_left() -> None:
 @pytest.fixture
 def small_state(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs to hold the server's audit store and journal."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    where = tmp_path / "state"
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], check=True)
-    try:
+    with small_tmpfs(tmp_path / "state") as where:
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def fill(directory: Path) -> Path:
-    """Fill `directory`'s filesystem; the filler file (delete it to free the space)."""
-    filler = directory / "filler"
-    with filler.open("wb") as out, contextlib.suppress(OSError):
-        while True:
-            out.write(b"\0" * 65536)
-            out.flush()
-    return filler
-
-
-def big_code(i: int) -> str:
-    """~32 KiB of (kept) code per record: a full disk shows at once."""
-    return f"x = {i}\n" + "#" * 32_000 + "\nprint(x)"
 
 
 def test_a_server_whose_state_directory_fills_answers_every_call_and_recovers(
