@@ -18,6 +18,7 @@ import pytest
 
 from conftest import leak_snapshot
 from test_server import CODECAGE, INITIALIZE, server_env
+from test_server_lifecycle import descendants
 
 # A guest running this has 6+ threads, while every other process of a sandbox (bwrap, its
 # init, a template, an idle warm guest) has one: that is how the host-side test finds it.
@@ -37,21 +38,6 @@ only_in_full = pytest.mark.skipif(not FULL, reason="a longer variant: CODECAGE_F
 
 # Pools' reapers destroy a sandbox a moment after its run returns (conftest's grace too).
 TEARDOWN_GRACE_S = 5.0
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process under `pid` (a snapshot: processes may come and go while we walk)."""
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        parent = todo.pop()
-        with contextlib.suppress(OSError):
-            for task in list(Path(f"/proc/{parent}/task").iterdir()):
-                with contextlib.suppress(OSError):
-                    kids = [int(k) for k in (task / "children").read_text().split()]
-                    found += kids
-                    todo += kids
-    return found
 
 
 def threads(pid: int) -> int:
