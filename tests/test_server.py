@@ -35,8 +35,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, ImageContent, TextContent
 from mcp_types.version import LATEST_HANDSHAKE_VERSION
 
-from codecage.engine import workspace as workspaces
-from codecage.isolation import cgroups
+from reliability._load import named_leftovers as left_behind  # the other tests take it here
 
 CODECAGE = str(Path(sys.executable).with_name("codecage"))
 TOKEN = "secret"  # noqa: S105 - the bearer token of a test server on loopback
@@ -664,21 +663,6 @@ def stop(proc: subprocess.Popen[bytes], sig: signal.Signals = signal.SIGINT) -> 
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-
-
-def left_behind(server_pid: int) -> dict[str, list[str]]:
-    """The run dirs, mounts and cgroups a server process created (their names carry its pid)."""
-    own = f"{server_pid}-"
-    run_dirs = [p.name for p in workspaces.private_parent().glob(f"codecage-run-{own}*")]
-    mountinfo = Path("/proc/self/mountinfo").read_text(encoding="utf-8").splitlines()
-    mounts = [line.split()[4] for line in mountinfo if f"codecage-run-{own}" in line]
-    groups: list[str] = []
-    support = cgroups.detect()
-    for parent in support.parents.values() if support else []:
-        if parent.is_dir():
-            groups += [str(d) for d in parent.iterdir() if d.is_dir() and d.name.startswith(own)]
-    found = {"run_dirs": run_dirs, "mounts": mounts, "cgroups": groups}
-    return {key: value for key, value in found.items() if value}
 
 
 def gone_soon(server_pid: int, seconds: float = 10) -> dict[str, list[str]]:
