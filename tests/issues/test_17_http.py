@@ -99,13 +99,19 @@ def serving(tmp_path: Path, *args: str) -> Iterator[Server]:
 
 def initialize(server: Server, *, auth: str = AUTH) -> tuple[int, str | None]:
     """A legacy (handshake-era) initialize: the status and the new session's id."""
+    status, headers = initialize_answer(server, auth=auth)
+    return status, headers.get("mcp-session-id")
+
+
+def initialize_answer(server: Server, *, auth: str = AUTH) -> tuple[int, dict[str, str]]:
+    """A legacy initialize: the status and the headers (lower-case names)."""
     body = json.dumps(INITIALIZE)
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
     try:
         conn.request("POST", "/mcp", body, _json_headers(auth))
         response = conn.getresponse()
         response.read()
-        return response.status, response.getheader("mcp-session-id")
+        return response.status, {k.lower(): v for k, v in response.getheaders()}
     finally:
         conn.close()
 
@@ -378,7 +384,17 @@ def test_sessions_are_capped_and_the_idle_longest_make_room_but_a_busy_one_stays
         stream.settimeout(10)
         assert stream.recv(64).startswith(b"HTTP/1.1 200")
         sessions = []
-        for _ in range(cap + 5):
+        for _ in range(cap - 1):
+            status, session = initialize(server)
+            assert status == 200, f"a new session was refused ({status}) below the cap"
+            assert session is not None
+            sessions.append(session)
+        # Just made, none is idle long enough to be closed (its client may be about to call):
+        # the new one is refused as busy, with when to retry.
+        status, headers = initialize_answer(server)
+        assert (status, headers.get("retry-after")) == (503, "1")
+        time.sleep(http_serving.SESSION_EVICTABLE_AFTER_S + 1)
+        for _ in range(6):
             status, session = initialize(server)
             assert status == 200, f"a new session was refused ({status}) at the cap"
             assert session is not None
