@@ -41,6 +41,7 @@ from pathlib import Path
 
 from codecage.backends.base import (
     ExitStatus,
+    HostOverhead,
     LauncherFds,
     LaunchSpec,
     OnCreated,
@@ -86,6 +87,13 @@ class LandlockBackend:
     name = "landlock"
     lost_layers = LOST_LAYERS
     selftest_gaps = SELFTEST_GAPS
+    # The guest runs as a host uid in the host's user namespace, where RLIMIT_NPROC counts
+    # every process of that uid on the host (other runs' too): where a run has a pids
+    # cgroup, that alone bounds its processes (engine.run._guest_limits).
+    shares_host_user_namespace = True
+    # No init of the backend's: the launcher execs the guest, so the run's pids cgroup holds
+    # the guest's processes alone.
+    host_overhead = HostOverhead(pids=0)
 
     def __init__(self) -> None:
         self.abi = landlock.abi()

@@ -239,7 +239,8 @@ class StartedSandbox:
     egress: RunEgress | None = None  # its socket on the proxy (spec.egress), else None
     # Forked from a template (engine/forkserver.py): its user namespace is the template's,
     # shared by every run forked from it, where RLIMIT_NPROC would count them all together;
-    # its pids cgroup alone bounds its processes (the fork server needs one).
+    # its pids cgroup alone bounds its processes (the fork server needs one). Landlock's
+    # guest shares the host's user namespace: the same, where it has a cgroup.
     shares_user_namespace: bool = False
 
     def alive(self) -> bool:
@@ -396,6 +397,7 @@ def start(
         lost=lost_layers(backend),
         guest_rlimits=overhead.guest_rlimits,
         egress=listener,
+        shares_user_namespace=getattr(backend, "shares_host_user_namespace", False),
     )
 
 
