@@ -3,6 +3,7 @@ many connections on one thread, and nothing relayed when the proxy's socket is g
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import threading
@@ -68,8 +69,11 @@ def _exchange(port: int, payload: bytes) -> bytes:
             conn.shutdown(socket.SHUT_WR)
             while chunk := conn.recv(65536):
                 answer += chunk
-        except ConnectionResetError:  # closed with our bytes unread: nothing relayed
-            pass
+        except OSError as exc:
+            # Closed with our bytes unread (a reset), or before our half-close got there
+            # (ENOTCONN, EPIPE: seen on a busy machine): nothing relayed either way.
+            if exc.errno not in (errno.ECONNRESET, errno.ENOTCONN, errno.EPIPE):
+                raise
     return answer
 
 
