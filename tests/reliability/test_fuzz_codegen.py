@@ -877,19 +877,22 @@ def big_cases() -> dict[str, dict[str, list[dict[str, Any]]]]:
 # Generates each case in this fresh process; prints time, peak RSS growth, size. The cases
 # are built there: nested 1,000 deep, they are too deep for `json.dumps`.
 MEASURE_CHILD = """\
-import json, resource, sys, time
+import json, sys, time
 from mcp_types import Tool
 from codecage.bridge.codegen import generate
 from tests.reliability.test_fuzz_codegen import big_cases
+def peak_kib():  # VmHWM: ru_maxrss would start at the (vfork) parent's peak, the test run's
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
 cases = big_cases()
 out = {}
 for name, servers in cases.items():
     tools = {s: [Tool.model_validate(t) for t in ts] for s, ts in servers.items()}
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss = peak_kib()
     started = time.monotonic()
     files = generate(tools)
     seconds = time.monotonic() - started
-    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss
+    grown = peak_kib() - rss
     sizes = [len(t) for t in files.values()]
     out[name] = {"s": round(seconds, 2), "rss_growth_mb": round(grown / 1024, 1),
                  "files": len(files), "bytes": sum(sizes), "largest": max(sizes)}
