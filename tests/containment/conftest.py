@@ -20,7 +20,13 @@ from codecage.errors import CodecageError
 from codecage.isolation import cgroups, tmpfs
 from conftest import _run_sandboxed, _run_unsandboxed
 
-from ._backends import BACKENDS_UNDER_TEST, KNOWN_GAPS, NEEDS_ROOT, NONROOT_KNOWN_GAPS
+from ._backends import (
+    BACKENDS_UNDER_TEST,
+    KNOWN_GAPS,
+    NEEDS_ROOT,
+    NONROOT_KNOWN_GAPS,
+    WITH_CGROUP_KNOWN_GAPS,
+)
 from ._hostmode import NONROOT_GAPS, null_baseline_holds
 from ._support import Runner
 
@@ -79,9 +85,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     as non-root, so does each limit the rlimit/plain-directory fallback cannot keep, and a
     null baseline the host itself already refuses is skipped (`_hostmode`)."""
     nonroot = os.geteuid() != 0
+    has_cgroup = cgroups.detect() is not None
     missing: set[str] = set()
     if nonroot:
-        missing |= {"cgroup"} if cgroups.detect() is None else set()
+        missing |= {"cgroup"} if not has_cgroup else set()
         missing |= {"tmpfs"} if not tmpfs.can_mount_tmpfs() else set()
     null_holds = null_baseline_holds() if nonroot else {}
     for item in items:
@@ -98,6 +105,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             or gaps.get(f"{name}[{case}]")
             or gaps.get(item.name.replace(f"[{backend}-", "[", 1))  # the id, less the backend
         )
+        if gap is None and has_cgroup:
+            gap = WITH_CGROUP_KNOWN_GAPS.get(backend, {}).get(name)
         racy = NONROOT_KNOWN_GAPS.get(backend, {}).get(name) if gap is None and nonroot else None
         if racy is not None:  # may hold by chance: an xfail that is not strict
             item.add_marker(pytest.mark.xfail(strict=False, reason=f"{backend}: {racy}"))
