@@ -278,7 +278,7 @@ def spawn(
                 f"cannot start the sandbox as uid {identity.uid}: only root can",
                 hint="leave [sandbox] uid/gid unset when codecage is not run as root",
             )
-        argv = [*_become(identity), *argv]
+        argv = [*become(identity), *argv]
     try:
         popen = subprocess.Popen(
             argv,
@@ -296,7 +296,7 @@ def spawn(
     return SandboxProcess(popen, exit_status)
 
 
-def _become(identity: Identity) -> list[str]:
+def become(identity: Identity) -> list[str]:
     """The command that makes the launcher `identity` (no supplementary groups) and execs
     it. Not Popen(user=...): CPython cannot use vfork when it changes ids, and forking the
     whole host process for every sandbox costs the warm pool's runs ~0.35 ms each."""
