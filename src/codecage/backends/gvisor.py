@@ -167,6 +167,11 @@ class GvisorBackend:
         Raises:
             SandboxError: runsc could not be started.
         """
+        if spec.control_fd is None or spec.bridge_fd is None or spec.stdio:
+            raise SandboxError(
+                "the gVisor backend starts a guest with its two channels only",
+                hint="start a stdio server's sandbox with the bwrap backend",
+            )
         bundle = _Bundle.write(spec)
         block_read, block_write = os.pipe()
         try:
