@@ -19,7 +19,7 @@ CODECAGE = str(Path(sys.executable).with_name("codecage"))
 pytestmark = [
     pytest.mark.anyio,
     pytest.mark.skipif(
-        shutil.which("runsc") is None or os.geteuid() != 0, reason="gVisor's runsc runs as root"
+        shutil.which("runsc") is None or os.geteuid() != 0, reason="the gVisor backend needs root"
     ),
 ]
 

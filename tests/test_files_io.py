@@ -261,7 +261,7 @@ def _gvisor_usable() -> bool:
             "gvisor",
             marks=[
                 pytest.mark.gvisor,
-                pytest.mark.skipif(not _gvisor_usable(), reason="runsc runs as root"),
+                pytest.mark.skipif(not _gvisor_usable(), reason="the gVisor backend needs root"),
             ],
         ),
     ],

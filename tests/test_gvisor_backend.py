@@ -103,9 +103,74 @@ def test_a_run_has_the_guest_and_its_channels(sandbox: Sandbox) -> None:
         "import os\nprint(os.getuid(), sorted(os.listdir('/opt/codecage-channels')))\n6 * 7"
     )
     assert (r.status, r.return_value, r.backend) == ("ok", 42, "gvisor")
-    # The handover socket is gone before the code runs: nothing left to connect to. gVisor
-    # maps no ids: the code's uid is the sandbox's host id, whose files it makes.
-    assert r.stdout == f"{identity.plan().identity.uid} []\n"
+    # The handover socket is gone before the code runs: nothing left to connect to. Rootless
+    # runsc (as root: the sandbox's host id) has its gofer show that id's files as uid 0 of
+    # the Sentry: the code is 0 there, with no capability (the test below), and its files
+    # are the sandbox's host id's on the host.
+    expected = 0 if os.geteuid() == 0 else identity.plan().identity.uid
+    assert r.stdout == f"{expected} []\n"
+
+
+@needs_runsc
+def test_runsc_its_gofer_and_the_sentry_run_as_the_sandboxs_host_id_never_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: runsc and its gofer ran as host root (the Sentry as 65534). Now every host
+    process of a gVisor sandbox is the sandbox's own unprivileged id (`runsc --rootless`),
+    seen on the host while the code runs, and the code has no capability in the Sentry.
+    The code waits for the host's word (a file in its lent workspace): no timing."""
+    who = identity.plan().identity
+    bundles: list[gvisor._Bundle] = []
+    write = gvisor._Bundle.write
+
+    def recording_write(spec: LaunchSpec) -> gvisor._Bundle:
+        bundle = write(spec)
+        bundles.append(bundle)
+        return bundle
+
+    monkeypatch.setattr(gvisor._Bundle, "write", staticmethod(recording_write))
+    lent = tmp_path / "lent"
+    lent.mkdir()
+    code = (
+        "import os, time\n"
+        "open('ready', 'w').close()\n"
+        "deadline = time.monotonic() + 60\n"
+        "while not os.path.exists('go') and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        "[l.split()[1] for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapBnd'))]"
+    )
+    seen: dict[int, tuple[int, ...]] = {}
+
+    def watch() -> None:
+        deadline = time.monotonic() + 60
+        while not (lent / "ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for bundle in bundles:
+            pids = gvisor._with_descendants(bundle.sandbox_pids())
+            for pid in {*pids, *_processes_naming(bundle.container_id)}:
+                seen[pid] = _uids(pid)
+        (lent / "go").touch()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    with Sandbox(backend="gvisor", import_policy=False, scrub=False, pool=False) as sb:
+        r = sb.run(code, workspace=lent)
+    watcher.join()
+    assert r.status == "ok", r
+    assert r.return_value == ["0000000000000000", "0000000000000000"]
+    assert len(seen) >= 3, seen  # runsc, the gofer, the Sentry (and its stubs)
+    if os.geteuid() == 0:
+        assert {uids for uids in seen.values() if uids} == {(who.uid,) * 4}, seen
+
+
+def _uids(pid: int) -> tuple[int, ...]:
+    """The real, effective, saved and filesystem uids of `pid` (empty: it is gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text("ascii", errors="replace")
+    except OSError:
+        return ()
+    line = next(line for line in status.splitlines() if line.startswith("Uid:"))
+    return tuple(int(v) for v in line.split()[1:])
 
 
 @needs_runsc

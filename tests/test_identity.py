@@ -28,7 +28,7 @@ from codecage.models import DoctorReport, ProbeResult
 SANDBOX = Identity(identity.DEFAULT_ID, identity.DEFAULT_ID)
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="only root can give files away")
 needs_runsc = pytest.mark.skipif(
-    shutil.which("runsc") is None or os.geteuid() != 0, reason="gVisor's runsc runs as root"
+    shutil.which("runsc") is None or os.geteuid() != 0, reason="the gVisor backend needs root"
 )
 
 

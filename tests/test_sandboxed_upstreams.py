@@ -29,6 +29,7 @@ from codecage.bridge.broker import Broker
 from codecage.bridge.channel import CallFailed
 from codecage.config import load as load_config
 from codecage.errors import ConfigError
+from codecage.isolation import cgroups, rootfs
 from codecage.isolation import identity as identities
 from codecage.models import NetworkSettings
 
@@ -131,6 +132,68 @@ def test_a_sandboxed_server_runs_as_neither_root_nor_with_a_writable_root(
     assert call(probes, "caged", "write_file", path="/usr/x", text="x").startswith("error")
     assert call(probes, "caged", "write_file", path="/state/x", text="kept") == "ok"
     assert (given_dir / "x").read_text(encoding="utf-8") == "kept"
+
+
+# --- the same layers as a run's: launched through the Backend ------------------------------
+
+
+def test_a_sandboxed_server_sees_the_masked_proc_entries_masked(probes: Broker) -> None:
+    """Before, a sandboxed server built its own bwrap command and had none of a run's /proc
+    masks: /proc/key-users listed every host user's keys there. Now it is launched through
+    the Backend with a run's mount plan for /proc."""
+    host_side = call(probes, "open", "read_file", path="/proc/key-users")
+    assert host_side and not host_side.startswith("error")  # there is something to hide
+    masked_files = [p for p in rootfs.PROC_MASKED if Path(p).is_file()]
+    assert "/proc/key-users" in masked_files
+    for path in masked_files:
+        assert call(probes, "caged", "read_file", path=path) == "", path
+
+
+@pytest.mark.skipif(cgroups.detect() is None, reason="needs cgroups (root, or delegation)")
+def test_a_sandboxed_server_runs_in_a_cgroup_with_its_limits_as_the_sandboxs_host_id(
+    given_dir: Path,
+) -> None:
+    """Seen from the host while the server runs: a cgroup of its own holds every process of
+    its sandbox, with the entry's memory_mb and max_processes, and each of those processes
+    is the sandbox's (non-root) host id. Before: no cgroup at all."""
+    entry = probe(True, given_dir, memory_mb=300, max_processes=40)
+    with broker_for({"p": entry}) as broker:
+        assert call(broker, "p", "environment")["HOME"] == "/state"
+        found = upstream_cgroups()
+        assert len(found) == 1, found
+        (limits,) = found.values()
+    assert limits["memory"] == 300 * 1024 * 1024
+    assert limits["pids"] == 40 + 1  # the sandbox's init counts too
+    assert limits["procs"], "no process in the server's cgroup"
+    for pid, uids in limits["procs"].items():
+        assert uids == [SANDBOX_ID.uid] * 4, (pid, uids)
+    assert SANDBOX_ID.uid != 0
+    assert upstream_cgroups() == {}  # removed with the session
+
+
+def upstream_cgroups() -> dict[str, dict[str, Any]]:
+    """This process's sandboxed servers' cgroups: their memory and pids limits (v1 or v2)
+    and the host uids of the processes in them."""
+    support = cgroups.detect()
+    assert support is not None
+    found: dict[str, dict[str, Any]] = {}
+    for controller, parent in support.parents.items():
+        for group in parent.glob(f"{os.getpid()}-upstream-*"):
+            seen = found.setdefault(group.name, {"procs": {}})
+            if controller in ("memory", "unified"):
+                name = "memory.max" if controller == "unified" else "memory.limit_in_bytes"
+                seen["memory"] = int((group / name).read_text())
+            if controller in ("pids", "unified"):
+                seen["pids"] = int((group / "pids.max").read_text())
+            for pid in (group / "cgroup.procs").read_text().split():
+                seen["procs"][int(pid)] = host_uids(int(pid))
+    return found
+
+
+def host_uids(pid: int) -> list[int]:
+    status = Path(f"/proc/{pid}/status").read_text(encoding="ascii", errors="replace")
+    line = next(line for line in status.splitlines() if line.startswith("Uid:"))
+    return [int(v) for v in line.split()[1:]]
 
 
 # --- refusals that say what to do ------------------------------------------------------------

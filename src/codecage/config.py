@@ -70,8 +70,9 @@ max_calls = 200                       # tool calls per run (also max_in_flight, 
 dir = "/srv/codecage/packages"        # default: /var/lib/codecage/packages (root), else
                                       # $XDG_DATA_HOME/codecage/packages
 
-[approval]                            # a person approves high-risk code before it runs
-require = "high"                      # "high", "medium" or "always"; unset: no approval
+[approval]                            # a person approves a run by what it is granted
+require = "grants"                    # "grants" or "always"; unset: no approval
+capabilities = ["network", "tools", "workspace"]  # what waits under "grants" (the default)
 timeout = 300                         # seconds to answer; no answer is a denial
 ```
 
@@ -198,7 +199,7 @@ class ConfigFile(_FileModel):
     network: NetworkSettings = Field(NetworkSettings(), description="Egress through the proxy.")
     audit: AuditSettings = Field(AuditSettings(), description="The audit trail.")
     approval: ApprovalSettings = Field(
-        ApprovalSettings(), description="Human approval of high-risk code."
+        ApprovalSettings(), description="Human approval of a run by what it is granted."
     )
     alerts: AlertSettings = Field(AlertSettings(), description="Alerts to a webhook or command.")
     tools: ToolsFile = Field(ToolsFile(), description="Tool trees and allow-list.")

@@ -469,7 +469,7 @@ class Host:
             blocked = self._blocked_by_validation(request)
             if blocked is not None:
                 return blocked
-        asked = self.approval_for(request.code, request.caller)
+        asked = self.approval_for(request)
         if asked is None:
             return self._run_now(request)
         verdict = self._ask(request, asked)
@@ -482,23 +482,72 @@ class Host:
         events = [approvals.event(asked, verdict), *result.events]
         return result.model_copy(update={"events": events})
 
-    def approval_for(self, code: str, caller: Caller = LIBRARY_CALLER) -> ApprovalRequest | None:
-        """What a person must approve before `code` runs, or None when the config's
-        [approval] does not ask for it (policy/approval.py)."""
+    def approval_for(self, request: Request) -> ApprovalRequest | None:
+        """What a person must approve before `request` runs, or None when the config's
+        [approval] does not ask for it: decided by what the run is granted (its declared
+        capabilities), never by its code's text, whose findings go along as advice
+        (policy/approval.py).
+
+        Raises:
+            ConfigError: the run's allowed_tools has a malformed pattern, or its session is
+                not this client's.
+        """
         settings = self.settings.approval
         if settings.require is None:
             return None
-        findings = approvals.reaching(self.validate(code, None), settings.require)
-        if findings is None:
+        if request.session_id is not None:  # its runs have the session's policy and hosts
+            terms = self.sessions.get(request.session_id, request.client).terms
+            request = dataclasses.replace(request, policy=terms.policy, egress=terms.egress)
+        grants = approvals.waiting_for(approvals.declared_grants(self._declared(request)), settings)
+        if grants is None:
             return None
         return ApprovalRequest(
-            code=code,
-            code_sha256=approvals.code_sha256(code),
-            findings=findings,
+            code=request.code,
+            code_sha256=approvals.code_sha256(request.code),
+            grants=grants,
+            findings=approvals.advice(self.validate(request.code, None)),
             require=settings.require,
             timeout=settings.timeout,
-            caller=caller.label,
+            caller=request.caller.label,
         )
+
+    def _declared(self, request: Request) -> approvals.Declared:
+        """What `request` is granted, as [approval] judges it."""
+        egress = request.egress
+        hosts = tuple(r.text for r in egress.allow) if egress is not None else ()
+        tools = (
+            tuple(self.tools.reachable_tools(request.allowed_tools))
+            if self.tools is not None
+            else ()
+        )
+        default = self.policy(None)
+        policy = request.policy
+        every = (policy is None or policy.allows_every_module) and not default.allows_every_module
+        wider: tuple[str, ...] = ()
+        if policy is not None and not policy.allows_every_module and not every:
+            network = profiles.NETWORK_MODULES if egress is not None else frozenset()
+            wider = tuple(sorted(policy.modules - default.modules - network))
+        return approvals.Declared(
+            hosts=hosts,
+            tools=tools,
+            workspace=str(request.workspace) if request.workspace is not None else None,
+            packages=self._added_packages_for(policy),
+            wider_modules=wider,
+            every_module=every,
+            profile=policy.profile if policy is not None else None,
+            limits=_above(request.limits, self.limits),
+        )
+
+    def _added_packages_for(self, policy: ImportPolicy | None) -> tuple[str, ...]:
+        """The operator's added packages a run of `policy` may import (none: no directory,
+        nothing added, or an untrusted one, which the run itself then refuses)."""
+        if self.packages_dir is None or not self.packages_dir.exists():
+            return ()
+        try:
+            names = packages.read_record(packages.check_trusted(self.packages_dir)).top_level()
+        except ConfigError:
+            return ()
+        return tuple(sorted(n for n in names if policy is None or policy.allows(n)))
 
     def _ask(self, request: Request, asked: ApprovalRequest) -> approvals.Verdict:
         """The face's verdict on `asked`.
@@ -508,11 +557,11 @@ class Host:
         """
         if request.approve is None:
             raise ConfigError(
-                f"this code needs a person's approval ([approval] require = "
-                f"'{asked.require}'; {', '.join(asked.rule_ids) or 'every run'}) and this "
-                "caller has no way to ask one",
-                hint="pass Sandbox(approve=callback), or change the code so that "
-                "`validate` finds nothing at that level",
+                f"this run needs a person's approval ([approval] require = "
+                f"'{asked.require}'; granted: {asked.reason()}) and this caller has no way "
+                "to ask one",
+                hint="pass Sandbox(approve=callback), or run without what needs approval "
+                "(the config's [approval] capabilities)",
             )
         return request.approve(asked)
 
@@ -948,6 +997,16 @@ def _check_session_limits(session: Limits, run: Limits) -> None:
                 f"opened; a run in it sets only timeout, cpu_seconds and max_output_bytes",
                 hint="open a new session with the limits you need ({open_session})",
             )
+
+
+def _above(limits: Limits, defaults: Limits) -> tuple[str, ...]:
+    """The limits of `limits` above `defaults`, as "name value (default d)"."""
+    found: list[str] = []
+    for name in Limits.model_fields:
+        value, default = getattr(limits, name), getattr(defaults, name)
+        if isinstance(value, int | float) and isinstance(default, int | float) and value > default:
+            found.append(f"{name} {value:g} (default {default:g})")
+    return tuple(found)
 
 
 def resolve_policy(

@@ -147,9 +147,11 @@ class Sandbox:
             (default: audit.db in codecage's state directory); a path or a
             postgresql:// URL: on, there; False (or "off"): off. Raises AuditError when
             the store cannot be opened.
-        approve: how a person approves code before it runs, when the config's `[approval]
-            require` asks for it (docs/configuration.md): called with an `ApprovalRequest`
-            (the code, its sha256, the findings), returns True to run it; False, an
+        approve: how a person approves a run before it starts, when the config's
+            `[approval] require` asks for it by what the run is granted (network, tools
+            with side effects, a lent workspace, ...; docs/configuration.md): called with
+            an `ApprovalRequest` (the code, its sha256, the grants, the static findings as
+            advice), returns True to run it; False, an
             exception or no answer within `[approval] timeout` seconds is a denial, and the
             result is `blocked` with an `approval` event. A coroutine function is awaited on
             the caller's loop under `arun`. Required when `[approval] require` is set
@@ -756,8 +758,8 @@ def _approver(
         return approvals.from_callback(approve)
     if settings.approval.require is not None and face == "library":
         raise ConfigError(
-            f"the config's [approval] require = '{settings.approval.require}': code at that "
-            "level waits for a person, and no one can be asked",
+            f"the config's [approval] require = '{settings.approval.require}': a run granted "
+            "what it lists waits for a person, and no one can be asked",
             hint="pass Sandbox(approve=callback), a function that shows an ApprovalRequest "
             "to a person and returns True to run the code",
         )

@@ -162,7 +162,7 @@ KNOWN_GAPS: dict[str, dict[str, str]] = {
 
 
 NEEDS_ROOT: dict[str, str] = {
-    "gvisor": "codecage's gVisor backend runs runsc as root (not rootless)",
+    "gvisor": "codecage switches runsc (rootless) to the sandbox's own id: only root can",
     "bwrap-fork": "the fork server needs tmpfs workspaces and per-run cgroups (root)",
 }
 """Backends an ordinary user cannot run: skipped as non-root, even under CI."""

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from codecage.errors import ConfigError, HostError, SandboxError
+from codecage.guest import contract
 from codecage.isolation.rootfs import Mount
 from codecage.models import BackendState, LayerStatus
 
@@ -43,9 +44,12 @@ class LaunchSpec:
     env: dict[str, str]
     guest_argv: tuple[str, ...]
     seccomp: bytes  # the compiled filter (BPF) every process of the sandbox runs under
-    control_fd: int  # the guest's end of the control socket, passed under the same number
-    bridge_fd: int  # the guest's end of the tool bridge (docs/tool-bridge.md)
     cwd: Path  # the host directory the launcher runs in (the run's own directory)
+    # The guest's end of the control socket and of the tool bridge (docs/tool-bridge.md),
+    # passed under the same numbers; None: a sandbox without a guest bootstrap (a stdio
+    # upstream server, `stdio`).
+    control_fd: int | None = None
+    bridge_fd: int | None = None
     identity: Identity | None = None  # None: the ids of the process that runs codecage
     network: bool = False
     # A fork server's template (engine/forkserver.py): it keeps CAP_SYS_ADMIN and
@@ -53,6 +57,14 @@ class LaunchSpec:
     # `extra_fds` (the runs' filter) are passed under the same numbers. bwrap only.
     template: bool = False
     extra_fds: tuple[int, ...] = ()
+    chdir: str = contract.WORKSPACE_DIR  # where the first process starts, inside
+    # The launcher's stdin is a pipe the host writes (`SandboxProcess.stdin`), its stdout
+    # what the host reads: a stdio MCP server's transport (bridge/sandboxed.py). bwrap only.
+    stdio: bool = False
+
+    def channel_fds(self) -> tuple[int, ...]:
+        """The guest's channel fds that are set."""
+        return tuple(fd for fd in (self.control_fd, self.bridge_fd) if fd is not None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +140,7 @@ class SandboxProcess:
             raise ValueError("a sandbox process needs stdout and stderr pipes")
         self._popen = popen
         self._exit_status = exit_status
+        self.stdin: IO[bytes] | None = popen.stdin  # a pipe only for `LaunchSpec.stdio`
         self.stdout: IO[bytes] = popen.stdout
         self.stderr: IO[bytes] = popen.stderr
         self._init_pidfd: int | None = None
@@ -188,6 +201,9 @@ class SandboxProcess:
         if self.alive():
             self.kill()
         self._popen.wait()
+        if self.stdin is not None:
+            with contextlib.suppress(OSError):  # a broken pipe's unflushed nothing
+                self.stdin.close()
         self.stdout.close()
         self.stderr.close()
         with self._init_lock:
@@ -263,11 +279,13 @@ def spawn(
     exit_status: Callable[[int], ExitStatus],
     identity: Identity | None = None,
     new_session: bool = False,
+    stdin_pipe: bool = False,
 ) -> SandboxProcess:
     """Start a backend's launcher in a process group of its own, nothing inherited but
     `pass_fds` and `env`, stdin empty, stdout and stderr piped to the host; as `identity`
     (no supplementary groups) when that is not who runs codecage, which only root can do.
     `new_session`: a session of its own instead (a session leader's group is its own).
+    `stdin_pipe`: stdin is a pipe the host writes (`SandboxProcess.stdin`), not empty.
 
     Raises:
         SandboxError: it could not be started.
@@ -278,11 +296,11 @@ def spawn(
                 f"cannot start the sandbox as uid {identity.uid}: only root can",
                 hint="leave [sandbox] uid/gid unset when codecage is not run as root",
             )
-        argv = [*_become(identity), *argv]
+        argv = [*become(identity), *argv]
     try:
         popen = subprocess.Popen(
             argv,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             pass_fds=pass_fds,
@@ -296,7 +314,7 @@ def spawn(
     return SandboxProcess(popen, exit_status)
 
 
-def _become(identity: Identity) -> list[str]:
+def become(identity: Identity) -> list[str]:
     """The command that makes the launcher `identity` (no supplementary groups) and execs
     it. Not Popen(user=...): CPython cannot use vfork when it changes ids, and forking the
     whole host process for every sandbox costs the warm pool's runs ~0.35 ms each."""

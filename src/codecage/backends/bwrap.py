@@ -79,11 +79,12 @@ class BwrapBackend:
             ours = (fds.info_write, fds.block_read, fds.seccomp)
             process = spawn(
                 argv,
-                pass_fds=(*ours, spec.control_fd, spec.bridge_fd, *spec.extra_fds),
+                pass_fds=(*ours, *spec.channel_fds(), *spec.extra_fds),
                 env=spec.env,
                 cwd=spec.cwd,
                 exit_status=exit_status,
                 identity=spec.identity,
+                stdin_pipe=spec.stdio,
             )
             try:
                 fds.close_sandbox_ends()
@@ -105,7 +106,7 @@ class BwrapBackend:
             *isolation_args(allow_network=spec.network, template=spec.template),
             *rootfs.bwrap_args(spec.mounts),
             "--chdir",
-            rootfs.WORKSPACE,
+            spec.chdir,
             "--info-fd",
             str(fds.info_write),
             "--block-fd",

@@ -16,6 +16,13 @@ How one sandbox starts (`GvisorBackend.start`):
   runsc, its gofer, the Sentry and every stub process are born in it (memory, CPU and
   pids count the whole sandbox, the gVisor kernel included); nothing of the guest runs
   before `on_created` returns. runsc does not touch cgroups (`--ignore-cgroups`);
+- rootless: when codecage is root, the launcher is started as the sandbox's host id
+  (`isolation.identity`, never root) and runsc runs with `--rootless`, so runsc, the gofer,
+  the Sentry and its stubs are all that unprivileged id, never root. The gofer then opens
+  only what that id may (the engine binds copies staged for it, `isolation.staging`), the
+  bundle and runsc's state are given to it. With `--network=none` and `--ignore-cgroups`
+  rootless needs nothing else (measured with Debian 12's runsc 20221219: `runsc
+  --rootless run` as uid 2000000000; docs/security-model.md);
 - the Sentry is started "attached": it dies with runsc, and runsc with the thread that
   started it (pdeathsig), like bwrap's --die-with-parent;
 - runsc cannot pass extra fds into a container (this version has no --pass-fd). The guest's
@@ -42,6 +49,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -51,12 +59,15 @@ from typing import Any
 from codecage.backends.base import (
     ExitStatus,
     HostOverhead,
+    Identity,
     LaunchSpec,
     OnCreated,
     SandboxProcess,
+    become,
     version_line,
 )
 from codecage.errors import HostError, SandboxError
+from codecage.isolation import identity as identities
 from codecage.isolation import rootfs, seccomp
 from codecage.models import LayerStatus
 
@@ -76,6 +87,7 @@ _HANDOFF_TIMEOUT_S = 120.0  # a guest that never connects: the engine's own time
 _HOST_TASKS = 512
 _HOST_TASKS_PER_PROCESS = 64
 _HOST_MEMORY_MB = 256
+_IDS_SWITCH_TIMEOUT_S = 30.0  # setpriv's switch to the sandbox's id: milliseconds; a bound
 _SIGNAL_EXIT_BASE = 128  # runsc reports a container killed by signal N as exit code 128 + N
 _INSTALL_HINT = "install gVisor: apt-get install runsc (or run scripts/setup as root)"
 
@@ -88,11 +100,13 @@ class GvisorBackend:
     """gVisor's runsc; see the module docstring for what is in force."""
 
     name = "gvisor"
-    # runsc starts as root by design (its gofer serves the files), and the code never runs
-    # on the host kernel: the Sentry that runs it is uid 65534 in a user namespace of its
-    # own. The engine's check that a sandbox's first process is not host root does not
-    # apply to this launcher; `probe()` names who runs what.
-    root_launcher = True
+    # The launcher, runsc, its gofer and the Sentry run as the sandbox's host id with
+    # `runsc --rootless` (never root): the engine's check that a sandbox's first process is
+    # not host root applies as to every backend.
+    root_launcher = False
+    # Rootless, the code is uid 0 of the Sentry with no capability (`guest_ids` says why):
+    # the self-test accepts that uid there, never a capability.
+    guest_is_sentry_root = os.geteuid() == 0
     host_overhead = HostOverhead(
         pids=_HOST_TASKS,
         pids_per_process=_HOST_TASKS_PER_PROCESS,
@@ -104,7 +118,8 @@ class GvisorBackend:
         self.executable = _find_runsc()
         if os.geteuid() != 0:
             raise HostError(
-                "the gVisor backend needs root here (runsc without --rootless)",
+                "the gVisor backend needs root here: it starts runsc --rootless as the "
+                "sandbox's own dedicated host id, which only root can switch to",
                 hint="run codecage as root, or choose --backend bwrap",
             )
 
@@ -112,7 +127,7 @@ class GvisorBackend:
         return runsc_version(self.executable)
 
     def probe(self) -> list[LayerStatus]:
-        ok, detail = _runsc_works(self.executable)
+        ok, detail = _runsc_works(self.executable, _probe_identity())
         mechanism = f"gVisor runsc {self.version() or '?'}, platform {PLATFORM}"
         return [
             LayerStatus(name="user-space kernel", active=ok, mechanism=mechanism, detail=detail),
@@ -152,11 +167,19 @@ class GvisorBackend:
         Raises:
             SandboxError: runsc could not be started.
         """
+        if spec.control_fd is None or spec.bridge_fd is None or spec.stdio:
+            raise SandboxError(
+                "the gVisor backend starts a guest with its two channels only",
+                hint="start a stdio server's sandbox with the bwrap backend",
+            )
         bundle = _Bundle.write(spec)
         block_read, block_write = os.pipe()
         try:
             handoff = _Handoff(
-                bundle.handoff_socket, spec.control_fd, spec.bridge_fd, owner=guest_ids(spec)
+                bundle.handoff_socket,
+                spec.control_fd,
+                spec.bridge_fd,
+                owner=_host_owner(spec),
             )
         except BaseException:
             os.close(block_read)
@@ -164,7 +187,7 @@ class GvisorBackend:
             raise
         try:
             popen = subprocess.Popen(
-                self._argv(bundle),
+                _as_identity(spec, self._argv(bundle)),
                 stdin=block_read,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -184,6 +207,8 @@ class GvisorBackend:
             os.close(block_read)
         gvisor = GvisorProcess(popen, bundle, handoff, self.executable)
         try:
+            if bundle.identity is not None:
+                _wait_for_ids(gvisor, bundle.identity)
             if on_created is not None:
                 on_created(gvisor.pid)
             with contextlib.suppress(OSError):  # the launcher died; its stderr says why
@@ -201,6 +226,7 @@ class GvisorBackend:
             self.executable,
             "--root",
             str(bundle.state_dir),
+            *(["--rootless"] if bundle.identity is not None else []),
             f"--platform={PLATFORM}",
             "--network=none",
             "--ignore-cgroups",  # the engine owns the cgroup: the launcher is already in it
@@ -217,6 +243,40 @@ class GvisorBackend:
         # The pipe is sh's stdin (dash reads single-digit fds only); the guest's is empty.
         script = 'read -r _ && exec "$@" </dev/null'
         return ["/bin/sh", "-c", script, "codecage-gvisor", *runsc]
+
+
+def runsc_identity(spec: LaunchSpec) -> Identity | None:
+    """The host id runsc, its gofer and the Sentry run as, rootless: the sandbox's own when
+    codecage is root and the engine names one; None: as the caller, as runsc's default."""
+    if os.geteuid() == 0 and spec.identity is not None and spec.identity.uid != 0:
+        return spec.identity
+    return None
+
+
+def _as_identity(spec: LaunchSpec, argv: list[str]) -> list[str]:
+    """`argv` started as `runsc_identity(spec)` (setpriv, no supplementary groups), or as
+    it is. The launcher is the first process `on_created` sees: never root then."""
+    who = runsc_identity(spec)
+    return argv if who is None else [*become(who), *argv]
+
+
+def _wait_for_ids(process: SandboxProcess, who: Identity) -> None:
+    """Until the launcher is `who` (setpriv has switched and exec'd `sh`, which then waits
+    on its pipe): the engine's `on_created` checks the ids of that process, and must see
+    the ids the sandbox runs as, not setpriv's before the switch.
+
+    Raises:
+        SandboxError: it never became `who` (it died first: its stderr says why).
+    """
+    wanted = f"{who.uid}\t{who.uid}\t{who.uid}\t{who.uid}"
+    deadline = time.monotonic() + _IDS_SWITCH_TIMEOUT_S
+    while time.monotonic() < deadline and process.alive():
+        with contextlib.suppress(OSError):
+            status = Path(f"/proc/{process.pid}/status").read_text("ascii", errors="replace")
+            if f"Uid:\t{wanted}\n" in status:
+                return
+        time.sleep(0.001)
+    raise SandboxError(f"the gVisor launcher did not become uid {who.uid}")
 
 
 class GvisorProcess(SandboxProcess):
@@ -285,6 +345,7 @@ class _Bundle:
         self.handoff_dir = self.dir / "channels"
         self.handoff_socket = self.handoff_dir / _HANDOFF_SOCKET
         self.container_id = f"codecage-{uuid.uuid4().hex}"
+        self.identity: Identity | None = None  # runsc's host id when rootless
 
     @classmethod
     def write(cls, spec: LaunchSpec) -> _Bundle:
@@ -306,9 +367,23 @@ class _Bundle:
             _give_workspace(spec)
             (bundle.dir / "config.json").write_text(json.dumps(config), encoding="utf-8")
             bundle.rootfs.chmod(0o555)
+            bundle.identity = runsc_identity(spec)
+            if bundle.identity is not None:
+                bundle.give_to(bundle.identity)
         except OSError as exc:
             raise SandboxError(f"cannot write the gVisor bundle: {exc}") from exc
         return bundle
+
+    def give_to(self, who: Identity) -> None:
+        """Let rootless runsc (as `who`) read the bundle and keep its state: the bundle's
+        directory, its state and channel directories become `who`'s; the skeleton root and
+        config stay root's and read-only (runsc reads them, never writes them).
+
+        Raises:
+            OSError: a chown failed.
+        """
+        for path in (self.dir, self.state_dir, self.handoff_dir):
+            os.chown(path, who.uid, who.gid)
 
     def sandbox_pids(self) -> list[int]:
         """The Sentry's and the gofer's host pids, as runsc's state file names them."""
@@ -339,10 +414,25 @@ class _Bundle:
 def guest_ids(spec: LaunchSpec) -> tuple[int, int]:
     """The guest's uid and gid in the Sentry. gVisor does not map ids: the Sentry's ids are
     the ones the gofer gives the files the guest creates on the host. So the host identity
-    when the engine names one, else the sandbox user of /etc/passwd (1000)."""
+    when the engine names one, else the sandbox user of /etc/passwd (1000).
+
+    Rootless (`runsc_identity`), the gofer runs in a user namespace where its host id (the
+    sandbox's) is 0: the Sentry sees the workspace and every file the guest made as uid 0,
+    and every other host file as 65534. The guest is then uid 0 of the Sentry, with no
+    capability at all (empty bounding set, no_new_privs: an exec gains none): the owner of
+    its own files, nothing more. On the host those files are the sandbox's id's."""
+    if runsc_identity(spec) is not None:
+        return 0, 0
     if spec.identity is not None:
         return spec.identity.uid, spec.identity.gid
     return rootfs.SANDBOX_UID, rootfs.SANDBOX_GID
+
+
+def _host_owner(spec: LaunchSpec) -> tuple[int, int]:
+    """Who owns, on the host, what the guest must own in the Sentry (the channels' socket):
+    rootless, runsc's id (the gofer's, which the Sentry sees as 0); else the guest's ids."""
+    who = runsc_identity(spec)
+    return (who.uid, who.gid) if who is not None else guest_ids(spec)
 
 
 def _with_own_etc(spec: LaunchSpec, etc_dir: Path) -> tuple[rootfs.Mount, ...]:
@@ -371,6 +461,9 @@ def _give_workspace(spec: LaunchSpec) -> None:
 def _config(spec: LaunchSpec, mounts: list[dict[str, Any]]) -> dict[str, Any]:
     argv = _guest_argv(spec.guest_argv)
     uid, gid = guest_ids(spec)
+    # No user namespace of the spec's own: rootless runsc refuses one ("cannot create gofer
+    # process: fork/exec /proc/self/exe: operation not permitted", runsc 20221219).
+    namespaces = ("pid", "network", "ipc", "uts", "mount", "cgroup")
     no_caps: dict[str, list[str]] = {
         k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")
     }
@@ -389,9 +482,7 @@ def _config(spec: LaunchSpec, mounts: list[dict[str, Any]]) -> dict[str, Any]:
         "hostname": "sandbox",
         "mounts": mounts,
         "linux": {
-            "namespaces": [
-                {"type": t} for t in ("pid", "network", "ipc", "uts", "mount", "cgroup")
-            ],
+            "namespaces": [{"type": t} for t in namespaces],
             "seccomp": oci_seccomp(network=spec.network),
         },
     }
@@ -506,7 +597,13 @@ class _Handoff:
     the socket is removed. Holds its own duplicates of the two fds until then (the engine
     closes its guest ends as soon as `start` returns)."""
 
-    def __init__(self, path: Path, control_fd: int, bridge_fd: int, owner: tuple[int, int]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        control_fd: int,
+        bridge_fd: int,
+        owner: tuple[int, int],
+    ) -> None:
         self._path = path
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._fds: list[int] = []
@@ -620,32 +717,46 @@ def runsc_version(executable: str) -> str | None:
     return line.split()[-1] if line and line.split() else None
 
 
+def _probe_identity() -> Identity | None:
+    """Who runsc runs as in `probe`: the sandboxes' host id when codecage is root (rootless,
+    as every run), else None (the caller)."""
+    if os.geteuid() != 0:
+        return None
+    who = identities.plan().identity
+    return who if who.uid != 0 else None
+
+
 @functools.cache
-def _runsc_works(executable: str) -> tuple[bool, str]:
-    """Can runsc start a sandbox here? (`runsc do true`: the floor of every run)"""
-    argv = [
-        executable,
-        "--network=none",
-        f"--platform={PLATFORM}",
-        "--ignore-cgroups",
-        "do",
-        "true",
-    ]
-    try:
-        proc = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={"PATH": os.defpath},
-            cwd="/",
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        return False, f"runsc could not start: {exc}"
+def _runsc_works(executable: str, who: Identity | None = None) -> tuple[bool, str]:
+    """Can runsc start a sandbox here, as the runs start it? (`runsc do true`, the floor of
+    every run: rootless as `who` when given, with a state directory of its own)"""
+    with tempfile.TemporaryDirectory(prefix="codecage-runsc-probe-") as state:
+        argv = [executable, "--root", state]
+        if who is not None:
+            os.chown(state, who.uid, who.gid)
+            argv = [*become(who), *argv, "--rootless"]
+        argv += ["--network=none", f"--platform={PLATFORM}", "--ignore-cgroups", "do", "true"]
+        try:
+            proc = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={"PATH": os.defpath},
+                cwd="/",
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            return False, f"runsc could not start: {exc}"
     if proc.returncode != 0:
         return False, f"runsc failed: {proc.stderr.strip()[-300:]}"
+    who_runs = (
+        f"runsc, its gofer and the Sentry are host uid {who.uid} (rootless), never root"
+        if who is not None
+        else "runsc, its gofer and the Sentry run as you"
+    )
     return True, (
         "the guest's syscalls are served by the Sentry (gVisor's kernel, an unprivileged "
-        "host process); files through the gofer; pid, ipc, uts, mount and network isolated"
+        f"host process); files through the gofer; {who_runs}; pid, ipc, uts, mount and "
+        "network isolated"
     )

@@ -144,6 +144,11 @@ class LandlockBackend:
                 "backend does not have (IP sockets there would reach the host's network)",
                 hint="use the bwrap or gvisor backend for runs with allowed hosts",
             )
+        if spec.stdio:
+            raise SandboxError(
+                "the landlock backend starts a guest with its two channels only",
+                hint="start a stdio server's sandbox with the bwrap backend",
+            )
         try:
             tree = plan_tree(spec.mounts, spec.cwd / _TREE, spec.cwd / _TMP)
             write_tree(tree, identity=spec.identity)
@@ -180,8 +185,7 @@ class LandlockBackend:
                     fds.seccomp,
                     fds.block_read,
                     fds.ready_write,
-                    spec.control_fd,
-                    spec.bridge_fd,
+                    *spec.channel_fds(),
                 ),
                 env={},
                 cwd=spec.cwd,

@@ -47,6 +47,7 @@ from codecage.errors import ConfigError
 from codecage.models import NetworkSettings
 from codecage.output import neutralise_text
 from codecage.policy import scrub as scrubbing
+from codecage.policy.approval import ToolReach
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,41 @@ class Broker:
             self, allow_patterns(allowed_tools), scrubber or scrubbing.Scrubber(), tokenize
         )
 
+    def reachable_tools(
+        self, allowed_tools: Sequence[str] | None = None, timeout: float = 60.0
+    ) -> list[ToolReach]:
+        """The tools a run with `allowed_tools` may call (the servers' allow-lists and the
+        run's, as `RunTools` checks them), each with what its MCP annotations say: what
+        [approval] judges a run by. A server whose tools cannot be listed counts as one
+        tool with every effect (an unknown tool is not taken to be harmless).
+
+        Raises:
+            ConfigError: an allow-list pattern that does not name a server and a tool.
+        """
+        patterns = allow_patterns(allowed_tools)
+        found: list[ToolReach] = []
+        for server, config in sorted(self.servers.items()):
+            if patterns is not None and not any(name_matches(server, p.server) for p in patterns):
+                continue
+            try:
+                tools = self.list_tools(server, timeout)
+            except (CallFailed, ConfigError) as exc:
+                log.warning(
+                    "broker.unlisted_for_approval",
+                    extra={"server": server, "error": str(exc)[:_LOG_CHARS]},
+                )
+                found.append(ToolReach(name=f"{server}.*", listed=False))
+                continue
+            for tool in tools:
+                if config.allow_tools is not None and not any(
+                    name_matches(tool.name, pattern) for pattern in config.allow_tools
+                ):
+                    continue
+                if patterns is not None and not any(p.matches(server, tool.name) for p in patterns):
+                    continue
+                found.append(_reach(server, tool))
+        return found
+
     def close(self) -> None:
         """End every session (stdio servers exit) and stop the loop; idempotent. (In a
         forked child: nothing; the sessions and the loop's thread are the parent's.)"""
@@ -208,6 +244,21 @@ class Broker:
             coroutine.close()
             return _failed(CallFailed("upstream_error", "the broker is closed"))
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+
+
+def _reach(server: str, tool: mcp_types.Tool) -> ToolReach:
+    """A listed tool's effects by its annotations, MCP's defaults where it says nothing
+    (a hint is the server's claim: only a read-only claim lowers what counts)."""
+    hints = tool.annotations
+    read_only = hints is not None and hints.read_only_hint is True
+    destructive = hints is None or hints.destructive_hint is not False
+    open_world = hints is None or hints.open_world_hint is not False
+    return ToolReach(
+        name=f"{server}.{_shown(tool.name)}",
+        read_only=read_only,
+        destructive=destructive and not read_only,
+        open_world=open_world,
+    )
 
 
 class RunTools:

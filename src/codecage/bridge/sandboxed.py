@@ -1,17 +1,23 @@
 """Upstream MCP servers in a sandbox of their own (`"sandbox": true` in a server's entry).
 
-A sandboxed stdio upstream runs under the same layers as a run's sandbox, started by
-bubblewrap with its stdin and stdout as the MCP transport:
+A sandboxed stdio upstream is launched through the bubblewrap Backend like every sandbox
+(`backends.bwrap.BwrapBackend.start` with a `LaunchSpec`), its stdin and stdout as the MCP
+transport (`LaunchSpec.stdio`), so it has every layer a run's sandbox has:
 
 - its own user, pid, ipc, uts, cgroup and **network** namespaces (no interface but an
   unused loopback) and the project's seccomp filter (`isolation.seccomp`: no socket
   family but AF_UNIX, no ptrace, mount, unshare, bpf, ...), no capabilities,
   no_new_privs, nested user namespaces disabled;
-- a host identity that is never root (`isolation.identity`: as root, the dedicated id);
+- a host identity that is never root (`isolation.identity`: as root, the dedicated id;
+  checked on the sandbox's first process before the server starts, as for every run);
+- a cgroup of its own with the entry's `memory_mb` and `max_processes` (memory and pids;
+  the process is moved in before the server starts, between bwrap's "namespaces made"
+  and "go"), where the host has cgroups;
 - rlimits (open files, file size, processes, no core dumps), set by util-linux `prlimit`
-  before bwrap starts, so every process of the server inherits them;
+  inside the sandbox before the server starts, so every process of the server has them;
 - a root of its own: /usr and the /lib directories read-only, a private /etc (passwd,
   group, hosts, nsswitch.conf; the host's CA certificates, ld.so.cache and time zone),
+  a read-only /proc with the same entries masked as in a run's (`rootfs.PROC_MASKED`),
   the command's own files read-only (its executable through its links, a script's
   interpreter, a venv and its base interpreter, a `node_modules` tree a script is in;
   staged by `isolation.staging` where the sandbox's id cannot read them), a private
@@ -20,20 +26,22 @@ bubblewrap with its stdin and stdout as the MCP transport:
   own paths. No $HOME, /root, host /tmp, host /etc, codecage config.
 - an environment of the entry's `env` plus PATH, HOME and LANG only.
 
-The seccomp program reaches bwrap as an inherited memfd (`--seccomp FD`). Everything the
-sandbox is made of (the memfd, the private /etc) belongs to `sandboxed_stdio_client` and
-is gone when the session ends; the server's processes end with bwrap
-(`--die-with-parent`, the pid namespace), which the SDK kills by its process group.
+Everything the sandbox is made of (its run directory with the private /etc, its cgroup)
+belongs to `sandboxed_stdio_client` and is gone when the session ends; the server's
+processes end with bwrap (`--die-with-parent`, the pid namespace) and its cgroup.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import re
 import shutil
 import tempfile
+import threading
+import uuid
 from collections.abc import AsyncGenerator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -41,22 +49,28 @@ from pathlib import Path
 from typing import TextIO
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
+from anyio.abc import ByteReceiveStream, ByteSendStream
 from mcp.client import stdio as sdk
 from mcp.client._transport import TransportStreams
 
-from codecage.backends import bwrap
-from codecage.backends.base import Identity
-from codecage.bridge.stdio_client import bounded_stdio_client
+from codecage.backends.base import Identity, LaunchSpec, SandboxProcess
+from codecage.backends.bwrap import BwrapBackend
+from codecage.bridge.stdio_client import bounded_transport
 from codecage.bridge.upstreams import Upstream
 from codecage.egress.servers import ServerEgress
 from codecage.engine import egress as egress_wiring
 from codecage.errors import BridgeError, CodecageError
 from codecage.guest import contract
 from codecage.guest import relay as relay_module
+from codecage.isolation import cgroups, rootfs, seccomp, staging
 from codecage.isolation import identity as identities
-from codecage.isolation import rootfs, seccomp, staging
+from codecage.isolation.cgroups import CgroupHandle
 from codecage.isolation.rootfs import Mount
+from codecage.models import Limits
+
+log = logging.getLogger(__name__)
 
 STATE = "/state"
 """Where the server's state directory is inside: its HOME and working directory."""
@@ -78,9 +92,12 @@ RLIMITS: tuple[tuple[str, int], ...] = (
 
 @dataclass(frozen=True, slots=True)
 class ServerSandbox:
-    """How to start one sandboxed upstream: the launcher's argv and environment."""
+    """How to start one sandboxed upstream: its mount table, the command run inside (the
+    server's, behind prlimit), where it starts, its environment and host identity."""
 
+    mounts: tuple[Mount, ...]
     argv: tuple[str, ...]
+    chdir: str
     env: dict[str, str]
     state_dir: Path
     identity: Identity
@@ -110,13 +127,13 @@ def plan(
     name: str,
     config: Upstream,
     *,
-    etc_dir: Path,
-    seccomp_fd: int,
+    run_dir: Path,
     network: ServerNetwork | None = None,
 ) -> ServerSandbox:
-    """The launcher of `name`'s sandbox: its argv (setpriv as root, prlimit, bwrap, the
-    server's command) and environment. Not pure: it resolves the command, stages what the
-    sandbox's id cannot read, makes the state directory and writes the private /etc.
+    """What `name`'s sandbox is made of: its mounts, the command inside (prlimit, then the
+    server's) and environment. Not pure: it resolves the command, stages what the
+    sandbox's id cannot read, makes the state directory and writes the private /etc and
+    the empty directory and file that mask /proc entries into `run_dir`.
 
     Raises:
         BridgeError: the command is missing, or a path it needs is not given to it.
@@ -127,12 +144,16 @@ def plan(
     command = _resolve_command(name, config)
     roots = _roots(name, config, who)
     _check_arguments(name, config, roots)
+    etc_dir = run_dir / "etc"
     _write_etc(etc_dir)
+    (run_dir / "empty").mkdir(mode=0o555)
+    rootfs.write_empty_file(run_dir)
     mounts = [
         *_system_mounts(),
         *_etc_mounts(etc_dir),
         Mount("proc", "/proc"),
         Mount("remount-ro", "/proc"),
+        *rootfs.proc_masks(run_dir / "empty"),
         Mount("dev", "/dev"),
         Mount("tmpfs", "/tmp", size_bytes=_TMP_BYTES),  # noqa: S108 - private, size-limited
         # After the private /tmp: a program that lives under the host's /tmp (a checkout
@@ -145,22 +166,35 @@ def plan(
     server = (str(command), *config.args)
     if network is not None:
         server = _behind_the_relay(server)
-    argv = [
-        *_launcher(who),
-        bwrap.find_bwrap(),
-        *bwrap.isolation_args(allow_network=network is not None),
-        *rootfs.bwrap_args(tuple(mounts)),
-        "--chdir",
-        config.cwd or STATE,
-        "--seccomp",
-        str(seccomp_fd),
-        "--",
-        *server,
-    ]
     env = {"PATH": PATH, "HOME": STATE, "LANG": "C.UTF-8", **config.env}
     if network is not None:
         env.update(egress_wiring.proxy_env(with_ca=network.with_ca))
-    return ServerSandbox(tuple(argv), env, state, who)
+    return ServerSandbox(
+        mounts=tuple(mounts),
+        argv=("--", *_limited(server)),
+        chdir=config.cwd or STATE,
+        env=env,
+        state_dir=state,
+        identity=who,
+    )
+
+
+def launch_spec(
+    server: ServerSandbox, *, seccomp_bpf: bytes, run_dir: Path, network: bool
+) -> LaunchSpec:
+    """The Backend's description of a server's sandbox: like a run's, with the server's
+    stdio as its transport instead of a guest's two channels."""
+    return LaunchSpec(
+        mounts=server.mounts,
+        env=server.env,
+        guest_argv=server.argv,
+        seccomp=seccomp_bpf,
+        cwd=run_dir,
+        identity=server.identity,
+        network=network,
+        chdir=server.chdir,
+        stdio=True,
+    )
 
 
 @asynccontextmanager
@@ -173,19 +207,17 @@ async def sandboxed_stdio_client(
     on_overflow: Callable[[], None],
     egress: ServerEgress | None = None,
 ) -> AsyncGenerator[TransportStreams, None]:
-    """`bounded_stdio_client` for `config`'s command started in its own sandbox.
+    """A session's streams to `config`'s command started in its own sandbox through the
+    bwrap Backend, each line it writes bounded as `bounded_stdio_client` does.
 
     Raises:
         BridgeError: the sandbox cannot be made for this server (the message says why and
             what to change in its entry).
-        OSError: bwrap cannot be spawned.
+        SandboxError: bwrap could not start it.
+        HostError: its cgroup cannot be made although the host has cgroups.
     """
     with contextlib.ExitStack() as owned:
-        seccomp_fd = os.memfd_create("codecage-upstream-seccomp", os.MFD_CLOEXEC)
-        owned.callback(os.close, seccomp_fd)
         network = config.sandbox and bool(config.allow_hosts) and egress is not None
-        os.write(seccomp_fd, seccomp.compile_bpf(seccomp.plan(network=network)))
-        os.lseek(seccomp_fd, 0, os.SEEK_SET)
         run_dir = Path(tempfile.mkdtemp(prefix=f"codecage-upstream-{os.getpid()}-"))
         owned.callback(shutil.rmtree, run_dir, True)
         run_dir.chmod(0o755)  # bwrap runs as the sandbox's id and binds the /etc in it
@@ -198,30 +230,121 @@ async def sandboxed_stdio_client(
         try:
             # In a thread: the first start may stage an interpreter (seconds), and the
             # broker's loop serves the other upstreams meanwhile.
-            launch = await anyio.to_thread.run_sync(
-                functools.partial(
-                    plan,
-                    name,
-                    config,
-                    etc_dir=run_dir / "etc",
-                    seccomp_fd=seccomp_fd,
-                    network=server_network,
-                )
+            server = await anyio.to_thread.run_sync(
+                functools.partial(plan, name, config, run_dir=run_dir, network=server_network)
             )
         except BridgeError:
             raise
         except CodecageError as exc:  # a host problem: said with what to do, as a bridge error
             raise BridgeError(f"{exc} ({exc.hint})") from exc
-        params = sdk.StdioServerParameters(command=launch.argv[0], args=list(launch.argv[1:]))
-        async with bounded_stdio_client(
-            params,
-            errlog,
-            max_line_bytes=max_line_bytes,
-            on_overflow=on_overflow,
-            exact_env=launch.env,
-            pass_fds=(seccomp_fd,),
+        cgroup = cgroups.create(
+            f"{os.getpid()}-upstream-{uuid.uuid4().hex}",
+            Limits(memory_mb=config.memory_mb, max_processes=config.max_processes),
+        )
+        if cgroup is not None:
+            owned.callback(cgroups.destroy, cgroup)
+        spec = launch_spec(
+            server,
+            seccomp_bpf=seccomp.compile_bpf(seccomp.plan(network=network)),
+            run_dir=run_dir,
+            network=network,
+        )
+        # On the broker loop's own thread, which lives as long as the broker: bwrap dies
+        # with the thread that started it (--die-with-parent), and a worker thread of
+        # anyio's is let go when idle.
+        process = BwrapBackend().start(spec, functools.partial(_on_created, cgroup))
+        owned.callback(_stopped, process, cgroup)
+        _copy_stderr(process, errlog)
+        stdin, stdout = _HeldPipe(process, "stdin"), _HeldPipe(process, "stdout")
+
+        async def stop() -> None:
+            await stdin.aclose()
+            with anyio.move_on_after(sdk.PROCESS_TERMINATION_TIMEOUT):
+                while process.alive():
+                    await anyio.sleep(0.05)
+            await stdout.aclose()
+            await anyio.to_thread.run_sync(_stopped, process, cgroup)
+
+        async with bounded_transport(
+            stdin, stdout, stop, max_line_bytes=max_line_bytes, on_overflow=on_overflow
         ) as streams:
             yield streams
+
+
+def _on_created(cgroup: CgroupHandle | None, pid: int) -> None:
+    """Between "namespaces made" and the server's start, as for a run: never host root
+    (checked on the process itself), and in its cgroup from its first instruction."""
+    identities.ensure_not_root(pid)
+    if cgroup is not None:
+        cgroups.attach(cgroup, pid)
+
+
+def _stopped(process: SandboxProcess, cgroup: CgroupHandle | None) -> None:
+    """Kill every process of the server's sandbox (bwrap's, then what is left in its
+    cgroup), reap it and close its pipes; idempotent."""
+    process.kill()
+    if cgroup is not None:
+        cgroups.kill_all(cgroup)
+    process.close()
+
+
+def _copy_stderr(process: SandboxProcess, errlog: TextIO) -> None:
+    """The server's stderr into `errlog` (whose tail explains a crash), on a thread of its
+    own until the pipe ends (every process of the sandbox is gone)."""
+
+    def copy() -> None:
+        with contextlib.suppress(OSError, ValueError):
+            fd = process.stderr.fileno()
+            for chunk in iter(lambda: os.read(fd, 65536), b""):
+                errlog.write(chunk.decode("utf-8", "replace"))
+                errlog.flush()
+
+    threading.Thread(target=copy, name="codecage-upstream-stderr", daemon=True).start()
+
+
+class _HeldPipe(ByteReceiveStream, ByteSendStream):
+    """The server's stdin or stdout pipe, held by its `SandboxProcess`, as an anyio byte
+    stream: non-blocking, waited on with the loop's own readiness (`aclose` wakes a
+    waiting task); the fd itself is closed by the process's `close`."""
+
+    def __init__(self, process: SandboxProcess, which: str) -> None:
+        pipe = process.stdin if which == "stdin" else process.stdout
+        if pipe is None:
+            raise BridgeError(f"the sandboxed server was started without a {which} pipe")
+        self._fd = pipe.fileno()
+        os.set_blocking(self._fd, False)
+        self._closed = False
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        while True:
+            if self._closed:
+                raise anyio.ClosedResourceError
+            try:
+                data = os.read(self._fd, max_bytes)
+            except BlockingIOError:
+                await anyio.wait_readable(self._fd)
+                continue
+            if not data:
+                raise anyio.EndOfStream
+            return data
+
+    async def send(self, item: bytes) -> None:
+        view = memoryview(item)
+        while view:
+            if self._closed:
+                raise anyio.ClosedResourceError
+            try:
+                view = view[os.write(self._fd, view) :]
+            except BlockingIOError:
+                await anyio.wait_writable(self._fd)
+            except BrokenPipeError as exc:
+                raise anyio.BrokenResourceError from exc
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            anyio.notify_closing(self._fd)
+        await anyio.lowlevel.checkpoint()
 
 
 _RELAY = "/opt/codecage-relay/relay.py"
@@ -486,13 +609,8 @@ def _inside(path: Path, other: Path) -> bool:
     return path != other and other in path.parents
 
 
-def _launcher(who: Identity) -> list[str]:
-    """setpriv to the sandbox's host id (when that is not who runs codecage), then prlimit
-    with the server's rlimits; both exec the next, keeping the seccomp fd."""
-    prlimit = shutil.which("prlimit") or "/usr/bin/prlimit"
+def _limited(server: tuple[str, ...]) -> tuple[str, ...]:
+    """The server's command behind prlimit with the server's rlimits (inside the sandbox:
+    lowering one's own limits needs no privilege); prlimit execs it."""
     limits = [f"--{name}={value}:{value}" for name, value in RLIMITS]
-    argv = [prlimit, *limits, "--"]
-    if (who.uid, who.gid) != (os.getuid(), os.getgid()):
-        setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
-        argv = [setpriv, f"--reuid={who.uid}", f"--regid={who.gid}", "--clear-groups", "--", *argv]
-    return argv
+    return ("/usr/bin/prlimit", *limits, "--", *server)

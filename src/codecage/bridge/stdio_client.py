@@ -12,12 +12,14 @@ the SDK's own, from its module, so its fixes apply here too.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable
+import contextlib
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TextIO
 
 import anyio
 import anyio.lowlevel
+from anyio.abc import ByteReceiveStream, ByteSendStream
 from anyio.streams.text import TextReceiveStream
 from mcp.client import stdio as sdk
 from mcp.client._transport import TransportStreams
@@ -65,6 +67,37 @@ async def bounded_stdio_client(
     if server_stdin is None or server_stdout is None:  # the SDK spawns with pipes
         process.kill()
         raise OSError("the upstream server was started without pipes")
+
+    async def stop() -> None:
+        await sdk._stop_server_process(process)
+
+    async with bounded_transport(
+        server_stdin,
+        server_stdout,
+        stop,
+        max_line_bytes=max_line_bytes,
+        on_overflow=on_overflow,
+        encoding=server.encoding,
+        errors=server.encoding_error_handler,
+    ) as streams:
+        yield streams
+
+
+@asynccontextmanager
+async def bounded_transport(
+    server_stdin: ByteSendStream,
+    server_stdout: ByteReceiveStream,
+    stop: Callable[[], Awaitable[None]],
+    *,
+    max_line_bytes: int,
+    on_overflow: Callable[[], None],
+    encoding: str = "utf-8",
+    errors: str = "strict",
+) -> AsyncGenerator[TransportStreams, None]:
+    """The session's streams over a started server's stdin and stdout, each line of its
+    stdout bounded as `bounded_stdio_client` says; `stop` ends the server (after its stdin
+    is closed and what it still writes drained). Also used for a server the host holds as
+    a sandbox (`bridge/sandboxed.py`)."""
     read_stream_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](
         0
     )
@@ -78,9 +111,7 @@ async def bounded_stdio_client(
         await read_stream_writer.aclose()
 
     async def stdout_reader() -> None:
-        stdout = TextReceiveStream(
-            server_stdout, encoding=server.encoding, errors=server.encoding_error_handler
-        )
+        stdout = TextReceiveStream(server_stdout, encoding=encoding, errors=errors)
         try:
             async with read_stream_writer:
                 try:
@@ -105,7 +136,7 @@ async def bounded_stdio_client(
                                 await overflowed()
                                 return
                 finally:
-                    await sdk._drain_stdout(process)
+                    await _drain(server_stdout)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError):
             pass  # shutdown, or the server went away: the session sees the stream close
 
@@ -116,9 +147,7 @@ async def bounded_stdio_client(
                     json = session_message.message.model_dump_json(
                         by_alias=True, exclude_unset=True
                     )
-                    data = (json + "\n").encode(
-                        encoding=server.encoding, errors=server.encoding_error_handler
-                    )
+                    data = (json + "\n").encode(encoding=encoding, errors=errors)
                     await server_stdin.send(data)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             await read_stream_writer.aclose()
@@ -130,7 +159,7 @@ async def bounded_stdio_client(
         write_stream.close()
         with anyio.move_on_after(sdk._WRITER_FLUSH_TIMEOUT):
             await writer_done.wait()
-        await sdk._stop_server_process(process)
+        await stop()
         await sdk._aclose_all(read_stream, write_stream, read_stream_writer, write_stream_reader)
         await anyio.lowlevel.checkpoint()
 
@@ -144,3 +173,19 @@ async def bounded_stdio_client(
                 await shutdown()
             tg.cancel_scope.cancel()
     await anyio.lowlevel.cancel_shielded_checkpoint()
+
+
+async def _drain(stdout: ByteReceiveStream) -> None:
+    """What the server still writes, read and dropped until shutdown closes the pipe (the
+    SDK's `_drain_stdout`, for any byte stream): a server blocked on a full pipe would
+    miss its chance to exit."""
+    with anyio.CancelScope(shield=True):
+        with contextlib.suppress(
+            anyio.EndOfStream,
+            anyio.ClosedResourceError,
+            anyio.BrokenResourceError,
+            ConnectionError,
+            OSError,
+        ):
+            while True:
+                await stdout.receive()

@@ -15,8 +15,9 @@ them): `allow_tools` (the only tools code may call; default all), `timeout` (sec
 `roots` (directories declared to the server as the client's roots), `tokenize` (replace
 personal data in this server's results with tokens, see the privacy docs), `sandbox` (run a
 stdio server in a sandbox of its own, `bridge/sandboxed.py`), with `state_dir` (its
-persistent directory, /state inside) and `allow_hosts` (the hosts it may reach, through the
-egress proxy, as a run's: HOST[:PORT], *.domain; `[network] deny` still wins).
+persistent directory, /state inside), `allow_hosts` (the hosts it may reach, through the
+egress proxy, as a run's: HOST[:PORT], *.domain; `[network] deny` still wins), and
+`memory_mb` and `max_processes` (its cgroup's bounds).
 """
 
 from __future__ import annotations
@@ -63,6 +64,20 @@ class Upstream(BaseModel):
         description="A sandboxed server's persistent directory (/state inside); None: "
         "/var/lib/codecage/servers/NAME as root, else $XDG_DATA_HOME/codecage/servers/NAME.",
     )
+    memory_mb: int = Field(
+        default=1024,
+        ge=32,
+        le=1_048_576,
+        description="A sandboxed server's memory in MiB, all its processes together (its "
+        "cgroup, where the host has cgroups).",
+    )
+    max_processes: int = Field(
+        default=512,
+        ge=1,
+        le=32_768,
+        description="A sandboxed server's processes and threads at once (its pids cgroup; "
+        "node starts a dozen threads).",
+    )
     allow_hosts: tuple[str, ...] = Field(
         default=(),
         description='Hosts a sandboxed server may reach ("api.example.com", '
@@ -79,6 +94,8 @@ class Upstream(BaseModel):
             raise ValueError("`sandbox` applies to stdio servers (`command`), not to a `url`")
         if not self.sandbox and (self.state_dir is not None or self.allow_hosts):
             raise ValueError("`state_dir` and `allow_hosts` apply only with `sandbox`: true")
+        if not self.sandbox and {"memory_mb", "max_processes"} & self.model_fields_set:
+            raise ValueError("`memory_mb` and `max_processes` apply only with `sandbox`: true")
         if self.state_dir is not None and not self.state_dir.startswith("/"):
             raise ValueError(f"state_dir must be an absolute path, got {self.state_dir!r}")
         rules.parse_rules(self.allow_hosts, what="allow_hosts")  # a RuleError says what is wrong

@@ -1,7 +1,8 @@
-"""The CLI's way of asking a person to approve code ([approval] in the config): a prompt on
-the terminal the command runs in, showing the findings, each with its line of code, and the
-code's hash. Without a terminal (stdin or stderr not a tty: a pipe, a CI job, an agent's
-subprocess) no one can be asked, and the run is refused (policy/approval.py)."""
+"""The CLI's way of asking a person to approve a run ([approval] in the config): a prompt on
+the terminal the command runs in, showing what the run is granted (the reason it waits),
+the static findings as advice, each with its line of code, and the code's hash. Without a
+terminal (stdin or stderr not a tty: a pipe, a CI job, an agent's subprocess) no one can be
+asked, and the run is refused (policy/approval.py)."""
 
 from __future__ import annotations
 
@@ -43,23 +44,26 @@ class TerminalPrompt:
         return approvals.Verdict("approved" if answer in ("y", "yes") else "denied", who)
 
     def _unavailable(self, asked: ApprovalRequest) -> approvals.Verdict:
-        listed = ", ".join(asked.rule_ids) or "every run"
         return approvals.Verdict(
             "unavailable",
             f"cli:{approvals.login_name()}",
-            reason=f"this code needs a person's approval before it runs ([approval] require "
-            f"= '{asked.require}' in the config; {listed}) and there is no terminal to ask on "
-            "(stdin and stderr must both be a terminal); nothing ran",
+            reason=f"this run needs a person's approval before it starts ([approval] require "
+            f"= '{asked.require}' in the config; granted: {asked.reason()}) and there is no "
+            "terminal to ask on (stdin and stderr must both be a terminal); nothing ran",
             hint="run `codecage run --file FILE` (or --code) from a terminal and answer the "
-            "prompt; `codecage validate --file FILE` lists the findings",
+            "prompt, or run it without what needs approval (--workspace, --allow-host)",
         )
 
 
 def _question(asked: ApprovalRequest) -> str:
     lines = asked.code.splitlines()
     shown = [
-        f"This code needs your approval before it runs ([approval] require = '{asked.require}'):"
+        f"This run needs your approval before it starts ([approval] require = "
+        f"'{asked.require}'). It is granted:"
     ]
+    shown += [f"  {neutralise_line(str(grant))}" for grant in asked.grants] or ["  nothing"]
+    if asked.findings:
+        shown.append("Advice from static checks of the code's text (they can be evaded):")
     for finding in asked.findings:
         shown.append(
             f"  line {finding.line}: {finding.rule_id} ({finding.severity}) "
@@ -67,8 +71,6 @@ def _question(asked: ApprovalRequest) -> str:
         )
         if 0 < finding.line <= len(lines):
             shown.append(f"      | {neutralise_line(lines[finding.line - 1])[:_SHOWN_CODE_CHARS]}")
-    if not asked.findings:
-        shown.append("  (no findings: every run is approved by a person here)")
     shown.append(f"  code sha256: {asked.code_sha256}")
     shown.append(f"Run it? [y/N] (no after {asked.timeout:g} s) ")
     return "\n".join(shown)

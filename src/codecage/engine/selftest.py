@@ -162,13 +162,13 @@ def run_probes(backend: Backend, identity: Identity | None = None) -> DoctorRepo
             on_files=lambda ws, _files: owners.extend(_owner(ws / "doctor-owner")),
         )
         result = execute(request, backend)
-    probes = _judge(result, token)
+    probes = _judge(result, token, sentry_root=getattr(backend, "guest_is_sentry_root", False))
     if result.status == "ok":
         probes.insert(1, _host_identity(owners))
     return DoctorReport(backend=backend.name, passed=all(p.passed for p in probes), probes=probes)
 
 
-def _judge(result: ExecutionResult, token: str) -> list[ProbeResult]:
+def _judge(result: ExecutionResult, token: str, *, sentry_root: bool = False) -> list[ProbeResult]:
     if result.status != "ok":
         detail = f"the probe program ended with {result.status}: {result.stderr[-500:]}"
         if result.error is not None:
@@ -184,7 +184,7 @@ def _judge(result: ExecutionResult, token: str) -> list[ProbeResult]:
     no_cgroup = cgroups.why_unavailable()
     by = "a cgroup" if no_cgroup is None else f"rlimits only (no cgroup: {no_cgroup})"
     return [
-        _identity(facts["identity"]),
+        _identity(facts["identity"], sentry_root=sentry_root),
         _filesystem(facts["filesystem"], leaked),
         _check(
             "environment",
@@ -241,9 +241,11 @@ def _host_identity(owners: list[tuple[int, int]]) -> ProbeResult:
     )
 
 
-def _identity(facts: dict[str, object]) -> ProbeResult:
+def _identity(facts: dict[str, object], *, sentry_root: bool = False) -> ProbeResult:
+    """`sentry_root`: the backend's guest is uid 0 of a kernel of its own (rootless gVisor:
+    the owner of its files there, never host root), and must then hold no capability."""
     good = (
-        facts["uid"] != 0
+        (facts["uid"] != 0 or sentry_root)
         and facts["cap_eff"] == "0000000000000000"
         and facts["no_new_privs"] == "1"
         and facts["tty"] is False

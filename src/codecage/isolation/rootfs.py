@@ -321,6 +321,12 @@ def bwrap_args(mounts: tuple[Mount, ...]) -> list[str]:
     return args
 
 
+def proc_masks(empty_dir: Path) -> list[Mount]:
+    """The binds that hide `PROC_MASKED` behind `empty_dir` and the empty file beside it
+    (`write_empty_file`): every sandbox's, sandboxed upstream servers' too."""
+    return _proc_masks(empty_dir)
+
+
 def _proc_masks(empty_dir: Path) -> list[Mount]:
     empty_file = empty_dir.parent / "empty-file"
     masks: list[Mount] = []

@@ -27,6 +27,7 @@ import anyio
 import anyio.to_thread
 from mcp.server.elicitation import AcceptedElicitation, ElicitationResult
 from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.resolve import (
     Elicit,
     Resolve,
@@ -38,7 +39,9 @@ from mcp_types.version import is_version_at_least
 from pydantic import BaseModel, Field
 
 from codecage.audit import Caller
-from codecage.host import Host
+from codecage.errors import CodecageError
+from codecage.host import Host, Request
+from codecage.mcp.arguments import refusal
 from codecage.models import ApprovalRequest
 from codecage.output import neutralise_line
 from codecage.policy import approval as approvals
@@ -69,7 +72,7 @@ class Questions:
 
     def deadline(self, asked: ApprovalRequest) -> datetime.datetime:
         """When the answer to `asked` must have come (set the first time it is asked)."""
-        key = (asked.caller, asked.code_sha256)
+        key = (asked.caller, asked.key)
         with self._lock:
             if key not in self._deadlines:
                 now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
@@ -80,21 +83,26 @@ class Questions:
 
     def answered(self, asked: ApprovalRequest) -> None:
         with self._lock:
-            self._deadlines.pop((asked.caller, asked.code_sha256), None)
+            self._deadlines.pop((asked.caller, asked.key), None)
 
 
 async def verdict(
-    ctx: Context[Any, Any], host: Host, code: str, caller: Caller, questions: Questions
+    ctx: Context[Any, Any], host: Host, request: Request, questions: Questions
 ) -> approvals.Verdict | InputRequiredResult | None:
-    """The client's verdict on `code`, or None when it needs no approval, or the question
-    to return (2026-07-28 and later, first round).
+    """The client's verdict on `request` (judged by what it is granted), or None when it
+    needs no approval, or the question to return (2026-07-28 and later, first round).
 
     Raises:
-        ToolError: the client's answer did not match the question's form.
+        ToolError: the client's answer did not match the question's form, or the request
+            was refused (a malformed pattern, another client's session).
     """
-    asked = await anyio.to_thread.run_sync(lambda: host.approval_for(code, caller))
+    try:
+        asked = await anyio.to_thread.run_sync(lambda: host.approval_for(request))
+    except CodecageError as exc:
+        raise ToolError(refusal(exc)) from exc
     if asked is None:
         return None
+    caller = request.caller
     who = f"{caller.label} (its user, asked by elicitation)"
     if not _can_elicit(ctx):
         return _unavailable(asked, caller)
@@ -111,7 +119,7 @@ def given(verdict: approvals.Verdict | None) -> approvals.Approver:
     """The host's approver for a call whose verdict was obtained before it ran."""
 
     def approve(asked: ApprovalRequest) -> approvals.Verdict:
-        if verdict is None:  # validation found nothing before, and something now: refuse
+        if verdict is None:  # needed nothing before, and something now: refuse
             return approvals.Verdict("unavailable", "", reason="the client was not asked")
         return verdict
 
@@ -151,23 +159,26 @@ def _can_elicit(ctx: Context[Any, Any]) -> bool:
 
 
 def _unavailable(asked: ApprovalRequest, caller: Caller) -> approvals.Verdict:
-    listed = ", ".join(asked.rule_ids) or "every run"
     return approvals.Verdict(
         "unavailable",
         caller.label,
-        reason=f"approval required: this server has a person approve code before it runs "
-        f"([approval] require = '{asked.require}'; this code: {listed}), and this client "
-        "did not declare the elicitation capability, so its user cannot be asked; nothing ran",
-        hint="use a client that supports MCP elicitation (form mode), or change the code so "
-        "that validate_code reports no finding at that level",
+        reason=f"approval required: this server has a person approve a run by what it is "
+        f"granted ([approval] require = '{asked.require}'; this call: {asked.reason()}), "
+        "and this client did not declare the elicitation capability, so its user cannot be "
+        "asked; nothing ran",
+        hint="use a client that supports MCP elicitation (form mode), or call without what "
+        "needs approval (allow_hosts, tools with side effects)",
     )
 
 
 def _message(asked: ApprovalRequest, deadline: datetime.datetime | None) -> str:
     lines = [
         f"Approve running this code in the sandbox? The server requires a person's approval "
-        f"([approval] require = '{asked.require}')."
+        f"([approval] require = '{asked.require}'). It is granted:"
     ]
+    lines += [f"- {neutralise_line(str(g))}" for g in asked.grants] or ["- nothing"]
+    if asked.findings:
+        lines.append("Advice from static checks of the code's text (they can be evaded):")
     lines += [
         f"- line {f.line}: {f.rule_id} ({f.severity}) {neutralise_line(f.message)}"
         for f in asked.findings

@@ -20,6 +20,7 @@ from mcp.server.mcpserver.tools import Tool
 from mcp_types import CallToolResult, InputRequiredResult, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field
 
+from codecage import host
 from codecage.isolation import datadir
 from codecage.mcp import approval, callers, progress, reply, sessions
 from codecage.mcp.arguments import registrar
@@ -148,7 +149,22 @@ def tools(runner: Runner) -> list[Tool]:
             )
 
         # [approval]: the client's user decides before the call takes a run slot.
-        decided = await approval.verdict(ctx, runner.base.host, code, caller, questions)
+        decided = await approval.verdict(
+            ctx,
+            runner.base.host,
+            host.Request(
+                code=code,
+                limits=run_limits,
+                policy=policy,
+                allowed_tools=runner.base.allowed_tools,
+                face="mcp",
+                session_id=session_id,
+                client=client,
+                egress=egress,
+                caller=caller,
+            ),
+            questions,
+        )
         if isinstance(decided, InputRequiredResult):
             # The question (2026-07-28+): the SDK passes it through; the client retries.
             return cast(CallToolResult, decided)

@@ -6,10 +6,14 @@ report), `approval` (what a person is asked before code runs).
 Everything is importable from here, as before the split."""
 
 from codecage.models.approval import (
+    CAPABILITIES,
     DECISIONS,
+    DEFAULT_CAPABILITIES,
     ApprovalLevel,
     ApprovalRequest,
+    Capability,
     Decision,
+    Grant,
 )
 from codecage.models.host import (
     AddedPackage,
@@ -93,7 +97,9 @@ from codecage.models.wire import (
 
 __all__ = [
     "ALERT_TRIGGERS",
+    "CAPABILITIES",
     "DECISIONS",
+    "DEFAULT_CAPABILITIES",
     "DEFAULT_REPLY_MAX_TOKENS",
     "DISPLAY_MIME_TYPES",
     "EVENT_KINDS",
@@ -118,6 +124,7 @@ __all__ = [
     "BridgeFailure",
     "BridgeRequest",
     "CallToolRequest",
+    "Capability",
     "Ceilings",
     "ClientSettings",
     "Decision",
@@ -133,6 +140,7 @@ __all__ = [
     "Finding",
     "FindingKind",
     "ForkServerState",
+    "Grant",
     "GuestDisplay",
     "GuestEnd",
     "GuestEvent",

@@ -17,7 +17,12 @@ from pydantic import (
 )
 
 from codecage.egress.credentials import Credential
-from codecage.models.approval import ApprovalLevel
+from codecage.models.approval import (
+    DEFAULT_CAPABILITIES,
+    LEGACY_LEVELS,
+    ApprovalLevel,
+    Capability,
+)
 from codecage.models.base import Model
 
 
@@ -394,13 +399,24 @@ def _ip(text: str, name: str) -> None:
 
 
 class ApprovalSettings(Model):
-    """Human approval of high-risk code (the config file's [approval] table)."""
+    """Human approval of a run before it starts (the config file's [approval] table),
+    decided by what the run is granted, never by how its code reads."""
 
     require: ApprovalLevel | None = Field(
         None,
-        description="Which code waits for a person before it runs: 'high' (a high-severity "
-        "security finding, or code too large to analyse), 'medium' (medium or high), "
-        "'always' (every run). None: no approval.",
+        description="Which runs wait for a person before they start: 'grants' (a run "
+        "granted one of `capabilities`), 'always' (every run). None: no approval. The old "
+        "'high' and 'medium' (judged by static findings on the code's text, which "
+        "obfuscation or a written-then-imported file escape) are read as 'grants'.",
+    )
+    capabilities: tuple[Capability, ...] = Field(
+        DEFAULT_CAPABILITIES,
+        description="Under require = 'grants', the capabilities a run waits for a person "
+        "for: 'network' (hosts it may reach), 'tools' (a tool it may call that is not "
+        "annotated read-only), 'destructive_tools', 'open_world_tools' (by the tools' MCP "
+        "annotations), 'workspace' (a host directory lent read-write), 'packages' (the "
+        "operator's added packages its profile imports), 'profile' (a profile wider than "
+        "the default one), 'limits' (a limit above the default). Empty: no run waits.",
     )
     timeout: float = Field(
         300.0,
@@ -408,6 +424,13 @@ class ApprovalSettings(Model):
         le=86_400,
         description="Seconds a person has to answer; no answer in time is a denial.",
     )
+
+    @field_validator("require", mode="before")
+    @classmethod
+    def _legacy(cls, value: object) -> object:
+        # The text-based levels judged how code reads, which obfuscation escapes: what a
+        # run is granted decides now, so an old config still asks a person (docs/security-model.md).
+        return "grants" if value in LEGACY_LEVELS else value
 
 
 class AuditSettings(Model):

@@ -1,18 +1,23 @@
-"""Human approval of high-risk code: which code must wait for a person, how the answer is
-recorded, and the library's way of asking (a callback).
+"""Human approval of a run before it starts: which runs must wait for a person, how the
+answer is recorded, and the library's way of asking (a callback).
 
-The operator's `[approval] require` says which code waits: "high" (a high-severity security
-finding of validation, or code too large or deep to analyse: what cannot be looked at is
-not waved through), "medium" (medium or high), "always" (every run). Syntax errors and
-imports outside the profile do not count: such code cannot do anything the sandbox would
-not refuse anyway.
+What decides is what the run is *granted*, its declared capabilities (`declared_grants`):
+the hosts it may reach, the tools it may call that have side effects by their MCP
+annotations, a host directory lent read-write, the operator's added packages, a profile
+wider than the default, limits above the defaults. The operator's `[approval] require`
+says which runs wait: "grants" (a run granted one of `[approval] capabilities`), "always"
+(every run). How the code reads never decides: the same payload may be written plainly,
+obfuscated, or into a file and imported, and what it can do is what it is granted, which
+the OS enforces. Validation's static findings are shown to the person as advice (`advice`)
+and are never the reason a run is let through, nor the reason it waits.
 
 Each face asks in its own way (the library: a callback; the CLI: a prompt on a terminal,
 `cli/approval.py`; MCP: elicitation, `mcp/approval.py`) and answers with a `Verdict`; the
 host turns it into one `approval` event (`event`) on the run's result, which the audit
 trail keeps like every event. Anything but "approved" means nothing runs: the result is
 `blocked` (`blocked_result`). "unavailable" (no one could be asked) is also an error of
-the face, raised after the blocked result is on record (`Unavailable`).
+the face, raised after the blocked result is on record (`Unavailable`): a run that needs a
+person when there is none is refused, never let through.
 
 A person's answer is only as good as the face that carries it: an MCP client may answer
 an elicitation without asking anyone, and a library callback is the caller's own code.
@@ -28,18 +33,19 @@ import inspect
 import logging
 import os
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from codecage.models import (
-    ApprovalLevel,
     ApprovalRequest,
+    ApprovalSettings,
     Decision,
     ErrorInfo,
     Event,
     ExecutionResult,
     Finding,
+    Grant,
     Limits,
     ValidationReport,
 )
@@ -50,10 +56,107 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_ASKED_FINDINGS = 50
-"""Findings shown to the person (and kept in the event): enough to judge, bounded."""
+"""Findings shown to the person as advice (and kept in the event): enough to judge, bounded."""
+MAX_ASKED_GRANTS = 50
+"""Grants shown to the person (and kept in the event); a run granted more says so."""
+_MAX_NAMED = 10  # modules, packages, hosts named in one grant's detail
 
-_RANK = {"low": 0, "medium": 1, "high": 2}
-_COUNTED_KINDS = frozenset({"security", "limit"})
+_ADVICE_KINDS = frozenset({"security", "limit"})
+
+
+@dataclass(frozen=True, slots=True)
+class ToolReach:
+    """A tool a run may call over the bridge and what its MCP annotations say of it, MCP's
+    defaults where it has none (readOnlyHint false, destructiveHint true, openWorldHint
+    true: a tool that says nothing may write, destroy and reach out). `listed` False: the
+    server's tools could not be listed (`name` is "server.*"), taken as having every effect."""
+
+    name: str
+    read_only: bool = False
+    destructive: bool = True
+    open_world: bool = True
+    listed: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Declared:
+    """What one run is granted, as the host resolved it before it starts."""
+
+    hosts: tuple[str, ...] = ()  # egress rules it may reach (HOST[:PORT], *.domain)
+    tools: tuple[ToolReach, ...] = ()  # tools it may call
+    workspace: str | None = None  # a host directory lent read-write at /workspace
+    packages: tuple[str, ...] = ()  # added packages its profile imports
+    wider_modules: tuple[str, ...] = ()  # modules its profile allows beyond the default's
+    every_module: bool = False  # its profile refuses nothing where the default does
+    profile: str | None = None  # its profile's name, for the person
+    limits: tuple[str, ...] = ()  # "memory_mb 2048 (default 512)"
+
+
+def declared_grants(declared: Declared) -> list[Grant]:
+    """Every grant of a run, in a fixed order (network, tools, workspace, packages,
+    profile, limits); a tool may give several (tools, destructive_tools, open_world_tools)."""
+    grants: list[Grant] = []
+    if declared.hosts:
+        grants.append(Grant(capability="network", detail=_named(declared.hosts)))
+    for tool in declared.tools:
+        grants += _tool_grants(tool)
+    if declared.workspace is not None:
+        grants.append(
+            Grant(capability="workspace", detail=f"{declared.workspace} (read-write)"[:500])
+        )
+    if declared.packages:
+        grants.append(Grant(capability="packages", detail=_named(declared.packages)))
+    if declared.every_module or declared.wider_modules:
+        what = "no import policy" if declared.every_module else _named(declared.wider_modules)
+        grants.append(
+            Grant(capability="profile", detail=f"{declared.profile or 'none'}: {what}"[:500])
+        )
+    if declared.limits:
+        grants.append(Grant(capability="limits", detail=", ".join(declared.limits)[:500]))
+    return grants
+
+
+def _tool_grants(tool: ToolReach) -> list[Grant]:
+    if not tool.listed:
+        detail = f"{tool.name} (its tools could not be listed: taken to have side effects)"
+        return [
+            Grant(capability=c, detail=detail[:500])
+            for c in ("tools", "destructive_tools", "open_world_tools")
+        ]
+    grants: list[Grant] = []
+    if not tool.read_only:
+        effects = ["not read-only"]
+        effects += ["destructive"] if tool.destructive else []
+        effects += ["open world"] if tool.open_world else []
+        grants.append(Grant(capability="tools", detail=f"{tool.name} ({', '.join(effects)})"))
+        if tool.destructive:
+            grants.append(Grant(capability="destructive_tools", detail=tool.name[:500]))
+    if tool.open_world:
+        grants.append(Grant(capability="open_world_tools", detail=tool.name[:500]))
+    return grants
+
+
+def _named(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:_MAX_NAMED])
+    more = len(names) - _MAX_NAMED
+    return (shown + (f" and {more} more" if more > 0 else ""))[:500]
+
+
+def waiting_for(grants: Sequence[Grant], settings: ApprovalSettings) -> list[Grant] | None:
+    """The grants that make a run wait for a person under `settings` (bounded), or None
+    when it need not wait. "always": every run waits, shown all it is granted."""
+    if settings.require is None:
+        return None
+    if settings.require == "always":
+        return list(grants[:MAX_ASKED_GRANTS])
+    found = [g for g in grants if g.capability in settings.capabilities]
+    return found[:MAX_ASKED_GRANTS] or None
+
+
+def advice(report: ValidationReport) -> list[Finding]:
+    """Validation's security findings, shown to the person as advice (bounded). Never a
+    reason to wait or to pass: obfuscation hides them, an imported file escapes them."""
+    return [f for f in report.findings if f.kind in _ADVICE_KINDS][:MAX_ASKED_FINDINGS]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,17 +193,6 @@ def code_sha256(code: str) -> str:
     return hashlib.sha256(code.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def reaching(report: ValidationReport, require: ApprovalLevel) -> list[Finding] | None:
-    """The findings that make code wait for a person under `require` (bounded), or None
-    when it need not wait."""
-    counted = [f for f in report.findings if f.kind in _COUNTED_KINDS]
-    if require == "always":
-        return counted[:MAX_ASKED_FINDINGS]
-    floor = _RANK[require]
-    found = [f for f in counted if _RANK[f.severity] >= floor]
-    return found[:MAX_ASKED_FINDINGS] or None
-
-
 def event(asked: ApprovalRequest, verdict: Verdict) -> Event:
     """The run's record of the decision: who, when, on which code, for which findings."""
     by = f" by {verdict.who}" if verdict.who else ""
@@ -115,7 +207,9 @@ def event(asked: ApprovalRequest, verdict: Verdict) -> Event:
         "who": verdict.who,
         "when": verdict.when.isoformat(),
         "code_sha256": asked.code_sha256,
-        "rule_ids": asked.rule_ids,
+        "capabilities": asked.capabilities,
+        "grants": [str(g) for g in asked.grants],
+        "rule_ids": asked.rule_ids,  # advice shown, not the reason
         "require": asked.require,
     }
     if verdict.reason:
@@ -131,8 +225,8 @@ def blocked_result(
     return ExecutionResult.blocked(
         error=ErrorInfo(
             type="ApprovalDenied",
-            message=f"not run: approval required ([approval] require = '{asked.require}'), "
-            f"{recorded.detail}",
+            message=f"not run: approval required ([approval] require = '{asked.require}'; "
+            f"granted: {asked.reason()}), {recorded.detail}",
             traceback=asked.describe(),
         ),
         events=[recorded],
