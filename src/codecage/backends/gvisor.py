@@ -93,6 +93,8 @@ class GvisorBackend:
     # own. The engine's check that a sandbox's first process is not host root does not
     # apply to this launcher; `probe()` names who runs what.
     root_launcher = True
+    # A lent directory's protected entries are read-only binds over it (isolation.lending).
+    lends_directories = True
     host_overhead = HostOverhead(
         pids=_HOST_TASKS,
         pids_per_process=_HOST_TASKS_PER_PROCESS,
