@@ -31,26 +31,33 @@ def sandbox() -> Sandbox:
 # --- refused as a workspace ---------------------------------------------------------------
 
 
-def _own(tmp_path: Path) -> list[tuple[str, Path]]:
-    """(why, a directory that must not be lent) for every class of codecage's places."""
-    return [
-        ("virtualenv", Path(sys.prefix)),
-        ("interpreter", Path(sys.base_prefix)),
-        ("interpreter", Path(sys.executable).resolve().parent),
-        ("package", Path(codecage.__file__).parent),
-        ("package", Path(codecage.__file__).parent / "guest"),  # inside it
-        ("package", Path(codecage.__file__).parent.parent),  # holds it
-        ("state", private_parent()),
-    ]
-
-
-def test_codecages_own_places_are_refused_as_a_workspace(sandbox: Sandbox, tmp_path: Path) -> None:
-    for why, place in _own(tmp_path):
+def test_codecages_own_places_are_refused_as_a_workspace() -> None:
+    """Checked without lending them (a regression must not hand /usr to a sandbox)."""
+    places = lending.own_places(state=[private_parent()])
+    for place in (
+        Path(sys.prefix),
+        Path(sys.base_prefix),
+        Path(sys.executable).resolve().parent,
+        Path(codecage.__file__).parent,
+        Path(codecage.__file__).parent / "guest",  # inside it
+        Path(codecage.__file__).parent.parent,  # holds it
+        private_parent(),
+    ):
         with pytest.raises(ConfigError) as raised:
-            sandbox.run("1", workspace=place)
-        message = str(raised.value)
-        assert "codecage" in message or "Python" in message, (why, message)
-        assert "workspace" in raised.value.hint
+            lending.check(place, places)
+        assert "codecage" in str(raised.value), place
+        assert "--workspace" in raised.value.hint_for("cli")
+        assert "workspace=" not in raised.value.hint_for("cli")
+
+
+def test_the_library_refuses_codecages_own_virtualenv_before_touching_it(
+    sandbox: Sandbox,
+) -> None:
+    before = os.stat(sys.prefix).st_ctime_ns
+    with pytest.raises(ConfigError, match="codecage's virtualenv") as raised:
+        sandbox.run("1", workspace=sys.prefix)
+    assert "workspace" in raised.value.hint
+    assert os.stat(sys.prefix).st_ctime_ns == before  # never given to the sandbox's id
 
 
 def test_a_link_to_codecages_virtualenv_is_refused_by_its_real_path(

@@ -257,9 +257,9 @@ def prepare_workspace(
         # One run at a time: another's placeholders, removed when it ends, would take
         # this run's read-only covers with them (held until `restore_root` closes the fd).
         lending.hold(root.fd, ws.path)
+        found = lending.scan(ws.path)  # before anything in it changes: it may be refused
         if workspaces.ownership.needs_lending(owner, root.uid) and owner is not None:
             workspaces.ownership.give(ws.path, owner.uid, owner.gid, skip_linked=True)
-        found = lending.scan(ws.path)
         made = lending.make_placeholders(ws.path, found)
         cleanup.callback(lending.remove_placeholders, ws.path, made)
         ws = dataclasses.replace(ws, protected=found)
