@@ -154,11 +154,18 @@ def test_the_current_directory_is_refused_when_python_imports_from_it(tmp_path: 
     assert "imports from (sys.path)" in run.stderr
 
 
-def test_a_link_at_a_protected_name_is_refused(sandbox: Sandbox, tmp_path: Path) -> None:
+def test_a_link_at_a_protected_name_is_refused_and_nothing_is_changed(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
     (tmp_path / "notes").write_text("x")
     (tmp_path / ".bashrc").symlink_to("notes")
+    (tmp_path / "tool").write_text("x")
+    (tmp_path / "tool").chmod(0o2755)  # the operator's own setgid bit
+    before = {p.name: os.lstat(p).st_ctime_ns for p in tmp_path.iterdir()}
     with pytest.raises(ConfigError, match="symbolic link"):
         sandbox.run("1", workspace=tmp_path)
+    assert {p.name: os.lstat(p).st_ctime_ns for p in tmp_path.iterdir()} == before
+    assert (tmp_path / "tool").stat().st_mode & 0o7777 == 0o2755
 
 
 def test_a_hard_linked_protected_file_is_refused(tmp_path: Path) -> None:

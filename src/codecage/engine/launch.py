@@ -253,11 +253,17 @@ def prepare_workspace(
         # A user's directory outlives the run. ExitStack is LIFO, so this runs after the
         # sandbox is reaped, on every exit path.
         root = workspaces.save_root(ws)
+        try:
+            # One run at a time: another's placeholders, removed when it ends, would take
+            # this run's read-only covers with them (held until `restore_root` closes the
+            # fd); and the scan, under that hold, before anything in it changes: a
+            # directory it refuses is left exactly as it was.
+            lending.hold(root.fd, ws.path)
+            found = lending.scan(ws.path)
+        except BaseException:
+            os.close(root.fd)
+            raise
         cleanup.callback(_hand_back, ws.path, root, owner)
-        # One run at a time: another's placeholders, removed when it ends, would take
-        # this run's read-only covers with them (held until `restore_root` closes the fd).
-        lending.hold(root.fd, ws.path)
-        found = lending.scan(ws.path)  # before anything in it changes: it may be refused
         if workspaces.ownership.needs_lending(owner, root.uid) and owner is not None:
             workspaces.ownership.give(ws.path, owner.uid, owner.gid, skip_linked=True)
         made = lending.make_placeholders(ws.path, found)
