@@ -320,6 +320,15 @@ def test_a_directory_argument_not_given_to_the_sandbox_is_refused(
     assert "`roots`" in failed.value.message
 
 
+def test_codecages_own_virtualenv_is_refused_as_a_root(given_dir: Path) -> None:
+    """A root is lent read-write: never one of codecage's own places (isolation.lending)."""
+    entry = probe(True, given_dir) | {"roots": [sys.prefix]}
+    with broker_for({"p": entry}) as broker, pytest.raises(CallFailed) as failed:
+        broker.list_tools("p")
+    assert "codecage's virtualenv" in failed.value.message
+    assert "`roots`" in failed.value.message
+
+
 def test_nothing_of_a_sandboxed_server_is_left_after_the_broker_closes(given_dir: Path) -> None:
     with broker_for({"p": probe(True, given_dir)}) as broker:
         call(broker, "p", "environment")

@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING
 from codecage import config as configuration
 from codecage import engine, forks, packages
 from codecage.audit import AuditTrail, Caller, Finished
+from codecage.audit import store as audit_store
 from codecage.audit.record import utc_now
 from codecage.backends.base import (
     Backend,
@@ -44,6 +46,7 @@ from codecage.backends.base import (
 from codecage.bridge import channel as bridge
 from codecage.bridge import tooling
 from codecage.config import Settings
+from codecage.egress import ca as egress_ca
 from codecage.egress import grants as egress_grants
 from codecage.egress.rules import EgressPolicy
 from codecage.engine import forkserver, guardian, selftest
@@ -51,7 +54,7 @@ from codecage.engine import session as sessions_engine
 from codecage.engine.pool import Pool
 from codecage.engine.workspace import private_parent
 from codecage.errors import ConfigError, Face, HostError
-from codecage.isolation import cgroups, datadir, rootfs, seccomp, staging, tmpfs
+from codecage.isolation import cgroups, datadir, lending, rootfs, seccomp, staging, tmpfs
 from codecage.isolation import identity as identities
 from codecage.models import (
     ApprovalRequest,
@@ -273,6 +276,26 @@ class Host:
         ]
         return places + ([self.packages_dir] if self.packages_dir is not None else [])
 
+    def _own_places(self) -> tuple[lending.Place, ...]:
+        """What a lent directory must neither be, hold nor lie in (`isolation.lending`):
+        codecage's interpreter and package, its state, config and packages directories."""
+        state = [private_parent(), staging.STAGE_ROOT, rootfs.cache_dir()]
+        state += [audit_store.default_location().parent, egress_ca.default_directory()]
+        state += [packages.user_data_dir("packages").parent, Path("/var/lib/codecage")]
+        config = [
+            *([self.settings.config_file] if self.settings.config_file else []),
+            *self.settings.config_searched,
+            configuration.SYSTEM_CONFIG.parent,
+            *(p.parent for origin, p in configuration.candidate_paths(os.environ)
+              if origin == "user"),
+        ]  # fmt: skip
+        bundled = [packages.user_data_dir("packages"), packages.SYSTEM_DIR]
+        return lending.own_places(
+            state=state,
+            config=config,
+            packages=[*([self.packages_dir] if self.packages_dir else []), *bundled],
+        )
+
     @property
     def call_backends(self) -> tuple[str, ...]:
         """The backends a run may ask for by name: the host's own, and those the operator
@@ -444,6 +467,8 @@ class Host:
         """
         configuration.check_workspace(self.settings, request.workspace)
         packages.check_workspace(self.packages_dir, request.workspace)
+        if request.workspace is not None:
+            lending.check(request.workspace, self._own_places())
         if request.files and request.workspace is not None:
             raise ConfigError(
                 "input files and a workspace directory were both given",

@@ -324,8 +324,11 @@ class Sandbox:
             limits: a full `Limits`, or a dict of fields overriding this Sandbox's defaults.
             filename: the name the code runs under (shows in tracebacks).
             workspace: a host directory to mount at /workspace instead of a fresh empty one;
-                its files stay after the run. Refused (ConfigError) when it contains a place
-                the configuration is read from (`codecage.config.check_workspace`).
+                its files stay after the run. Refused (ConfigError) when it is, holds or lies
+                in one of codecage's own places (interpreter, virtualenv, package, state,
+                config or packages directory) or a Python installation, and on Landlock.
+                What the host would run from it (.git, .bashrc, .venv, *.pth, .vscode, ...)
+                stays read-only for the run (`codecage.isolation.lending`).
             cancel: set this event (from another thread) to kill the run; its status is then
                 `killed`, with a `cancelled` event.
             on_files: called with the workspace's host path and the files the run wrote,

@@ -19,7 +19,10 @@ import pytest
 from codecage import ConfigError, Sandbox
 from codecage.config import candidate_paths, load
 
-CODECAGE = [sys.executable, "-m", "codecage.cli"]
+# -P: as the installed `codecage` script runs, without the current directory on sys.path
+# (with it there, `--workspace .` is refused: code could plant modules that the next
+# `python -m` imports; tests/test_lending.py).
+CODECAGE = [sys.executable, "-P", "-m", "codecage.cli"]
 
 
 def evil_config(marker: Path) -> str:

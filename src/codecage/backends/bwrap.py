@@ -45,6 +45,8 @@ class BwrapBackend:
     name = "bwrap"
     # It can start a fork server's template (LaunchSpec.template; engine/forkserver.py).
     forks_templates = True
+    # A lent directory's protected entries are bound read-only over it (isolation.lending).
+    lends_directories = True
 
     def __init__(self) -> None:
         self.executable = _find_bwrap()

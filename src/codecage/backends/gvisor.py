@@ -107,6 +107,8 @@ class GvisorBackend:
     # Rootless, the code is uid 0 of the Sentry with no capability (`guest_ids` says why):
     # the self-test accepts that uid there, never a capability.
     guest_is_sentry_root = os.geteuid() == 0
+    # A lent directory's protected entries are read-only binds over it (isolation.lending).
+    lends_directories = True
     host_overhead = HostOverhead(
         pids=_HOST_TASKS,
         pids_per_process=_HOST_TASKS_PER_PROCESS,

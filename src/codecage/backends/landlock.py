@@ -91,6 +91,10 @@ class LandlockBackend:
     # every process of that uid on the host (other runs' too): where a run has a pids
     # cgroup, that alone bounds its processes (engine.run._guest_limits).
     shares_host_user_namespace = True
+    # Landlock's rules only ever add access: nothing inside a writable directory can be
+    # kept read-only, nor a name kept from being made (isolation.lending), so no directory
+    # is lent here (engine.run.start refuses).
+    lends_directories = False
     # No init of the backend's: the launcher execs the guest, so the run's pids cgroup holds
     # the guest's processes alone.
     host_overhead = HostOverhead(pids=0)

@@ -61,10 +61,10 @@ from codecage.bridge.stdio_client import bounded_transport
 from codecage.bridge.upstreams import Upstream
 from codecage.egress.servers import ServerEgress
 from codecage.engine import egress as egress_wiring
-from codecage.errors import BridgeError, CodecageError
+from codecage.errors import BridgeError, CodecageError, ConfigError
 from codecage.guest import contract
 from codecage.guest import relay as relay_module
-from codecage.isolation import cgroups, rootfs, seccomp, staging
+from codecage.isolation import cgroups, lending, rootfs, seccomp, staging
 from codecage.isolation import identity as identities
 from codecage.isolation.cgroups import CgroupHandle
 from codecage.isolation.rootfs import Mount
@@ -429,6 +429,10 @@ def _roots(name: str, config: Upstream, who: Identity) -> list[Path]:
                 f"its root {root!r} is not an existing directory",
                 "list absolute paths of existing directories in `roots`",
             )
+        try:  # never codecage's own places, nor a Python installation (isolation.lending)
+            lending.check(path, lending.own_places())
+        except ConfigError as exc:
+            raise _refused(name, f"its root {exc}", "list a directory of data in `roots`") from exc
         if not identities.can_read(path, who) or not os.access(path, os.W_OK):
             raise _refused(
                 name,

@@ -89,7 +89,8 @@ def run(
         typer.Option(
             "--workspace",
             help="Mount this host directory at /workspace instead of a fresh empty one; "
-            "its files stay after the run.",
+            "its files stay after the run. What the host would run from it (.git, .bashrc, "
+            ".venv, *.pth, .vscode, ...) stays read-only (docs/security-model.md).",
             file_okay=False,
         ),
     ] = None,

@@ -25,7 +25,7 @@ from codecage.backends.base import Identity
 from codecage.engine import workspace as workspaces
 from codecage.errors import ConfigError
 from codecage.guest import contract
-from codecage.isolation import cgroups, datadir, rootfs, seccomp, shell, staging
+from codecage.isolation import cgroups, datadir, lending, rootfs, seccomp, shell, staging
 from codecage.policy import profiles
 from codecage.policy.profiles import ImportPolicy
 
@@ -66,21 +66,28 @@ def root_mounts(
     run_dir: Path,
     tmp_mb: int,
     identity: Identity,
+    protected: lending.Found | None = None,
 ) -> tuple[rootfs.Mount, ...]:
     """The sandbox's root: the interpreter, a private /etc and the empty dirs it needs
-    (written into `run_dir` now), /workspace and a /tmp of `tmp_mb`; every bound source
-    one the sandbox's host `identity` can read (`reachable`)."""
+    (written into `run_dir` now), /workspace (with the `protected` entries of a lent one
+    read-only over it) and a /tmp of `tmp_mb`; every bound source one the sandbox's host
+    `identity` can read (`reachable`)."""
     rootfs.write_etc(run_dir / "etc")
     (run_dir / "empty").mkdir(mode=0o555)
     rootfs.write_empty_file(run_dir)
     if _stages_for(identity):
         interpreter = _reachable_interpreter(interpreter, identity)
-    return rootfs.plan(
+    mounts = rootfs.plan(
         interpreter,
         workspace=workspace,
         etc_dir=run_dir / "etc",
         empty_dir=run_dir / "empty",
         tmp_bytes=tmp_mb * cgroups.MiB,
+    )
+    if protected is None:
+        return mounts
+    return mounts + lending.plan(
+        protected, source=str(workspace), dest=rootfs.WORKSPACE, empty_dir=str(run_dir / "empty")
     )
 
 
@@ -246,9 +253,22 @@ def prepare_workspace(
         # A user's directory outlives the run. ExitStack is LIFO, so this runs after the
         # sandbox is reaped, on every exit path.
         root = workspaces.save_root(ws)
+        try:
+            # One run at a time: another's placeholders, removed when it ends, would take
+            # this run's read-only covers with them (held until `restore_root` closes the
+            # fd); and the scan, under that hold, before anything in it changes: a
+            # directory it refuses is left exactly as it was.
+            lending.hold(root.fd, ws.path)
+            found = lending.scan(ws.path)
+        except BaseException:
+            os.close(root.fd)
+            raise
         cleanup.callback(_hand_back, ws.path, root, owner)
         if workspaces.ownership.needs_lending(owner, root.uid) and owner is not None:
             workspaces.ownership.give(ws.path, owner.uid, owner.gid, skip_linked=True)
+        made = lending.make_placeholders(ws.path, found)
+        cleanup.callback(lending.remove_placeholders, ws.path, made)
+        ws = dataclasses.replace(ws, protected=found)
     return ws
 
 

@@ -310,6 +310,14 @@ def start(
         HostError: this host cannot provide the isolation.
         SandboxError: the sandbox failed to start.
     """
+    if workspace_dir is not None and not getattr(backend, "lends_directories", False):
+        raise ConfigError(
+            f"the {backend.name} backend cannot lend a directory: it cannot keep the "
+            "entries the host would run (.git/hooks, .bashrc, *.pth, ...) read-only inside "
+            "it (docs/security-model.md)",
+            hint="omit {workspace} (pass input files instead), or run on the bwrap or "
+            "gvisor backend",
+        )
     if templates is not None and workspace_dir is None:
         forked = templates.fork(spec, limits)
         if forked is not None:
@@ -329,7 +337,10 @@ def start(
             workspace_dir, spec.workspace_mb, run_dir, cleanup, owner=identity
         )
         mounts = launch.reachable(
-            launch.root_mounts(interpreter, ws.bind_source, run_dir, spec.tmp_mb, identity) + binds,
+            launch.root_mounts(
+                interpreter, ws.bind_source, run_dir, spec.tmp_mb, identity, ws.protected
+            )
+            + binds,
             identity,
             run_dir,
         )

@@ -28,7 +28,7 @@ from pathlib import Path
 from codecage.backends.base import Identity
 from codecage.engine.workspace import fds
 from codecage.errors import ConfigError, HostError, SandboxError
-from codecage.isolation import tmpfs
+from codecage.isolation import lending, tmpfs
 from codecage.output import neutralise_line
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,8 @@ class Workspace:
     mount_point: Path | None = None
     """Where a lent `path` is bound for the sandbox (in the run's directory, which the
     sandbox's host id can reach when `path`'s parents are closed to it); None: `path`."""
+    protected: lending.Found | None = None
+    """In a lent `path`: what stays read-only during the run (`isolation.lending`)."""
 
     @property
     def bind_source(self) -> Path:

@@ -1,0 +1,285 @@
+"""Nothing a run writes in a lent directory is run by the host (isolation/lending.py).
+
+Code in a real sandbox with a ``--workspace DIR`` tries, for every protected entry, to
+write it, create in it, replace it (rename over), remove it (unlink, rmdir, rmtree) and
+rename it away, then to create it again; the host's file must be unchanged and a missing
+one must not exist afterwards. One sandbox run per backend and directory (every entry in
+it), one test per entry.
+
+Each test also runs on a plain subprocess whose cwd is the directory (no isolation), where
+it must fail (a strict xfail). Landlock lends no directory: `test_landlock_lends_none`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from codecage import Sandbox
+from codecage.errors import ConfigError
+from codecage.isolation import lending
+
+from ._support import Outcome, against_baseline, guest, outcome_of, run_unsandboxed
+
+pytestmark = pytest.mark.timeout(300)
+
+NAMES = sorted(lending.PROTECTED)
+DIR_NAMES = {
+    *(".git", ".husky", ".githooks", ".venv", "venv", ".direnv", ".pip", ".config"),
+    *(".local", ".ssh", ".vscode", ".idea", ".devcontainer", ".claude", ".cursor"),
+}
+"""The names made as directories on the host (the others as files)."""
+HOST = "host's own\n"
+
+ATTACK = """
+import json, os, shutil
+
+done = {}
+
+
+def attempt(name, act):
+    try:
+        act()
+    except Exception as exc:
+        done[name] = type(exc).__name__
+    else:
+        done[name] = "ok"
+
+
+def write(path, text="evil\\n"):
+    with open(path, "w") as f:
+        f.write(text)
+
+
+for path in $targets:
+    away = path + ".away"
+    attempt(path + " write", lambda: write(path))
+    attempt(path + " inner", lambda: write(os.path.join(path, "inner")))
+    attempt(path + " new", lambda: write(os.path.join(path, "new")))
+    attempt(path + " mkdir", lambda: os.makedirs(os.path.join(path, "sub"), exist_ok=True))
+    write("swap")
+    attempt(path + " replace", lambda: os.replace("swap", path))
+    os.makedirs("swapdir", exist_ok=True)
+    attempt(path + " replace_dir", lambda: os.rename("swapdir", path))
+    attempt(path + " rename_away", lambda: os.rename(path, away))
+    attempt(path + " unlink", lambda: os.unlink(path))
+    attempt(path + " rmdir", lambda: os.rmdir(path))
+    attempt(path + " rmtree", lambda: shutil.rmtree(path))
+    attempt(path + " create_file", lambda: write(path))
+    attempt(path + " create_dir", lambda: os.makedirs(os.path.join(path, "hooks")))
+    attempt(path + " create_in", lambda: write(os.path.join(path, "hooks", "pre-commit")))
+    attempt(path + " symlink", lambda: os.symlink("elsewhere", path))
+print(json.dumps(done))
+"""
+
+# Below the top: found by the scan. Each is (path, kind) as made on the host.
+NESTED = {
+    "proj/.git": "dir",  # a nested repository
+    "proj/tools/fsmon.sh": "file",  # its core.fsmonitor
+    "proj/githooks": "missing",  # its core.hooksPath, not made yet
+    "gitdirs/wt": "dir",  # what the .git file of a linked worktree points to
+    "data/legacy.pth": "file",
+    "deep/er/site-packages": "dir",
+    "envs/env1": "dir",  # a virtualenv by its pyvenv.cfg, whatever its name
+}
+
+
+def _make_existing(root: Path) -> dict[str, str]:
+    """Every protected name (and the nested ones) made on the host, with `HOST` content."""
+    kinds: dict[str, str] = {}
+    for name in NAMES:
+        path = root / name
+        if name in DIR_NAMES:
+            path.mkdir()
+            (path / "inner").write_text(HOST)
+            kinds[name] = "dir"
+        else:
+            path.write_text(HOST)
+            kinds[name] = "file"
+    (root / "proj" / ".git").mkdir(parents=True)
+    (root / "proj" / ".git" / "inner").write_text(HOST)
+    (root / "proj" / ".git" / "config").write_text(
+        "[core]\n\thooksPath = githooks\n\tfsmonitor = tools/fsmon.sh\n"
+    )
+    (root / "proj" / "tools").mkdir()
+    (root / "proj" / "tools" / "fsmon.sh").write_text(HOST)
+    (root / "wt").mkdir()
+    (root / "wt" / ".git").write_text("gitdir: ../gitdirs/wt\n")
+    (root / "gitdirs" / "wt").mkdir(parents=True)
+    (root / "gitdirs" / "wt" / "inner").write_text(HOST)
+    (root / "data").mkdir()
+    (root / "data" / "legacy.pth").write_text(HOST)
+    (root / "deep" / "er" / "site-packages").mkdir(parents=True)
+    (root / "deep" / "er" / "site-packages" / "inner").write_text(HOST)
+    (root / "envs" / "env1").mkdir(parents=True)
+    (root / "envs" / "env1" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (root / "envs" / "env1" / "inner").write_text(HOST)
+    kinds.update(NESTED)
+    kinds["wt/.git"] = "file"
+    return kinds
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    """Every path under `root` (links not followed) with its content or kind."""
+    seen: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in [*dirnames, *filenames]:
+            path = Path(dirpath, name)
+            rel = str(path.relative_to(root))
+            if path.is_symlink():
+                seen[rel] = "link"
+            elif path.is_dir():
+                seen[rel] = "dir"
+            else:
+                seen[rel] = path.read_text(errors="replace")
+    return seen
+
+
+WorkspaceRunner = Callable[[str, Path], Outcome]
+_ATTACKED: dict[tuple[str, str], tuple[Path, dict[str, str], dict[str, str], Outcome]] = {}
+
+
+def _in_sandbox(sandbox: Sandbox) -> WorkspaceRunner:
+    def run(code: str, workspace: Path) -> Outcome:
+        return outcome_of(sandbox.run(code, workspace=workspace, limits={"timeout": 120}))
+
+    return run
+
+
+def _unsandboxed(code: str, workspace: Path) -> Outcome:
+    return run_unsandboxed(code, workspace, 120, env={"PATH": os.defpath})
+
+
+@pytest.fixture(
+    params=against_baseline(
+        "sandbox", "null", "null runner has no isolation: the test must fail there"
+    )
+)
+def attacked(
+    request: pytest.FixtureRequest, sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], tuple[Path, dict[str, str], dict[str, str], Outcome]]:
+    """attacked(which) -> (directory, kinds made, snapshot before, outcome): `which` is
+    "existing" (every entry made) or "missing" (none made); one run per backend each."""
+    if request.param == "sandbox" and sandbox.host.backend.name == "landlock":
+        pytest.skip("landlock lends no directory (test_landlock_lends_none)")
+    run = _in_sandbox(sandbox) if request.param == "sandbox" else _unsandboxed
+    label = request.param if request.param == "null" else f"{id(sandbox)}"
+
+    def get(which: str) -> tuple[Path, dict[str, str], dict[str, str], Outcome]:
+        key = (label, which)
+        if key not in _ATTACKED:
+            root = tmp_path_factory.mktemp(f"lent-{which}")
+            kinds = _make_existing(root) if which == "existing" else dict.fromkeys(NAMES, "missing")
+            before = _snapshot(root)
+            targets = sorted(kinds)
+            seen = run(guest(ATTACK, targets=targets), root)
+            _ATTACKED[key] = (root, kinds, before, seen)
+        return _ATTACKED[key]
+
+    return get
+
+
+def _changed_under(root: Path, rel: str, before: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """What differs at `rel` or below it (or its '.away' twin) from `before`."""
+    after = _snapshot(root)
+    mine = {rel, f"{rel}.away"}
+
+    def ours(path: str) -> bool:
+        return any(path == m or path.startswith(m + "/") for m in mine)
+
+    keys = {k for k in (*before, *after) if ours(k)}
+    return {
+        k: (before.get(k, "-"), after.get(k, "-")) for k in keys if before.get(k) != after.get(k)
+    }
+
+
+@pytest.mark.parametrize("name", [*NAMES, *NESTED, "wt/.git"])
+def test_an_existing_protected_entry_cannot_be_changed(
+    attacked: Callable[[str], tuple[Path, dict[str, str], dict[str, str], Outcome]], name: str
+) -> None:
+    root, kinds, before, seen = attacked("existing")
+
+    assert seen.status == "ok", seen.stderr[-2000:]
+    assert _changed_under(root, name, before) == {}
+    if kinds[name] == "missing":
+        assert not os.path.lexists(root / name)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_missing_protected_name_cannot_be_created(
+    attacked: Callable[[str], tuple[Path, dict[str, str], dict[str, str], Outcome]], name: str
+) -> None:
+    root, _, _, seen = attacked("missing")
+
+    assert seen.status == "ok", seen.stderr[-2000:]
+    assert not os.path.lexists(root / name)
+    assert not os.path.lexists(root / f"{name}.away")
+
+
+PTH_ATTACK = """
+import glob, json, os
+site = glob.glob("proj/.venv/lib/python*/site-packages")[0]
+other = glob.glob("proj/env2/lib/python*/site-packages")[0]
+done = {}
+for where in (site, other):
+    try:
+        with open(os.path.join(where, "zz_evil.pth"), "w") as f:
+            f.write("import os; open($marker, 'w').write('ran')\\n")
+        done[where] = "written"
+    except OSError as exc:
+        done[where] = exc.strerror
+open("ok.txt", "w").write("data")  # the directory itself stays writable
+print(json.dumps(done))
+"""
+
+
+@pytest.fixture(
+    params=against_baseline(
+        "sandbox", "null", "null runner has no isolation: the test must fail there"
+    )
+)
+def run_in_workspace(request: pytest.FixtureRequest, sandbox: Sandbox) -> WorkspaceRunner:
+    if request.param == "sandbox" and sandbox.host.backend.name == "landlock":
+        pytest.skip("landlock lends no directory (test_landlock_lends_none)")
+    return _in_sandbox(sandbox) if request.param == "sandbox" else _unsandboxed
+
+
+def test_a_pth_file_written_into_a_virtualenv_in_the_workspace_never_reaches_the_host(
+    run_in_workspace: WorkspaceRunner, tmp_path: Path
+) -> None:
+    """The original attack: a .pth in a virtualenv inside the lent directory, run by the
+    host's next start of that Python."""
+    lent = tmp_path / "lent"
+    for env in ("proj/.venv", "proj/env2"):
+        subprocess.run(
+            [sys.executable, "-m", "venv", "--without-pip", str(lent / env)],
+            check=True,
+            capture_output=True,
+        )
+    marker = tmp_path / "ran"
+
+    seen = run_in_workspace(guest(PTH_ATTACK, marker=str(marker)), lent)
+
+    assert seen.status == "ok", seen.stderr[-2000:]
+    assert (lent / "ok.txt").read_text() == "data"
+    assert list(lent.glob("proj/*/lib/python*/site-packages/zz_evil.pth")) == []
+    for env in ("proj/.venv", "proj/env2"):
+        subprocess.run([str(lent / env / "bin" / "python"), "-c", "pass"], check=True)
+    assert not marker.exists()
+
+
+def test_landlock_lends_none(tmp_path: Path) -> None:
+    """Landlock's rules only add access: it cannot keep anything inside a writable
+    directory read-only, so it refuses to lend one (and nothing is made in it)."""
+    from .conftest import sandbox_on
+
+    sandbox = sandbox_on("landlock")
+    with pytest.raises(ConfigError, match="cannot lend a directory") as raised:
+        sandbox.run("open('x', 'w').write('x')", workspace=tmp_path)
+    assert "workspace" in raised.value.hint
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,295 @@
+"""What a lent directory may never be, and what stays read-only in it
+(codecage.isolation.lending): the refusals on every face, the scan, the plan, the
+placeholders and the one-run-at-a-time hold. The containment itself, in real sandboxes, is
+tests/containment/test_lent.py.
+"""
+
+from __future__ import annotations
+
+import os
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import codecage
+from codecage import ConfigError, Sandbox
+from codecage.engine.workspace import private_parent
+from codecage.isolation import lending
+from codecage.isolation.rootfs import Mount
+
+CODECAGE = [sys.executable, "-m", "codecage.cli"]
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Sandbox:
+    return Sandbox(backend="bwrap", pool=False, import_policy=False)
+
+
+# --- refused as a workspace ---------------------------------------------------------------
+
+
+def test_codecages_own_places_are_refused_as_a_workspace() -> None:
+    """Checked without lending them (a regression must not hand /usr to a sandbox)."""
+    places = lending.own_places(state=[private_parent()])
+    for place in (
+        Path(sys.prefix),
+        Path(sys.base_prefix),
+        Path(sys.executable).resolve().parent,
+        Path(codecage.__file__).parent,
+        Path(codecage.__file__).parent / "guest",  # inside it
+        Path(codecage.__file__).parent.parent,  # holds it
+        private_parent(),
+    ):
+        with pytest.raises(ConfigError) as raised:
+            lending.check(place, places)
+        assert "codecage" in str(raised.value), place
+        assert "--workspace" in raised.value.hint_for("cli")
+        assert "workspace=" not in raised.value.hint_for("cli")
+
+
+def test_the_library_refuses_codecages_own_virtualenv_before_touching_it(
+    sandbox: Sandbox,
+) -> None:
+    before = os.stat(sys.prefix).st_ctime_ns
+    with pytest.raises(ConfigError, match="codecage's virtualenv") as raised:
+        sandbox.run("1", workspace=sys.prefix)
+    assert "workspace" in raised.value.hint
+    assert os.stat(sys.prefix).st_ctime_ns == before  # never given to the sandbox's id
+
+
+def test_a_link_to_codecages_virtualenv_is_refused_by_its_real_path(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    link = tmp_path / "innocent"
+    link.symlink_to(Path(sys.prefix))
+    with pytest.raises(ConfigError, match="virtualenv"):
+        sandbox.run("1", workspace=link)
+
+
+def test_a_directory_that_holds_the_user_site_packages_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    user_site = tmp_path / "home" / ".local" / "lib" / "site-packages"
+    user_site.mkdir(parents=True)
+    monkeypatch.setattr(site, "getusersitepackages", lambda: str(user_site))
+    with pytest.raises(ConfigError, match="user site-packages") as raised:
+        lending.check(tmp_path / "home", lending.own_places())
+    assert "holds" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("kind", "argument"),
+    [("state", "state"), ("config", "config"), ("packages", "packages")],
+)
+def test_state_config_and_packages_directories_are_refused_both_ways(
+    tmp_path: Path, kind: str, argument: str
+) -> None:
+    place = tmp_path / "p" / "codecage"
+    place.mkdir(parents=True)
+    places = lending.own_places(**{argument: [place]})
+    for workspace in (place, tmp_path / "p", place / "inner"):
+        workspace.mkdir(exist_ok=True)
+        with pytest.raises(ConfigError, match=kind) as raised:
+            lending.check(workspace, places)
+        assert str(place) in str(raised.value)
+    (tmp_path / "apart").mkdir()
+    assert lending.check(tmp_path / "apart", places) == (tmp_path / "apart").resolve()
+
+
+def test_the_config_directory_in_use_is_refused_through_a_sandbox(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """XDG_CONFIG_HOME/codecage is where the user's config is read from, even before one
+    exists; a workspace inside it is refused (config.check_workspace refuses one holding it)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    inside = tmp_path / "xdg" / "codecage" / "ws"
+    inside.mkdir(parents=True)
+    with pytest.raises(ConfigError, match="configuration") as raised:
+        Sandbox(backend="bwrap", pool=False).run("1", workspace=inside)
+    assert "lies inside" in str(raised.value)
+
+
+def test_a_virtualenv_or_a_site_packages_directory_is_refused(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    env = tmp_path / "env"
+    (env / "lib" / "site-packages" / "pkg").mkdir(parents=True)
+    (env / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    for workspace in (env, env / "lib", env / "lib" / "site-packages" / "pkg"):
+        with pytest.raises(ConfigError, match=r"virtualenv|site-packages"):
+            sandbox.run("1", workspace=workspace)
+    dist = tmp_path / "usr" / "dist-packages"
+    dist.mkdir(parents=True)
+    with pytest.raises(ConfigError, match="site-packages directory"):
+        sandbox.run("1", workspace=dist)
+
+
+def test_the_cli_refuses_codecages_own_virtualenv_in_its_own_terms(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [*CODECAGE, "run", "--workspace", sys.prefix, "--code", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 2, run.stderr
+    assert "codecage's virtualenv" in run.stderr
+    assert "--workspace" in run.stderr  # the hint, worded for the CLI
+
+
+def test_the_current_directory_is_refused_when_python_imports_from_it(tmp_path: Path) -> None:
+    """`python -m` puts the current directory first on sys.path: a run lent it could plant
+    a `codecage/` package that the next `python -m codecage` there imports, as root."""
+    run = subprocess.run(
+        [*CODECAGE, "run", "--workspace", ".", "--code", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 2, run.stderr
+    assert "imports from (sys.path)" in run.stderr
+
+
+def test_a_link_at_a_protected_name_is_refused_and_nothing_is_changed(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    (tmp_path / "notes").write_text("x")
+    (tmp_path / ".bashrc").symlink_to("notes")
+    (tmp_path / "tool").write_text("x")
+    (tmp_path / "tool").chmod(0o2755)  # the operator's own setgid bit
+    before = {p.name: os.lstat(p).st_ctime_ns for p in tmp_path.iterdir()}
+    with pytest.raises(ConfigError, match="symbolic link"):
+        sandbox.run("1", workspace=tmp_path)
+    assert {p.name: os.lstat(p).st_ctime_ns for p in tmp_path.iterdir()} == before
+    assert (tmp_path / "tool").stat().st_mode & 0o7777 == 0o2755
+
+
+def test_a_hard_linked_protected_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.pth").write_text("x")
+    os.link(tmp_path / "data" / "x.pth", tmp_path / "other")
+    with pytest.raises(ConfigError, match="hard links"):
+        lending.scan(tmp_path)
+
+
+# --- the scan -------------------------------------------------------------------------------
+
+
+def test_the_scan_protects_every_name_at_the_top_found_or_not(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()
+    found = {e.path: e.kind for e in lending.scan(tmp_path).entries}
+    assert set(lending.PROTECTED) <= set(found)
+    assert found[".git"] == "dir"
+    assert found[".bashrc"] == "missing"
+
+
+def test_the_scan_finds_nested_repositories_venvs_and_pth_files(tmp_path: Path) -> None:
+    (tmp_path / "a" / "b" / ".git").mkdir(parents=True)
+    (tmp_path / "a" / "b" / ".git" / "config").write_text(
+        "[core]\n\tfsmonitor = scripts/fsmon\n\thooksPath = hooks-here\n"
+        '[remote "origin"]\n\turl = https://example.invalid/x.git\n'
+        '[alias]\n\tco = "!./bin/co.sh --x"\n'
+    )
+    (tmp_path / "a" / "b" / "scripts").mkdir()
+    (tmp_path / "a" / "b" / "scripts" / "fsmon").write_text("x")
+    (tmp_path / "e1").mkdir()
+    (tmp_path / "e1" / "pyvenv.cfg").write_text("")
+    (tmp_path / "x.pth").write_text("")
+    found = {e.path: e.kind for e in lending.scan(tmp_path).entries}
+    assert found["a/b/.git"] == "dir"
+    assert found["a/b/scripts/fsmon"] == "file"
+    assert found["a/b/hooks-here"] == "missing"
+    assert found["a/b/bin"] == "missing"  # the first missing step of ./bin/co.sh
+    assert found["e1"] == "dir"
+    assert found["x.pth"] == "file"
+    assert not any(p.startswith(("a/b/https", "https")) for p in found)  # a URL is no path
+
+
+def test_a_git_file_protects_the_git_directory_it_points_to(tmp_path: Path) -> None:
+    (tmp_path / "wt").mkdir()
+    (tmp_path / "wt" / ".git").write_text("gitdir: ../store/wt\n")
+    (tmp_path / "store" / "wt").mkdir(parents=True)
+    (tmp_path / "store" / "wt" / "config").write_text("[core]\n\thooksPath = ../../h\n")
+    found = {e.path: e.kind for e in lending.scan(tmp_path).entries}
+    assert found["wt/.git"] == "file"
+    assert found["store/wt"] == "dir"
+
+
+def test_the_scan_is_bounded_in_depth(tmp_path: Path) -> None:
+    deep = tmp_path.joinpath(*["d"] * (lending.MAX_SCAN_DEPTH + 1))
+    (deep / ".git").mkdir(parents=True)
+    shallow = tmp_path.joinpath(*["d"] * (lending.MAX_SCAN_DEPTH - 1))
+    found = {e.path for e in lending.scan(tmp_path).entries}
+    assert f"{'/'.join(['d'] * (lending.MAX_SCAN_DEPTH + 1))}/.git" not in found
+    (shallow / ".vscode").mkdir()
+    found = {e.path for e in lending.scan(tmp_path).entries}
+    assert f"{'/'.join(['d'] * (lending.MAX_SCAN_DEPTH - 1))}/.vscode" in found
+
+
+# --- the plan -------------------------------------------------------------------------------
+
+
+def test_the_plan_pins_the_way_and_covers_each_entry_read_only_shallow_first() -> None:
+    found = lending.Found(
+        entries=(
+            lending.Entry(".bashrc", "missing", ""),
+            lending.Entry("a/b/.git", "dir", ""),
+            lending.Entry("x.pth", "file", ""),
+        )
+    )
+    assert lending.plan(found, source="/src", dest="/workspace", empty_dir="/run/e") == (
+        Mount("ro-bind", "/workspace/.bashrc", "/run/e"),
+        Mount("bind", "/workspace/a", "/src/a"),
+        Mount("ro-bind", "/workspace/x.pth", "/src/x.pth"),
+        Mount("bind", "/workspace/a/b", "/src/a/b"),
+        Mount("ro-bind", "/workspace/a/b/.git", "/src/a/b/.git"),
+    )
+
+
+# --- placeholders and the hold ------------------------------------------------------------
+
+
+def test_placeholders_are_made_and_only_they_are_removed(tmp_path: Path) -> None:
+    found = lending.Found(
+        entries=(lending.Entry(".envrc", "missing", ""), lending.Entry(".venv", "missing", ""))
+    )
+    made = lending.make_placeholders(tmp_path, found)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".envrc", ".venv"]
+    (tmp_path / ".venv").chmod(0o755)
+    os.rmdir(tmp_path / ".venv")
+    (tmp_path / ".venv").mkdir()  # someone else's now (maybe the same inode): not emptied
+    (tmp_path / ".venv" / "theirs").write_text("x")
+    lending.remove_placeholders(tmp_path, made)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".venv"]
+    assert (tmp_path / ".venv" / "theirs").read_text() == "x"
+
+
+def test_a_directory_is_lent_to_one_run_at_a_time(tmp_path: Path) -> None:
+    first = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    second = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        lending.hold(first, tmp_path)
+        with pytest.raises(ConfigError, match="lent to another run"):
+            lending.hold(second, tmp_path)
+        os.close(first)
+        first = -1
+        lending.hold(second, tmp_path)
+    finally:
+        for fd in (first, second):
+            if fd >= 0:
+                os.close(fd)
+
+
+def test_a_lent_run_leaves_no_placeholder_and_lists_none(sandbox: Sandbox, tmp_path: Path) -> None:
+    result = sandbox.run(
+        "import os; open('out.txt', 'w').write('x'); sorted(os.listdir('.'))",
+        workspace=tmp_path,
+    )
+    assert result.status == "ok", result.stderr
+    assert ".bashrc" in result.return_value  # the code saw the read-only cover
+    assert [f.path for f in result.files] == ["out.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
