@@ -41,7 +41,7 @@ from typing import IO, Any, TypeVar
 
 from codecage import forks
 from codecage.backends.base import Backend, ExitStatus, SandboxProcess
-from codecage.engine import launch
+from codecage.engine import launch, owner
 from codecage.engine.run import SandboxSpec, StartedSandbox, start, wait_ready
 from codecage.errors import SandboxError
 from codecage.guest import template as guest_template
@@ -278,7 +278,7 @@ class _Template:
             run_dir = launch.make_run_dir(cleanup)
             ws = launch.prepare_workspace(None, spec.workspace_mb, run_dir, cleanup, owner=identity)
             cgroup = cgroups.create(
-                f"{os.getpid()}-{execution_id}",
+                f"{owner.key()}-{execution_id}",
                 limits,
                 extra_pids=rlimits.SANDBOX_INIT_PROCESSES,  # init, as bwrap's
             )

@@ -36,7 +36,7 @@ from codecage.backends.base import (
 )
 from codecage.bridge import channel as bridge
 from codecage.engine import egress as egress_wiring
-from codecage.engine import judge, launch
+from codecage.engine import judge, launch, owner
 from codecage.engine import stream as streaming
 from codecage.engine import workspace as workspaces
 from codecage.engine.judge import ControlStream, Observation
@@ -337,7 +337,7 @@ def start(
             mounts = tuple(m for m in mounts if m.dest not in rootfs.PROC_MASKED)
         overhead = host_overhead(backend)
         cgroup = cgroups.create(
-            f"{os.getpid()}-{execution_id}",
+            f"{owner.key()}-{execution_id}",
             limits,
             extra_pids=overhead.pids,
             pids_per_process=overhead.pids_per_process,
