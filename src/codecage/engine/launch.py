@@ -189,11 +189,16 @@ def _tool_tree_mounts(
 
 
 @functools.cache
-def sandbox_filter(*, network: bool = False, template: bool = False) -> bytes:
+def sandbox_filter(
+    *, network: bool = False, template: bool = False, unix_addressing: bool = True
+) -> bytes:
     """The seccomp filter every sandbox gets (with IP sockets for a run allowed egress; a
-    fork server's template its own, `seccomp.plan(template=True)`): the same program each
-    time, so compiled once (~3 ms of every cold start otherwise)."""
-    return seccomp.compile_bpf(seccomp.plan(network=network, template=template))
+    fork server's template its own, `seccomp.plan(template=True)`; without connect and
+    addressed sends where the backend asks, `SeccompPlan.unix_addressing`): the same
+    program each time, so compiled once (~3 ms of every cold start otherwise)."""
+    return seccomp.compile_bpf(
+        seccomp.plan(network=network, template=template, unix_addressing=unix_addressing)
+    )
 
 
 def runs_filter_fd(cleanup: contextlib.ExitStack) -> int:

@@ -317,7 +317,13 @@ def start(
     execution_id = uuid.uuid4().hex
     identity = spec.identity or identities.plan().identity
     interpreter = rootfs.find_interpreter()
-    bpf = launch.sandbox_filter(network=spec.egress is not None, template=as_template)
+    bpf = launch.sandbox_filter(
+        network=spec.egress is not None,
+        template=as_template,
+        # A backend whose guest shares the host's filesystem and cannot keep it from the
+        # host's pathname unix sockets otherwise (the Landlock fallback below ABI 9).
+        unix_addressing=not getattr(backend, "filters_unix_addressing", False),
+    )
     started_at = time.monotonic()
     # Worked out before anything is created: a process killed meanwhile (the first time,
     # with an empty cache, it takes seconds) must leave no run directory, mount or cgroup.
