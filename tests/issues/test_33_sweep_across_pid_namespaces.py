@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from codecage.audit import journal, open_store
+from codecage.engine import owner
 from codecage.engine import workspace as workspaces
 from codecage.isolation import cgroups
 
@@ -253,3 +254,26 @@ def test_a_live_processs_audit_journal_is_not_recovered_from_another_pid_namespa
         writer.wait(timeout=30)
     in_another_pid_namespace(recover)
     assert not path.exists(), "a dead process's journal is recovered (and deleted)"
+
+
+def test_an_entry_whose_owner_file_is_missing_is_left_alone() -> None:
+    """No owner file: another user's, another private parent's or an older codecage's
+    entry, whose liveness cannot be known here (engine.owner)."""
+    entry = workspaces.private_parent() / f"codecage-run-1-{'0' * 16}-orphan{os.getpid()}"
+    entry.mkdir()
+    try:
+        in_another_pid_namespace(SWEEP)
+        assert entry.is_dir()
+    finally:
+        entry.rmdir()
+
+
+def test_a_dead_owners_file_goes_once_nothing_named_after_it_is_left() -> None:
+    parent = workspaces.private_parent()
+    key = f"{os.getpid()}-{'f' * 16}"
+    lock = parent / f"{owner.LOCK_PREFIX}{key}"
+    lock.touch(mode=0o600)  # as a killed process leaves it: unlocked
+    entry = parent / f"codecage-run-{key}-left"
+    entry.mkdir()
+    assert int(in_another_pid_namespace(SWEEP)) >= 1
+    assert not entry.exists() and not lock.exists()

@@ -182,6 +182,12 @@ class Templates:
                 return template
             if template is not None:
                 self._templates.pop(spec).close()
+            ready = self._replacements.get(spec)
+            if ready is not None and ready.done() and ready.exception() is None:
+                # A replacement of a template that died meanwhile: it serves now.
+                del self._replacements[spec]
+                self._templates[spec] = template = ready.result()
+                return template
             if self._starter is None:
                 self._starter = _StarterThread()
             try:
