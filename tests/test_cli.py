@@ -128,9 +128,10 @@ def test_doctor_passes_every_layer_on_this_host() -> None:
     assert p.returncode == 0, report
     assert report["passed"] is True
     assert {probe["layer"] for probe in report["probes"]} == {
-        "namespaces", "host identity", "filesystem", "environment", "network", "seccomp",
-        "memory", "processes",
+        "namespaces", "privileges", "host identity", "filesystem", "environment", "network",
+        "seccomp", "memory", "processes",
     }  # fmt: skip
+    assert not any(probe["weak"] for probe in report["probes"])
     identity = next(p for p in report["probes"] if p["layer"] == "host identity")
     assert "not root" in identity["detail"]
 

@@ -8,8 +8,10 @@ the pool's cross-run tests (tests/containment/test_pool_isolation.py, `forked`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,6 +19,7 @@ import pytest
 
 from codecage import Sandbox
 from codecage.backends.base import load_backend
+from codecage.config import load as load_settings
 from codecage.engine import forkserver
 from codecage.isolation import seccomp
 
@@ -136,6 +139,52 @@ def test_a_dead_template_is_replaced(forked: Sandbox) -> None:
     for template in list(templates._templates.values()):
         template.sandbox.proc.kill()
     assert forked.run("2").return_value == 2
+
+
+def _recycling(max_runs: int) -> Sandbox:
+    settings = load_settings(None)
+    pool = settings.pool.model_copy(update={"template_max_runs": max_runs})
+    sb = Sandbox(
+        config=dataclasses.replace(settings, pool=pool),
+        backend="bwrap",
+        import_policy=False,
+        scrub=False,
+        fork_server=True,
+    )
+    if sb.host.templates is None:
+        sb.close()
+        pytest.skip(f"no fork server here: {sb.host.fork_server_off}")
+    return sb
+
+
+def test_a_template_is_replaced_after_max_runs_and_its_forks_stop_sharing_its_seed() -> None:
+    """Forks share the template's memory layout and hash seed: after `template_max_runs`
+    a new template (a new seed) serves, started in the background, and the worn one is
+    stopped once nothing forked from it is left. A run of the old template still under
+    way when it is retired finishes as usual."""
+    code = "import os, sys; [hash('codecage'), id(sys), os.getppid()]"
+    with _recycling(2) as sb, ThreadPoolExecutor(1) as background:
+        templates = sb.host.templates
+        assert templates is not None
+        first = sb.run(code).return_value
+        old = [t.sandbox.proc for t in templates._templates.values()]
+        slow = background.submit(sb.run, "import time; time.sleep(2); 'slow'")
+        seen = [first]
+        for _ in range(200):  # the replacement starts in the background: runs go on meanwhile
+            r = sb.run(code)
+            assert r.status == "ok", r.stderr
+            seen.append(r.return_value)
+            if r.return_value[0] != first[0]:
+                break
+        assert seen[-1][0] != first[0], "no new template (no new hash seed) after 200 runs"
+        assert slow.result().return_value == "slow"
+        assert all(s[0] == first[0] for s in seen[:2])  # max_runs forks of the first
+        assert templates.forked == len(seen) + 1
+        deadline = time.monotonic() + 60
+        while any(p.poll() is None for p in old):
+            assert time.monotonic() < deadline, "the retired template was never stopped"
+            time.sleep(0.05)
+        assert sb.run("1").return_value == 1
 
 
 def test_close_stops_the_templates() -> None:

@@ -4,13 +4,17 @@ sandbox without namespaces fail, each because of the layer it names (Landlock, s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -226,6 +230,143 @@ except OSError as exc:
     assert _report(fallback, code) == ["PermissionError", False]
 
 
+_UNIX_PROBE = """
+import errno, socket
+def attempt(kind, address):
+    s = socket.socket(socket.AF_UNIX, kind)
+    try:
+        if kind == socket.SOCK_STREAM:
+            s.connect(address)
+        else:
+            s.sendto(b"x", address)
+        return "reached"
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno, "?")
+    finally:
+        s.close()
+a, b = socket.socketpair()  # the run's own sockets, unaddressed, still work
+a.send(b"ping")
+out = {{"own": b.recv(4).decode()}}
+out["stream"] = attempt(socket.SOCK_STREAM, {stream!r})
+out["dgram"] = attempt(socket.SOCK_DGRAM, {dgram!r})
+out["abstract"] = attempt(socket.SOCK_STREAM, {abstract!r})
+out
+"""
+
+
+@dataclass
+class HostSockets:
+    """A host's unix sockets a run aims at, and what reached them."""
+
+    addresses: dict[str, str]
+    listeners: dict[str, socket.socket]
+
+    def reached(self) -> list[str]:
+        """Which of them got a connection or a datagram (non-blocking; closes what came)."""
+        got = []
+        for name, sock in self.listeners.items():
+            sock.setblocking(False)
+            try:
+                if sock.type == socket.SOCK_STREAM:
+                    sock.accept()[0].close()
+                else:
+                    sock.recv(1)
+            except BlockingIOError:
+                continue
+            got.append(name)
+        return got
+
+
+@pytest.fixture
+def host_unix_sockets() -> Iterator[HostSockets]:
+    """A host stream listener and a datagram socket in a directory of /tmp anyone may
+    enter (pytest's own temp directories are closed to the sandbox's uid), both writable by
+    anyone (so that file modes do not refuse it), and an abstract listener: only the
+    sandbox's own layers stand between the guest and them."""
+    where = Path(tempfile.mkdtemp(prefix="codecage-test-sockets-", dir="/tmp"))
+    where.chmod(0o755)
+    addresses = {
+        "stream": str(where / "host.sock"),
+        "dgram": str(where / "host.dgram"),
+        "abstract": f"\0codecage-test-{os.getpid()}",
+    }
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, where, True)
+        listeners = {
+            name: cleanup.enter_context(socket.socket(socket.AF_UNIX, kind))
+            for name, kind in (
+                ("stream", socket.SOCK_STREAM),
+                ("dgram", socket.SOCK_DGRAM),
+                ("abstract", socket.SOCK_STREAM),
+            )
+        }
+        for name, sock in listeners.items():
+            sock.bind(addresses[name])
+            if sock.type == socket.SOCK_STREAM:
+                sock.listen()
+        for name in ("stream", "dgram"):
+            os.chmod(addresses[name], 0o777)  # noqa: S103 - the point: modes refuse no one
+        yield HostSockets(addresses, listeners)
+
+
+def test_host_unix_sockets_are_unreachable_pathname_and_abstract(
+    fallback: Sandbox, host_unix_sockets: HostSockets
+) -> None:
+    """Pathname sockets: Landlock's FS_RESOLVE_UNIX from ABI 9, below it the run's seccomp
+    filter (no connect, no addressed send); abstract ones: Landlock's scope (ABI 6)."""
+    got = _report(fallback, _UNIX_PROBE.format(**host_unix_sockets.addresses))
+    assert isinstance(got, dict)
+    assert got["own"] == "ping"
+    assert got["stream"] == "EACCES" and got["dgram"] == "EACCES"
+    assert got["abstract"] in ("EPERM", "EACCES")
+    assert host_unix_sockets.reached() == []
+
+
+@pytest.mark.xfail(
+    landlock.abi() < landlock.ABI_RESOLVE_UNIX,
+    reason="Landlock refuses pathname unix sockets from ABI 9 (Linux 7.1, "
+    "LANDLOCK_ACCESS_FS_RESOLVE_UNIX); below it only the seccomp filter does",
+    strict=True,
+)
+def test_landlock_alone_refuses_a_host_pathname_unix_socket(
+    host_unix_sockets: HostSockets, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Landlock layer without the seccomp stand-in (a backend that believes its ABI
+    has FS_RESOLVE_UNIX): refused only where the kernel has it."""
+    monkeypatch.setattr(landlock, "ABI_RESOLVE_UNIX", 0)
+    alone = Sandbox(backend="landlock", import_policy=False, scrub=False)
+    got = _report(alone, _UNIX_PROBE.format(**host_unix_sockets.addresses))
+    assert isinstance(got, dict)
+    assert got["abstract"] == "EPERM"  # the scope (ABI 6) holds alone
+    assert got["stream"] == "EACCES" and got["dgram"] == "EACCES"
+    assert host_unix_sockets.reached() == []
+
+
+def test_doctor_reports_the_namespaces_it_lacks_as_weak_never_pass() -> None:
+    """`doctor` on Landlock checks each namespace against the host's own: not in force
+    (WEAK), where it used to print PASS from the uid and capabilities alone."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CODECAGE_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "codecage.cli", "doctor", "--backend", "landlock"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
+    lines = proc.stdout.splitlines()
+    assert any(line.startswith("WEAK namespaces") for line in lines), proc.stdout
+    assert not any(line.startswith("PASS namespaces") for line in lines)
+    assert any(line.startswith("PASS privileges") for line in lines)
+    assert "not in force by design: namespaces" in proc.stdout
+    assert proc.returncode == 1  # not every layer holds; none fails that it provides
+    report = Sandbox(backend="landlock", selftest=False).doctor()
+    namespaces = next(p for p in report.probes if p.layer == "namespaces")
+    assert not namespaces.passed and namespaces.weak
+    assert "pid" in namespaces.detail and "mnt" in namespaces.detail
+    assert not report.passed
+
+
 # --- the plan ----------------------------------------------------------------------------
 
 
@@ -240,6 +381,25 @@ def test_the_ruleset_handles_every_right_of_the_abi() -> None:
     assert v7.scoped == landlock.SCOPE_ABSTRACT_UNIX_SOCKET | landlock.SCOPE_SIGNAL
     assert landlock.Ruleset.plan(7, rules, network=True).handled_net == 0
     assert landlock.Ruleset.from_json(v7.to_json()) == v7
+    # ABI 9: pathname unix sockets are handled; the run's own (read-write) paths keep them.
+    assert v7.handled_fs & landlock.FS_RESOLVE_UNIX == 0
+    v9 = landlock.Ruleset.plan(9, rules)
+    assert v9.handled_fs & landlock.FS_RESOLVE_UNIX
+    assert v9.rules[0].access & landlock.FS_RESOLVE_UNIX
+
+
+def test_below_abi_9_the_backend_asks_seccomp_to_refuse_unix_addressing() -> None:
+    from codecage.isolation import seccomp
+
+    assert backend.LandlockBackend().filters_unix_addressing == (
+        landlock.abi() < landlock.ABI_RESOLVE_UNIX
+    )
+    rules = [r.describe() for r in seccomp._rules(seccomp.plan(unix_addressing=False),
+                                                   clone_flags_arg=0)]  # fmt: skip
+    assert {"connect -> EACCES", "sendmsg -> EACCES", "sendmmsg -> EACCES"} <= set(rules)
+    assert "sendto if a4 != 0x0 -> EACCES" in rules
+    default = seccomp._rules(seccomp.plan(), clone_flags_arg=0)
+    assert not any("EACCES" in r.describe() for r in default)
 
 
 def test_nested_binds_become_a_directory_of_links(tmp_path: Path) -> None:

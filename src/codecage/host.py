@@ -389,7 +389,14 @@ class Host:
         why_not = forkserver.supported(self.backend)
         if why_not is not None:
             return None, why_not
-        return forkserver.Templates(self.backend, self.limits), None
+        pool = self.settings.pool
+        templates = forkserver.Templates(
+            self.backend,
+            self.limits,
+            max_runs=pool.template_max_runs,
+            max_age_s=pool.template_max_age,
+        )
+        return templates, None
 
     # --- policy ----------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import stat
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from mcp import Client
 from mcp_types import CallToolResult, TextContent
 
 from codecage import Sandbox, engine
-from codecage.engine import workspace
+from codecage.engine import owner, workspace
 from codecage.engine.workspace import lifecycle
 from codecage.isolation import tmpfs
 from codecage.mcp.server import build_server
@@ -42,6 +43,14 @@ def _dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     return proc.pid
+
+
+def _dead_owner() -> str:
+    """The owner key of a process that is gone: its owner file is there, and unlocked
+    (engine.owner), as a killed process leaves it."""
+    key = f"{_dead_pid()}-{secrets.token_hex(8)}"
+    (workspace.private_parent() / f"{owner.LOCK_PREFIX}{key}").touch(mode=0o600)
+    return key
 
 
 def _text(result: CallToolResult) -> str:
@@ -240,7 +249,7 @@ def test_the_sweep_never_follows_a_name_swapped_for_a_symlink(
     # "tmp": where a local user can plant names (and where the old code kept run dirs);
     # "private": as if they could write in the private parent, the descriptors still hold.
     base = Path("/tmp") if where == "tmp" else workspace.private_parent()
-    entry = base / f"{engine.RUN_DIR_PREFIX}{_dead_pid()}-race{os.getpid()}"
+    entry = base / f"{engine.RUN_DIR_PREFIX}{_dead_owner()}-race{os.getpid()}"
     with _flipping(entry, victim, tmp_path):
         deadline = time.monotonic() + 6
         sweeps = 0
@@ -256,7 +265,7 @@ def test_the_sweep_leaves_entries_of_other_users_and_symlinks_alone(
     if not IS_ROOT:
         pytest.skip("an entry of another uid needs root to plant")
     parent = workspace.private_parent()
-    dead = _dead_pid()
+    dead = _dead_owner()
     link = parent / f"{engine.RUN_DIR_PREFIX}{dead}-link"
     theirs = parent / f"{engine.RUN_DIR_PREFIX}{dead}-theirs"
     link.symlink_to(victim)
@@ -274,7 +283,7 @@ def test_the_sweep_leaves_entries_of_other_users_and_symlinks_alone(
 @needs_tmpfs
 def test_the_sweep_unmounts_and_removes_a_dead_processs_run_dir() -> None:
     parent = workspace.private_parent()
-    run_dir = parent / f"{engine.RUN_DIR_PREFIX}{_dead_pid()}-stale"
+    run_dir = parent / f"{engine.RUN_DIR_PREFIX}{_dead_owner()}-stale"
     run_dir.mkdir(mode=0o700)
     ws = workspace.create_ephemeral(run_dir, 1)
     (ws.path / "deep" / "er").mkdir(parents=True)

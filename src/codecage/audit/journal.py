@@ -10,11 +10,19 @@ nothing; a power cut may). Emptied whenever the store has every record in it. `r
 puts the records of the journals of dead processes into the store (a record already there
 is left as it is) and deletes those journals: the next trail on the same store does it at
 start, and the `codecage audit` commands before they read.
+
+Which journals are a dead process's is decided by a lock, not a pid (a pid means nothing
+in another PID namespace, where every process of this one looks dead): the writer holds an
+exclusive `flock` on its journal for as long as it lives, taken before the journal can hold
+a record (made, locked, kept only if still linked once locked), and `recover` takes a
+journal only when it can take that lock itself, non-blocking, and holds it while it reads
+and deletes it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -26,7 +34,6 @@ from pydantic import ValidationError
 
 from codecage.audit.record import AuditRecord
 from codecage.audit.store import AuditStore, default_location
-from codecage.engine.launch import process_alive
 from codecage.errors import AuditError
 
 log = logging.getLogger(__name__)
@@ -51,9 +58,7 @@ class Journal:
         self._lock = threading.Lock()
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            self.path = directory / f"{os.getpid()}-{secrets.token_hex(4)}{SUFFIX}"
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
-            self._fd = os.open(self.path, flags | os.O_NOFOLLOW, 0o600)
+            self.path, self._fd = _make_locked(directory)
         except OSError as exc:
             raise AuditError(
                 f"the audit journal in {directory} cannot be made: {exc.strerror or exc}",
@@ -104,6 +109,26 @@ class Journal:
                     self.path.unlink()
 
 
+def _make_locked(directory: Path) -> tuple[Path, int]:
+    """A new journal in `directory` and its fd, holding its lock (see the module docstring).
+
+    Raises:
+        OSError: it cannot be made, or its lock was taken away every time.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+    for _ in range(8):
+        path = directory / f"{os.getpid()}-{secrets.token_hex(8)}{SUFFIX}"
+        fd = os.open(path, flags, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(fd).st_nlink > 0:
+                return path, fd
+        except OSError:
+            pass  # a recovery took the fresh (empty) journal first: make another
+        os.close(fd)
+    raise OSError(0, "its lock was taken by another process every time")
+
+
 def recover(store: AuditStore, directory: Path) -> int:
     """Write the records of dead processes' journals in `directory` into `store` (records
     already there are kept as they are), then delete those journals. Returns how many
@@ -114,28 +139,46 @@ def recover(store: AuditStore, directory: Path) -> int:
         AuditError: the store cannot be written (the journals stay for the next try).
     """
     total = 0
-    for journal in _orphans(directory):
-        records = _read(journal)
-        if records:
-            store.write(records)
-        journal.unlink(missing_ok=True)
+    for journal in _journals(directory):
+        fd = _lock_if_dead(journal)
+        if fd is None:
+            continue
+        try:
+            records = _read(journal)
+            if records:
+                store.write(records)
+            journal.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
         total += len(records)
     if total:
         log.warning("audit.journal_recovered", extra={"records": total, "dir": str(directory)})
     return total
 
 
-def _orphans(directory: Path) -> list[Path]:
+def _journals(directory: Path) -> list[Path]:
     try:
         entries = sorted(directory.iterdir())
     except OSError:
         return []
-    found = []
-    for entry in entries:
-        head = entry.name.partition("-")[0]
-        if entry.name.endswith(SUFFIX) and head.isdigit() and not process_alive(int(head)):
-            found.append(entry)
-    return found
+    return [entry for entry in entries if entry.name.endswith(SUFFIX)]
+
+
+def _lock_if_dead(journal: Path) -> int | None:
+    """An fd of `journal` holding its lock (its writer is gone), or None: its writer
+    lives, or it was recovered meanwhile."""
+    try:
+        fd = os.open(journal, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.fstat(fd).st_nlink > 0:
+            return fd
+    except OSError:
+        pass  # held: its writer is alive
+    os.close(fd)
+    return None
 
 
 def _read(journal: Path) -> list[AuditRecord]:

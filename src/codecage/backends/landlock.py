@@ -6,9 +6,11 @@ network, ipc and uts namespaces. What contains it (`isolation/landlock.py`'s lau
 - Landlock: read and execute only the interpreter, its libraries, the guest package, the
   tools and packages the mount table binds, /proc (read) and a few devices; read-write
   only the workspace and a private tmp directory; TCP bind/connect refused (ABI 4+);
-  signals and abstract unix sockets scoped to the sandbox (ABI 6+);
+  signals and abstract unix sockets scoped to the sandbox (ABI 6+); pathname unix sockets
+  made outside it unreachable (ABI 9+);
 - the same seccomp filter as bubblewrap's (sockets other than AF_UNIX refused, no ptrace,
-  no mount, no namespaces, no setuid bits);
+  no mount, no namespaces, no setuid bits), and below ABI 9 no connect and no addressed
+  send at all (the host's pathname unix sockets are on the same filesystem);
 - a new session and process group, death with its parent, every capability dropped,
   no_new_privs, the sandbox identity when codecage runs as root and one is set, the
   guest's rlimits and the run's cgroup (when there is one), the sandbox's env only.
@@ -109,6 +111,10 @@ class LandlockBackend:
                 "for the bwrap backend (`codecage doctor` says how)",
             )
         self.python = str(Path(getattr(sys, "_base_executable", sys.executable)).resolve())
+        # Below ABI 9 Landlock cannot refuse a host's pathname unix socket (the guest shares
+        # the host's filesystem): the run's seccomp filter refuses connect and addressed
+        # sends instead (seccomp.SeccompPlan.unix_addressing; engine.run reads this).
+        self.filters_unix_addressing = self.abi < landlock.ABI_RESOLVE_UNIX
 
     def version(self) -> str | None:
         return f"abi {self.abi}"
@@ -117,6 +123,12 @@ class LandlockBackend:
         rights = ["filesystem"]
         rights += ["TCP bind/connect"] if self.abi >= 4 else []
         rights += ["signal and abstract-socket scoping"] if self.abi >= 6 else []
+        rights += [
+            "pathname unix sockets: only the run's own"
+            if self.abi >= landlock.ABI_RESOLVE_UNIX
+            else "pathname unix sockets: not by Landlock below ABI 9; seccomp refuses "
+            "connect and addressed sends (the run's own sockets too)"
+        ]
         return [
             LayerStatus(
                 name="namespaces",

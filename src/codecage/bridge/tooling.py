@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, TypedDict
 from codecage.bridge import upstreams
 from codecage.bridge.channel import BridgeLimits, CallFailed
 from codecage.config import Settings, ToolsFile
+from codecage.engine import owner
 from codecage.engine import workspace as workspaces
 from codecage.engine.launch import SERVERS_DIR_PREFIX
 from codecage.errors import ConfigError, SandboxError
@@ -253,14 +254,15 @@ def generate(broker: Broker, servers: Sequence[str], out_dir: Path) -> list[Path
 
 def _temporary_tree() -> Path:
     """A temp dir for the generated tree, in the private parent of the run dirs (not
-    directly in /tmp), named with the pid so that it is swept if this process is killed.
+    directly in /tmp), named with the owner key (engine.owner) so that it is swept if this
+    process is killed.
 
     Raises:
         HostError: the private parent is not usable (see `workspace.private_parent`).
     """
     path = Path(
         tempfile.mkdtemp(
-            prefix=f"{SERVERS_DIR_PREFIX}{os.getpid()}-", dir=workspaces.private_parent()
+            prefix=f"{SERVERS_DIR_PREFIX}{owner.key()}-", dir=workspaces.private_parent()
         )
     )
     atexit.register(shutil.rmtree, path, ignore_errors=True)

@@ -323,10 +323,21 @@ def _render_pool(out: Console, pool: PoolState) -> None:
 def render_doctor(report: DoctorReport) -> None:
     out = Console(highlight=False, soft_wrap=True)
     for probe in report.probes:
-        mark = "[green]PASS[/green]" if probe.passed else "[red]FAIL[/red]"
-        out.print(f"{mark} {probe.layer:<12} {probe.detail}")
-    verdict = "all layers hold" if report.passed else "some layers are missing"
-    out.print(f"backend {report.backend}: {verdict}")
+        if probe.passed:
+            mark = "[green]PASS[/green]"
+        elif probe.weak:
+            mark = "[yellow]WEAK[/yellow]"
+        else:
+            mark = "[red]FAIL[/red]"
+        out.print(f"{mark} {probe.layer:<12} {escape(probe.detail)}")
+    weak = [p.layer for p in report.probes if p.weak]
+    if report.passed:
+        verdict = "all layers hold"
+    elif all(p.passed or p.weak for p in report.probes):
+        verdict = f"the layers it provides hold; not in force by design: {', '.join(weak)}"
+    else:
+        verdict = "some layers are missing"
+    out.print(f"backend {report.backend}: {verdict}", markup=False)
 
 
 def render_package_list(directory: Path, record: added.Record) -> None:

@@ -14,6 +14,14 @@ workspace directory, a run allowed egress and other backends start anew, as befo
 Templates are per `SandboxSpec`, started at the first sandbox of their spec, and replaced
 when one dies (after `_MAX_FAILURES` failures in a row, that spec starts anew until a
 back-off has passed: an outage of the backend does not turn the fork server off for good).
+
+Recycled: every sandbox forked from one template shares its memory layout (ASLR) and its
+hash seed, so a template is retired after `max_runs` forks or `max_age_s` seconds
+(`[pool] template_max_runs`, `template_max_age`). Its replacement starts in the background
+and the worn template keeps serving until the new one is ready (a run never waits for a
+template while one is still serving); once retired it forks nothing more and is stopped
+(on the starter thread) when the last sandbox forked from it is gone, since those die
+with it.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ from typing import IO, Any, TypeVar
 
 from codecage import forks
 from codecage.backends.base import Backend, ExitStatus, SandboxProcess
-from codecage.engine import launch
+from codecage.engine import launch, owner
 from codecage.engine.run import SandboxSpec, StartedSandbox, start, wait_ready
 from codecage.errors import SandboxError
 from codecage.guest import template as guest_template
@@ -49,12 +57,15 @@ from codecage.isolation import cgroups, rlimits, tmpfs
 from codecage.isolation import identity as identities
 from codecage.isolation.cgroups import CgroupHandle
 from codecage.models import Limits
+from codecage.models.settings import PoolConfig
 from codecage.policy.profiles import preload_for
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 TEMPLATE_READY_TIMEOUT_S = 60.0
+DEFAULT_TEMPLATE_MAX_RUNS: int = PoolConfig.model_fields["template_max_runs"].default
+DEFAULT_TEMPLATE_MAX_AGE_S: float = PoolConfig.model_fields["template_max_age"].default
 HELLO_TIMEOUT_S = 10.0  # a fork request answered by nothing (a template that is stuck)
 _MAX_FAILURES = 3
 _RETRY_AFTER_S = 0.25  # after _MAX_FAILURES, the next try waits this, doubling per failure
@@ -102,11 +113,23 @@ class Templates:
     sandbox from it. Thread-safe; closed with the host (and never used by a forked child
     of this process)."""
 
-    def __init__(self, backend: Backend, limits: Limits) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        limits: Limits,
+        *,
+        max_runs: int = DEFAULT_TEMPLATE_MAX_RUNS,
+        max_age_s: float = DEFAULT_TEMPLATE_MAX_AGE_S,
+    ) -> None:
         self.backend = backend
         self._limits = limits
+        self._max_runs = max_runs
+        self._max_age_s = max_age_s
         self._lock = threading.Lock()
         self._templates: dict[SandboxSpec, _Template] = {}
+        self._replacements: dict[SandboxSpec, Future[_Template]] = {}
+        self._replace_after: dict[SandboxSpec, float] = {}  # monotonic: after a failed start
+        self._retired: list[_Template] = []  # forking nothing; stopped once drained
         self._failures: dict[SandboxSpec, int] = {}
         self._paused_until: dict[SandboxSpec, float] = {}  # monotonic; see _record_failure
         self._process = forks.ForkGuard()
@@ -130,18 +153,23 @@ class Templates:
             return None
         # A cold run's spec names no modules to preload; its template preloads the
         # profile's all the same (the point of a template), and serves both.
-        template = self._template_for(
+        served = (
             spec if spec.preload else dataclasses.replace(spec, preload=preload_for(spec.policy))
         )
-        if template is None:
-            return None
-        try:
-            sandbox = template.fork(spec, limits)
-        except SandboxError:
-            self._failed(template)
-            raise
-        self.forked += 1
-        return sandbox
+        for _ in range(2):  # a template retired between the two steps: its replacement
+            template = self._template_for(served)
+            if template is None:
+                return None
+            try:
+                sandbox = template.fork(spec, limits, on_drained=self._drained)
+            except _Retired:
+                continue
+            except SandboxError:
+                self._failed(template)
+                raise
+            self.forked += 1
+            return sandbox
+        return None
 
     def _template_for(self, spec: SandboxSpec) -> _Template | None:
         with self._lock:
@@ -149,9 +177,17 @@ class Templates:
                 return None
             template = self._templates.get(spec)
             if template is not None and template.sandbox.alive():
+                if template.worn(self._max_runs, self._max_age_s):
+                    return self._recycled(spec, template)
                 return template
             if template is not None:
                 self._templates.pop(spec).close()
+            ready = self._replacements.get(spec)
+            if ready is not None and ready.done() and ready.exception() is None:
+                # A replacement of a template that died meanwhile: it serves now.
+                del self._replacements[spec]
+                self._templates[spec] = template = ready.result()
+                return template
             if self._starter is None:
                 self._starter = _StarterThread()
             try:
@@ -166,6 +202,59 @@ class Templates:
             self._paused_until.pop(spec, None)
             self._templates[spec] = template
             return template
+
+    def _recycled(self, spec: SandboxSpec, worn: _Template) -> _Template:
+        """`worn`'s replacement if it is ready (`worn` is then retired), else `worn` while
+        its replacement starts in the background; the lock is held."""
+        pending = self._replacements.get(spec)
+        if pending is None:
+            if time.monotonic() >= self._replace_after.get(spec, 0.0):
+                if self._starter is None:
+                    self._starter = _StarterThread()
+                self._replacements[spec] = self._starter.submit(
+                    lambda: _Template.start(spec, self._limits, self.backend)
+                )
+            return worn
+        if not pending.done():
+            return worn
+        del self._replacements[spec]
+        try:
+            fresh = pending.result()
+        except SandboxError as exc:
+            log.warning("forkserver.replacement_failed", extra={"error": str(exc)})
+            self._replace_after[spec] = time.monotonic() + _MAX_RETRY_AFTER_S
+            return worn
+        if self._closed:
+            self._retire(fresh)
+            return worn
+        self._templates[spec] = fresh
+        self._retire(worn)
+        log.info("forkserver.template_recycled", extra={"runs": worn.runs})
+        return fresh
+
+    def _retire(self, template: _Template) -> None:
+        """Fork nothing more from `template`; stop it once no sandbox of it is left (now,
+        if none is); the lock is held."""
+        with template.lock:
+            template.retired = True
+            drained = template.live == 0
+        if drained:
+            self._stop_later(template)
+        else:
+            self._retired.append(template)
+
+    def _drained(self, template: _Template) -> None:
+        """The last sandbox forked from the retired `template` is gone: stop it."""
+        with self._lock:
+            if template in self._retired:
+                self._retired.remove(template)
+                self._stop_later(template)
+
+    def _stop_later(self, template: _Template) -> None:
+        """Stop `template` on the starter thread, off the caller's path; the lock is held."""
+        if self._starter is None:
+            self._starter = _StarterThread()
+        self._starter.submit(template.close)
 
     def _failed(self, template: _Template) -> None:
         spec = template.sandbox.spec
@@ -200,11 +289,17 @@ class Templates:
             return
         with self._lock:
             templates, self._templates = list(self._templates.values()), {}
+            templates += self._retired
+            self._retired = []
+            pending, self._replacements = list(self._replacements.values()), {}
             starter, self._starter = self._starter, None
+        if starter is not None:  # its queued starts and stops done first; then it may end
+            starter.close()
+        for future in pending:
+            with contextlib.suppress(BaseException):
+                templates.append(future.result(timeout=0))
         for template in templates:
             template.close()
-        if starter is not None:  # no template of its left: it may end
-            starter.close()
 
     def close(self) -> None:
         """Stop every template, and fork nothing more."""
@@ -225,9 +320,13 @@ class _StarterThread:
         self._thread.start()
 
     def call(self, function: Callable[[], _T]) -> _T:
+        return self.submit(function).result()
+
+    def submit(self, function: Callable[[], _T]) -> Future[_T]:
+        """Run `function` after the calls given so far; its result comes in the future."""
         done: Future[_T] = Future()
         self._calls.put((function, done))
-        return done.result()
+        return done
 
     def _serve(self) -> None:
         while (item := self._calls.get()) is not None:
@@ -238,16 +337,37 @@ class _StarterThread:
                 done.set_exception(exc)
 
     def close(self) -> None:
-        """End the thread once the calls given so far are done; wait a moment for it."""
+        """End the thread once the calls given so far are done; wait for it (a template
+        start it is running takes up to TEMPLATE_READY_TIMEOUT_S)."""
         self._calls.put(None)
         if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=TEMPLATE_READY_TIMEOUT_S + 5)
+
+
+class _Retired(SandboxError):
+    """The template asked to fork was retired meanwhile: its replacement serves."""
 
 
 @dataclass(slots=True)
 class _Template:
     sandbox: StartedSandbox
     lock: threading.Lock = field(default_factory=threading.Lock)
+    started_at: float = field(default_factory=time.monotonic)
+    runs: int = 0  # sandboxes forked from it
+    live: int = 0  # of which not yet destroyed (they die with it)
+    retired: bool = False  # replaced: forks nothing more, stopped once `live` is 0
+
+    def worn(self, max_runs: int, max_age_s: float) -> bool:
+        """Whether it served its share: `max_runs` forks or `max_age_s` seconds."""
+        return self.runs >= max_runs or time.monotonic() - self.started_at >= max_age_s
+
+    def _ended(self, on_drained: Callable[[_Template], None]) -> None:
+        """One sandbox forked from it is gone (its cleanup ran)."""
+        with self.lock:
+            self.live -= 1
+            drained = self.retired and self.live == 0
+        if drained:
+            on_drained(self)
 
     @classmethod
     def start(cls, spec: SandboxSpec, limits: Limits, backend: Backend) -> _Template:
@@ -265,20 +385,33 @@ class _Template:
             raise
         return cls(sandbox)
 
-    def fork(self, spec: SandboxSpec, limits: Limits) -> StartedSandbox:
-        """Make one sandbox of `spec` (see the module docstring).
+    def fork(
+        self,
+        spec: SandboxSpec,
+        limits: Limits,
+        on_drained: Callable[[_Template], None] = lambda _: None,
+    ) -> StartedSandbox:
+        """Make one sandbox of `spec` (see the module docstring); `on_drained` is called
+        when the last sandbox of a retired template is gone.
 
         Raises:
-            SandboxError: the template did not answer.
+            SandboxError: the template did not answer, or it was retired meanwhile.
         """
         execution_id = uuid.uuid4().hex
         identity = spec.identity or identities.plan().identity
+        with self.lock:
+            if self.retired:  # replaced between `_template_for` and here
+                raise _Retired("the fork server's template was retired")
+            self.runs += 1
+            self.live += 1
         cleanup = contextlib.ExitStack()
+        # First on the stack, so last to run: the sandbox is gone when it is counted out.
+        cleanup.callback(self._ended, on_drained)
         try:
             run_dir = launch.make_run_dir(cleanup)
             ws = launch.prepare_workspace(None, spec.workspace_mb, run_dir, cleanup, owner=identity)
             cgroup = cgroups.create(
-                f"{os.getpid()}-{execution_id}",
+                f"{owner.key()}-{execution_id}",
                 limits,
                 extra_pids=rlimits.SANDBOX_INIT_PROCESSES,  # init, as bwrap's
             )

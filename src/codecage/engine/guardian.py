@@ -9,9 +9,10 @@ sweeps them (`launch.sweep_stale_runs`), but that may be much later, or never.
 So the first Host of a process starts a guardian: `python -I` in a session of its own that
 blocks reading a pipe whose only write end this process holds (close-on-exec, closed in a
 forked child). When this process is gone, however it ended, the read returns; the guardian
-then looks for entries named after this pid (cheap, with the standard library), and only if
-there are some imports codecage to sweep them the way the next start would, through
-descriptors (`workspaces.sweep_stale`, `cgroups.sweep_stale`). It ignores the terminal's and
+then looks for entries named after this process's owner key (`engine.owner`; cheap, with the
+standard library), and only if there are some imports codecage to sweep them the way the
+next start would (`launch.sweep_stale_runs`: once it holds the owner's lock, through
+descriptors). It ignores the terminal's and
 a service manager's polite signals so that a group-wide SIGTERM does not stop it first.
 """
 
@@ -25,8 +26,9 @@ from pathlib import Path
 
 import codecage
 from codecage import forks
+from codecage.engine import owner
 from codecage.engine import workspace as workspaces
-from codecage.engine.launch import RUN_DIR_PREFIX, SERVERS_DIR_PREFIX
+from codecage.engine.launch import RUN_DIR_PREFIX, SERVERS_DIR_PREFIX, sweep_stale_runs
 from codecage.errors import HostError
 from codecage.isolation import cgroups
 
@@ -34,13 +36,13 @@ log = logging.getLogger(__name__)
 
 # Runs in the guardian. Standard library only until it knows there is something to sweep.
 _WATCH = r"""
-import os, signal, sys
+import fcntl, os, signal, sys
 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(sig, signal.SIG_IGN)
-pid, source, run_parent, prefixes = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-cgroup_parents = sys.argv[5:]
+key, source, run_parent, prefixes, lock_prefix = sys.argv[1:6]
+cgroup_parents = sys.argv[6:]
 sys.stdin.buffer.read()  # returns when the host process is gone
-mine = pid + "-"
+mine = key + "-"
 def entries(directory, heads):
     try:
         return [n for n in os.listdir(directory) if n.startswith(heads)]
@@ -52,7 +54,14 @@ for parent in cgroup_parents:
 if left:
     sys.path.insert(0, source)
     from codecage.engine.guardian import sweep_after
-    sweep_after(int(pid))
+    sweep_after(key)
+else:  # nothing left: only its owner file, deleted once its lock is free (engine.owner)
+    try:
+        fd = os.open(os.path.join(run_parent, lock_prefix + key), os.O_RDONLY | os.O_NOFOLLOW)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.unlink(os.path.join(run_parent, lock_prefix + key))
+    except OSError:
+        pass
 """
 
 
@@ -66,20 +75,17 @@ def watcher_pids() -> list[int]:
     return [watcher.pid for watcher in _watchers]
 
 
-def sweep_after(pid: int) -> int:
-    """In the guardian: remove what the (dead) process `pid` left. Returns how many."""
-
-    def of_pid(name: str) -> bool:
-        return name.startswith(f"{pid}-")
-
-    removed = workspaces.sweep_stale((RUN_DIR_PREFIX, SERVERS_DIR_PREFIX), of_pid)
-    return removed + cgroups.sweep_stale(of_pid)
+def sweep_after(key: str) -> int:
+    """In the guardian: remove what the (dead) process of owner `key` left, once its owner
+    lock is free (a forked child that still holds it keeps it alive). Returns how many."""
+    return sweep_stale_runs(only=key)
 
 
 def _spawn() -> int:
     """Start the guardian; return the pipe's write end (held until this process ends)."""
     try:
         run_parent = str(workspaces.private_parent())
+        key = owner.key()
     except HostError:
         return -1  # no runs can be made here either; nothing to guard
     support = cgroups.detect()
@@ -93,10 +99,11 @@ def _spawn() -> int:
                 "-I",
                 "-c",
                 _WATCH,
-                str(os.getpid()),
+                key,
                 source,
                 run_parent,
                 f"{RUN_DIR_PREFIX},{SERVERS_DIR_PREFIX}",
+                owner.LOCK_PREFIX,
                 *cgroup_parents,
             ],
             stdin=read_end,

@@ -22,7 +22,9 @@ from pathlib import Path
 
 from codecage import packages
 from codecage.backends.base import Identity
+from codecage.engine import owner
 from codecage.engine import workspace as workspaces
+from codecage.engine.workspace import fds as workspace_fds
 from codecage.errors import ConfigError
 from codecage.guest import contract
 from codecage.isolation import cgroups, datadir, lending, rootfs, seccomp, shell, staging
@@ -33,9 +35,10 @@ log = logging.getLogger(__name__)
 
 RUN_DIR_PREFIX = "codecage-run-"
 SERVERS_DIR_PREFIX = "codecage-servers-"
-"""Both followed by the host pid: what a process that was killed left in the private parent
-(a run's directory, the tool tree `codecage gen` wrote for a process's upstream servers)
-is swept by the next one (`sweep_stale_runs`)."""
+"""Both followed by the host process's owner key (`engine.owner`, "<pid>-<token>-"): what a
+process that was killed left in the private parent (a run's directory, the tool tree
+`codecage gen` wrote for a process's upstream servers) is swept by the next one
+(`sweep_stale_runs`), once it holds that owner's lock."""
 
 
 def binds(
@@ -193,11 +196,16 @@ def _tool_tree_mounts(
 
 
 @functools.cache
-def sandbox_filter(*, network: bool = False, template: bool = False) -> bytes:
+def sandbox_filter(
+    *, network: bool = False, template: bool = False, unix_addressing: bool = True
+) -> bytes:
     """The seccomp filter every sandbox gets (with IP sockets for a run allowed egress; a
-    fork server's template its own, `seccomp.plan(template=True)`): the same program each
-    time, so compiled once (~3 ms of every cold start otherwise)."""
-    return seccomp.compile_bpf(seccomp.plan(network=network, template=template))
+    fork server's template its own, `seccomp.plan(template=True)`; without connect and
+    addressed sends where the backend asks, `SeccompPlan.unix_addressing`): the same
+    program each time, so compiled once (~3 ms of every cold start otherwise)."""
+    return seccomp.compile_bpf(
+        seccomp.plan(network=network, template=template, unix_addressing=unix_addressing)
+    )
 
 
 def runs_filter_fd(cleanup: contextlib.ExitStack) -> int:
@@ -213,10 +221,11 @@ def runs_filter_fd(cleanup: contextlib.ExitStack) -> int:
 def make_run_dir(cleanup: contextlib.ExitStack) -> Path:
     """A fresh private directory for one run (its /etc, the launcher's cwd, its workspace
     mount point), removed by `cleanup`."""
-    # The host pid in the name lets a later process clean up after one that was killed; the
-    # private parent (not /tmp itself) keeps other users from planting names to be swept.
+    # The owner key in the name lets a later process clean up after one that was killed
+    # (engine.owner); the private parent (not /tmp itself) keeps other users from planting
+    # names to be swept.
     run_dir = Path(
-        tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-", dir=workspaces.private_parent())
+        tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{owner.key()}-", dir=workspaces.private_parent())
     )  # mode 0700
     cleanup.callback(_remove_run_dir, run_dir)
     # 0711 for root: the sandbox's own host id passes through to what it binds from here.
@@ -227,10 +236,18 @@ def make_run_dir(cleanup: contextlib.ExitStack) -> Path:
 def _remove_run_dir(run_dir: Path) -> None:
     """Remove a run's directory, unless its workspace is still a mount point (an unmount
     that failed): removing through it would delete a lent directory's files."""
-    with contextlib.suppress(OSError):
-        if os.lstat(run_dir / "workspace").st_dev != os.lstat(run_dir).st_dev:
-            log.error("engine.run_dir_kept", extra={"path": str(run_dir)})
-            return
+    with contextlib.ExitStack() as opened:
+        try:
+            dir_fd = os.open(run_dir, workspace_fds.PATH_DIR_FLAGS)
+            opened.callback(os.close, dir_fd)
+            ws_fd = os.open("workspace", workspace_fds.PATH_DIR_FLAGS, dir_fd=dir_fd)
+            opened.callback(os.close, ws_fd)
+        except OSError:
+            pass  # no workspace (or no run dir): nothing can be mounted there
+        else:
+            if not workspace_fds.same_mount(ws_fd, dir_fd):
+                log.error("engine.run_dir_kept", extra={"path": str(run_dir)})
+                return
     shutil.rmtree(run_dir, ignore_errors=True)
 
 
@@ -358,33 +375,27 @@ def guest_argv(channel: Channels, preload: tuple[str, ...], *, pooled: bool) -> 
     return (*argv, "--preload", ",".join(preload)) if preload else argv
 
 
-def sweep_stale_runs() -> int:
+def sweep_stale_runs(only: str | None = None) -> int:
     """Remove what runs of dead codecage processes left behind (a host process killed with
     SIGKILL cannot clean up): their run dirs, workspace mounts, generated tool trees and
-    cgroups. Returns how many were removed. Runs of live processes are never touched.
+    cgroups; only `only`'s (an owner key) when given. Returns how many were removed.
+
+    An entry is removed only while this process holds the lock of the owner it is named
+    after (`engine.owner`): a live owner holds it, in whatever PID namespace either of them
+    runs, so runs of live processes are never touched.
 
     Run dirs and tool trees live in `workspaces.private_parent()` (0700, ours), and are
     swept through descriptors (`workspaces.sweep_stale`): no other user can put a name
     there, and a name swapped for a symlink is never followed."""
-    removed = workspaces.sweep_stale((RUN_DIR_PREFIX, SERVERS_DIR_PREFIX), _owned_by_dead_process)
-    removed += cgroups.sweep_stale(_owned_by_dead_process)
+    prefixes = (RUN_DIR_PREFIX, SERVERS_DIR_PREFIX)
+    with owner.dead_owners(only) as dead:
+        if not dead.keys:
+            return 0
+        # The cgroups first: what still runs there (a sandbox that outlived its host) may
+        # keep its workspace's mount busy.
+        removed = cgroups.sweep_stale(dead.owns)
+        removed += workspaces.sweep_stale(prefixes, dead.owns)
+        dead.still_named(workspaces.entry_names(prefixes) + cgroups.run_names())
     if removed:
         log.warning("engine.stale_runs_removed", extra={"count": removed})
     return removed
-
-
-def _owned_by_dead_process(name: str) -> bool:
-    """Run dirs and cgroups are named "<host pid>-...": is that process gone?"""
-    head, _, _ = name.partition("-")
-    return head.isdigit() and not process_alive(int(head))
-
-
-def process_alive(pid: int) -> bool:
-    """Whether a process `pid` exists (another user's too; a zombie counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -36,7 +36,7 @@ from codecage.backends.base import (
 )
 from codecage.bridge import channel as bridge
 from codecage.engine import egress as egress_wiring
-from codecage.engine import judge, launch
+from codecage.engine import judge, launch, owner
 from codecage.engine import stream as streaming
 from codecage.engine import workspace as workspaces
 from codecage.engine.judge import ControlStream, Observation
@@ -325,7 +325,13 @@ def start(
     execution_id = uuid.uuid4().hex
     identity = spec.identity or identities.plan().identity
     interpreter = rootfs.find_interpreter()
-    bpf = launch.sandbox_filter(network=spec.egress is not None, template=as_template)
+    bpf = launch.sandbox_filter(
+        network=spec.egress is not None,
+        template=as_template,
+        # A backend whose guest shares the host's filesystem and cannot keep it from the
+        # host's pathname unix sockets otherwise (the Landlock fallback below ABI 9).
+        unix_addressing=not getattr(backend, "filters_unix_addressing", False),
+    )
     started_at = time.monotonic()
     # Worked out before anything is created: a process killed meanwhile (the first time,
     # with an empty cache, it takes seconds) must leave no run directory, mount or cgroup.
@@ -348,7 +354,7 @@ def start(
             mounts = tuple(m for m in mounts if m.dest not in rootfs.PROC_MASKED)
         overhead = host_overhead(backend)
         cgroup = cgroups.create(
-            f"{os.getpid()}-{execution_id}",
+            f"{owner.key()}-{execution_id}",
             limits,
             extra_pids=overhead.pids,
             pids_per_process=overhead.pids_per_process,

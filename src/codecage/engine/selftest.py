@@ -21,12 +21,15 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from codecage.backends.base import Backend, Identity
+from codecage.backends.base import Backend, Identity, selftest_gaps
 from codecage.engine.run import RunRequest, execute
 from codecage.isolation import cgroups
 from codecage.models import DoctorReport, ExecutionResult, Limits, ProbeResult
 
 log = logging.getLogger(__name__)
+
+NAMESPACES = ("user", "pid", "mnt", "net", "ipc", "uts")
+"""What a sandbox must not share with the host for the `namespaces` layer to hold."""
 
 PROBE_LIMITS = Limits(timeout=30, memory_mb=64, max_processes=16, cpu_seconds=20)
 
@@ -52,6 +55,12 @@ out["identity"] = {{
     "pid": os.getpid(),
     "tty": os.path.exists("/dev/tty") and os.isatty(0),
 }}
+def namespace(kind):
+    try:
+        return os.readlink("/proc/self/ns/" + kind)
+    except OSError:
+        return None
+out["namespaces"] = {{kind: namespace(kind) for kind in {namespaces!r}}}
 try:
     leaked = TOKEN in open(PLANTED).read()
 except OSError:
@@ -151,7 +160,11 @@ def run_probes(backend: Backend, identity: Identity | None = None) -> DoctorRepo
     token = secrets.token_hex(16)
     with _planted_file(token) as planted, _loopback_listener() as port:
         program = _PROBE_PROGRAM.format(
-            planted=str(planted), token=token, port=port, allowed_env=_ALLOWED_ENV
+            planted=str(planted),
+            token=token,
+            port=port,
+            allowed_env=_ALLOWED_ENV,
+            namespaces=NAMESPACES,
         )
         owners: list[tuple[int, int]] = []
         request = RunRequest(
@@ -164,7 +177,14 @@ def run_probes(backend: Backend, identity: Identity | None = None) -> DoctorRepo
         result = execute(request, backend)
     probes = _judge(result, token, sentry_root=getattr(backend, "guest_is_sentry_root", False))
     if result.status == "ok":
-        probes.insert(1, _host_identity(owners))
+        probes.insert(2, _host_identity(owners))
+    # A layer the backend lacks by design (the Landlock fallback's namespaces and private
+    # root) is not in force: WEAK, never PASS, and no failure of the backend either.
+    gaps = selftest_gaps(backend)
+    probes = [
+        p.model_copy(update={"weak": True}) if p.layer in gaps and not p.passed else p
+        for p in probes
+    ]
     return DoctorReport(backend=backend.name, passed=all(p.passed for p in probes), probes=probes)
 
 
@@ -184,7 +204,8 @@ def _judge(result: ExecutionResult, token: str, *, sentry_root: bool = False) ->
     no_cgroup = cgroups.why_unavailable()
     by = "a cgroup" if no_cgroup is None else f"rlimits only (no cgroup: {no_cgroup})"
     return [
-        _identity(facts["identity"], sentry_root=sentry_root),
+        _namespaces(facts["namespaces"]),
+        _privileges(facts["identity"], sentry_root=sentry_root),
         _filesystem(facts["filesystem"], leaked),
         _check(
             "environment",
@@ -241,7 +262,7 @@ def _host_identity(owners: list[tuple[int, int]]) -> ProbeResult:
     )
 
 
-def _identity(facts: dict[str, object], *, sentry_root: bool = False) -> ProbeResult:
+def _privileges(facts: dict[str, object], *, sentry_root: bool = False) -> ProbeResult:
     """`sentry_root`: the backend's guest is uid 0 of a kernel of its own (rootless gVisor:
     the owner of its files there, never host root), and must then hold no capability."""
     good = (
@@ -251,12 +272,33 @@ def _identity(facts: dict[str, object], *, sentry_root: bool = False) -> ProbeRe
         and facts["tty"] is False
     )
     return _check(
-        "namespaces",
+        "privileges",
         good,
-        f"uid {facts['uid']}, no capabilities, no_new_privs, pid {facts['pid']} in its own "
-        "pid namespace, no terminal",
-        f"identity not contained: {facts}",
+        f"uid {facts['uid']}, no capabilities, no_new_privs, no terminal",
+        f"privileges not dropped: {facts}",
     )
+
+
+def _namespaces(inside: dict[str, str | None]) -> ProbeResult:
+    """Each namespace of the sandbox against this process's own, by their ids
+    (/proc/self/ns/*): one it shares with the host is not in force. One it cannot read
+    there is its own (gVisor's kernel shows none of the host's)."""
+    shared = [kind for kind in NAMESPACES if inside.get(kind) is not None and
+              inside.get(kind) == _own_namespace(kind)]  # fmt: skip
+    return _check(
+        "namespaces",
+        not shared,
+        f"its own {', '.join(NAMESPACES)} namespaces (none of the host's)",
+        f"not in force: the sandbox shares the host's {', '.join(shared)} namespace"
+        + ("s" if len(shared) > 1 else ""),
+    )
+
+
+def _own_namespace(kind: str) -> str | None:
+    try:
+        return str(Path(f"/proc/self/ns/{kind}").readlink())
+    except OSError:
+        return None
 
 
 def _filesystem(facts: dict[str, object], leaked: bool) -> ProbeResult:

@@ -306,18 +306,26 @@ def pids_in(handle: CgroupHandle) -> list[int]:
 
 
 def kill_all(handle: CgroupHandle, *, deadline_s: float = 5.0) -> None:
-    """SIGKILL every process left in the run's cgroup, until it is empty or time runs out."""
-    if handle.version == 2:
-        with contextlib.suppress(OSError):
-            (handle.dirs["unified"] / "cgroup.kill").write_text("1", encoding="utf-8")
+    """SIGKILL every process left in the run's cgroup, until it is empty or time runs out.
+
+    From another PID namespace (a sweeper in a container) the processes of this one show
+    as pid 0 in cgroup.procs: they are killed by cgroup.kill (v2) and waited for by the
+    cgroup's count, never signalled by that 0 (which would be the caller's own group)."""
     end = time.monotonic() + deadline_s
     pause = 0.0002  # killed processes leave within a millisecond or so: poll fast, then back off
     killed: set[int] = set()
-    while (pids := pids_in(handle)) and time.monotonic() < end:
+    while True:
+        if handle.version == 2:
+            with contextlib.suppress(OSError):
+                (handle.dirs["unified"] / "cgroup.kill").write_text("1", encoding="utf-8")
+        pids = pids_in(handle)
+        if not pids or time.monotonic() >= end:
+            break
         for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        killed.update(pids)
+            if pid > 0:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        killed.update(pid for pid in pids if pid > 0)
         time.sleep(pause)
         pause = min(pause * 2, 0.01)
     if pids:
@@ -380,15 +388,25 @@ def _retry_removals() -> None:
         _unremoved.discard(d)
 
 
-def sweep_stale(is_stale: Callable[[str], bool]) -> int:
-    """Kill and remove per-run cgroups whose name `is_stale` (their owner died)."""
+def run_names() -> list[str]:
+    """The names of the per-run cgroups there are (of every codecage process)."""
     support = detect()
     if support is None:
-        return 0
+        return []
     names: set[str] = set()
     for parent in support.parents.values():
         with contextlib.suppress(OSError):
-            names.update(d.name for d in parent.iterdir() if d.is_dir() and is_stale(d.name))
+            names.update(d.name for d in parent.iterdir() if d.is_dir())
+    return sorted(names)
+
+
+def sweep_stale(is_stale: Callable[[str], bool]) -> int:
+    """Kill and remove per-run cgroups whose name `is_stale` (the caller holds the lock of
+    their owner, which is gone: engine.owner)."""
+    support = detect()
+    if support is None:
+        return 0
+    names = [name for name in run_names() if is_stale(name)]
     for name in names:
         handle = CgroupHandle(support.version, {k: p / name for k, p in support.parents.items()})
         kill_all(handle)

@@ -4,7 +4,8 @@ Landlock (Linux 5.13+) lets an unprivileged process restrict itself: once a rule
 force, the process and everything it starts may reach only the files under the paths the
 rules name, with the rights they name, and (ABI 4+) bind or connect TCP ports only as
 rules allow, and (ABI 6+) signal or reach abstract unix sockets only inside its own
-domain. Nothing needs a namespace or a privilege, which is why `backends/landlock.py`, the
+domain, and (ABI 9+) connect or send to pathname unix sockets only inside it or under its
+read-write paths. Nothing needs a namespace or a privilege, which is why `backends/landlock.py`, the
 fallback where user namespaces are unavailable, is built on it.
 
 Two halves, kept apart:
@@ -62,17 +63,23 @@ FS_MAKE_SYM = 1 << 12
 FS_REFER = 1 << 13  # ABI 2: link/rename across directories
 FS_TRUNCATE = 1 << 14  # ABI 3
 FS_IOCTL_DEV = 1 << 15  # ABI 5: ioctl on device files
+FS_RESOLVE_UNIX = 1 << 16  # ABI 9 (Linux 7.1): connect/sendmsg to a pathname unix socket
 NET_BIND_TCP = 1 << 0  # ABI 4
 NET_CONNECT_TCP = 1 << 1  # ABI 4
 SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6
 SCOPE_SIGNAL = 1 << 1  # ABI 6
-# ABI 7 adds audit logging flags (landlock_restrict_self), no access right.
+# ABI 7 adds audit logging flags (landlock_restrict_self), no access right; ABI 8 a flag
+# to restrict every thread at once.
+ABI_RESOLVE_UNIX = 9
+"""From this ABI a domain that handles FS_RESOLVE_UNIX reaches only the pathname unix
+sockets made inside it or under a rule granting it; below it, any the uid may write to."""
 
 _FS_BY_ABI = {
     1: (1 << 13) - 1,
     2: FS_REFER,
     3: FS_TRUNCATE,
     5: FS_IOCTL_DEV,
+    ABI_RESOLVE_UNIX: FS_RESOLVE_UNIX,
 }
 _FILE_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV
 """The only rights a rule on a file (not a directory) may carry."""
@@ -90,8 +97,10 @@ READ_WRITE = (
     | FS_MAKE_SYM
     | FS_REFER
     | FS_TRUNCATE
+    | FS_RESOLVE_UNIX
 )
-"""Everything but device nodes (MAKE_CHAR/BLOCK) and device ioctls."""
+"""Everything but device nodes (MAKE_CHAR/BLOCK) and device ioctls: the run's own sockets
+(in its workspace and tmp) may be connected to."""
 DEVICE_RW = FS_READ_FILE | FS_WRITE_FILE | FS_TRUNCATE  # /dev/null and the like
 DEVICE_RO = FS_READ_FILE  # /dev/urandom
 PROC_RO = FS_READ_FILE | FS_READ_DIR

@@ -254,6 +254,14 @@ class SeccompPlan:
             file or directory gets either bit (chmod, fchmod, fchmodat, fchmodat2, and the
             calls that create with a mode: open, openat, creat, mkdir, mkdirat, mknod,
             mknodat). Empty: no such rule.
+        unix_addressing: True: a socket may be connected and sent to by address. False:
+            `connect`, `sendmsg` and `sendmmsg` are answered with EACCES, and so is `sendto`
+            with an address (a send on a connected socket, sendto with none, still works):
+            for a guest that shares the host's filesystem (the Landlock fallback) where
+            Landlock cannot refuse a pathname unix socket itself (ABI < 9). Only AF_UNIX
+            sockets can be made there, and the run's channels are handed over as fds, so
+            this keeps it from every host socket, at the cost of its own (a listener in
+            its tmp cannot be connected to either).
 
     Besides these, every filter refuses `clone` with a CLONE_NEW* flag, the TIOCSTI and
     TIOCLINUX ioctls and `personality` flags from ADDR_NO_RANDOMIZE up (EPERM), and kills
@@ -264,6 +272,7 @@ class SeccompPlan:
     enosys_syscalls: tuple[str, ...]
     allow_inet_sockets: bool
     setid_mode_args: tuple[tuple[str, int], ...]
+    unix_addressing: bool = True
 
     def __post_init__(self) -> None:
         both = set(self.denied_syscalls) & set(self.enosys_syscalls)
@@ -284,9 +293,12 @@ _TEMPLATE_NEEDS: tuple[str, ...] = ("unshare", "mount", "move_mount")
 and mounts; the run's own processes then install the full filter on top."""
 
 
-def plan(*, network: bool = False, template: bool = False) -> SeccompPlan:
+def plan(
+    *, network: bool = False, template: bool = False, unix_addressing: bool = True
+) -> SeccompPlan:
     """The seccomp filter for a run, with or without network access; or, `template`, for a
-    fork server's template: the same, less `_TEMPLATE_NEEDS`. Pure.
+    fork server's template: the same, less `_TEMPLATE_NEEDS`; without `unix_addressing`,
+    no connect or addressed send (`SeccompPlan.unix_addressing`). Pure.
 
     Raises:
         Nothing.
@@ -299,6 +311,7 @@ def plan(*, network: bool = False, template: bool = False) -> SeccompPlan:
         enosys_syscalls=_ENOSYS_SYSCALLS,
         allow_inet_sockets=network,
         setid_mode_args=_SETID_MODE_ARGS,
+        unix_addressing=unix_addressing,
     )
 
 
@@ -381,7 +394,15 @@ def _rules(seccomp_plan: SeccompPlan, *, clone_flags_arg: int) -> tuple[_Rule, .
             _Rule(call, errno.EPERM, (cond,))
             for cond in _values_outside(_NETWORK_SOCKET_FAMILIES, arg=0)
         ]
+    if not seccomp_plan.unix_addressing:
+        rules += [_Rule(name, errno.EACCES) for name in _ADDRESSING_SYSCALLS]
+        # sendto(fd, buf, len, flags, dest_addr, addrlen): refused when dest_addr is set.
+        rules.append(_Rule("sendto", errno.EACCES, (_Cond(4, "NE", 0),)))
     return tuple(rules)
+
+
+_ADDRESSING_SYSCALLS = ("connect", "sendmsg", "sendmmsg")
+"""What names a socket to reach by an address seccomp cannot read (`unix_addressing`)."""
 
 
 # --- libseccomp (the only place pyseccomp is used) ------------------------------------------

@@ -241,6 +241,12 @@ class ProbeResult(Model):
     layer: str
     passed: bool
     detail: str
+    weak: bool = Field(
+        default=False,
+        description="The layer is not in force because the backend does not provide it by "
+        "design (the Landlock fallback's namespaces and private root; each result names "
+        "them as degraded_isolation events): `passed` is False, doctor prints WEAK.",
+    )
 
 
 class DoctorReport(Model):

@@ -232,6 +232,21 @@ class PoolConfig(Model):
         "workspace, cgroup and filter per run, as a started one has) instead of starting "
         "each anew; off: every sandbox starts bwrap and an interpreter.",
     )
+    template_max_runs: int = Field(
+        1000,
+        ge=1,
+        le=1_000_000,
+        description="Sandboxes one fork-server template makes before it is replaced (its "
+        "forks share its memory layout and hash seed); the replacement starts in the "
+        "background.",
+    )
+    template_max_age: float = Field(
+        300.0,
+        gt=0,
+        le=86_400,
+        description="Seconds a fork-server template serves before it is replaced, in the "
+        "background, as after template_max_runs.",
+    )
     wait: float = Field(
         2.0,
         ge=0,

@@ -33,6 +33,29 @@ PATH_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
+def same_mount(fd: int, other_fd: int) -> bool:
+    """Whether two open files are on the same mount. A bind mount of a directory of the
+    same filesystem (a lent workspace under /tmp bound in a run dir on the same disk) has
+    the same st_dev: the mount id (/proc/self/fdinfo) tells them apart; st_dev alone only
+    where /proc is not readable."""
+    if os.fstat(fd).st_dev != os.fstat(other_fd).st_dev:
+        return False
+    ids = mount_id(fd), mount_id(other_fd)
+    return None in ids or ids[0] == ids[1]
+
+
+def mount_id(fd: int) -> int | None:
+    """The id of the mount `fd` is on (None: /proc/self/fdinfo cannot be read)."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("mnt_id:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def open_root(ws_path: Path, action: str) -> int:
     """The workspace's own directory fd, never through a symlink.
 

@@ -172,6 +172,21 @@ def sweep_stale(prefixes: tuple[str, ...], is_stale: Callable[[str], bool]) -> i
     return removed
 
 
+def entry_names(prefixes: tuple[str, ...]) -> list[str]:
+    """The names in `private_parent` after one of `prefixes` (what `sweep_stale` judges);
+    none when the parent cannot be used."""
+    try:
+        parent_fd = _open_private_parent()
+    except HostError:
+        return []
+    try:
+        with os.scandir(parent_fd) as entries:
+            names = [entry.name for entry in entries]
+    finally:
+        os.close(parent_fd)
+    return [n.removeprefix(p) for n in names for p in prefixes if n.startswith(p)]
+
+
 def _remove_stale(parent_fd: int, name: str) -> bool:
     try:
         fd = os.open(name, fds.DIR_FLAGS, dir_fd=parent_fd)
@@ -187,14 +202,14 @@ def _remove_stale(parent_fd: int, name: str) -> bool:
         if st.st_uid != os.geteuid():
             log.warning("workspace_stale_entry_not_ours", extra={"entry": neutralise_line(name)})
             return False
-        _unmount_below(fd, "workspace", st.st_dev)
+        _unmount_below(fd, "workspace")
     finally:
         os.close(fd)
     _remove_at(parent_fd, name)
     return True
 
 
-def _unmount_below(dir_fd: int, name: str, dir_dev: int) -> None:
+def _unmount_below(dir_fd: int, name: str) -> None:
     """Detach what is mounted on `name` in `dir_fd` (a directory we checked), if anything."""
     for _ in range(8):  # a mount stacked on a mount: a few, never unbounded
         try:
@@ -202,7 +217,7 @@ def _unmount_below(dir_fd: int, name: str, dir_dev: int) -> None:
         except OSError:
             return  # missing, a symlink or not a directory: nothing of ours is mounted there
         try:
-            if os.fstat(fd).st_dev == dir_dev:
+            if fds.same_mount(fd, dir_fd):
                 return  # not a mount point
             # Through the very fd checked above, never by a name that could be swapped.
             tmpfs.umount_fd(fd, name)
@@ -466,7 +481,7 @@ def _empty_dir(parent_fd: int, name: str) -> None:
                 except FileNotFoundError:
                     continue
                 here = os.fstat(fd)
-                if os.fstat(child).st_dev != root_dev:
+                if os.fstat(child).st_dev != root_dev or not fds.same_mount(child, fd):
                     os.close(child)
                     raise OSError(errno.EXDEV, "a mount point inside the workspace", sub)
                 os.close(fd)
