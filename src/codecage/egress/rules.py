@@ -143,8 +143,8 @@ class EgressPolicy:
         if any(r.address == address and port in r.ports for r in self.allow):
             return None
         return (
-            f"{host} resolved to a special address ({why}): refused unless the operator "
-            "allows that IP literal by itself"
+            f"{host} resolved to a private, loopback, link-local or metadata address, or "
+            f"another special one ({why}): refused unless that IP is allowed by itself"
         )
 
     def outside(self, requested: Iterable[HostRule]) -> list[HostRule]:
