@@ -794,3 +794,15 @@ def test_out_of_file_descriptors_the_proxy_backs_off_logs_once_and_recovers(
                 holder.kill()
             holder.communicate()
         fresh.close()
+
+
+def test_a_runs_share_over_a_quarter_of_the_proxy_is_refused_in_config() -> None:
+    from pydantic import ValidationError
+
+    from codecage.models.settings import NetworkSettings
+
+    with pytest.raises(ValidationError, match="quarter of \\[network\\] max_connections"):
+        NetworkSettings(max_connections=16, limits=NetworkLimits(max_connections=5))
+    assert NetworkSettings(max_connections=16, limits=NetworkLimits(max_connections=4))
+    # Made in code, a proxy clamps a run's limit to its share instead.
+    assert EgressProxy(Resolver(), max_connections=16).max_run_connections == 4
