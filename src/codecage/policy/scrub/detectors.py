@@ -31,8 +31,8 @@ data without changing the results of ordinary data work.
   other number in between; or one run of digits that is a brand's number by issuer range
   *and* length (`card_brand`: Visa 4/13,16,19; Mastercard 51-55, 2221-2720/16; Amex 34,
   37/15; Discover, JCB, Diners, UnionPay, Mir, Maestro IINs/their lengths), as payment
-  libraries decide, unless it stands as data: named as an id just before (``order``,
-  ``id``, ``*_id``, ``invoice``, ``txn``, ``#``, ...), inside a longer alphanumeric run
+  libraries decide, unless it stands as data: named as an id just before it or its row
+  (``order``, ``id``, ``*_id``, ``invoice``, ``txn``, ``#``, ...), inside a longer alphanumeric run
   (a hash), after ``-``/``+``/``.``/``/`` (a signed number, a path), or in a row with
   other numbers not all of which are cards (a DataFrame or CSV row, a list of ids). One
   in ten random 16-digit numbers passes Luhn: these bounds keep ids, counts and
@@ -378,27 +378,48 @@ _BRANDS: Final[tuple[tuple[str, tuple[tuple[int, int], ...], frozenset[int]], ..
 )
 
 
+# (brand, prefix length, low, high, lengths), the ranges of `_BRANDS` made ready to compare.
+_BRAND_RANGES: Final = tuple(
+    (brand, len(str(low)), low, high, lengths)
+    for brand, ranges, lengths in _BRANDS
+    for low, high in ranges
+)
+
+
 def card_brand(digits: str) -> str | None:
     """The brand whose issuer range and length `digits` (a run of digits) has, or None."""
-    for brand, ranges, lengths in _BRANDS:
-        if len(digits) in lengths and any(
-            low <= int(digits[: len(str(low))]) <= high for low, high in ranges
-        ):
+    size = len(digits)
+    for brand, width, low, high, lengths in _BRAND_RANGES:
+        if size in lengths and low <= int(digits[:width]) <= high:
             return brand
     return None
+
+
+_LUHN_DOUBLED: Final = (0, 2, 4, 6, 8, 1, 3, 5, 7, 9)
+
+
+def luhn_ok(digits: str) -> bool:
+    """The Luhn check of a run of ASCII digits (stdnum's, without its input cleaning: a
+    bare run is checked for every brand-shaped number of the text, never budgeted)."""
+    total = 0
+    for i, char_ in enumerate(reversed(digits)):
+        digit = ord(char_) - 48
+        total += _LUHN_DOUBLED[digit] if i & 1 else digit
+    return total % 10 == 0
 
 
 # A bare run named as an id just before it ("order 4539…", "id: …", `{"order_id": …}`,
 # "#5105…"): an id that happens to be Luhn-valid in a brand's range, not a card.
 _ID_BEFORE: Final = re.compile(
     r"(?:(?<![a-z0-9])(?:[a-z0-9]+[_-])?(?:ids?|orders?|invoices?|tickets?|txn|tx|ref"
-    r"|reference|transactions?|seq|sequence|rows?|records?|snowflake|uuid)|#)[\s\0\"':=#]*\Z"
+    r"|reference|transactions?|seq|sequence|rows?|records?|snowflake|uuid)|#)[\s\0\"':=#\[({,]*\Z"
 )
 _ID_WINDOW: Final = 48
 # What stands between the numbers of a row: a table's, a list's, a CSV line's, a value's.
 _ROW_GAP: Final = frozenset(" \t\r\n\0,;|[](){}\"'")
 _ROW_NUMBER: Final = re.compile(r"[-+]?\d(?:[\d.,/:-]*\d)?")
 _ROW_LOOK: Final = 64  # characters a neighbour is looked for in, each side
+_ROW_HEAD: Final = 8  # numbers of a row walked back over to find the word that names it
 
 
 def _neighbours(text: str, start: int, end: int) -> tuple[str, str]:
@@ -418,15 +439,24 @@ def _neighbours(text: str, start: int, end: int) -> tuple[str, str]:
     return text[j:i], text[k:m]
 
 
+def _row_start(text: str, start: int) -> int:
+    """Where the row of numbers `start` is in begins (`start` itself when the token before
+    is not a number): a header or key before the row names all of it ("ids: [a, b]", an
+    ``order_id`` column printed without an index)."""
+    for _ in range(_ROW_HEAD):
+        before, _after = _neighbours(text, start, start)
+        if not before or not _ROW_NUMBER.fullmatch(before):
+            return start
+        start = text.rindex(before, 0, start)
+    return start
+
+
 def _in_a_row_of_data(view: View, start: int, end: int) -> bool:
     """The run sits among other numbers (a DataFrame row, a CSV line, a list of ids, a
     list value) and not every one of them is a card: it is a column of data. A row made
     only of card numbers (two test cards printed together) is a row of cards."""
     numbers = [t for t in _neighbours(view.text, start, end) if t and _ROW_NUMBER.fullmatch(t)]
-    return any(
-        not (t.isdigit() and card_brand(t) is not None and view.valid(partial(luhn.is_valid, t)))
-        for t in numbers
-    )
+    return any(not (t.isdigit() and card_brand(t) is not None and luhn_ok(t)) for t in numbers)
 
 
 def _bare_card(view: View, start: int, end: int, digits: str) -> bool:
@@ -437,12 +467,10 @@ def _bare_card(view: View, start: int, end: int, digits: str) -> bool:
         return _issuer_prefix(digits) and view.valid(partial(luhn.is_valid, digits))
     if card_brand(digits) is None or char(view.text, start - 1) in "-+./\\":
         return False
-    lower = view.lower
-    if _ID_BEFORE.search(lower, max(0, start - _ID_WINDOW), start):
+    if not luhn_ok(digits) or _in_a_row_of_data(view, start, end):
         return False
-    if not view.valid(partial(luhn.is_valid, digits)):
-        return False
-    return not _in_a_row_of_data(view, start, end)
+    first = _row_start(view.text, start)
+    return not _ID_BEFORE.search(view.lower, max(0, first - _ID_WINDOW), first)
 
 
 def _card_span(view: View, start: int) -> Span | None:
