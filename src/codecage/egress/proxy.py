@@ -46,6 +46,7 @@ import contextlib
 import errno
 import ipaddress
 import logging
+import os
 import re
 import socket
 import ssl
@@ -482,8 +483,11 @@ class RunEgress:
 
     def _refuse_at_once(self, writer: asyncio.StreamWriter, refusal: Refusal) -> None:
         """The refusal goes into the fresh socket's empty buffer in one send, and the socket
-        is closed in the same step: nothing waits for the client (a client that had not
-        sent its request yet may see its write fail rather than read the reason)."""
+        is closed in the same step: nothing waits for the client. What the client already
+        sent is read off first (without waiting), as closing a Unix socket with unread
+        bytes makes the peer's next read fail (ECONNRESET) instead of reading the reason;
+        a client that sends only after the close sees its write fail."""
+        _drain_queued(writer)
         with contextlib.suppress(OSError, RuntimeError):
             writer.write(_refusal_bytes(refusal))
         writer.transport.abort()
@@ -683,6 +687,17 @@ class _Attempt:
                 reason=reason,
             )
         )
+
+
+def _drain_queued(writer: asyncio.StreamWriter, limit: int = forward.MAX_HEAD_BYTES) -> None:
+    """Read off, without waiting, up to `limit` bytes the client has already sent."""
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return
+    fd, left = sock.fileno(), limit
+    with contextlib.suppress(OSError):  # BlockingIOError: nothing (more) queued
+        while left > 0 and (chunk := os.read(fd, min(left, 16384))):
+            left -= len(chunk)
 
 
 def _refusal_bytes(refusal: Refusal) -> bytes:
