@@ -12,6 +12,7 @@ import contextlib
 import http.client
 import http.server
 import ipaddress
+import os
 import shutil
 import socket
 import ssl
@@ -109,6 +110,11 @@ STATIC = {
     "meta.test": ["169.254.169.254"],
     "private.test": ["10.1.2.3"],
     "mapped.test": ["::ffff:127.0.0.1"],
+    "nat64.test": ["64:ff9b::a9fe:a9fe"],
+    "sixtofour.test": ["2002:a00:1::1"],
+    "azure.test": ["168.63.129.16"],
+    "ietf.test": ["192.0.0.9"],
+    "nat64-public.test": ["64:ff9b::808:808"],
 }
 
 
@@ -304,10 +310,19 @@ def test_a_host_not_allowed_is_refused_with_a_reason(run: RunEgress, servers: Se
 
 @pytest.mark.parametrize(
     ("name", "address"),
-    [("meta.test", "169.254.169.254"), ("private.test", "10.1.2.3"), ("mapped.test", None)],
+    [
+        ("meta.test", "169.254.169.254"),
+        ("private.test", "10.1.2.3"),
+        ("mapped.test", "::ffff:7f00:1"),
+        ("nat64.test", "64:ff9b::a9fe:a9fe"),
+        ("sixtofour.test", "2002:a00:1::1"),
+        ("azure.test", "168.63.129.16"),
+        ("ietf.test", "192.0.0.9"),
+        ("nat64-public.test", "64:ff9b::808:808"),
+    ],
 )
 def test_an_allowed_name_resolving_to_a_special_address_is_refused(
-    proxy: EgressProxy, servers: Servers, socket_dir: Path, name: str, address: str | None
+    proxy: EgressProxy, servers: Servers, socket_dir: Path, name: str, address: str
 ) -> None:
     run = proxy.listen(socket_dir / "m.sock")
     try:
@@ -316,7 +331,7 @@ def test_an_allowed_name_resolving_to_a_special_address_is_refused(
         assert status == 403 and b"private, loopback, link-local or metadata" in body
         record = wait_for_records(run, 1)[-1]
         assert not record.allowed
-        assert record.address == (address or "::ffff:7f00:1")
+        assert record.address == address and address in (record.reason or "")
     finally:
         run.close()
 
@@ -513,8 +528,17 @@ def test_connections_over_the_runs_limit_are_refused(
         held, head = open_tunnel(run, f"api.test:{servers.http_port}")
         with held:
             assert head.startswith(b"HTTP/1.1 200")
-            status, body = get(run, f"http://api.test:{servers.http_port}/")
-        assert status == 429 and b"connection limit" in body
+            with connect(run) as sock:
+                # Refused at accept, maybe before this request arrives (then the write
+                # fails); what was sent before is read off, so the reason can be read.
+                with contextlib.suppress(OSError):
+                    sock.sendall(
+                        f"GET http://api.test:{servers.http_port}/ HTTP/1.1\r\n\r\n".encode()
+                    )
+                reply = read_all(sock)
+        assert reply == b"" or (reply.startswith(b"HTTP/1.1 429") and b"connection limit" in reply)
+        refused = [r for r in wait_for_records(run, 2) if r.status == 429]
+        assert refused and "connection limit" in (refused[0].reason or "")
     finally:
         run.close()
 
@@ -651,3 +675,157 @@ def test_the_resolver_answers_literals_the_table_and_refuses_unknown_names() -> 
     assert table == [ipaddress.ip_address("192.0.2.1"), ipaddress.ip_address("2001:db8::1")]
     assert literal == [ipaddress.ip_address("2001:db8::2")]
     assert isinstance(error, str) and "no-such-name.invalid" in error
+
+
+# --- fair shares, refusal at accept, the proxy's work charged (issue 33, item 5) ---------
+
+
+def _tracebacks(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [f"{r.name}: {r.getMessage()}" for r in caplog.records if r.exc_info]
+
+
+def _refused_at_once(sock: socket.socket) -> bytes:
+    """What a connection that sent nothing reads: the refusal and the end, or b"" when the
+    proxy's close came first. A connection held open would block here (20 s timeout)."""
+    with sock:
+        return read_all(sock)
+
+
+def test_one_runs_idle_connections_cannot_starve_another_run(
+    servers: Servers, socket_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A proxy of 8 connections: each run may hold 2 (a quarter), whatever its limits say.
+    small = EgressProxy(Resolver(STATIC), max_connections=8)
+    greedy, other = small.listen(socket_dir / "g.sock"), small.listen(socket_dir / "o.sock")
+    try:
+        greedy.grant(policy(servers), NetworkLimits(max_connections=1000))
+        other.grant(policy(servers), QUICK)
+        tunnels = [open_tunnel(greedy, f"api.test:{servers.http_port}") for _ in range(2)]
+        assert all(head.startswith(b"HTTP/1.1 200") for _, head in tunnels)
+        idle = [connect(greedy) for _ in range(30)]  # idle: they never send a byte
+        # The other run is served while the greedy one holds its share and 30 more.
+        assert get(other, f"http://api.test:{servers.http_port}/fair") == (
+            200,
+            b"hello from /fair",
+        )
+        replies = [_refused_at_once(sock) for sock in idle]
+        assert all(r == b"" or r.startswith(b"HTTP/1.1 429") for r in replies)
+        assert any(b"connection limit: this run has 2 open already" in r for r in replies)
+        for sock, _ in tunnels:
+            sock.close()
+        refused = [r for r in wait_for_records(greedy, 32) if r.reason and "limit" in r.reason]
+        assert len(refused) == 30 and all(r.duration_ms == 0.0 for r in refused)
+        assert greedy.usage().refused_at_accept == 30
+        assert greedy.usage().connections == 2
+    finally:
+        small.close()
+    assert not _tracebacks(caplog)
+
+
+def test_over_the_proxys_cap_a_connection_is_answered_503_and_closed_at_once(
+    servers: Servers, socket_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    small = EgressProxy(Resolver(STATIC), max_connections=4, max_run_connections=4)
+    first, second = small.listen(socket_dir / "f.sock"), small.listen(socket_dir / "s.sock")
+    try:
+        first.grant(policy(servers), QUICK)
+        second.grant(policy(servers), QUICK)
+        tunnels = [open_tunnel(first, f"api.test:{servers.http_port}") for _ in range(4)]
+        assert all(head.startswith(b"HTTP/1.1 200") for _, head in tunnels)
+        reply = _refused_at_once(connect(second))  # sends nothing, is not waited for
+        assert reply == b"" or reply.startswith(b"HTTP/1.1 503")
+        record = wait_for_records(second, 1)[0]
+        assert record.status == 503 and "at its 4 connections" in (record.reason or "")
+        for sock, _ in tunnels:
+            sock.close()
+        wait_for_records(first, 4)
+        assert get(second, f"http://api.test:{servers.http_port}/again")[0] == 200
+    finally:
+        small.close()
+    assert not _tracebacks(caplog)
+
+
+def test_the_proxys_work_is_charged_to_the_run(run: RunEgress, servers: Servers) -> None:
+    assert get(run, f"http://api.test:{servers.http_port}/big")[0] == 200
+    assert get(run, f"http://api.test:{servers.http_port}/small")[0] == 200
+    wait_for_records(run, 2)
+    used = run.usage()
+    assert used.connections == 2 and used.refused_at_accept == 0
+    assert used.bytes_in >= BIG and used.bytes_out > 0
+    assert used.bytes_in == sum(r.bytes_in for r in run.records())
+    assert used.cpu_ms > 0  # parsing two requests and copying 200 KB is not free
+
+
+_HOLD_CONNECTIONS = """
+import resource, socket, sys
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # its parent's is lowered
+held = []
+for _ in range(int(sys.argv[2])):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(sys.argv[1])
+    held.append(s)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_out_of_file_descriptors_the_proxy_backs_off_logs_once_and_recovers(
+    servers: Servers, socket_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The descriptors run out for real: this process's soft RLIMIT_NOFILE is lowered to
+    a few above what is open while another process opens connections (its own
+    descriptors are its own), then restored."""
+    import resource
+    import subprocess
+    import sys
+
+    from codecage.egress import proxy as proxy_module
+
+    proxy_module._last_warned.clear()
+    caplog.set_level("WARNING")
+    fresh = EgressProxy(Resolver(STATIC))
+    run = fresh.listen(socket_dir / "fd.sock")  # the loop starts (and raises the limit) here
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    holder = None
+    try:
+        run.grant(policy(servers), NetworkLimits(max_connections=200, header_timeout=5.0))
+        room = len(os.listdir("/proc/self/fd")) + 4
+        resource.setrlimit(resource.RLIMIT_NOFILE, (room, hard))
+        try:
+            holder = subprocess.Popen(
+                [sys.executable, "-c", _HOLD_CONNECTIONS, str(run.path), "60"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not any(
+                "out_of_file_descriptors" in r.getMessage() for r in caplog.records
+            ):
+                time.sleep(0.05)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        holder.communicate("", timeout=30)
+        warned = [r for r in caplog.records if "out_of_file_descriptors" in r.getMessage()]
+        assert len(warned) == 1, [r.getMessage() for r in caplog.records]
+        assert not _tracebacks(caplog)
+        # Accepting resumes by itself once descriptors are free again.
+        assert get(run, f"http://api.test:{servers.http_port}/back")[0] == 200
+    finally:
+        if holder is not None:
+            if holder.poll() is None:
+                holder.kill()
+            holder.communicate()
+        fresh.close()
+
+
+def test_a_runs_share_over_a_quarter_of_the_proxy_is_refused_in_config() -> None:
+    from pydantic import ValidationError
+
+    from codecage.models.settings import NetworkSettings
+
+    with pytest.raises(ValidationError, match="quarter of \\[network\\] max_connections"):
+        NetworkSettings(max_connections=16, limits=NetworkLimits(max_connections=5))
+    assert NetworkSettings(max_connections=16, limits=NetworkLimits(max_connections=4))
+    # Made in code, a proxy clamps a run's limit to its share instead.
+    assert EgressProxy(Resolver(), max_connections=16).max_run_connections == 4

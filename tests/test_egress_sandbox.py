@@ -531,3 +531,57 @@ def test_another_local_user_cannot_use_a_run_s_proxy_socket(
     _, status = os.waitpid(pid, 0)
     thread.join(30)
     assert os.waitstatus_to_exitcode(status) == 1, "another user could connect"
+
+
+# --- fair shares on the proxy (issue 33, item 5) ---------------------------------------
+
+_CHURN = """
+import os, socket, time
+port = int(os.environ["HTTP_PROXY"].rsplit(":", 1)[1])
+held, opened, end = [], 0, time.monotonic() + 25
+while time.monotonic() < end:
+    try:
+        held.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+        opened += 1
+    except OSError:
+        time.sleep(0.01)
+    if len(held) > 60:  # idle connections, never a byte sent, renewed all the time
+        held.pop(0).close()
+print("opened", opened)
+"""
+
+
+def test_a_run_flooding_the_proxy_with_idle_connections_cannot_fail_another_runs_request(
+    tmp_path: Path, servers: dict[str, _Server], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A proxy of 8 connections, 2 per run: a real run keeps opening idle connections
+    through its relay for 25 s; once the proxy holds its share, a second run on the same
+    host makes a request."""
+    api = servers["api"]
+    config = tmp_path / "config.toml"
+    config.write_text(
+        '[network]\nmax_connections = 8\n[network.resolve]\n"api.test" = ["127.0.0.1"]\n'
+        "[network.limits]\nmax_connections = 2\n"
+    )
+    sandbox = _allowing(config, f"api.test:{api.port}", f"127.0.0.1:{api.port}")
+    flood: list[ExecutionResult] = []
+    flooder = threading.Thread(
+        target=lambda: flood.append(sandbox.run(_CHURN, limits={"timeout": 60}))
+    )
+    flooder.start()
+    try:
+        proxy = sandbox.host._egress_setup().proxy
+        deadline = time.monotonic() + 60  # the flood has begun: the run holds its share
+        while proxy.open_connections < 2 and time.monotonic() < deadline and not flood:
+            time.sleep(0.05)
+        served = sandbox.run(_get(f"http://api.test:{api.port}/fair"), limits={"timeout": 60})
+    finally:
+        flooder.join(120)
+    assert served.status == "ok", served.stderr
+    assert served.stdout.startswith("{"), served.stdout  # not "HTTP 503 ..."
+    assert json.loads(served.stdout)["path"] == "/fair"
+    (flooded,) = flood
+    assert flooded.status == "ok", flooded.stderr
+    (used,) = _kinds(flooded, "network_usage")
+    assert used["refused_at_accept"] > 0 and used["connections"] > 0, (flooded.stdout, used)
+    assert not [r for r in caplog.records if r.exc_info and "egress" in r.name]

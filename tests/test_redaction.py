@@ -191,6 +191,22 @@ def test_the_return_value_is_scrubbed_keys_included(scrubbing: Sandbox) -> None:
     assert result.redactions == {"email": 1, "phone": 1, "credit_card": 1}
 
 
+def test_card_numbers_printed_or_returned_bare_are_redacted(scrubbing: Sandbox) -> None:
+    """Issue 33, item 10: an Amex test number in stdout and a Mastercard one returned, no
+    separators and no card word: a brand's range and length and Luhn make them cards;
+    ids named as such in the same run stay."""
+    code = (
+        "print(378282246310005)\n"
+        "print('order 5105105105105100 shipped')\n"
+        "[5555555555554444, {'user_id': 2223003122003222}]"
+    )
+    result = scrubbing.run(code)
+    assert result.status == "ok", result.error
+    assert result.stdout == "[CREDIT_CARD]\norder 5105105105105100 shipped\n"
+    assert result.return_value == ["[CREDIT_CARD]", {"user_id": 2223003122003222}]
+    assert result.redactions == {"credit_card": 2}
+
+
 def test_the_runtime_logger_is_scrubbed_on_the_way_out(scrubbing: Sandbox) -> None:
     code = f"""
 from codecage.runtime import logger

@@ -33,6 +33,8 @@ from codecage.policy.scrub import (
     merge_counts,
 )
 from codecage.policy.scrub.detectors import _CARD_WORDS as CARD_CONTEXT
+from codecage.policy.scrub.detectors import card_brand, luhn_ok
+from codecage.policy.scrub.values import collect_strings
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRUB = Scrubber()
@@ -288,15 +290,33 @@ def test_generated_luhn_valid_numbers_next_to_a_card_word_are_redacted(
 
 
 @FAST
-@given(issued=_ISSUED, label=st.sampled_from(["order", "id=", "row 3:", "", "fib(80) ="]))
-def test_generated_luhn_valid_runs_of_digits_without_a_card_word_survive(
+@given(issued=_ISSUED, label=st.sampled_from(["order", "id=", "order_id:", '"id": ', "#"]))
+def test_generated_luhn_valid_runs_named_as_ids_survive(
     issued: tuple[str, int, str], label: str
 ) -> None:
-    """One in ten random 16-digit numbers passes Luhn: ids, counts, Fibonacci numbers."""
+    """One in ten random 16-digit numbers passes Luhn: an id named as one stays."""
     prefix, length, rest = issued
     number = luhn_complete((prefix + rest)[: length - 1])
     text = f"{label} {number} shipped"
     assert scrubbed(text) == text
+
+
+@FAST
+@given(issued=_ISSUED, label=st.sampled_from(["row 3:", "", "fib(80) =", "printed:", "value"]))
+def test_a_bare_luhn_valid_run_is_a_card_exactly_when_it_is_a_brands_number(
+    issued: tuple[str, int, str], label: str
+) -> None:
+    """Issue 33, item 10: with no card word, no separators and no id named, a run of
+    digits is a card when it has a brand's issuer range and length (and Luhn), as payment
+    libraries decide; any other Luhn-valid run (a Visa prefix at 14 digits, Amex at 16)
+    stays."""
+    prefix, length, rest = issued
+    number = luhn_complete((prefix + rest)[: length - 1])
+    text = f"{label} {number} shipped"
+    if card_brand(number) is None:
+        assert scrubbed(text) == text
+    else:
+        assert scrubbed(text) == f"{label} [CREDIT_CARD] shipped"
 
 
 @FAST
@@ -930,6 +950,14 @@ def test_scrub_value_agrees_with_scrubbing_each_string_on_its_own(value: object)
     # A card word anywhere in the value is context for the digits near it (a key "card"
     # before a bare card number: detectors.card_context), which one string alone lacks.
     assume(not CARD_CONTEXT.search(json.dumps(value, default=str).lower()))
+    # A bare card number among other numbers of the value is judged with them (a row of
+    # data: detectors._in_a_row_of_data), which one string alone lacks.
+    leaves: list[str] = []
+    collect_strings(value, leaves, convert_other=True)
+    assume(
+        not any(card_brand(t.strip()) for t in leaves if t.strip().isdigit())
+        or sum(any(c.isdigit() for c in t) for t in leaves) < 2
+    )
 
     def each(v: object) -> object:
         if isinstance(v, str):
@@ -1074,3 +1102,102 @@ def test_the_scrub_benchmark_runs_and_prints_every_variant() -> None:
     ):
         assert f"\n{variant} " in p.stdout, variant
     assert "false positives on" in p.stdout
+
+
+# --- issue 33, item 10: cards printed bare, recognised by brand range + length + Luhn ---
+
+# (a brand's published test number, its brand)
+BRAND_TEST_NUMBERS = [
+    ("4222222222222", "visa"),
+    ("4111111111111111", "visa"),
+    ("4111111111111111110", "visa"),
+    ("5555555555554444", "mastercard"),
+    ("2223003122003222", "mastercard"),
+    ("2720992593319364", "mastercard"),
+    ("378282246310005", "amex"),
+    ("371449635398431", "amex"),
+    ("6011111111111117", "discover"),
+    ("6445644564456445", "discover"),
+    ("3530111333300000", "jcb"),
+    ("30569309025904", "diners"),
+    ("36227206271667", "diners"),
+    ("6200000000000005", "unionpay"),
+    ("2200000000000004", "mir"),
+    ("6759649826438453", "maestro"),
+]
+
+
+@pytest.mark.parametrize(("number", "brand"), BRAND_TEST_NUMBERS)
+def test_each_brands_test_number_printed_bare_is_redacted(number: str, brand: str) -> None:
+    assert card_brand(number) == brand
+    assert scrubbed(number) == "[CREDIT_CARD]"
+    assert scrubbed(f"result: {number}\n") == "result: [CREDIT_CARD]\n"
+    returned = SCRUB.scrub_value(int(number))
+    assert returned.value == "[CREDIT_CARD]" and returned.counts == {"credit_card": 1}
+
+
+@pytest.mark.parametrize(
+    ("head", "why"),
+    [
+        ("4111111111111", "Visa has no 14-digit cards"),
+        ("378282246310001", "Amex cards have 15 digits"),
+        ("5555555555554", "Mastercard has 16"),
+        ("51051051051051001", "Mastercard has 16"),
+        ("955555555555444", "no issuer starts with 9"),
+        ("565555555555444", "56 is Maestro's only by a listed IIN"),
+    ],
+)
+def test_a_luhn_valid_run_outside_every_brands_range_and_length_stays(head: str, why: str) -> None:
+    number = luhn_complete(head)
+    assert card_brand(number) is None, why
+    assert scrubbed(f"total {number} today") == f"total {number} today", why
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "order 5555555555554444 shipped",
+        'row {"order_id": 5555555555554444}',
+        "invoice #378282246310005",
+        "sha 5555555555554444deadbeef",
+        "x5555555555554444",
+        "/users/5555555555554444/profile",
+        "-5555555555554444",
+        "0  5555555555554444   120045   19.99",
+        "5555555555554444,2024-01-03,12.50",
+        "[5555555555554444, 1234567890123456]",
+        "| 2024-05-01 | 378282246310005 | shipped |",
+        '{"ids": [5555555555554444, 378282246310005]}',
+        " order_id\n5555555555554444\n378282246310005",
+    ],
+)
+def test_a_brand_number_inside_data_or_named_as_an_id_stays(text: str) -> None:
+    assert scrubbed(text) == text
+
+
+def test_a_row_made_only_of_cards_is_a_row_of_cards() -> None:
+    assert scrubbed("5555555555554444 378282246310005") == "[CREDIT_CARD] [CREDIT_CARD]"
+    value = SCRUB.scrub_value([5555555555554444, "378282246310005"])
+    assert value.value == ["[CREDIT_CARD]", "[CREDIT_CARD]"]
+    # Named as ids, the same row is data.
+    named = {"ids": [5555555555554444, 378282246310005]}
+    assert SCRUB.scrub_value(named).value == named
+
+
+@FAST
+@given(st.text("0123456789", min_size=1, max_size=19))
+def test_the_fast_luhn_check_agrees_with_stdnums(digits: str) -> None:
+    from stdnum import luhn
+
+    assert luhn_ok(digits) == luhn.is_valid(digits)
+
+
+def test_a_megabyte_of_random_ids_is_kept_and_scanned_without_the_budget() -> None:
+    """Random 16-digit ids: about one in thirty is a Luhn-valid brand number; each sits
+    among ids that are not, so all are kept (the checks of bare runs spend no budget,
+    which would otherwise redact every shape past it)."""
+    import random
+
+    rng = random.Random(33)
+    text = "\n".join(str(rng.randrange(10**15, 10**16)) for _ in range(60_000))
+    assert SCRUB.scrub(text).counts.get("credit_card", 0) <= 3

@@ -157,6 +157,13 @@ MUST_REDACT: list[tuple[str, list[str]]] = [
     ("cc=4012888888881881&cvv=123", ["4012888888881881"]),
     ("4111111111111111 exp 12/27 cvv 123", ["4111111111111111"]),
     ("customer card 4242-4242-4242-4242 on file", ["4242-4242-4242-4242"]),
+    # issue 33, item 10: printed bare, with no card word: a brand's range and length + Luhn
+    ("378282246310005\n", ["378282246310005"]),
+    ("charged 5555555555554444 at 14:02", ["5555555555554444"]),
+    ("result: 2223003122003222", ["2223003122003222"]),
+    ("[6011000990139424, 3530111333300000]", ["6011000990139424", "3530111333300000"]),
+    ("'30569309025904'", ["30569309025904"]),
+    ("ok 4012888888881881 done", ["4012888888881881"]),
     # bank accounts and national ids
     ("Transfer 250 EUR to DE89 3704 0044 0532 0130 00 by Friday", ["DE89 3704 0044 0532 0130 00"]),
     ("iban=GB82WEST12345698765432", ["GB82WEST12345698765432"]),
@@ -294,6 +301,17 @@ MUST_KEEP: list[tuple[str, str]] = [
     ("cells", "cell 12: 4155552671 rows; tel_ext 1234"),
     ("matrix", "[[ 0.12 -1.5 ]\n [ 3.25  4.0 ]]"),
     ("phone-free numbers", "batch 415 555 2671 7 rows, sizes 212 555 0199 3"),
+    # issue 33, item 10: Luhn-valid brand numbers that are ids by where they stand
+    ("txn and invoice ids", "txn 378282246310005 settled; invoice #5555555555554444"),
+    ("a hash starting with digits", "digest 5555555555554444abcdef0123456789"),
+    ("an id in a URL path", "GET /api/orders/5555555555554444 200"),
+    ("a signed number", "delta -5555555555554444, +4111111111111111"),
+    ("ids in a list", "[5555555555554444, 1234567890123456, 9876543210987654]"),
+    ("a CSV row", "5555555555554444,2024-05-01,3.50,ok"),
+    (
+        "Luhn-valid, a brand's prefix, not its length",
+        "visits 41111111111114; bytes 510510510510510018 total",
+    ),
 ]
 
 # Return values (scrub_value): must come back equal, with no redaction counted.
@@ -301,6 +319,15 @@ MUST_KEEP_VALUES: list[tuple[str, object]] = [
     ("dict with private IP keys", {"10.0.0.1": 12, "10.0.0.2": 7, "192.168.0.10": 3}),
     ("ints", {"fib80": _fib(80), "id": 4539578763621486, "ids": _seeded_numbers(7)}),
     ("records", [{"order_id": 5105105105105100, "ip": "10.0.0.7", "token": "1VjArnVgxwvq"}]),
+    ("ids named so", {"user_id": 2223003122003222, "ids": [378282246310005, 120045]}),
+]
+
+# Return values that must come back without the card (issue 33, item 10).
+MUST_REDACT_VALUES: list[tuple[object, str]] = [
+    (5555555555554444, "5555555555554444"),
+    ("2223003122003222", "2223003122003222"),
+    ({"value": 378282246310005}, "378282246310005"),
+    ([{"v": 5555555555554444}], "5555555555554444"),
 ]
 
 
@@ -325,6 +352,13 @@ def _keep_misses() -> list[str]:
         if returned.value != value or returned.counts:
             misses.append(f"{name}: {returned.value!r} {returned.counts}")
     return misses
+
+
+def test_a_card_returned_bare_is_redacted() -> None:
+    for value, digits in MUST_REDACT_VALUES:
+        returned = SCRUB.scrub_value(value)
+        assert digits not in repr(returned.value), value
+        assert returned.counts == {"credit_card": 1}, value
 
 
 def test_the_corpora_are_big_enough() -> None:

@@ -96,7 +96,9 @@ def render_result(result: ExecutionResult, *, raw: bool, streamed: bool = False)
         detail = escape(neutralise_line(event.detail))
         if event.kind == "tool_call" and (event.data or {}).get("status") == "ok":
             stderr.print(f"[dim]· tool {detail}[/dim]", markup=True)
-        elif event.kind == "network_allowed" and not (event.data or {}).get("reason"):
+        elif event.kind in ("network_allowed", "network_usage") and not (event.data or {}).get(
+            "reason"
+        ):
             stderr.print(f"[dim]· net {detail}[/dim]", markup=True)
         else:
             stderr.print(f"[yellow]! {event.kind}[/yellow]: {detail}", markup=True)

@@ -25,20 +25,34 @@ bytes each way, new connections per second (one request per connection, so this 
 bounds requests), the time to send a request head, connect, idle and total timeouts; and
 `max_connections` across all runs. Whatever one run does, the loop keeps serving others:
 each connection's failures end at its own edge.
+
+Fair shares, checked at accept: a connection over its run's limit (`NetworkLimits.
+max_connections`, never above `max_run_connections`, a quarter of the proxy's cap by
+default) or over the proxy's cap is answered 429/503 and closed in the same step, before
+any byte is read: it is never held, counted or given a timer, so one run's flood of idle
+connections cannot fill the proxy for the others. When the process is out of file
+descriptors (EMFILE), asyncio stops accepting on that listener for a second; the proxy logs
+that once a minute, without a traceback (`_loop_exception`). The proxy's own work is
+charged to the run it serves: each connection's CPU time on the proxy's thread and its
+bytes are summed per run (`RunEgress.usage`), and the run's result carries them (the
+`network_usage` event). The proxy runs in the host process, outside the run's cgroup:
+what it spends is counted, not limited by that cgroup (docs/security-model.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import logging
+import os
 import re
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Generator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -60,9 +74,13 @@ log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 1024
 """Connections open at once through one proxy, all runs together."""
+RUN_SHARE = 4
+"""By default one run may hold at most 1/RUN_SHARE of the proxy's connections."""
+_FD_RESERVE = 256  # descriptors the rest of the host process keeps (sandboxes, the store)
 _CALL_TIMEOUT_S = 30.0
 _CLOSE_S = 1.0
-_REFUSED_HEAD_S = 1.0  # how long a client refused for capacity may take to send its head
+_WARN_EVERY_S = 60.0
+_ACCEPT_FAILED = "socket.accept() out of system resource"  # asyncio's message, on EMFILE
 _HOST_CHARS = re.compile(r"^[a-z0-9_.-]{1,253}$")
 
 T = TypeVar("T")
@@ -108,12 +126,15 @@ class EgressProxy:
         upstream_ca_file: str | Path | None = None,
         *,
         max_connections: int = MAX_CONNECTIONS,
+        max_run_connections: int | None = None,
         interceptor: InterceptorFactory | None = None,
         plain_edge: PlainEdge | None = None,
     ) -> None:
         self.resolver = resolver
         self.upstream_ca_file = upstream_ca_file
         self.max_connections = max_connections
+        self.max_run_connections = max(1, max_run_connections or max_connections // RUN_SHARE)
+        """The most connections one run may hold, whatever its `NetworkLimits` say."""
         self.interceptor = interceptor
         self.plain_edge = plain_edge
         self.open_connections = 0  # the loop's thread only
@@ -189,7 +210,9 @@ class EgressProxy:
                     "the egress proxy is closed", hint="make a new EgressProxy for new runs"
                 )
             if self._loop is None:
+                self.max_connections = min(self.max_connections, _connections_fds_allow())
                 self._loop = asyncio.new_event_loop()
+                self._loop.set_exception_handler(_loop_exception)
                 ready = threading.Event()
                 self._thread = threading.Thread(
                     target=_run_loop,
@@ -200,6 +223,41 @@ class EgressProxy:
                 self._thread.start()
                 ready.wait()
             return self._loop
+
+
+def _connections_fds_allow() -> int:
+    """Raise RLIMIT_NOFILE's soft limit to the hard one, and say how many connections the
+    descriptors then allow (two each: the client's and the server's)."""
+    import resource  # Unix only, like the rest of the proxy
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if target > soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    return max(16, (soft - _FD_RESERVE) // 2)
+
+
+_last_warned: dict[str, float] = {}
+
+
+def _loop_exception(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """Out of file descriptors: asyncio has stopped accepting on that listener for a
+    second already (it retries by itself); say so once a minute, with no traceback.
+    Anything else goes to asyncio's own handler."""
+    exc = context.get("exception")
+    out_of_fds = isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE)
+    if context.get("message") == _ACCEPT_FAILED or out_of_fds:
+        now = time.monotonic()
+        if now - _last_warned.get("fds", -_WARN_EVERY_S) >= _WARN_EVERY_S:
+            _last_warned["fds"] = now
+            log.warning(
+                "egress_out_of_file_descriptors",
+                extra={"error": str(exc), "hint": "raise RLIMIT_NOFILE or lower max_connections"},
+            )
+        return
+    loop.default_exception_handler(context)
 
 
 def _run_loop(loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
@@ -241,6 +299,79 @@ def _listening_socket(path: Path) -> socket.socket:
     return sock
 
 
+@dataclass(frozen=True, slots=True)
+class EgressUsage:
+    """What the proxy spent on one run since its grant."""
+
+    connections: int
+    """Connections accepted and served (refused ones not included)."""
+    refused_at_accept: int
+    """Connections refused at accept, over the run's or the proxy's cap."""
+    bytes_out: int
+    """Bytes sent to servers for this run."""
+    bytes_in: int
+    """Bytes received from servers for this run."""
+    cpu_ms: float
+    """CPU time of the proxy's thread while running this run's connections (parsing,
+    policy, TLS at the edge, copying): not the kernel's socket work done in the loop's
+    callbacks, nor name lookups (another thread)."""
+
+
+class _Usage:
+    """The running sums behind `EgressUsage` (the proxy's loop thread writes them)."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.refused_at_accept = 0
+        self.bytes_out = 0
+        self.bytes_in = 0
+        self.cpu_s = 0.0
+
+    def frozen(self) -> EgressUsage:
+        return EgressUsage(
+            self.connections, self.refused_at_accept, self.bytes_out, self.bytes_in,
+            round(self.cpu_s * 1000, 3),
+        )  # fmt: skip
+
+
+class _Charged:
+    """Awaits `coro`, adding the CPU time of the proxy's thread during each of its steps to
+    `usage` (`time.thread_time`: this thread only; the steps of other runs' connections
+    are between, not inside, these)."""
+
+    __slots__ = ("_coro", "_usage")
+
+    def __init__(self, coro: Coroutine[Any, Any, None], usage: _Usage) -> None:
+        self._coro = coro
+        self._usage = usage
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        return self  # a generator in all but name: send, throw, close
+
+    def __iter__(self) -> _Charged:
+        return self
+
+    def __next__(self) -> Any:
+        return self.send(None)
+
+    def send(self, value: Any) -> Any:
+        began = time.thread_time()
+        try:
+            return self._coro.send(value)
+        finally:
+            self._usage.cpu_s += time.thread_time() - began
+
+    def throw(self, *args: Any) -> Any:
+        began = time.thread_time()
+        try:
+            return self._coro.throw(*args)
+        finally:
+            self._usage.cpu_s += time.thread_time() - began
+
+    def close(self) -> None:
+        self._coro.close()
+
+
 class RunEgress:
     """One run's listener on the proxy: its grant, its connections and their records."""
 
@@ -253,6 +384,7 @@ class RunEgress:
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._log = RecordLog()
+        self._usage = _Usage()
 
     def grant(self, policy: EgressPolicy, limits: NetworkLimits) -> None:
         """Let this run's connections through `policy`, within `limits`. A new grant
@@ -266,6 +398,10 @@ class RunEgress:
     def records(self) -> list[ConnectionRecord]:
         """What happened since the grant (bounded: see `records.RECORD_LIMIT`)."""
         return self._log.snapshot()
+
+    def usage(self) -> EgressUsage:
+        """What the proxy spent on this run since the grant (see `EgressUsage`)."""
+        return self._usage.frozen()
 
     def close(self) -> None:
         """The listener and its socket file go, and every connection is closed."""
@@ -284,6 +420,7 @@ class RunEgress:
             raise SandboxError("this run's egress listener is closed", hint="listen again")
         await self._close_connections()
         self._log.clear()
+        self._usage = _Usage()
         self._policy, self._budget, self._state = policy, Budget(limits), "granted"
 
     async def _end(self, state: RunState) -> None:
@@ -309,11 +446,16 @@ class RunEgress:
         task = asyncio.current_task()
         if task is None:  # never: the server runs this as a task
             return
+        full = self._over_capacity()
+        if full is not None:
+            self._refuse_at_once(writer, full)
+            return
         self._tasks.add(task)
         self.proxy.open_connections += 1
+        self._usage.connections += 1
         attempt = _Attempt(self, reader, writer)
         try:
-            await attempt.serve()
+            await _Charged(attempt.serve(), self._usage)
         except asyncio.CancelledError:
             attempt.record(None, "closed: the run's egress was revoked or closed")
         except Exception:  # one connection's bug must not reach the loop
@@ -322,10 +464,41 @@ class RunEgress:
         finally:
             self.proxy.open_connections -= 1
             self._tasks.discard(task)
+            self._usage.bytes_out += attempt.meter.bytes_out
+            self._usage.bytes_in += attempt.meter.bytes_in
             writer.close()
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 async with asyncio.timeout(_CLOSE_S):
                     await writer.wait_closed()
+
+    def _over_capacity(self) -> Refusal | None:
+        """Checked before a connection is counted or read: over either cap it is refused."""
+        proxy = self.proxy
+        if proxy.open_connections >= proxy.max_connections:
+            return Refusal(503, f"the egress proxy is at its {proxy.max_connections} connections")
+        cap = min(self._budget.limits.max_connections, proxy.max_run_connections)
+        if len(self._tasks) >= cap:
+            return Refusal(429, f"connection limit: this run has {cap} open already")
+        return None
+
+    def _refuse_at_once(self, writer: asyncio.StreamWriter, refusal: Refusal) -> None:
+        """The refusal goes into the fresh socket's empty buffer in one send, and the socket
+        is closed in the same step: nothing waits for the client. What the client already
+        sent is read off first (without waiting), as closing a Unix socket with unread
+        bytes makes the peer's next read fail (ECONNRESET) instead of reading the reason;
+        a client that sends only after the close sees its write fail."""
+        _drain_queued(writer)
+        with contextlib.suppress(OSError, RuntimeError):
+            writer.write(_refusal_bytes(refusal))
+        writer.transport.abort()
+        self._usage.refused_at_accept += 1
+        self._log.add(
+            ConnectionRecord(
+                allowed=False, host="", port=0, address=None, method="",
+                status=refusal.status, bytes_out=0, bytes_in=0, duration_ms=0.0,
+                reason=refusal.reason,
+            )
+        )  # fmt: skip
 
     def _refusal_before_grant(self) -> str | None:
         if self._state == "new":
@@ -365,19 +538,12 @@ class _Attempt:
 
     async def serve(self) -> None:
         limits = self.budget.limits
-        over = self._over_capacity()
-        # A client refused for capacity still has its head read (briefly): answering
-        # before it is read would break the client's write instead of telling it why.
-        head_s = min(limits.header_timeout, _REFUSED_HEAD_S) if over else limits.header_timeout
         try:
             async with asyncio.timeout(limits.total_timeout) as total:
-                try:
-                    request = await forward.read_head(self.reader, self.conn, self.started + head_s)
-                except (Refusal, Cutoff):
-                    if over is not None:
-                        raise over from None
-                    raise
-                await self._handle(request, over)
+                request = await forward.read_head(
+                    self.reader, self.conn, self.started + limits.header_timeout
+                )
+                await self._handle(request)
             self.record(self.status, None)
         except Refusal as refusal:
             await self._answer(refusal)
@@ -391,25 +557,13 @@ class _Attempt:
         except OSError as exc:
             self.record(self.status, f"connection error: {exc.strerror or exc}")
 
-    def _over_capacity(self) -> Refusal | None:
-        proxy, limits = self.run.proxy, self.budget.limits
-        if proxy.open_connections > proxy.max_connections:
-            return Refusal(503, f"the egress proxy is at its {proxy.max_connections} connections")
-        if len(self.run._tasks) > limits.max_connections:
-            return Refusal(
-                429, f"connection limit: this run has {limits.max_connections} open already"
-            )
-        return None
-
-    async def _handle(self, request: h11.Request, over: Refusal | None) -> None:
+    async def _handle(self, request: h11.Request) -> None:
         self.method = request.method.decode("ascii", "replace")
         refusal = self.run._refusal_before_grant()
         if refusal is not None:
             raise Refusal(403, refusal)
         target = _target(request)
         self.host, self.port = target.host, target.port
-        if over is not None:
-            raise over
         if self.method == "CONNECT":
             _end_of_connect(self.conn)
         limits = self.budget.limits
@@ -533,6 +687,17 @@ class _Attempt:
                 reason=reason,
             )
         )
+
+
+def _drain_queued(writer: asyncio.StreamWriter, limit: int = forward.MAX_HEAD_BYTES) -> None:
+    """Read off, without waiting, up to `limit` bytes the client has already sent."""
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return
+    fd, left = sock.fileno(), limit
+    with contextlib.suppress(OSError):  # BlockingIOError: nothing (more) queued
+        while left > 0 and (chunk := os.read(fd, min(left, 16384))):
+            left -= len(chunk)
 
 
 def _refusal_bytes(refusal: Refusal) -> bytes:

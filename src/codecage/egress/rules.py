@@ -7,9 +7,11 @@ Names compare without case and without a trailing dot.
 
 Decisions come in two steps, because a name says nothing about where it leads: by name and
 port before resolution (`EgressPolicy.refuse_name`), then by the address it resolved to
-(`EgressPolicy.refuse_address`): private, loopback, link-local, metadata and other special
-addresses are refused even when an allowed name resolves to them (DNS rebinding), unless
-a rule names that IP literal itself. Pure: no I/O here.
+(`EgressPolicy.refuse_address`): private, loopback, link-local, metadata and every other
+special address (`egress.special`: the IANA special-purpose registries, the cloud metadata
+addresses, and IPv6 forms that embed an IPv4 address, judged by what they embed too) are
+refused even when an allowed name resolves to them (DNS rebinding), unless a rule names
+that IP literal itself. Pure: no I/O here.
 """
 
 from __future__ import annotations
@@ -19,35 +21,14 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-DEFAULT_PORTS = frozenset({443, 80})
+from codecage.egress.special import IPAddress as IPAddress
+from codecage.egress.special import embedded_ipv4, special_reason
+from codecage.egress.special import special_address as special_address
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+DEFAULT_PORTS = frozenset({443, 80})
 
 _LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
 _MAX_NAME = 253
-
-# Addresses that are never a public server, whatever a name resolves to. `is_global` is
-# False for most of these already; they are named so that the rule reads as the issue's.
-_REFUSED_NETWORKS = tuple(
-    ipaddress.ip_network(n)
-    for n in (
-        "0.0.0.0/8",
-        "10.0.0.0/8",
-        "100.64.0.0/10",  # carrier-grade NAT
-        "127.0.0.0/8",
-        "169.254.0.0/16",  # link-local, and the cloud metadata service 169.254.169.254
-        "172.16.0.0/12",
-        "192.168.0.0/16",
-        "224.0.0.0/4",  # multicast
-        "240.0.0.0/4",
-        "::/128",
-        "::1/128",
-        "fc00::/7",  # unique local
-        "fe80::/10",  # link-local
-        "ff00::/8",  # multicast
-        "fd00:ec2::254/128",  # AWS's IPv6 metadata address (inside fc00::/7 too)
-    )
-)
 
 
 class RuleError(ValueError):
@@ -123,15 +104,6 @@ def normal_name(host: str) -> str:
     return host.strip().strip("[]").rstrip(".").lower()
 
 
-def special_address(address: IPAddress) -> bool:
-    """Private, loopback, link-local, metadata, multicast or otherwise not a public server."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return special_address(address.ipv4_mapped)
-    if any(address in net for net in _REFUSED_NETWORKS if net.version == address.version):
-        return True
-    return not address.is_global
-
-
 @dataclass(frozen=True, slots=True)
 class EgressPolicy:
     """What one run may reach: `allow` minus `deny` (deny wins)."""
@@ -155,19 +127,24 @@ class EgressPolicy:
     def refuse_address(self, host: str, port: int, address: IPAddress) -> str | None:
         """Why a connection to `address` (what `host` resolved to) is refused; None: allowed.
 
-        A special address is allowed only when a rule names it as an IP literal: an
-        allowed *name* that resolves to 10.0.0.5 or 169.254.169.254 is refused.
+        A special address is allowed only when an allow rule names that very address as an
+        IP literal: an allowed *name* that resolves to 10.0.0.5 or 169.254.169.254 is
+        refused, and so is 64:ff9b::a9fe:a9fe (NAT64 of the metadata address) unless that
+        literal itself is allowed. A deny rule naming an IPv4 literal also refuses the IPv6
+        forms that embed it.
         """
-        denied = next((r for r in self.deny if r.address == address and port in r.ports), None)
+        forms = {address, embedded_ipv4(address) or address}
+        denied = next((r for r in self.deny if r.address in forms and port in r.ports), None)
         if denied is not None:
             return f"denied by the operator's rule {denied.text}"
-        if not special_address(address):
+        why = special_reason(address)
+        if why is None:
             return None
         if any(r.address == address and port in r.ports for r in self.allow):
             return None
         return (
-            f"{host} resolved to {address}, a private, loopback, link-local or metadata "
-            "address: refused unless that IP is allowed by itself"
+            f"{host} resolved to a private, loopback, link-local or metadata address, or "
+            f"another special one ({why}): refused unless that IP is allowed by itself"
         )
 
     def outside(self, requested: Iterable[HostRule]) -> list[HostRule]:

@@ -57,13 +57,16 @@ def build(
     if settings.pip_index_url:
         extra_env.append(("PIP_INDEX_URL", settings.pip_index_url))
     resolver = Resolver(settings.resolve)
+    cap = settings.max_connections
     if not settings.credentials:
         return EgressSetup(
-            EgressProxy(resolver, upstream_ca_file=upstream_ca), None, tuple(extra_env)
+            EgressProxy(resolver, upstream_ca_file=upstream_ca, max_connections=cap),
+            None,
+            tuple(extra_env),
         )
     store = CredentialStore.load(settings.credentials, base_dir=base_dir)
     ca = CertificateAuthority.load_or_create(ca_dir)
-    proxy = EgressProxy(resolver, upstream_ca_file=upstream_ca)
+    proxy = EgressProxy(resolver, upstream_ca_file=upstream_ca, max_connections=cap)
     edge = CredentialEdge(store, ca, proxy.upstream_ssl_context())
     proxy.interceptor, proxy.plain_edge = edge, edge.plain
     extra_env += sorted(store.environment(lambda host, port: True).items())

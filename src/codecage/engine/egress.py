@@ -11,6 +11,7 @@ the run's request grants its hosts (`grant`), and again once the run is over (`r
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib.util
 from pathlib import Path
@@ -93,7 +94,22 @@ def finish(listener: RunEgress | None) -> list[Event]:
     if listener is None:
         return []
     listener.revoke()
-    return events(listener.records())
+    return [*events(listener.records()), usage_event(listener)]
+
+
+def usage_event(listener: RunEgress) -> Event:
+    """What the proxy spent on this run: its work is done in the host process, outside
+    the run's cgroup, so it is charged here, on the run's record."""
+    used = listener.usage()
+    return Event(
+        kind="network_usage",
+        detail=(
+            f"egress proxy: {used.connections} connections ({used.refused_at_accept} more "
+            f"refused at accept), {used.bytes_out} B out, {used.bytes_in} B in, "
+            f"{used.cpu_ms:.1f} ms CPU"
+        ),
+        data=dataclasses.asdict(used),
+    )
 
 
 def events(records: list[ConnectionRecord]) -> list[Event]:

@@ -28,6 +28,7 @@ EventKind = Literal[
     "syscall_blocked",
     "network_denied",
     "network_allowed",
+    "network_usage",
     "output_truncated",
     "files_truncated",
     "workspace_full",

@@ -309,7 +309,11 @@ class NetworkLimits(Model):
     """Bounds of one run's egress through the host proxy (`[network.limits]`)."""
 
     max_connections: int = Field(
-        32, ge=1, le=1024, description="Connections one run may have open at once."
+        32,
+        ge=1,
+        le=1024,
+        description="Connections one run may have open at once; more are refused at accept. "
+        "At most a quarter of [network] max_connections, so one run cannot fill the proxy.",
     )
     max_bytes_out: int = Field(
         64 * 1024 * 1024, ge=0, description="Bytes one run may send out, all connections together."
@@ -385,11 +389,30 @@ class NetworkSettings(Model):
         "allowed for the run).",
     )
     limits: NetworkLimits = Field(NetworkLimits(), description="Bounds of each run's egress.")
+    max_connections: int = Field(
+        1024,
+        ge=4,
+        le=65_536,
+        description="Connections the proxy holds open at once, all runs together (also "
+        "bounded by the process's file descriptors, two per connection); over it, new ones "
+        "are refused at accept with 503. Each run may hold at most a quarter of it.",
+    )
     credentials: dict[str, Credential] = Field(
         {},
         description="Credentials the proxy adds at the edge, by HOST[:PORT]: the code sees "
         "a placeholder, never the value (docs/configuration.md).",
     )
+
+    @model_validator(mode="after")
+    def _fair_share(self) -> NetworkSettings:
+        share = self.max_connections // 4
+        if self.limits.max_connections > share:
+            raise ValueError(
+                f"[network.limits] max_connections = {self.limits.max_connections} is over a "
+                f"quarter of [network] max_connections ({self.max_connections}): one run could "
+                f"fill the proxy for the others; set it to {share} or less"
+            )
+        return self
 
     @model_validator(mode="after")
     def _rules_parse(self) -> NetworkSettings:

@@ -24,12 +24,20 @@ data without changing the results of ordinary data work.
   1.1.1.1, ...). IPv6 likewise (fc00::/7, fe80::/10,
   2001:db8::/32, ::1, multicast kept); IPv6 needs five hex digits in two groups
   (``a[1::2]`` is a slice).
-- Cards: 13-19 digits, first digit 2-6 (no issuer uses 0, 1, 7, 8, 9; ms and ns
-  timestamps start with 1), Luhn-valid, and in a card context: grouped as cards are
-  printed (4-4-4-4, 4-6-5, by spaces or dashes), or one run of digits with an issuer's
-  prefix and a card word (card, visa, cc, payment, ...) within 48 characters before or
-  24 after, no other number in between. One in ten random 16-digit numbers passes Luhn:
-  without the context, ids, counts and Fibonacci numbers would be cards.
+- Cards: Luhn-valid, first digit 2-6 (no issuer uses 0, 1, 7, 8, 9; ms and ns
+  timestamps start with 1), and one of: grouped as cards are printed (4-4-4-4, 4-6-5, by
+  spaces or dashes, 13-19 digits); one run of 13-19 digits with an issuer's prefix and a
+  card word (card, visa, cc, payment, ...) within 48 characters before or 24 after, no
+  other number in between; or one run of digits that is a brand's number by issuer range
+  *and* length (`card_brand`: Visa 4/13,16,19; Mastercard 51-55, 2221-2720/16; Amex 34,
+  37/15; Discover, JCB, Diners, UnionPay, Mir, Maestro IINs/their lengths), as payment
+  libraries decide, unless it stands as data: named as an id just before it or its row
+  (``order``, ``id``, ``*_id``, ``invoice``, ``txn``, ``#``, ...), inside a longer alphanumeric run
+  (a hash), after ``-``/``+``/``.``/``/`` (a signed number, a path), or in a row with
+  other numbers not all of which are cards (a DataFrame or CSV row, a list of ids). One
+  in ten random 16-digit numbers passes Luhn: these bounds keep ids, counts and
+  Fibonacci numbers; a Luhn-valid id printed alone in a brand's range and length is
+  redacted (it cannot be told from a card).
 - Phones: ``+`` and a country code, US formats (``(415) 555-2671``, ``415-555-2671``,
   ``415.555.2671``, ``415 555 2671`` outside a row of numbers), and, for a non-NANP
   `phone_region`, national numbers with a trunk ``0``; libphonenumber must call each one
@@ -337,11 +345,139 @@ def card_context(view: View, start: int, end: int) -> bool:
     return after is not None and not _OTHER_NUMBER.search(lower, end, after.start())
 
 
+# Each brand's issuer ranges (IIN prefixes, as numbers of that many digits) and the lengths
+# its cards have: the tables payment libraries check (ISO/IEC 7812 as the networks publish
+# them). A run of digits with no separator and no card word is a card only when it is one
+# brand's number by both range and length (and Luhn-valid).
+_BRANDS: Final[tuple[tuple[str, tuple[tuple[int, int], ...], frozenset[int]], ...]] = (
+    ("visa", ((4, 4),), frozenset({13, 16, 19})),
+    ("mastercard", ((51, 55), (2221, 2720)), frozenset({16})),
+    ("amex", ((34, 34), (37, 37)), frozenset({15})),
+    (
+        "discover",
+        ((6011, 6011), (644, 649), (65, 65), (622126, 622925)),
+        frozenset(range(16, 20)),
+    ),
+    ("jcb", ((3528, 3589),), frozenset(range(16, 20))),
+    ("diners", ((300, 305), (3095, 3095), (36, 36), (38, 39)), frozenset(range(14, 20))),
+    ("unionpay", ((62, 62),), frozenset(range(16, 20))),
+    ("mir", ((2200, 2204),), frozenset(range(16, 20))),
+    (
+        "maestro",
+        (
+            (5018, 5018),
+            (5020, 5020),
+            (5038, 5038),
+            (5893, 5893),
+            (6304, 6304),
+            (6759, 6759),
+            (6761, 6763),
+        ),
+        frozenset(range(13, 20)),
+    ),
+)
+
+
+# (brand, prefix length, low, high, lengths), the ranges of `_BRANDS` made ready to compare.
+_BRAND_RANGES: Final = tuple(
+    (brand, len(str(low)), low, high, lengths)
+    for brand, ranges, lengths in _BRANDS
+    for low, high in ranges
+)
+
+
+def card_brand(digits: str) -> str | None:
+    """The brand whose issuer range and length `digits` (a run of digits) has, or None."""
+    size = len(digits)
+    for brand, width, low, high, lengths in _BRAND_RANGES:
+        if size in lengths and low <= int(digits[:width]) <= high:
+            return brand
+    return None
+
+
+_LUHN_DOUBLED: Final = (0, 2, 4, 6, 8, 1, 3, 5, 7, 9)
+
+
+def luhn_ok(digits: str) -> bool:
+    """The Luhn check of a run of ASCII digits (stdnum's, without its input cleaning: a
+    bare run is checked for every brand-shaped number of the text, never budgeted)."""
+    total = 0
+    for i, char_ in enumerate(reversed(digits)):
+        digit = ord(char_) - 48
+        total += _LUHN_DOUBLED[digit] if i & 1 else digit
+    return total % 10 == 0
+
+
+# A bare run named as an id just before it ("order 4539…", "id: …", `{"order_id": …}`,
+# "#5105…"): an id that happens to be Luhn-valid in a brand's range, not a card.
+_ID_BEFORE: Final = re.compile(
+    r"(?:(?<![a-z0-9])(?:[a-z0-9]+[_-])?(?:ids?|orders?|invoices?|tickets?|txn|tx|ref"
+    r"|reference|transactions?|seq|sequence|rows?|records?|snowflake|uuid)|#)[\s\0\"':=#\[({,]*\Z"
+)
+_ID_WINDOW: Final = 48
+# What stands between the numbers of a row: a table's, a list's, a CSV line's, a value's.
+_ROW_GAP: Final = frozenset(" \t\r\n\0,;|[](){}\"'")
+_ROW_NUMBER: Final = re.compile(r"[-+]?\d(?:[\d.,/:-]*\d)?")
+_ROW_LOOK: Final = 64  # characters a neighbour is looked for in, each side
+_ROW_HEAD: Final = 8  # numbers of a row walked back over to find the word that names it
+
+
+def _neighbours(text: str, start: int, end: int) -> tuple[str, str]:
+    """The tokens just before and after `text[start:end]`, over the gaps of a row."""
+    i = start
+    while i > 0 and start - i < _ROW_LOOK and text[i - 1] in _ROW_GAP:
+        i -= 1
+    j = i
+    while j > 0 and i - j < _ROW_LOOK and text[j - 1] not in _ROW_GAP:
+        j -= 1
+    k = end
+    while k < len(text) and k - end < _ROW_LOOK and text[k] in _ROW_GAP:
+        k += 1
+    m = k
+    while m < len(text) and m - k < _ROW_LOOK and text[m] not in _ROW_GAP:
+        m += 1
+    return text[j:i], text[k:m]
+
+
+def _row_start(text: str, start: int) -> int:
+    """Where the row of numbers `start` is in begins (`start` itself when the token before
+    is not a number): a header or key before the row names all of it ("ids: [a, b]", an
+    ``order_id`` column printed without an index)."""
+    for _ in range(_ROW_HEAD):
+        before, _after = _neighbours(text, start, start)
+        if not before or not _ROW_NUMBER.fullmatch(before):
+            return start
+        start = text.rindex(before, 0, start)
+    return start
+
+
+def _in_a_row_of_data(view: View, start: int, end: int) -> bool:
+    """The run sits among other numbers (a DataFrame row, a CSV line, a list of ids, a
+    list value) and not every one of them is a card: it is a column of data. A row made
+    only of card numbers (two test cards printed together) is a row of cards."""
+    numbers = [t for t in _neighbours(view.text, start, end) if t and _ROW_NUMBER.fullmatch(t)]
+    return any(not (t.isdigit() and card_brand(t) is not None and luhn_ok(t)) for t in numbers)
+
+
+def _bare_card(view: View, start: int, end: int, digits: str) -> bool:
+    """One run of digits: a card with a card word nearby (any issuer prefix, 13-19
+    digits), or without one when it is a brand's number by range and length, not named
+    as an id, not in a row of other data, and not a path or signed number."""
+    if card_context(view, start, end):
+        return _issuer_prefix(digits) and view.valid(partial(luhn.is_valid, digits))
+    if card_brand(digits) is None or char(view.text, start - 1) in "-+./\\":
+        return False
+    if not luhn_ok(digits) or _in_a_row_of_data(view, start, end):
+        return False
+    first = _row_start(view.text, start)
+    return not _ID_BEFORE.search(view.lower, max(0, first - _ID_WINDOW), first)
+
+
 def _card_span(view: View, start: int) -> Span | None:
     """A card number: Luhn-valid 13-19 digits, grouped the way cards are printed (4-4-4-4,
-    4-6-5) or, as one run of digits, with an issuer's prefix and a card word nearby. A run
-    of digits alone is an id, a count or a Fibonacci number as often as a card: one in ten
-    random 16-digit numbers passes Luhn."""
+    4-6-5), or as one run of digits (`_bare_card`). A run of digits is an id, a count or
+    a Fibonacci number as often as a card (one in ten random 16-digit numbers passes
+    Luhn): bare, it needs a card word, or a brand's range and length and no sign of data."""
     text = view.text
     if text[start] not in "23456":
         return None  # no issuer starts with 0, 1, 7, 8, 9: ms/ns timestamps start with 1
@@ -355,14 +491,13 @@ def _card_span(view: View, start: int) -> Span | None:
         digits = re.sub(r"\D", "", candidate[:end])
         if len(digits) < 13:
             break
+        if not (len(digits) <= 19 and _digits_end_ok(text, start + end)):
+            continue
+        grouped = len(digits) != end  # the separators are the context
         if (
-            len(digits) <= 19
-            and digits[0] in "23456"
-            and _digits_end_ok(text, start + end)
-            and (len(digits) != end or _issuer_prefix(digits))
-            and view.valid(partial(luhn.is_valid, digits))
-            # grouped, the separators are the context; one run needs a card word
-            and (len(digits) != end or card_context(view, start, start + end))
+            view.valid(partial(luhn.is_valid, digits))
+            if grouped
+            else _bare_card(view, start, start + end, digits)
         ):
             return (start, start + end, "credit_card")
     return None
