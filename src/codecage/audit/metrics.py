@@ -28,7 +28,7 @@ from codecage.audit.record import Finished
 from codecage.backends.base import BACKENDS
 from codecage.models import PoolState
 from codecage.models.result import STATUSES
-from codecage.models.wire import BridgeErrorKind
+from codecage.models.wire import BridgeErrorKind, GuestEventKind
 from codecage.policy.profiles import BUILTIN_PROFILES
 
 OTHER = "other"
@@ -37,8 +37,10 @@ MAX_TOOL_LABELS = 100
 """Distinct server.tool pairs counted under their own names; later ones are "other"."""
 
 DENIAL_KINDS = ("import_blocked", "syscall_blocked", "network_denied", "tool_not_allowed")
-"""What `codecage_denials_total` counts: the refusal events of results, and the tool calls
-the allow-list refused (`tool_call` events of status `not_allowed`)."""
+"""What `codecage_denials_total` counts: the refusal events of results the host observed,
+and the tool calls the allow-list refused (`tool_call` events of status `not_allowed`)."""
+CLAIM_KINDS: tuple[str, ...] = GuestEventKind.__args__  # type: ignore[attr-defined]
+"""What `codecage_guest_claims_total` counts: events the guest reported (it can forge them)."""
 
 TOOL_STATUSES = ("ok", *BridgeErrorKind.__args__)  # type: ignore[attr-defined]
 
@@ -114,10 +116,22 @@ class ServerMetrics:
             "codecage_runs_in_flight", "execute_code calls holding a slot now.", registry=r
         )
         self._denials = Counter(
-            "codecage_denials", "Refusals during runs, by kind.", ["kind"], registry=r
+            "codecage_denials",
+            "Refusals during runs the host observed (its proxy, broker, judge), by kind.",
+            ["kind"],
+            registry=r,
         )
         for kind in DENIAL_KINDS:  # a dashboard sees zeros, not missing series
             self._denials.labels(kind=kind)
+        self._claims = Counter(
+            "codecage_guest_claims",
+            "Events the guest reported, by kind: its claims, which the code can forge or "
+            "suppress (an import refused by the in-sandbox policy is one).",
+            ["kind"],
+            registry=r,
+        )
+        for kind in CLAIM_KINDS:
+            self._claims.labels(kind=kind)
         self._tool_calls = Counter(
             "codecage_tool_calls",
             "Upstream MCP tool calls made by runs' code, by server, tool and status.",
@@ -155,13 +169,16 @@ class ServerMetrics:
         sent = 0
         for event in result.events:
             data = event.data or {}
-            if event.kind == "tool_call":
+            if event.source != "host":  # the guest's word: counted apart, never a denial
+                if event.kind in CLAIM_KINDS:
+                    self._claims.labels(kind=event.kind).inc()
+            elif event.kind == "tool_call":
                 self._tool_call(data)
             elif event.kind in DENIAL_KINDS:
                 # Past its bound, the proxy folds connections into one event with a count.
                 refused = data.get("refused") if "more" in data else 1
                 self._denials.labels(kind=event.kind).inc(_count(refused))
-            if event.kind == "network_allowed":
+            elif event.kind == "network_allowed":
                 sent += _count(data.get("bytes_out"))
         if sent:
             self._egress_out.inc(sent)

@@ -60,11 +60,12 @@ QUERIES: dict[str, dict[str, str]] = {
         "ORDER BY x.started_at DESC LIMIT 200",
     },
     "denials": {
-        "title": "Denials by kind",
-        "sql": "SELECT e.kind, count(*) AS denials, count(DISTINCT x.caller_name) AS callers, "  # noqa: S608
+        "title": "Denials by kind (host: observed; guest: the guest's claim)",
+        "sql": "SELECT e.kind, coalesce(e.source, 'unknown') AS source, count(*) AS denials, "  # noqa: S608
+        "count(DISTINCT x.caller_name) AS callers, "
         "max(x.started_at) AS last FROM events e JOIN executions x "
         f"ON x.execution_id = e.execution_id WHERE e.kind IN ({_DENIALS}) "
-        "GROUP BY e.kind ORDER BY denials DESC",
+        "GROUP BY e.kind, e.source ORDER BY e.source = 'host' DESC, denials DESC",
     },
     "tool_calls": {
         "title": "Tool calls",

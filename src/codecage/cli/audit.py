@@ -497,11 +497,15 @@ def _print_record(record: AuditRecord) -> None:
         ),
         ("code", f"sha256 {record.code_sha256}, {record.code_bytes} bytes"),
         ("redactions", ", ".join(f"{k} {n}" for k, n in record.redactions.items()) or "-"),
+        ("left out", ", ".join(f"{k} {n}" for k, n in record.omitted.items()) or "-"),
     ]
     for name, value in rows:
         console.print(f"[bold]{name:<11}[/bold]{escape(line(str(value)))}")
     for event in record.events:
-        console.print(f"  event      {escape(line(event.kind))}: {escape(line(event.detail))}")
+        claim = "" if event.source == "host" else f" ({event.source or 'origin unknown'})"
+        console.print(
+            f"  event      {escape(line(event.kind))}{claim}: {escape(line(event.detail))}"
+        )
     for call in record.tool_calls:
         console.print(
             f"  tool call  {escape(line(call.server))}.{escape(line(call.tool))} "
@@ -533,6 +537,7 @@ def _print_stats(report: views.Stats) -> None:
     wall = report.wall
     console.print(f"{'wall':<12}p50 {wall.p50_ms} ms, p95 {wall.p95_ms} ms")
     counts("denials", report.denials)
+    counts("claims", report.guest_claims)  # the guest's word: forgeable, never a denial
     clients = {f"{c.client or '-'} ({c.failures} failed)": c.runs for c in report.top_clients}
     counts("clients", clients)
     counts("tools", {f"{t.tool} ({t.errors} errors)": t.calls for t in report.tool_calls})
