@@ -16,13 +16,18 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
+from tests._postgres import postgres_server, postgres_url
 
 from codecage import ExecutionResult, Sandbox
 from codecage.audit import Query, open_store
 from codecage.audit.metrics import ServerMetrics
+from codecage.audit.schema import MIGRATIONS, SCHEMA_VERSION
 from test_metrics import samples, value
 from test_server import CODECAGE, server_env
+
+__all__ = ["postgres_server", "postgres_url"]  # fixtures, used by name
 
 FORGED = 3
 FORGE_CODE = f"""
@@ -123,3 +128,45 @@ def test_metrics_count_no_forged_denial_and_show_the_claims_apart(
     for kind in ("network_denied", "syscall_blocked"):
         assert value(found, "codecage_denials_total", kind=kind) == 0
         assert value(found, "codecage_guest_claims_total", kind=kind) == FORGED
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def schema_1(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A store of schema 1 (before events had an origin), with one run's events in it."""
+    v1 = [sql for version, statements in MIGRATIONS if version == 1 for sql in statements]
+    rows = [
+        "INSERT INTO audit_meta VALUES ('schema_version', '1')",
+        "INSERT INTO executions VALUES ('old', '2026-11-01T12:00:00.000000+00:00', "
+        "'2026-11-01T12:00:01.000000+00:00', 'cli', 'root', '', 'cli', NULL, 'bwrap', NULL, "
+        "'[]', '{}', 'ab', 1, NULL, 0, 'ok', 0, NULL, NULL, 1, NULL, NULL, 0, '{}')",
+        "INSERT INTO events VALUES ('old', 0, 'network_denied', 'socket(AF_INET)', NULL)",
+        "INSERT INTO events VALUES ('old', 1, 'network_denied', 'x:80 refused', "
+        '\'{"host": "x"}\')',
+        "INSERT INTO events VALUES ('old', 2, 'output_truncated', 'stdout', NULL)",
+        "INSERT INTO events VALUES ('old', 3, 'syscall_blocked', 'ptrace', NULL)",
+    ]
+    if request.param == "sqlite":
+        db = tmp_path / "audit.db"
+        with contextlib.closing(sqlite3.connect(db)) as conn, conn:
+            for sql in v1 + rows:
+                conn.execute(sql)
+        return str(db)
+    url: str = request.getfixturevalue("postgres_url")
+    with psycopg.connect(url, autocommit=True) as conn:
+        for sql in v1 + rows:
+            conn.execute(sql)  # constants of this test
+    return url
+
+
+def test_a_schema_1_store_is_migrated_with_what_is_known_of_each_origin(schema_1: str) -> None:
+    store = open_store(schema_1)
+    try:
+        record = store.get("old")
+        (version,) = store.select("SELECT value FROM audit_meta")[0]
+    finally:
+        store.close()
+    assert record is not None and int(version) == SCHEMA_VERSION
+    # The guest's kinds are not known (NULL), but the proxy's network_denied (with data) is
+    # the host's, as every kind the guest cannot report.
+    assert [e.source for e in record.events] == [None, "host", "host", None]
+    assert not record.truncated and record.omitted == {}

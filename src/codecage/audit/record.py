@@ -142,9 +142,9 @@ class RecordedEvent(BaseModel):
     detail: str
     data: dict[str, Any] | None = None
     source: EventSource | None = Field(
-        "host",
-        description="'host': observed by the host; 'guest': the guest's claim; None: "
-        "recorded before the origin was kept, and of a kind the guest may report.",
+        None,
+        description="'host': observed by the host; 'guest': the guest's claim; None: not "
+        "known (recorded before the origin was kept: a schema 1 row, an older journal).",
     )
 
 
