@@ -1,6 +1,6 @@
 """`[audit] max_mb` holds at write time, on a real SQLite store and a real PostgreSQL server
 (tests/_postgres.py): a full store refuses new records and keeps the ones it has, says so
-(a log warning, `full`, the `audit_full` alert, /readyz), and follows `required`: runs are
+(a log warning, `full`, the `audit_full` alert, /readyz, /metrics), and follows `required`: runs are
 refused while it is full, or go on with their records dropped and counted. Real sandboxes
 make the runs."""
 
@@ -20,9 +20,10 @@ from codecage import ExecutionResult, Sandbox
 from codecage.audit import AuditTrail, Erasure, Query, open_store
 from codecage.audit.record import Caller, Finished, record_of
 from codecage.errors import AuditError
-from codecage.mcp.health import host_readiness
+from codecage.mcp.health import host_readiness, server_metrics
 from codecage.models import AlertSettings, AuditSettings
 from test_alerts import WAIT_S, writer
+from test_metrics import samples, value
 
 __all__ = ["postgres_server", "postgres_url"]  # fixtures, used by name
 
@@ -153,6 +154,9 @@ def test_a_full_store_that_is_not_required_alerts_and_says_so_on_readyz(tmp_path
             "full" in body["degraded"]
             and f"{trail.dropped} record(s) dropped" in (body["degraded"])
         )
+        found = samples(server_metrics(sandbox).exposition().decode())
+        assert value(found, "codecage_audit_store_full") == 1
+        assert value(found, "codecage_audit_records_dropped_total") == trail.dropped
         assert sandbox.alerter.flush(WAIT_S)
     [line] = out.read_text().splitlines()  # once, when it became full
     alert = json.loads(line)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -76,6 +77,8 @@ class ServerMetrics:
         profiles: the operator's own profile names (the built-in ones are always known);
             a run of any other profile, or of several, counts as "combined" or "other".
         servers: the upstream servers' names; a tool call to any other is "other".
+        audit: the audit trail's state at scrape time (`AuditTrail`'s `full` and
+            `dropped`); None: no trail.
     """
 
     def __init__(
@@ -84,6 +87,7 @@ class ServerMetrics:
         pool: Callable[[], PoolState] | None = None,
         profiles: Iterable[str] = (),
         servers: Iterable[str] = (),
+        audit: Callable[[], AuditState] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         self._profiles = frozenset(BUILTIN_PROFILES) | frozenset(profiles)
@@ -145,6 +149,8 @@ class ServerMetrics:
         )
         if pool is not None:
             r.register(PoolCollector(pool, self.profile_label))
+        if audit is not None:
+            r.register(AuditCollector(audit))
 
     # --- feeding ------------------------------------------------------------------------------
 
@@ -215,6 +221,35 @@ class ServerMetrics:
 def _count(value: object) -> int:
     """A count from an event's data: a non-negative int, else 0."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+@dataclass(frozen=True, slots=True)
+class AuditState:
+    """What /metrics says of the audit trail: whether its store is full, and the records a
+    full store dropped (a trail not required)."""
+
+    full: bool
+    dropped: int
+
+
+class AuditCollector(Collector):
+    """The audit trail's store, read at each scrape."""
+
+    def __init__(self, state: Callable[[], AuditState]) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        now = self._state()
+        yield GaugeMetricFamily(
+            "codecage_audit_store_full",
+            "1 while the audit store is at its [audit] max_mb and refuses new records.",
+            value=int(now.full),
+        )
+        yield CounterMetricFamily(
+            "codecage_audit_records_dropped",
+            "Records a full audit store refused and the trail (not required) dropped.",
+            value=now.dropped,
+        )
 
 
 class PoolCollector(Collector):

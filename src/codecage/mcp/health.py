@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio.to_thread
 
-from codecage.audit.metrics import ServerMetrics
+from codecage.audit.metrics import AuditState, ServerMetrics
 from codecage.host import Host
 from codecage.models import PoolState
 from codecage.sandbox import Sandbox
@@ -97,10 +97,14 @@ def server_metrics(sandbox: Sandbox) -> ServerMetrics:
     """The metrics of a server over `sandbox`: its pool read at each scrape, its operator's
     profiles and upstream servers as the known label values."""
     pool = sandbox.pool
+    trail = sandbox.host.audit
     return ServerMetrics(
         pool=pool.state if pool is not None else None,
         profiles=sandbox.settings.custom_profiles,
         servers=sandbox.tools.servers if sandbox.tools is not None else (),
+        audit=(lambda: AuditState(trail.full is not None, trail.dropped))
+        if trail is not None
+        else None,
     )
 
 
