@@ -144,6 +144,7 @@ def test_repeated_network_denials_alert_a_webhook_with_the_run_but_not_its_code(
     assert alert["execution_id"] == second.execution_id
     assert alert["caller"] == {"kind": "library", "name": sandbox.caller.name, "version": ""}
     assert alert["counts"] == {"events": 2, "window_s": 600, "suppressed": 0, "dropped": 0}
+    assert alert["origin"] == "host"
     assert "metadata.test:80 refused" in str(alert["detail"])
     assert "urlopen" not in json.dumps(alert)  # never the code
     [row] = alert_rows(db)
@@ -162,6 +163,8 @@ def test_a_command_gets_the_alert_as_json_on_its_stdin(tmp_path: Path) -> None:
     alert = json.loads(line)
     assert alert["kind"] == "import_blocked" and alert["execution_id"] == result.execution_id
     assert "socket" in alert["detail"]
+    # The import policy runs in the guest: its refusals are claims, and the alert says so.
+    assert alert["origin"] == "guest" and "claim" in alert["detail"]
 
 
 def test_degraded_isolation_and_a_status_alert(tmp_path: Path) -> None:

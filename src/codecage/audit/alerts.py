@@ -83,6 +83,7 @@ class Alert:
     counts: Mapping[str, int] = field(default_factory=dict)
     at: datetime.datetime = field(default_factory=utc_now)
     alert_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    origin: EventSource = "host"  # "guest": raised by the guest's claims (import_blocked)
 
     def payload(self, suppressed: int, dropped: int) -> bytes:
         """The JSON a hook receives."""
@@ -100,6 +101,7 @@ class Alert:
                     "version": self.caller.version,
                 },
                 "detail": self.detail,
+                "origin": self.origin,
                 "counts": {**self.counts, "suppressed": suppressed, "dropped": dropped},
             },
             sort_keys=True,
@@ -375,7 +377,7 @@ class Alerter:
             f"the last: {events[-1].detail}"
         )
         counts = {"events": total, "window_s": int(window)}
-        self._raise(kind, finished, detail, counts)
+        self._raise(kind, finished, detail, counts, origin=events[-1].source)
 
     def _validation_high(self, finished: Finished) -> None:
         findings = [e for e in finished.result.events if e.kind == "validation_finding"]
@@ -398,6 +400,7 @@ class Alerter:
         finished: Finished,
         detail: str,
         counts: Mapping[str, int] | None = None,
+        origin: EventSource = "host",
     ) -> None:
         alert = Alert(
             kind,
@@ -405,6 +408,7 @@ class Alerter:
             self._detail(detail),
             execution_id=finished.result.execution_id,
             counts=dict(counts or {}),
+            origin=origin,
         )
         self._offer(alert)
 
