@@ -20,15 +20,23 @@ from codecage import ConfigError, Sandbox
 from codecage.audit import alerts as alerting
 from codecage.audit.alerts import QUEUE_MAX, Alerter
 from codecage.models import AlertSettings
+from test_audit_claims import FORGE_CODE
 from test_server import CODECAGE, INITIALIZE, server_env
 
 WAIT_S = 60.0  # a bound on waiting for the worker, never a measure of it
 SOCKET_CODE = """
 import socket
 try:
-    socket.socket(socket.AF_INET)
+    socket.socket(socket.AF_PACKET)
 except OSError as exc:
     print(exc)
+"""
+METADATA_CODE = """
+import urllib.error, urllib.request
+try:
+    urllib.request.urlopen("http://metadata.test/latest/meta-data/", timeout=10)
+except urllib.error.HTTPError as exc:
+    print("HTTP", exc.code)
 """
 
 
@@ -103,23 +111,42 @@ def alert_rows(db: Path) -> list[tuple[str, str | None, str, str, str, str]]:
 def test_repeated_network_denials_alert_a_webhook_with_the_run_but_not_its_code(
     tmp_path: Path, receiver: Receiver
 ) -> None:
+    """Denials the host observed (its egress proxy refused a name that resolves to the
+    metadata address) alert; the guest's own `network_denied` (its socket() audit hook, or
+    a forged one) is a claim and never does."""
     db = tmp_path / "audit.db"
+    config = tmp_path / "config.toml"
+    config.write_text('[network.resolve]\n"metadata.test" = ["169.254.169.254"]\n')
     settings = AlertSettings(webhook_url=receiver.url, on=["network_denied"], repeat_count=2)
-    with Sandbox(pool=False, import_policy=False, audit=db, alerts=settings) as sandbox:
+    with Sandbox(
+        config=config,
+        pool=False,
+        import_policy=False,
+        allow_hosts=["metadata.test:80"],
+        audit=db,
+        alerts=settings,
+    ) as sandbox:
         assert sandbox.alerter is not None
-        first = sandbox.run(SOCKET_CODE)
+        claims = [sandbox.run(SOCKET_CODE), sandbox.run(FORGE_CODE)]
         assert sandbox.alerter.flush(WAIT_S)
-        assert receiver.bodies == []  # one denial: not yet repeated
-        second = sandbox.run(SOCKET_CODE)
+        first = sandbox.run(METADATA_CODE)
         assert sandbox.alerter.flush(WAIT_S)
+        assert receiver.bodies == []  # one denial: not yet repeated; claims: never counted
+        second = sandbox.run(METADATA_CODE)
+        assert sandbox.alerter.flush(WAIT_S)
+    for claim in claims:
+        assert claim.status == "ok", claim
+        assert {e.source for e in claim.events if e.kind == "network_denied"} == {"guest"}
     assert first.status == second.status == "ok"
+    assert first.stdout.startswith("HTTP 403"), first.stdout
     [alert] = receiver.bodies
     assert alert["kind"] == "network_denied"
     assert alert["execution_id"] == second.execution_id
     assert alert["caller"] == {"kind": "library", "name": sandbox.caller.name, "version": ""}
     assert alert["counts"] == {"events": 2, "window_s": 600, "suppressed": 0, "dropped": 0}
-    assert "socket(AF_INET) attempted" in str(alert["detail"])
-    assert "socket.socket" not in json.dumps(alert)  # never the code
+    assert alert["origin"] == "host"
+    assert "metadata.test:80 refused" in str(alert["detail"])
+    assert "urlopen" not in json.dumps(alert)  # never the code
     [row] = alert_rows(db)
     assert row[0:3] == ("network_denied", second.execution_id, sandbox.caller.name)
     assert row[4:] == ("127.0.0.1", "sent")  # the webhook's host only, not its path
@@ -136,6 +163,8 @@ def test_a_command_gets_the_alert_as_json_on_its_stdin(tmp_path: Path) -> None:
     alert = json.loads(line)
     assert alert["kind"] == "import_blocked" and alert["execution_id"] == result.execution_id
     assert "socket" in alert["detail"]
+    # The import policy runs in the guest: its refusals are claims, and the alert says so.
+    assert alert["origin"] == "guest" and "claim" in alert["detail"]
 
 
 def test_degraded_isolation_and_a_status_alert(tmp_path: Path) -> None:

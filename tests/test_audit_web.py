@@ -1,6 +1,6 @@
 """`codecage audit web`: Datasette over a real audit store, seen by headless Chromium with the
 network cut off (the page and its chart need nothing from outside), read-only, and behind a
-token when it binds beyond loopback."""
+token on every address, loopback included (`--insecure-no-token` waives it on loopback)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ CHROMIUM = shutil.which("chromium")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
 
 WIDTH, HEIGHT = 1200, 900
+TOKEN = uuid.uuid4().hex
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @dataclass
@@ -64,13 +66,15 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
 
 @contextlib.contextmanager
 def serving(db: Path, *args: str, **env: str) -> Iterator[str]:
+    """The view on a free port; its token is TOKEN unless `args` say otherwise."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    given = args or ("--token-env", "WEB_TOKEN")
     with subprocess.Popen(
-        [CODECAGE, "audit", "web", "--store", str(db), "--port", str(port), *args],
+        [CODECAGE, "audit", "web", "--store", str(db), "--port", str(port), *given],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env=server_env(**env),
+        env=server_env(**({"WEB_TOKEN": TOKEN} | env)),
     ) as proc:
         try:
             deadline = time.monotonic() + 30
@@ -120,7 +124,7 @@ def chromium(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_runs_page_lists_the_runs(store: Store) -> None:
     with serving(store.db) as url:
-        done = chromium("--dump-dom", f"{url}/audit/recent_runs")
+        done = chromium("--dump-dom", f"{url}/audit/recent_runs?token={TOKEN}")
     assert done.returncode == 0, done.stderr[-2000:]
     for run_id in store.run_ids:
         assert run_id in done.stdout
@@ -132,7 +136,8 @@ def test_the_chart_of_runs_per_hour_renders_offline(store: Store, tmp_path: Path
 
     shot = tmp_path / "chart.png"
     with serving(store.db) as url:
-        done = chromium(f"--screenshot={shot}", f"{url}/audit/runs_per_hour{CHART_FRAGMENT}")
+        page = f"{url}/audit/runs_per_hour?token={TOKEN}{CHART_FRAGMENT}"
+        done = chromium(f"--screenshot={shot}", page)
     assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
     with Image.open(shot) as image:
         assert image.size == (WIDTH, HEIGHT)
@@ -147,7 +152,7 @@ def test_browsing_never_changes_the_store(store: Store) -> None:
     before = (store.db.stat().st_mtime_ns, store.db.read_bytes())
     with serving(store.db) as url:
         for page in ("/audit/recent_runs", "/audit/failures", "/audit/denials", "/audit"):
-            assert fetch(url + page)[0] == 200
+            assert fetch(url + page, **BEARER)[0] == 200
     assert (store.db.stat().st_mtime_ns, store.db.read_bytes()) == before
 
 
@@ -160,6 +165,68 @@ def test_another_address_needs_a_token(store: Store) -> None:
         timeout=60,
     )
     assert done.returncode == 2 and "--token-env" in done.stderr
+
+
+def test_on_loopback_too_a_token_is_required_one_made_and_printed_with_its_url(
+    store: Store,
+) -> None:
+    """The store is root-only; a view on loopback without a token would give every local
+    user SQL over the whole trail. Started with no token, the view makes one."""
+    port = free_port()
+    with subprocess.Popen(
+        [CODECAGE, "audit", "web", "--store", str(store.db), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=server_env(),
+    ) as proc:
+        try:
+            assert proc.stderr is not None
+            line = next(x for x in proc.stderr if "codecage audit web on" in x)
+            printed = line.split()[4]
+            base, _, token = printed.partition("/?token=")
+            assert base == f"http://127.0.0.1:{port}" and len(token) >= 32
+            deadline = time.monotonic() + 30
+            while fetch(base + "/-/versions.json")[0] == 0:
+                assert time.monotonic() < deadline, "codecage audit web did not listen"
+                time.sleep(0.1)
+            assert fetch(base + "/audit/recent_runs")[0] == 401
+            assert fetch(base + "/audit.json?sql=select+code+from+executions")[0] == 401
+            assert fetch(base + "/audit/recent_runs", Authorization=f"Bearer {token}")[0] == 200
+            assert fetch(base + "/audit/recent_runs?token=" + "x" * len(token))[0] == 401
+            # The printed URL: a redirect that sets the cookie and drops the token from it.
+            opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+            with opener.open(f"{base}/audit/recent_runs?token={token}", timeout=30) as page:
+                assert page.status == 200 and "token=" not in page.url
+                assert store.run_ids[0] in page.read().decode()
+            with opener.open(f"{base}/audit/failures", timeout=30) as page:  # the cookie
+                assert page.status == 200
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+def test_no_token_only_when_waived_explicitly_and_only_on_loopback(store: Store) -> None:
+    with serving(store.db, "--insecure-no-token") as url:
+        assert fetch(url + "/audit/recent_runs")[0] == 200
+    anywhere = "0.0.0.0"  # noqa: S104
+    done = subprocess.run(
+        [
+            CODECAGE,
+            "audit",
+            "web",
+            "--store",
+            str(store.db),
+            "--insecure-no-token",
+            "--host",
+            anywhere,
+        ],
+        capture_output=True,
+        text=True,
+        env=server_env(),
+        timeout=60,
+    )
+    assert done.returncode == 2 and "--token" in done.stderr
 
 
 def test_with_a_token_every_request_must_carry_it(store: Store) -> None:
@@ -191,7 +258,10 @@ def test_a_postgresql_store_is_refused_with_what_to_use(tmp_path: Path) -> None:
 
 def test_a_page_that_rebinds_its_name_to_loopback_cannot_read_the_view(store: Store) -> None:
     """DNS rebinding: the operator's browser, on a hostile page, asks 127.0.0.1 with the
-    page's own name in Host. The view answers loopback names only."""
-    with serving(store.db) as url:
+    page's own name in Host. The view answers loopback names only, with a token or without."""
+    with serving(store.db, "--insecure-no-token") as url:
         assert fetch(url + "/audit/recent_runs", Host="evil.example")[0] == 403
         assert fetch(url + "/audit/recent_runs", Host="localhost:8001")[0] == 200
+    with serving(store.db) as url:
+        assert fetch(url + "/audit/recent_runs", Host="evil.example", **BEARER)[0] == 403
+        assert fetch(url + "/audit/recent_runs", Host="localhost:8001", **BEARER)[0] == 200

@@ -145,8 +145,9 @@ async def test_metrics_count_the_runs_of_real_calls_exactly(http_server: HttpSer
     assert value(found, runs, status="error", backend=backend, profile="standard") == 1
     assert value(found, runs, status="error", backend=backend, profile="basic") == 1
     assert total(found, runs) == 3
-    assert value(found, "codecage_denials_total", kind="import_blocked") == 1
-    for kind in ("syscall_blocked", "network_denied", "tool_not_allowed"):
+    # The import policy runs in the guest: its refusal is the guest's claim, counted apart.
+    assert value(found, "codecage_guest_claims_total", kind="import_blocked") == 1
+    for kind in ("import_blocked", "syscall_blocked", "network_denied", "tool_not_allowed"):
         assert ("codecage_denials_total", frozenset({("kind", kind)})) in found  # zero, shown
         assert value(found, "codecage_denials_total", kind=kind) == 0
     assert value(found, "codecage_run_wall_seconds_count", backend=backend) == 3

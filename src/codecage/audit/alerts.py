@@ -41,8 +41,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from codecage.audit.record import AlertRecord, Caller, Finished, utc_now
 from codecage.audit.store import AuditStore
+from codecage.audit.trail import StoreFull
 from codecage.errors import AuditError, ConfigError
-from codecage.models import AlertSettings, Event, ValidationReport
+from codecage.models import AlertSettings, Event, EventSource, ValidationReport
 from codecage.models.settings import webhook_host
 
 if TYPE_CHECKING:
@@ -55,6 +56,11 @@ QUEUE_MAX = 100
 CHECKS_MAX = QUEUE_MAX // 2
 """Runs waiting for the validation_high check: they never take the alerts' half."""
 MAX_DETAIL = 500
+REPEATED_TRIGGERS: dict[str, EventSource] = {"network_denied": "host", "import_blocked": "guest"}
+"""The triggers counted by repetition, and the origin of the events each counts. A
+network_denied alert comes only from what the host saw (its egress proxy): the guest's own
+network_denied is a claim the code can forge. import_blocked exists only as a claim (the
+import policy runs in the guest): its alert says so."""
 """Characters of an alert's detail."""
 MAX_CALLERS = 10_000
 """Callers whose repeated events are counted at once (MCP clients name themselves)."""
@@ -77,6 +83,7 @@ class Alert:
     counts: Mapping[str, int] = field(default_factory=dict)
     at: datetime.datetime = field(default_factory=utc_now)
     alert_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    origin: EventSource = "host"  # "guest": raised by the guest's claims (import_blocked)
 
     def payload(self, suppressed: int, dropped: int) -> bytes:
         """The JSON a hook receives."""
@@ -94,6 +101,7 @@ class Alert:
                     "version": self.caller.version,
                 },
                 "detail": self.detail,
+                "origin": self.origin,
                 "counts": {**self.counts, "suppressed": suppressed, "dropped": dropped},
             },
             sort_keys=True,
@@ -316,12 +324,16 @@ class Alerter:
     def __call__(self, finished: Finished) -> None:
         """A `Host.observers` callback: the alerts of one finished run."""
         result = finished.result
-        for kind in ("network_denied", "import_blocked"):
-            events = [e for e in result.events if e.kind == kind]
+        for kind, source in REPEATED_TRIGGERS.items():
+            events = [e for e in result.events if e.kind == kind and e.source == source]
             if kind in self._on and events:
                 self._repeated(kind, events, finished)
         if "degraded_isolation" in self._on:
-            lost = [e.detail for e in result.events if e.kind == "degraded_isolation"]
+            lost = [
+                e.detail
+                for e in result.events
+                if e.kind == "degraded_isolation" and e.source == "host"
+            ]
             if lost:
                 self._raise("degraded_isolation", finished, "; ".join(lost))
         if "validation_high" in self._on:
@@ -330,6 +342,16 @@ class Alerter:
         if status in self._on:
             error = f": {result.error.type}" if result.error is not None else ""
             self._raise(status, finished, f"the run ended {result.status}{error}")
+
+    def audit_full(self, full: StoreFull) -> None:
+        """The audit store became full (an `AuditTrail.on_full` callback): alert when
+        audit_full is on. Never raises."""
+        if "audit_full" not in self._on:
+            return
+        try:
+            self._offer(Alert("audit_full", Caller("library", name="codecage"), full.reason))
+        except Exception:
+            log.exception("alert.audit_full_failed")
 
     def client_blocked(self, client: str | Caller, reason: str) -> None:
         """A client's call was refused (over its rate, its concurrent runs, its largest
@@ -349,12 +371,13 @@ class Alerter:
         if total is None:
             return
         window = self.settings.repeat_window
+        claimed = " reported by the guest (its claim)" if events[-1].source != "host" else ""
         detail = (
-            f"{total} {kind} events from {caller.label} within {window:g}s; "
+            f"{total} {kind} events{claimed} from {caller.label} within {window:g}s; "
             f"the last: {events[-1].detail}"
         )
         counts = {"events": total, "window_s": int(window)}
-        self._raise(kind, finished, detail, counts)
+        self._raise(kind, finished, detail, counts, origin=events[-1].source)
 
     def _validation_high(self, finished: Finished) -> None:
         findings = [e for e in finished.result.events if e.kind == "validation_finding"]
@@ -377,6 +400,7 @@ class Alerter:
         finished: Finished,
         detail: str,
         counts: Mapping[str, int] | None = None,
+        origin: EventSource = "host",
     ) -> None:
         alert = Alert(
             kind,
@@ -384,6 +408,7 @@ class Alerter:
             self._detail(detail),
             execution_id=finished.result.execution_id,
             counts=dict(counts or {}),
+            origin=origin,
         )
         self._offer(alert)
 
@@ -537,6 +562,10 @@ def attach(host: Host, settings: AlertSettings) -> Alerter:
         validate=lambda code: host.validate(code, None, strict=True),
     )
     host.observers.append(alerter)
+    if host.audit is not None:
+        host.audit.on_full.append(alerter.audit_full)
+        if host.audit.full is not None:  # full already when it opened
+            alerter.audit_full(host.audit.full)
     log.info(
         "alerts.start",
         extra={"targets": [h.target for h in alerter.hooks], "on": sorted(settings.on)},

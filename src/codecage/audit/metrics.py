@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -28,7 +29,7 @@ from codecage.audit.record import Finished
 from codecage.backends.base import BACKENDS
 from codecage.models import PoolState
 from codecage.models.result import STATUSES
-from codecage.models.wire import BridgeErrorKind
+from codecage.models.wire import BridgeErrorKind, GuestEventKind
 from codecage.policy.profiles import BUILTIN_PROFILES
 
 OTHER = "other"
@@ -37,8 +38,10 @@ MAX_TOOL_LABELS = 100
 """Distinct server.tool pairs counted under their own names; later ones are "other"."""
 
 DENIAL_KINDS = ("import_blocked", "syscall_blocked", "network_denied", "tool_not_allowed")
-"""What `codecage_denials_total` counts: the refusal events of results, and the tool calls
-the allow-list refused (`tool_call` events of status `not_allowed`)."""
+"""What `codecage_denials_total` counts: the refusal events of results the host observed,
+and the tool calls the allow-list refused (`tool_call` events of status `not_allowed`)."""
+CLAIM_KINDS: tuple[str, ...] = GuestEventKind.__args__  # type: ignore[attr-defined]
+"""What `codecage_guest_claims_total` counts: events the guest reported (it can forge them)."""
 
 TOOL_STATUSES = ("ok", *BridgeErrorKind.__args__)  # type: ignore[attr-defined]
 
@@ -74,6 +77,8 @@ class ServerMetrics:
         profiles: the operator's own profile names (the built-in ones are always known);
             a run of any other profile, or of several, counts as "combined" or "other".
         servers: the upstream servers' names; a tool call to any other is "other".
+        audit: the audit trail's state at scrape time (`AuditTrail`'s `full` and
+            `dropped`); None: no trail.
     """
 
     def __init__(
@@ -82,6 +87,7 @@ class ServerMetrics:
         pool: Callable[[], PoolState] | None = None,
         profiles: Iterable[str] = (),
         servers: Iterable[str] = (),
+        audit: Callable[[], AuditState] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         self._profiles = frozenset(BUILTIN_PROFILES) | frozenset(profiles)
@@ -114,10 +120,22 @@ class ServerMetrics:
             "codecage_runs_in_flight", "execute_code calls holding a slot now.", registry=r
         )
         self._denials = Counter(
-            "codecage_denials", "Refusals during runs, by kind.", ["kind"], registry=r
+            "codecage_denials",
+            "Refusals during runs the host observed (its proxy, broker, judge), by kind.",
+            ["kind"],
+            registry=r,
         )
         for kind in DENIAL_KINDS:  # a dashboard sees zeros, not missing series
             self._denials.labels(kind=kind)
+        self._claims = Counter(
+            "codecage_guest_claims",
+            "Events the guest reported, by kind: its claims, which the code can forge or "
+            "suppress (an import refused by the in-sandbox policy is one).",
+            ["kind"],
+            registry=r,
+        )
+        for kind in CLAIM_KINDS:
+            self._claims.labels(kind=kind)
         self._tool_calls = Counter(
             "codecage_tool_calls",
             "Upstream MCP tool calls made by runs' code, by server, tool and status.",
@@ -131,6 +149,8 @@ class ServerMetrics:
         )
         if pool is not None:
             r.register(PoolCollector(pool, self.profile_label))
+        if audit is not None:
+            r.register(AuditCollector(audit))
 
     # --- feeding ------------------------------------------------------------------------------
 
@@ -155,13 +175,16 @@ class ServerMetrics:
         sent = 0
         for event in result.events:
             data = event.data or {}
-            if event.kind == "tool_call":
+            if event.source != "host":  # the guest's word: counted apart, never a denial
+                if event.kind in CLAIM_KINDS:
+                    self._claims.labels(kind=event.kind).inc()
+            elif event.kind == "tool_call":
                 self._tool_call(data)
             elif event.kind in DENIAL_KINDS:
                 # Past its bound, the proxy folds connections into one event with a count.
                 refused = data.get("refused") if "more" in data else 1
                 self._denials.labels(kind=event.kind).inc(_count(refused))
-            if event.kind == "network_allowed":
+            elif event.kind == "network_allowed":
                 sent += _count(data.get("bytes_out"))
         if sent:
             self._egress_out.inc(sent)
@@ -198,6 +221,35 @@ class ServerMetrics:
 def _count(value: object) -> int:
     """A count from an event's data: a non-negative int, else 0."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+@dataclass(frozen=True, slots=True)
+class AuditState:
+    """What /metrics says of the audit trail: whether its store is full, and the records a
+    full store dropped (a trail not required)."""
+
+    full: bool
+    dropped: int
+
+
+class AuditCollector(Collector):
+    """The audit trail's store, read at each scrape."""
+
+    def __init__(self, state: Callable[[], AuditState]) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        now = self._state()
+        yield GaugeMetricFamily(
+            "codecage_audit_store_full",
+            "1 while the audit store is at its [audit] max_mb and refuses new records.",
+            value=int(now.full),
+        )
+        yield CounterMetricFamily(
+            "codecage_audit_records_dropped",
+            "Records a full audit store refused and the trail (not required) dropped.",
+            value=now.dropped,
+        )
 
 
 class PoolCollector(Collector):

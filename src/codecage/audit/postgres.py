@@ -35,7 +35,9 @@ from codecage.audit.schema import (
 )
 from codecage.audit.store import (
     ADD_EVENT_SQL,
+    INSERT_EVENT_SQL,
     PRUNE_ROUNDS,
+    SELECT_EVENTS_SQL,
     Erasure,
     Query,
     added_event_params,
@@ -189,21 +191,39 @@ class PostgresStore:
 
     # --- writing -----------------------------------------------------------------------
 
-    def write(self, records: Sequence[AuditRecord]) -> None:
+    def write(self, records: Sequence[AuditRecord], *, max_bytes: int | None = None) -> int:
+        """Put `records` in, in one transaction (one on record already is skipped). With
+        `max_bytes`: the rows' bytes are measured once (`size_bytes`, a scan of the tables)
+        and each record counted by its size as JSON (more than its rows take: PostgreSQL
+        compresses long text); those past the bound are left out. Returns how many were
+        put in."""
+        fit = len(records)
+        if max_bytes is not None and records:
+            used = self.size_bytes()
+            fit = 0
+            for record in records:
+                used += len(record.model_dump_json().encode())
+                if used > max_bytes:
+                    break
+                fit += 1
+        kept = records[:fit]
+
         def work(db: Connection) -> None:
             with db.transaction(), db.cursor() as cur:
-                for record in records:
+                for record in kept:
                     cur.execute(_INSERT_EXECUTION, execution_row(record))
                     if cur.rowcount == 0:
                         continue  # on record already: this batch is a retry
                     events, calls, files = child_rows(record)
-                    cur.executemany("INSERT INTO events VALUES (%s, %s, %s, %s, %s)", events)
+                    cur.executemany(INSERT_EVENT_SQL.replace("?", "%s"), events)
                     cur.executemany(
                         "INSERT INTO tool_calls VALUES (%s, %s, %s, %s, %s, %s, %s)", calls
                     )
                     cur.executemany("INSERT INTO files VALUES (%s, %s, %s, %s, %s)", files)
 
-        self._call("written", work)
+        if kept:
+            self._call("written", work)
+        return fit
 
     def write_alert(self, alert: AlertRecord) -> None:
         row = (
@@ -278,6 +298,10 @@ class PostgresStore:
         row = self._call("read", lambda db: db.execute(f"SELECT {_LIVE_BYTES}").fetchone())
         return int(row[0]) if row is not None else 0
 
+    def used_bytes(self) -> int:
+        """The rows' bytes (`size_bytes`): a scan of the tables."""
+        return self.size_bytes()
+
     # --- deleting ----------------------------------------------------------------------
 
     def erase(self, erasure: Erasure) -> int:
@@ -346,9 +370,7 @@ def _whole(db: Connection, row: Sequence[Any]) -> AuditRecord:
     rid = (row[0],)
     return record_from_rows(
         row,
-        db.execute(
-            "SELECT kind, detail, data FROM events WHERE execution_id = %s ORDER BY seq", rid
-        ).fetchall(),
+        db.execute(SELECT_EVENTS_SQL.replace("?", "%s"), rid).fetchall(),
         db.execute(
             "SELECT server, tool, status, duration_ms, bytes FROM tool_calls "
             "WHERE execution_id = %s ORDER BY seq",

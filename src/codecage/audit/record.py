@@ -6,19 +6,26 @@ came from the code or its output has passed the host's scrubber first (the code 
 kept only when the operator asks, scrubbed and cut to `[audit] max_code_bytes`), so the
 store holds nothing personal in clear that a result would not show scrubbed. The record is
 plain data: the stores (`audit.sqlite`, `audit.postgres`) lay it out in tables.
+
+A record is bounded whatever the run did (`MAX_RECORD_BYTES` besides its code): at most
+`MAX_FILES` files, `MAX_EVENTS` events (what the host observed first: the guest's claims
+cannot push it out) and `MAX_TOOL_CALLS` tool calls, each text cut to its bound in bytes as
+JSON encodes it. What was left out is on the record: `omitted` counts it by what it was, and
+`truncated` says that anything was left out or cut.
 """
 
 from __future__ import annotations
 
 import datetime
 import hashlib
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from codecage.models import ExecutionResult
+from codecage.models import Event, EventSource, ExecutionResult, FileInfo
 
 CallerKind = Literal["http", "mcp", "library", "cli"]
 MAX_CALLER_FIELD = 200
@@ -64,11 +71,81 @@ class Finished:
     finished_at: datetime.datetime
 
 
+MAX_FILES: Final = 64
+"""Files listed per record; the rest are counted (`omitted["files"]`)."""
+MAX_PATH_BYTES: Final = 160
+MAX_EVENTS: Final = 48
+"""Events per record, the host's first, then the guest's; the rest are counted."""
+MAX_DETAIL_BYTES: Final = 200
+MAX_DATA_BYTES: Final = 256
+"""An event's data as JSON; longer strings in it are cut first, then it is left out."""
+MAX_DATA_STRING_BYTES: Final = 48
+MAX_TOOL_CALLS: Final = 32
+MAX_NAME_BYTES: Final = 64
+"""A tool's server, name and status, a module name, a redaction's category."""
+MAX_IMPORTS_BYTES: Final = 4096
+"""The import policy's modules, all of them together."""
+MAX_REDACTION_KINDS: Final = 32
+MAX_FIELD_BYTES: Final = 200
+"""Any other text from a request or a result: the profile, an error's type, a signal."""
+MAX_RECORD_BYTES: Final = 64 * 1024
+"""The most a record takes as JSON besides its code (which `[audit] max_code_bytes` bounds):
+the bounds above, added up with their keys, are under it (tests/test_audit_bounds.py fills
+every one of them)."""
+CUT_MARK: Final = "\u2026"
+
+
+@dataclass(slots=True)
+class _Cuts:
+    """What bounding a record left out, by what it was, and how many texts it cut."""
+
+    omitted: dict[str, int] = field(default_factory=dict)
+    cut: int = 0
+
+    def leave_out(self, what: str, count: int) -> None:
+        if count > 0:
+            self.omitted[what] = self.omitted.get(what, 0) + count
+
+    def text(self, value: str, max_bytes: int) -> str:
+        kept = cut_text(value, max_bytes)
+        if kept != value:
+            self.cut += 1
+        return kept
+
+
+def _json_bytes(char: str) -> int:
+    return len(json.dumps(char, ensure_ascii=False).encode("utf-8", "surrogatepass")) - 2
+
+
+def cut_text(value: str, max_bytes: int) -> str:
+    """`value` if it takes at most `max_bytes` as JSON (UTF-8, escapes counted), else its
+    longest head that fits with `CUT_MARK` after it."""
+    if len(value) * 6 <= max_bytes or _size(value) <= max_bytes:
+        return value
+    budget = max_bytes - _json_bytes(CUT_MARK)
+    kept = []
+    for char in value:
+        budget -= _json_bytes(char)
+        if budget < 0:
+            break
+        kept.append(char)
+    return "".join(kept) + CUT_MARK
+
+
+def _size(value: str) -> int:
+    return len(json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass")) - 2
+
+
 class RecordedEvent(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: str
     detail: str
     data: dict[str, Any] | None = None
+    source: EventSource | None = Field(
+        None,
+        description="'host': observed by the host; 'guest': the guest's claim; None: not "
+        "known (recorded before the origin was kept: a schema 1 row, an older journal).",
+    )
 
 
 class RecordedToolCall(BaseModel):
@@ -120,6 +197,14 @@ class AuditRecord(BaseModel):
     tool_calls: list[RecordedToolCall]
     files: list[RecordedFile]
     redactions: dict[str, int]
+    truncated: bool = Field(
+        False, description="Something was left out of the record or cut to its bound."
+    )
+    omitted: dict[str, int] = Field(
+        default_factory=dict,
+        description="What was left out, counted: files, events, tool_calls, allowed_imports, "
+        "redactions, and cut (texts cut to their bound).",
+    )
 
 
 class AlertRecord(BaseModel):
@@ -141,23 +226,26 @@ class AlertRecord(BaseModel):
 def record_of(
     finished: Finished, *, keep_code: bool, max_code_bytes: int, scrub: Callable[[str], str]
 ) -> AuditRecord:
-    """The audit record of `finished`. The result was scrubbed already; the code is scrubbed
-    here (when kept) with the same scrubber."""
+    """The audit record of `finished`, bounded (`MAX_RECORD_BYTES` besides the code). The
+    result was scrubbed already; the code is scrubbed here (when kept) with the same
+    scrubber."""
     result = finished.result
     raw = finished.code.encode("utf-8", "surrogatepass")
     code, truncated = _kept_code(finished.code, keep_code, max_code_bytes, scrub)
-    return AuditRecord(
-        execution_id=result.execution_id,
+    cuts = _Cuts()
+    calls = [e for e in result.events if e.kind == "tool_call"]
+    record = AuditRecord(
+        execution_id=cuts.text(result.execution_id, MAX_FIELD_BYTES),
         started_at=finished.started_at,
         finished_at=finished.finished_at,
         caller_kind=finished.caller.kind,
         caller_name=finished.caller.name,
         caller_version=finished.caller.version,
-        face=finished.face,
-        session_id=result.session_id,
-        backend=result.backend,
-        profile=finished.profile,
-        allowed_imports=list(finished.allowed_imports),
+        face=cuts.text(finished.face, MAX_NAME_BYTES),
+        session_id=_cut_or_none(cuts, result.session_id, MAX_FIELD_BYTES),
+        backend=cuts.text(result.backend, MAX_NAME_BYTES),
+        profile=_cut_or_none(cuts, finished.profile, MAX_FIELD_BYTES),
+        allowed_imports=_imports(cuts, finished.allowed_imports),
         limits=result.limits.model_dump(),
         code_sha256=hashlib.sha256(raw).hexdigest(),
         code_bytes=len(raw),
@@ -165,21 +253,116 @@ def record_of(
         code_truncated=truncated,
         status=result.status,
         exit_code=result.exit_code,
-        signal=result.signal,
-        error_type=result.error.type if result.error is not None else None,
+        signal=_cut_or_none(cuts, result.signal, MAX_NAME_BYTES),
+        error_type=_cut_or_none(
+            cuts, result.error.type if result.error is not None else None, MAX_FIELD_BYTES
+        ),
         wall_ms=result.usage.wall_ms,
         cpu_ms=result.usage.cpu_ms,
         peak_memory_mb=result.usage.peak_memory_mb,
         bytes_written=sum(f.size for f in result.files),
-        events=[
-            RecordedEvent(kind=e.kind, detail=e.detail, data=e.data)
-            for e in result.events
-            if e.kind != "tool_call"
-        ],
-        tool_calls=[_tool_call(e.data or {}) for e in result.events if e.kind == "tool_call"],
-        files=[RecordedFile(path=f.path, size=f.size, sha256=f.sha256) for f in result.files],
-        redactions=dict(result.redactions),
+        events=_events(cuts, [e for e in result.events if e.kind != "tool_call"]),
+        tool_calls=[_tool_call(e.data or {}, cuts) for e in calls[:MAX_TOOL_CALLS]],
+        files=_files(cuts, result.files),
+        redactions=_redactions(cuts, result.redactions),
     )
+    cuts.leave_out("tool_calls", len(calls) - MAX_TOOL_CALLS)
+    cuts.leave_out("cut", cuts.cut)
+    if not cuts.omitted:
+        return record
+    return record.model_copy(update={"truncated": True, "omitted": cuts.omitted})
+
+
+def bounded_events(events: Iterable[RecordedEvent]) -> list[RecordedEvent]:
+    """Events added to a record later (`AuditTrail.note`), each cut as `record_of` cuts a
+    record's; at most `MAX_EVENTS` of them."""
+    cuts = _Cuts()
+    return [_recorded(cuts, e.kind, e.detail, e.data, e.source) for e in list(events)[:MAX_EVENTS]]
+
+
+def _cut_or_none(cuts: _Cuts, value: str | None, max_bytes: int) -> str | None:
+    return None if value is None else cuts.text(value, max_bytes)
+
+
+def _imports(cuts: _Cuts, modules: Iterable[str]) -> list[str]:
+    kept: list[str] = []
+    budget = MAX_IMPORTS_BYTES
+    every = list(modules)
+    for name in every:
+        name = cuts.text(name, MAX_NAME_BYTES)
+        budget -= _size(name) + 3  # quotes and a comma
+        if budget < 0:
+            break
+        kept.append(name)
+    cuts.leave_out("allowed_imports", len(every) - len(kept))
+    return kept
+
+
+def _events(cuts: _Cuts, events: list[Event]) -> list[RecordedEvent]:
+    """The host's events first, then the guest's, up to `MAX_EVENTS`, in their order: a
+    guest that floods its report cannot push out what the host saw."""
+    host = [i for i, e in enumerate(events) if e.source == "host"]
+    guest = [i for i, e in enumerate(events) if e.source != "host"]
+    kept = sorted((host + guest)[:MAX_EVENTS])
+    cuts.leave_out("events", len(events) - len(kept))
+    return [_recorded(cuts, e.kind, e.detail, e.data, e.source) for e in (events[i] for i in kept)]
+
+
+def _recorded(
+    cuts: _Cuts,
+    kind: str,
+    detail: str,
+    data: dict[str, Any] | None,
+    source: EventSource | None,
+) -> RecordedEvent:
+    return RecordedEvent(
+        kind=cuts.text(kind, MAX_NAME_BYTES),
+        detail=cuts.text(detail, MAX_DETAIL_BYTES),
+        data=_data(cuts, data),
+        source=source,
+    )
+
+
+def _data(cuts: _Cuts, data: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`data` within `MAX_DATA_BYTES` as JSON: its strings cut short first, then left out
+    whole (counted as cut)."""
+    if not data or len(json.dumps(data, ensure_ascii=False).encode()) <= MAX_DATA_BYTES:
+        return data
+    short = _short_strings(data, 0)
+    if len(json.dumps(short, ensure_ascii=False).encode()) <= MAX_DATA_BYTES:
+        cuts.cut += 1
+        return short if isinstance(short, dict) else None
+    cuts.leave_out("event_data", 1)
+    return None
+
+
+def _short_strings(value: Any, depth: int) -> Any:
+    if isinstance(value, str):
+        return cut_text(value, MAX_DATA_STRING_BYTES)
+    if depth >= 4 and isinstance(value, dict | list):
+        return None
+    if isinstance(value, dict):
+        return {
+            cut_text(str(k), MAX_DATA_STRING_BYTES): _short_strings(v, depth + 1)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_short_strings(v, depth + 1) for v in value]
+    return value
+
+
+def _files(cuts: _Cuts, files: list[FileInfo]) -> list[RecordedFile]:
+    cuts.leave_out("files", len(files) - MAX_FILES)
+    return [
+        RecordedFile(path=cuts.text(f.path, MAX_PATH_BYTES), size=f.size, sha256=f.sha256)
+        for f in files[:MAX_FILES]
+    ]
+
+
+def _redactions(cuts: _Cuts, redactions: dict[str, int]) -> dict[str, int]:
+    items = list(redactions.items())
+    cuts.leave_out("redactions", len(items) - MAX_REDACTION_KINDS)
+    return {cuts.text(k, MAX_NAME_BYTES): n for k, n in items[:MAX_REDACTION_KINDS]}
 
 
 def _kept_code(
@@ -194,7 +377,9 @@ def _kept_code(
     return scrub(code), truncated
 
 
-def _tool_call(data: dict[str, Any]) -> RecordedToolCall:
+def _tool_call(data: dict[str, Any], cuts: _Cuts | None = None) -> RecordedToolCall:
+    cuts = cuts if cuts is not None else _Cuts()
+
     def as_int(key: str) -> int | None:
         value = data.get(key)  # the bridge gives durations as floats (ms), sizes as ints
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -203,9 +388,9 @@ def _tool_call(data: dict[str, Any]) -> RecordedToolCall:
 
     sizes = [n for n in (as_int("request_bytes"), as_int("result_bytes")) if n is not None]
     return RecordedToolCall(
-        server=str(data.get("server", "")),
-        tool=str(data.get("tool", "")),
-        status=str(data.get("status", "")),
+        server=cuts.text(str(data.get("server", "")), MAX_NAME_BYTES),
+        tool=cuts.text(str(data.get("tool", "")), MAX_NAME_BYTES),
+        status=cuts.text(str(data.get("status", "")), MAX_NAME_BYTES),
         duration_ms=as_int("duration_ms"),
         bytes=sum(sizes) if sizes else None,
     )

@@ -14,7 +14,7 @@ from typing import Final
 
 from codecage.errors import ConfigError
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 
 _V1: Final = (
     """CREATE TABLE IF NOT EXISTS audit_meta (
@@ -94,7 +94,33 @@ _V1_ALERTS: Final = (
     "CREATE INDEX IF NOT EXISTS alerts_at ON alerts (at)",
 )
 
-MIGRATIONS: Final[tuple[tuple[int, tuple[str, ...]], ...]] = ((1, _V1 + _V1_ALERTS),)
+GUEST_KINDS: Final = (
+    "syscall_blocked",
+    "network_denied",
+    "return_value_truncated",
+    "import_blocked",
+    "display_truncated",
+)
+"""The event kinds a guest may report (`models.wire.GuestEventKind`), as of version 2."""
+
+_V2: Final = (
+    # Who says an event happened: 'host' (observed) or 'guest' (the guest's claim). Rows of
+    # version 1 are marked 'host' where only the host makes that kind (and the proxy's
+    # network_denied, which alone has data); the rest stay NULL: not known.
+    "ALTER TABLE events ADD COLUMN source TEXT",
+    "UPDATE events SET source = 'host' WHERE kind NOT IN ("  # noqa: S608 - constants only
+    + ", ".join(f"'{kind}'" for kind in GUEST_KINDS)
+    + ") OR (kind = 'network_denied' AND data IS NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS events_source_kind ON events (source, kind)",
+    # What bounding a record left out (record.MAX_*): counts by what, and a flag.
+    "ALTER TABLE executions ADD COLUMN truncated INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE executions ADD COLUMN omitted TEXT NOT NULL DEFAULT '{}'",
+)
+
+MIGRATIONS: Final[tuple[tuple[int, tuple[str, ...]], ...]] = (
+    (1, _V1 + _V1_ALERTS),
+    (2, _V2),
+)
 """(version, statements) in order: each brings a store from the version before to it."""
 
 
@@ -140,5 +166,8 @@ EXECUTION_COLUMNS: Final = (
     "peak_memory_mb",
     "bytes_written",
     "redactions",
+    "truncated",
+    "omitted",
 )
-JSON_COLUMNS: Final = frozenset({"allowed_imports", "limits", "redactions"})
+JSON_COLUMNS: Final = frozenset({"allowed_imports", "limits", "redactions", "omitted"})
+EVENT_COLUMNS: Final = ("execution_id", "seq", "kind", "detail", "data", "source")

@@ -28,7 +28,9 @@ from codecage.audit.schema import (
 )
 from codecage.audit.store import (
     ADD_EVENT_SQL,
+    INSERT_EVENT_SQL,
     PRUNE_ROUNDS,
+    SELECT_EVENTS_SQL,
     Erasure,
     Query,
     added_event_params,
@@ -122,20 +124,36 @@ class SqliteStore:
             except sqlite3.Error as exc:
                 raise AuditError(f"the audit store {self.path} cannot be written: {exc}") from exc
 
-    def write(self, records: Sequence[AuditRecord]) -> None:
+    def write(self, records: Sequence[AuditRecord], *, max_bytes: int | None = None) -> int:
         """Put `records` in, in one transaction; one already there is left as it is (a
-        journal replayed twice adds nothing)."""
+        journal replayed twice adds nothing). With `max_bytes`, each record is put in under
+        a savepoint and taken back out if the pages in use then pass it: the bound holds
+        exactly, whatever a record's rows and indexes take. Returns how many were put in."""
+        written = 0
         with self._transaction() as db:
             for record in records:
-                if db.execute(_INSERT_EXECUTION, execution_row(record)).rowcount == 0:
-                    continue
-                events, calls, files = child_rows(record)
-                if events:
-                    db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", events)
-                if calls:
-                    db.executemany("INSERT INTO tool_calls VALUES (?, ?, ?, ?, ?, ?, ?)", calls)
-                if files:
-                    db.executemany("INSERT INTO files VALUES (?, ?, ?, ?, ?)", files)
+                if max_bytes is not None:
+                    db.execute("SAVEPOINT record")
+                self._insert(db, record)
+                if max_bytes is not None:
+                    if _used_bytes(db) > max_bytes:
+                        db.execute("ROLLBACK TO record")
+                        db.execute("RELEASE record")
+                        break
+                    db.execute("RELEASE record")
+                written += 1
+        return written
+
+    def _insert(self, db: sqlite3.Connection, record: AuditRecord) -> None:
+        if db.execute(_INSERT_EXECUTION, execution_row(record)).rowcount == 0:
+            return
+        events, calls, files = child_rows(record)
+        if events:
+            db.executemany(INSERT_EVENT_SQL, events)
+        if calls:
+            db.executemany("INSERT INTO tool_calls VALUES (?, ?, ?, ?, ?, ?, ?)", calls)
+        if files:
+            db.executemany("INSERT INTO files VALUES (?, ?, ?, ?, ?)", files)
 
     def write_alert(self, alert: AlertRecord) -> None:
         with self._transaction() as db:
@@ -176,9 +194,7 @@ class SqliteStore:
         rid = (row[0],)
         return record_from_rows(
             row,
-            self._read(
-                "SELECT kind, detail, data FROM events WHERE execution_id = ? ORDER BY seq", rid
-            ),
+            self._read(SELECT_EVENTS_SQL, rid),
             self._read(
                 "SELECT server, tool, status, duration_ms, bytes FROM tool_calls "
                 "WHERE execution_id = ? ORDER BY seq",
@@ -238,6 +254,16 @@ class SqliteStore:
             if p.exists()
         )
 
+    def used_bytes(self) -> int:
+        """The database's pages in use (the WAL's latest state included), without the free
+        ones: what the records take, whatever the file's and the WAL's sizes. Three
+        numbers read from SQLite's header: cheap enough before every batch."""
+        with self._lock:
+            try:
+                return _used_bytes(self._db)
+            except sqlite3.Error as exc:
+                raise AuditError(f"the audit store {self.path} cannot be read: {exc}") from exc
+
     def compact(self) -> None:
         """Give deleted pages back: checkpoint the WAL into the file, VACUUM, truncate the
         WAL (its frames still hold deleted rows)."""
@@ -252,6 +278,15 @@ class SqliteStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _used_bytes(db: sqlite3.Connection) -> int:
+    """The pages in use (not on the free list) of `db`, in bytes, as its connection sees
+    them: inside a transaction, with what it added so far."""
+    (pages,) = db.execute("PRAGMA page_count").fetchone()
+    (free,) = db.execute("PRAGMA freelist_count").fetchone()
+    (size,) = db.execute("PRAGMA page_size").fetchone()
+    return (int(pages) - int(free)) * int(size)
 
 
 def _version(db: sqlite3.Connection) -> int:

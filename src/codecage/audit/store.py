@@ -55,7 +55,12 @@ class Erasure:
 class AuditStore(Protocol):
     location: str  # a path or a URL without its password, for messages
 
-    def write(self, records: Sequence[AuditRecord]) -> None: ...
+    def write(self, records: Sequence[AuditRecord], *, max_bytes: int | None = None) -> int:
+        """Put `records` in, in order, in one transaction; with `max_bytes`, only those that
+        keep `used_bytes` within it (the first that would not, and the rest, are left
+        out). Returns how many were put in (one on record already counts)."""
+        ...
+
     def write_alert(self, alert: AlertRecord) -> None: ...
     def add_events(self, execution_id: str, events: Sequence[RecordedEvent]) -> None:
         """Append events to a record already written (what the face learnt after the run,
@@ -74,6 +79,12 @@ class AuditStore(Protocol):
     def size_bytes(self) -> int:
         """What `prune`'s `max_bytes` bounds (SQLite: the file and its WAL; PostgreSQL: the
         rows' bytes)."""
+        ...
+
+    def used_bytes(self) -> int:
+        """What the records take now, as `[audit] max_mb` bounds it at write time (SQLite:
+        the database's pages in use, the free ones and the WAL's copies not counted;
+        PostgreSQL: the rows' bytes, as `size_bytes`)."""
         ...
 
     def close(self) -> None: ...
@@ -206,6 +217,7 @@ def execution_row(record: AuditRecord) -> tuple[Any, ...]:
     data["started_at"] = timestamp(record.started_at)
     data["finished_at"] = timestamp(record.finished_at)
     data["code_truncated"] = int(record.code_truncated)
+    data["truncated"] = int(record.truncated)
     return tuple(
         json.dumps(data[c], sort_keys=True) if c in JSON_COLUMNS else data[c]
         for c in EXECUTION_COLUMNS
@@ -218,7 +230,7 @@ def child_rows(
     """The record's events, tool calls and files as rows (execution_id, seq, ...)."""
     rid = record.execution_id
     events = [
-        (rid, i, e.kind, e.detail, json.dumps(e.data, sort_keys=True) if e.data else None)
+        (rid, i, e.kind, e.detail, json.dumps(e.data, sort_keys=True) if e.data else None, e.source)
         for i, e in enumerate(record.events)
     ]
     calls = [
@@ -229,10 +241,16 @@ def child_rows(
     return events, calls, files
 
 
+INSERT_EVENT_SQL = (
+    "INSERT INTO events (execution_id, seq, kind, detail, data, source) VALUES (?, ?, ?, ?, ?, ?)"
+)
+SELECT_EVENTS_SQL = (
+    "SELECT kind, detail, data, source FROM events WHERE execution_id = ? ORDER BY seq"
+)
 ADD_EVENT_SQL = (
-    "INSERT INTO events (execution_id, seq, kind, detail, data) "
+    "INSERT INTO events (execution_id, seq, kind, detail, data, source) "
     "SELECT x.execution_id, "
-    "(SELECT COALESCE(MAX(seq), -1) + 1 FROM events WHERE execution_id = ?), ?, ?, ? "
+    "(SELECT COALESCE(MAX(seq), -1) + 1 FROM events WHERE execution_id = ?), ?, ?, ?, ? "
     "FROM executions x WHERE x.execution_id = ?"
 )
 """One event after a record's others (portable: `?` placeholders, each store translates)."""
@@ -240,7 +258,7 @@ ADD_EVENT_SQL = (
 
 def added_event_params(execution_id: str, event: RecordedEvent) -> tuple[Any, ...]:
     data = json.dumps(event.data, sort_keys=True) if event.data else None
-    return (execution_id, event.kind, event.detail, data, execution_id)
+    return (execution_id, event.kind, event.detail, data, event.source, execution_id)
 
 
 def record_from_rows(
@@ -254,8 +272,10 @@ def record_from_rows(
     for column in JSON_COLUMNS:
         data[column] = json.loads(data[column])
     data["code_truncated"] = bool(data["code_truncated"])
+    data["truncated"] = bool(data["truncated"])
     data["events"] = [
-        RecordedEvent(kind=k, detail=d, data=json.loads(x) if x else None) for k, d, x in events
+        RecordedEvent(kind=k, detail=d, data=json.loads(x) if x else None, source=s)
+        for k, d, x, s in events
     ]
     data["tool_calls"] = [
         RecordedToolCall(server=s, tool=t, status=st, duration_ms=ms, bytes=b)

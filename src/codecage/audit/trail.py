@@ -11,8 +11,19 @@ benchmarks/bench_audit.py.
 When the store fails (a full disk, a locked or read-only file, a server that is down) the
 writer keeps the records (in memory and in the journal), logs the failure as an error, and
 retries every `RETRY_S`; with `[audit] required = true`, `check` refuses new runs until a
-write succeeds. When the journal cannot be written either, the record stays in memory only,
-the error says so, and `required` refuses the next run. At open, the journals of dead
+write succeeds.
+
+`[audit] max_mb` holds at write time: the store writes only the records that keep what
+they take (`AuditStore.used_bytes`) within it (`AuditStore.write(max_bytes=)`). A full store
+refuses the rest, and keeps what it has (a flood of runs cannot push the oldest records,
+the evidence, out; `retention_days` ages them out, `codecage audit erase` frees space now).
+It says so: a warning in the log (`audit.store_full`), `full` (for /readyz) and the
+`on_full` callbacks (the alerter's `audit_full`). With `required`, the records wait and new
+runs are refused until there is room; without it, runs go on and the refused records are
+dropped and counted (`dropped`).
+
+When the journal cannot be written either, the record stays in memory only, the error says
+so, and `required` refuses the next run. At open, the journals of dead
 processes on the same store are put into it (`journal.recover`).
 """
 
@@ -28,7 +39,7 @@ from dataclasses import dataclass
 
 from codecage import forks
 from codecage.audit import journal as journals
-from codecage.audit.record import AuditRecord, Finished, RecordedEvent, record_of
+from codecage.audit.record import AuditRecord, Finished, RecordedEvent, bounded_events, record_of
 from codecage.audit.store import AuditStore, open_store
 from codecage.errors import AuditError
 from codecage.models import AuditSettings
@@ -44,6 +55,21 @@ PRUNE_EVERY_S = 3600.0
 CLOSE_WAIT_S = 10.0
 CHECK_WAIT_S = 2.0
 """How long a run waits, while a required trail fails, for the writer's retry."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreFull:
+    """The store reached `[audit] max_mb`: what its records take, and its bound."""
+
+    used_bytes: int
+    max_bytes: int
+
+    @property
+    def reason(self) -> str:
+        return (
+            f"the audit store is full: its records take {self.used_bytes / 2**20:.2f} MiB "
+            f"of its max_mb {self.max_bytes / 2**20:g} MiB"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +96,25 @@ class AuditTrail:
         self._closing = False
         self._closed = False
         self._pruned_at = 0.0
+        self._full: StoreFull | None = None
+        self._dropped = 0  # records refused by a full store and not kept (not required)
+        self.on_full: list[Callable[[StoreFull], None]] = []
+        """Told once each time the store becomes full (the alerter's `audit_full`)."""
         self._writer = threading.Thread(target=self._write_loop, name="codecage-audit", daemon=True)
         self._writer.start()
         forks.close_at_exit(self)  # the last records written, the journal removed
+        self._measure_at_open()
+
+    def _measure_at_open(self) -> None:
+        """Full already? Then say so from the first run on (a required trail refuses it)."""
+        max_mb = self.settings.max_mb
+        if max_mb is None:
+            return
+        used = self.store.used_bytes()
+        if used >= max_mb * 1024 * 1024:
+            full = self._now_full(used, max_mb * 1024 * 1024)
+            if self.settings.required:
+                self._failure = full.reason
 
     @classmethod
     def open(cls, settings: AuditSettings, scrub: Callable[[str], str]) -> AuditTrail:
@@ -96,6 +138,17 @@ class AuditTrail:
         """Why the store could not be written last time; None while it works."""
         return self._failure
 
+    @property
+    def full(self) -> StoreFull | None:
+        """The store is full (`[audit] max_mb`), and how; None while it has room."""
+        return self._full
+
+    @property
+    def dropped(self) -> int:
+        """Records a full store refused and the trail did not keep (not required), since
+        this process started."""
+        return self._dropped
+
     def check(self) -> None:
         """Before a run: with `required`, refuse it while records cannot be written (after
         one more try, waited for up to `CHECK_WAIT_S`).
@@ -105,11 +158,19 @@ class AuditTrail:
         """
         if not self.settings.required or self._failure is None:
             return
+        if self._full is not None:
+            self._measure_room()  # an erase or the retention may have made room
         with self._cond:
             self._cond.notify_all()  # the writer tries again now: there may be room again
-        self.flush(CHECK_WAIT_S)
+        self.flush(0.0 if self._full is not None else CHECK_WAIT_S)
         if self._failure is None:
             return
+        if self._full is not None:
+            raise AuditError(
+                f"runs are refused: the audit trail is required and {self._full.reason}",
+                hint="free space: `codecage audit erase --before DATE`, a shorter "
+                "[audit] retention_days, or a larger [audit] max_mb",
+            )
         raise AuditError(
             f"runs are refused: the audit trail is required and its store "
             f"{self.store.location} cannot be written ({self._failure})",
@@ -147,7 +208,7 @@ class AuditTrail:
         if not events:
             return
         with self._cond:
-            self._waiting.append(_Note(execution_id, events))
+            self._waiting.append(_Note(execution_id, bounded_events(events)))
             self._cond.notify()
 
     def flush(self, timeout: float = CLOSE_WAIT_S) -> bool:
@@ -184,8 +245,11 @@ class AuditTrail:
                 self._all_written()
             with self._cond:
                 self._cond.notify_all()
-            if not written:
-                self._pause()
+            waiting_for_room = self._full is not None and self.settings.required
+            if waiting_for_room and self._closing:
+                return  # what waits for room stays in the journal, for the next start
+            if not written or waiting_for_room:
+                self._pause()  # a failing store, or records waiting for room
             if time.monotonic() - self._pruned_at >= PRUNE_EVERY_S:
                 self._prune()
 
@@ -193,10 +257,13 @@ class AuditTrail:
         if not batch:
             return True
         try:
-            self.store.write([r for r in batch if isinstance(r, AuditRecord)])
+            records = [r for r in batch if isinstance(r, AuditRecord)]
+            _, refused = self._room_for(records)
             for note in batch:
                 if isinstance(note, _Note):
                     self.store.add_events(note.execution_id, note.events)
+            if refused and self._full is not None:
+                return self._refused(refused, self._full)
         except AuditError as exc:
             self._failed(str(exc))
             return False
@@ -204,7 +271,8 @@ class AuditTrail:
             log.exception("audit.store_crashed")
             self._failed(f"{type(exc).__name__}: {exc}")
             return False
-        if self._failure is not None and not self._unjournaled:
+        waiting_for_room = self._full is not None and self.settings.required
+        if self._failure is not None and not self._unjournaled and not waiting_for_room:
             log.warning("audit.store_recovered", extra={"store": self.store.location})
             self._failure = None
         return True
@@ -219,6 +287,72 @@ class AuditTrail:
             if self._unjournaled:
                 self._unjournaled = False
                 self._failure = None
+
+    # --- max_mb, at write time ------------------------------------------------------------
+
+    def _room_for(self, records: list[AuditRecord]) -> tuple[int, list[AuditRecord]]:
+        """Write `records` within `max_mb` (the store holds the bound as it writes); how
+        many went in, and those a full store refused. Raises AuditError as the store does."""
+        max_mb = self.settings.max_mb
+        limit = max_mb * 1024 * 1024 if max_mb is not None else None
+        written = self.store.write(records, max_bytes=limit)
+        if written == len(records) or limit is None:
+            if records:
+                self._room()
+            return written, []
+        self._now_full(self.store.used_bytes(), limit)
+        return written, records[written:]
+
+    def _measure_room(self) -> None:
+        """Measure the store now (not on the writer's thread): room again clears `full`."""
+        max_mb = self.settings.max_mb
+        try:
+            used = self.store.used_bytes()
+        except AuditError:
+            return
+        if max_mb is None or used < max_mb * 1024 * 1024:
+            self._room()
+
+    def _now_full(self, used: int, limit: int) -> StoreFull:
+        was = self._full
+        full = self._full = StoreFull(used, limit)
+        if was is not None:
+            return full
+        log.warning(
+            "audit.store_full",
+            extra={"store": self.store.location, "used_bytes": used, "max_bytes": limit},
+        )
+        for told in self.on_full:
+            try:
+                told(self._full)
+            except Exception:  # telling must not stop the writer
+                log.exception("audit.on_full_failed")
+        return full
+
+    def _room(self) -> None:
+        if self._full is not None:
+            log.warning(
+                "audit.store_has_room",
+                extra={"store": self.store.location, "dropped": self._dropped},
+            )
+            self._full = None
+            if self._failure is not None and self._failure.startswith("the audit store is full"):
+                self._failure = None
+
+    def _refused(self, refused: list[AuditRecord], full: StoreFull) -> bool:
+        """A full store refused `refused` (the others of the batch are written). Required:
+        they wait, and runs are refused. Else: they are dropped, and counted."""
+        if self.settings.required:
+            with self._cond:
+                self._waiting.extendleft(reversed(refused))
+            self._failure = full.reason
+            return True
+        self._dropped += len(refused)
+        log.warning(
+            "audit.records_dropped",
+            extra={"store": self.store.location, "dropped": len(refused), "total": self._dropped},
+        )
+        return True
 
     def _failed(self, reason: str) -> None:
         self._failure = reason
@@ -240,9 +374,9 @@ class AuditTrail:
             if days is not None
             else None
         )
-        max_bytes = self.settings.max_mb * 1024 * 1024 if self.settings.max_mb else None
         try:
-            removed = self.store.prune(older_than=older, max_bytes=max_bytes)
+            # By age only: max_mb is held at write time, by refusing (see the docstring).
+            removed = self.store.prune(older_than=older, max_bytes=None)
         except AuditError as exc:
             log.error("audit.prune_failed", extra={"error": str(exc)})
             return
@@ -255,7 +389,8 @@ class AuditTrail:
         if self._closed:
             return
         self._closed = True
-        written = self.flush()
+        waiting_for_room = self._full is not None and self.settings.required
+        written = self.flush(0.0 if waiting_for_room else CLOSE_WAIT_S)
         with self._cond:
             self._closing = True
             self._cond.notify_all()

@@ -60,7 +60,15 @@ class Stats(_Model):
     by_backend: dict[str, int]
     wall: Percentiles
     wall_by_status: dict[str, Percentiles]
-    denials: dict[str, int] = Field(description="Events of DENIAL_KINDS, by kind.")
+    denials: dict[str, int] = Field(
+        description="Events of DENIAL_KINDS the host observed, by kind."
+    )
+    guest_claims: dict[str, int] = Field(
+        default_factory=dict,
+        description="Events of DENIAL_KINDS the guest reported, by kind: its claims, which "
+        "the code can forge or suppress (records older than schema 2 whose origin is not "
+        "known count here too).",
+    )
     top_clients: list[ClientRow]
     tool_calls: list[ToolRow]
 
@@ -88,7 +96,8 @@ def stats(store: AuditStore, since: datetime.datetime | None) -> Stats:
         by_backend=_counted(r[2] for r in rows),
         wall=_percentiles([w for ws in walls.values() for w in ws]),
         wall_by_status={status: _percentiles(ws) for status, ws in sorted(walls.items())},
-        denials=_denials(store, where, params),
+        denials=_denials(store, where, params, claims=False),
+        guest_claims=_denials(store, where, params, claims=True),
         top_clients=[
             ClientRow(client=name, runs=n, failures=failures[name])
             for name, n in clients.most_common(TOP)
@@ -112,12 +121,16 @@ def _percentiles(values: list[float]) -> Percentiles:
     return Percentiles(runs=len(ordered), p50_ms=at(0.5), p95_ms=at(0.95))
 
 
-def _denials(store: AuditStore, where: str, params: list[object]) -> dict[str, int]:
+def _denials(
+    store: AuditStore, where: str, params: list[object], *, claims: bool
+) -> dict[str, int]:
+    """Denial events by kind: those the host observed, or (`claims`) the others."""
     marks = ", ".join("?" for _ in DENIAL_KINDS)
+    origin = "(source IS NULL OR source != 'host')" if claims else "source = 'host'"
     found = dict(
         store.select(
-            f"SELECT kind, count(*) FROM events WHERE kind IN ({marks}) AND execution_id IN "  # noqa: S608
-            f"(SELECT execution_id FROM executions{where}) GROUP BY kind",
+            f"SELECT kind, count(*) FROM events WHERE kind IN ({marks}) AND {origin} AND "  # noqa: S608
+            f"execution_id IN (SELECT execution_id FROM executions{where}) GROUP BY kind",
             [*DENIAL_KINDS, *params],
         )
     )

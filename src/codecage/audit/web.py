@@ -6,12 +6,18 @@ queries an operator wants first (recent runs, failures, denials by kind, tool ca
 failures per hour over the last week) and charts of the latter drawn by datasette-vega, whose
 JavaScript is bundled in the package: the page needs no network. `audit_meta` is hidden.
 
-It binds to loopback by default, and then answers only requests whose Host is a loopback
-name (a page that rebinds its own name to 127.0.0.1 cannot read it through the operator's
-browser). Any other address needs a token (`--token-env VAR`): each request must carry it, as
-HTTP Basic's password (what a browser prompts for) or a Bearer token; it is compared in
-constant time, never logged, and taken off the request before Datasette sees it. A
-PostgreSQL store has no web view here: point Grafana or Metabase at its tables.
+Every request needs a token, on loopback too: the store is root-only (0600), and a view
+that answered any local user would hand each of them SQL over the whole trail. The token comes
+from `--token` / CODECAGE_AUDIT_WEB_TOKEN or `--token-env VAR`; without one, a fresh random
+token is made and printed once, with a URL that carries it. A request carries it as HTTP
+Basic's password (what a browser prompts for), as a Bearer token, in a cookie the view sets, or
+once in the URL's `?token=` (answered with a redirect that sets the cookie, HttpOnly and
+SameSite=Strict, and takes the token out of the address bar). It is compared in constant time,
+never logged, and taken off the request before Datasette sees it. `--insecure-no-token` waives
+it, on loopback only, as `codecage serve --http` does. On loopback the view also answers only
+requests whose Host is a loopback name (a page that rebinds its own name to 127.0.0.1 cannot
+read it through the operator's browser). A PostgreSQL store has no web view here: point
+Grafana or Metabase at its tables.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from __future__ import annotations
 import base64
 import hmac
 import ipaddress
+import secrets
+import urllib.parse
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -52,11 +60,12 @@ QUERIES: dict[str, dict[str, str]] = {
         "ORDER BY x.started_at DESC LIMIT 200",
     },
     "denials": {
-        "title": "Denials by kind",
-        "sql": "SELECT e.kind, count(*) AS denials, count(DISTINCT x.caller_name) AS callers, "  # noqa: S608
+        "title": "Denials by kind (host: observed; guest: the guest's claim)",
+        "sql": "SELECT e.kind, coalesce(e.source, 'unknown') AS source, count(*) AS denials, "  # noqa: S608
+        "count(DISTINCT x.caller_name) AS callers, "
         "max(x.started_at) AS last FROM events e JOIN executions x "
         f"ON x.execution_id = e.execution_id WHERE e.kind IN ({_DENIALS}) "
-        "GROUP BY e.kind ORDER BY denials DESC",
+        "GROUP BY e.kind, e.source ORDER BY e.source = 'host' DESC, denials DESC",
     },
     "tool_calls": {
         "title": "Tool calls",
@@ -102,28 +111,51 @@ def metadata(database: str) -> dict[str, Any]:
     }
 
 
-def check_bind(host: str, token: str | None) -> None:
-    """Loopback, or a token.
+TOKEN_COOKIE = "codecage_audit_token"  # noqa: S105 - a name, not a secret
+"""The cookie a request with the right `?token=` gets, so a browser's next pages carry it."""
+TOKEN_BYTES = 24
+"""Random bytes of a token made when none is given (192 bits, 32 URL-safe characters)."""
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, token: str | None, *, insecure_no_token: bool = False) -> None:
+    """A token, or its explicit waiver on loopback.
 
     Raises:
-        ConfigError: another address without a token.
+        ConfigError: no token on another address than loopback, or no token and no waiver.
     """
     if token:
         return
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
+    if not is_loopback(host):
         raise ConfigError(
             f"the audit web view on {host} would show every run to whoever reaches it",
-            hint="keep --host 127.0.0.1, or pass --token-env VAR naming a variable that "
-            "holds a token",
+            hint="keep --host 127.0.0.1, or give a token: --token-env VAR naming a variable "
+            "that holds one, or --token (CODECAGE_AUDIT_WEB_TOKEN)",
+        )
+    if not insecure_no_token:
+        raise ConfigError(
+            "refusing to serve the audit web view without a token: every local user of "
+            "this machine could read the whole trail",
+            hint="give a token (--token, CODECAGE_AUDIT_WEB_TOKEN, --token-env VAR), let "
+            "codecage make one (the default), or --insecure-no-token to accept the risk",
         )
 
 
-def app(store: Path, token: str | None) -> ASGIApp:
-    """The Datasette app over `store` (read-only), behind the token when there is one.
+def new_token() -> str:
+    """A fresh random token, for a view started without one."""
+    return secrets.token_urlsafe(TOKEN_BYTES)
+
+
+def app(store: Path, token: str | None, *, loopback: bool = True) -> ASGIApp:
+    """The Datasette app over `store` (read-only), behind the token when there is one
+    (None: the operator waived it, on loopback), answering only loopback Host names when
+    bound to `loopback`.
 
     Raises:
         ConfigError: Datasette is not installed, or the store is not a SQLite file.
@@ -143,18 +175,18 @@ def app(store: Path, token: str | None) -> ASGIApp:
         settings={"allow_download": False, "allow_csv_stream": False},
     )
     asgi: ASGIApp = datasette.app()
-    return _guarded(asgi, token)
+    return _guarded(asgi, token, loopback=loopback)
 
 
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "[::1]"})
 
 
-def _guarded(inner: ASGIApp, token: str | None) -> ASGIApp:
+def _guarded(inner: ASGIApp, token: str | None, *, loopback: bool) -> ASGIApp:
     """What reaches Datasette. With a token: only requests that carry it (401 otherwise),
-    and without their Authorization header (Datasette's error pages print a request's
-    headers). Without one (a loopback view): only requests whose Host is a loopback name,
-    so a web page that rebinds its own name to 127.0.0.1 (DNS rebinding) cannot read the
-    trail through the operator's browser (403 otherwise)."""
+    and without their Authorization and Cookie headers (Datasette's error pages print a
+    request's headers). On loopback: only requests whose Host is a loopback name, so a web
+    page that rebinds its own name to 127.0.0.1 (DNS rebinding) cannot read the trail
+    through the operator's browser (403 otherwise)."""
     expected = token.encode() if token else None
 
     async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
@@ -162,12 +194,20 @@ def _guarded(inner: ASGIApp, token: str | None) -> ASGIApp:
             await inner(scope, receive, send)
             return
         headers = list(scope.get("headers", []))
-        if expected is not None:
-            status = None if _carries(scope, expected) else 401
+        if loopback and not _loopback_host(headers):
+            status: int | None = 403
+        elif expected is None or _carries(scope, expected):
+            status = None
+        elif _in_query(scope, expected):
+            if scope["type"] == "http":
+                await _set_cookie(scope, send, expected)
+                return
+            status = None
         else:
-            status = None if _loopback_host(headers) else 403
+            status = 401
         if status is None:
-            kept = [(k, v) for k, v in headers if bytes(k).lower() != b"authorization"]
+            secret = (b"authorization", b"cookie")
+            kept = [(k, v) for k, v in headers if bytes(k).lower() not in secret]
             await inner({**scope, "headers": kept}, receive, send)
         elif scope["type"] == "http":
             await _refuse(send, status)
@@ -198,9 +238,13 @@ async def _refuse(send: Send, status: int) -> None:
 
 
 def _carries(scope: Scope, expected: bytes) -> bool:
-    """Whether the request's Authorization holds the token (Bearer, or Basic's password)."""
+    """Whether the request's Authorization (Bearer, or Basic's password) or its cookie holds
+    the token."""
     for name, value in scope.get("headers", []):
-        if name.lower() != b"authorization":
+        name = bytes(name).lower()
+        if name == b"cookie" and _cookie_holds(bytes(value), expected):
+            return True
+        if name != b"authorization":
             continue
         kind, _, credential = bytes(value).partition(b" ")
         given = credential.strip()
@@ -213,3 +257,34 @@ def _carries(scope: Scope, expected: bytes) -> bool:
             return False
         return hmac.compare_digest(given, expected)
     return False
+
+
+def _cookie_holds(header: bytes, expected: bytes) -> bool:
+    for pair in header.split(b";"):
+        name, _, value = pair.strip().partition(b"=")
+        if name == TOKEN_COOKIE.encode() and hmac.compare_digest(value, expected):
+            return True
+    return False
+
+
+def _in_query(scope: Scope, expected: bytes) -> bool:
+    query = urllib.parse.parse_qs(bytes(scope.get("query_string", b"")).decode("latin-1"))
+    return any(hmac.compare_digest(v.encode("latin-1"), expected) for v in query.get("token", []))
+
+
+async def _set_cookie(scope: Scope, send: Send, expected: bytes) -> None:
+    """The page asked for, without `token` in its address, with the token as a cookie."""
+    query = urllib.parse.parse_qsl(bytes(scope.get("query_string", b"")).decode("latin-1"))
+    rest = urllib.parse.urlencode([(k, v) for k, v in query if k != "token"])
+    location = urllib.parse.quote(str(scope.get("path", "/"))) + (f"?{rest}" if rest else "")
+    cookie = (
+        f"{TOKEN_COOKIE}={expected.decode('latin-1')}; Path=/; HttpOnly; SameSite=Strict"
+    ).encode("latin-1")
+    headers = [
+        (b"location", location.encode("latin-1")),
+        (b"set-cookie", cookie),
+        (b"cache-control", b"no-store"),
+        (b"referrer-policy", b"no-referrer"),
+    ]
+    await send({"type": "http.response.start", "status": 303, "headers": headers})
+    await send({"type": "http.response.body", "body": b""})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -24,6 +25,8 @@ from codecage.cli.render import fail, print_json, stderr
 from codecage.cli.setup import load_config
 from codecage.errors import CodecageError, ConfigError
 from codecage.output import neutralise_line
+
+log = logging.getLogger(__name__)
 
 app = typer.Typer(
     help="The audit trail: one record per execution (who asked, the code's hash, the policy, "
@@ -234,27 +237,45 @@ def audit_erase(
 def audit_web(
     store: StoreOpt = None,
     host: Annotated[
-        str, typer.Option("--host", help="Address to bind; not loopback: needs --token-env.")
+        str, typer.Option("--host", help="Address to bind; not loopback: needs a given token.")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to bind.")] = 8001,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            help="The token every request must carry (HTTP Basic's password, Bearer, or "
+            "?token= once in a browser). Default: a fresh random one, printed at start.",
+            envvar="CODECAGE_AUDIT_WEB_TOKEN",
+            show_default=False,
+        ),
+    ] = None,
     token_env: Annotated[
         str | None,
         typer.Option(
             "--token-env",
             metavar="VAR",
-            help="The environment variable holding the token every request must carry "
-            "(HTTP Basic's password, or Bearer).",
+            help="The environment variable holding the token (instead of --token).",
         ),
     ] = None,
+    insecure_no_token: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-no-token",
+            help="Loopback without a token. INSECURE: every local user of this machine can "
+            "then read the whole audit trail.",
+        ),
+    ] = False,
     config_file: ConfigOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """A read-only web view of a SQLite audit store (Datasette): recent runs, failures,
-    denials, tool calls, and a chart of runs and failures per hour. Works offline.
+    denials, tool calls, and a chart of runs and failures per hour. Works offline. Every
+    request needs a token, on loopback too.
 
     Examples:
 
-        codecage audit web                      # http://127.0.0.1:8001
+        codecage audit web                      # prints http://127.0.0.1:8001/?token=...
 
         WEB_TOKEN=... codecage audit web --host 0.0.0.0 --token-env WEB_TOKEN
     """
@@ -262,26 +283,33 @@ def audit_web(
     try:
         from codecage.audit import web  # here, with uvicorn below: only this command serves
 
-        token = _token(token_env)
-        web.check_bind(host, token)
+        given = _token(token_env) if token_env is not None else (token or "").strip() or None
+        made = given is None and not insecure_no_token and web.is_loopback(host)
+        secret = web.new_token() if made else given
+        web.check_bind(host, secret, insecure_no_token=insecure_no_token)
         location = _location(store, config_file)
         if location.startswith(("postgresql://", "postgres://")):
             raise ConfigError(
                 "the web view reads a SQLite store",
                 hint="point Grafana or Metabase at the PostgreSQL tables (docs/audit.md)",
             )
-        asgi = web.app(Path(location), token)
+        asgi = web.app(Path(location), secret, loopback=web.is_loopback(host))
     except CodecageError as exc:
         fail(exc, as_json=False, verbose=verbose)
-    stderr.print(f"codecage audit web on http://{host}:{port}/ (read-only)", markup=False)
+    url = f"http://{host}:{port}/"
+    if secret is None:
+        log.warning("audit.web_without_token", extra={"host": host})
+        stderr.print(f"codecage audit web on {url} (read-only, NO TOKEN)", markup=False)
+    elif made:  # only the operator's terminal sees it; a given token is never printed
+        stderr.print(f"codecage audit web on {url}?token={secret} (read-only)", markup=False)
+    else:
+        stderr.print(f"codecage audit web on {url} (read-only; token required)", markup=False)
     import uvicorn  # here: its import (~40 ms) would otherwise delay every `codecage run`
 
     uvicorn.run(asgi, host=host, port=port, log_level="warning")
 
 
-def _token(variable: str | None) -> str | None:
-    if variable is None:
-        return None
+def _token(variable: str) -> str:
     value = os.environ.get(variable, "")
     if not value.strip():
         raise ConfigError(
@@ -469,11 +497,15 @@ def _print_record(record: AuditRecord) -> None:
         ),
         ("code", f"sha256 {record.code_sha256}, {record.code_bytes} bytes"),
         ("redactions", ", ".join(f"{k} {n}" for k, n in record.redactions.items()) or "-"),
+        ("left out", ", ".join(f"{k} {n}" for k, n in record.omitted.items()) or "-"),
     ]
     for name, value in rows:
         console.print(f"[bold]{name:<11}[/bold]{escape(line(str(value)))}")
     for event in record.events:
-        console.print(f"  event      {escape(line(event.kind))}: {escape(line(event.detail))}")
+        claim = "" if event.source == "host" else f" ({event.source or 'origin unknown'})"
+        console.print(
+            f"  event      {escape(line(event.kind))}{claim}: {escape(line(event.detail))}"
+        )
     for call in record.tool_calls:
         console.print(
             f"  tool call  {escape(line(call.server))}.{escape(line(call.tool))} "
@@ -505,6 +537,7 @@ def _print_stats(report: views.Stats) -> None:
     wall = report.wall
     console.print(f"{'wall':<12}p50 {wall.p50_ms} ms, p95 {wall.p95_ms} ms")
     counts("denials", report.denials)
+    counts("claims", report.guest_claims)  # the guest's word: forgeable, never a denial
     clients = {f"{c.client or '-'} ({c.failures} failed)": c.runs for c in report.top_clients}
     counts("clients", clients)
     counts("tools", {f"{t.tool} ({t.errors} errors)": t.calls for t in report.tool_calls})

@@ -414,9 +414,13 @@ def _policy_events(policy: ImportPolicy | None, egress: bool) -> list[Event]:
 
 
 def _guest_events(report: GuestResult | None) -> list[Event]:
+    """The guest's events, marked as its claims: the code writes its control stream and can
+    say anything there (a forged `network_denied` must not count as one the host saw)."""
     if report is None:
         return []
-    return [Event(kind=e.kind, detail=neutralise_text(e.detail)) for e in report.events]
+    return [
+        Event(kind=e.kind, detail=neutralise_text(e.detail), source="guest") for e in report.events
+    ]
 
 
 def _limit_events(seen: Observation, files_truncated: bool, limits: Limits) -> list[Event]:

@@ -10,6 +10,7 @@ caller should not have: no layer names, no error texts, no counts beyond the poo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import Any
 
 import anyio.to_thread
 
-from codecage.audit.metrics import ServerMetrics
+from codecage.audit.metrics import AuditState, ServerMetrics
 from codecage.host import Host
 from codecage.models import PoolState
 from codecage.sandbox import Sandbox
@@ -42,9 +43,14 @@ class Readiness:
 
     ready: bool
     reason: str = ""
+    degraded: str = ""  # ready, but something the operator must see (a full audit store)
 
     def answer(self) -> Answer:
-        body = {"ready": True} if self.ready else {"ready": False, "reason": self.reason}
+        body: dict[str, object] = {"ready": True}
+        if not self.ready:
+            body = {"ready": False, "reason": self.reason}
+        elif self.degraded:
+            body["degraded"] = self.degraded
         return Answer(200 if self.ready else 503, JSON, json.dumps(body).encode())
 
 
@@ -74,19 +80,31 @@ def host_readiness(host: Host) -> Readiness:
     (once per process): call it off the event loop."""
     audit = host.audit
     if audit is not None and audit.settings.required and audit.failure is not None:
-        return Readiness(False, "the required audit trail cannot be written")
+        full = audit.full
+        why = full.reason if full is not None else "its store cannot be written"
+        return Readiness(False, f"the required audit trail refuses runs: {why}")
     missing = host.selftest_missing()
-    return readiness(missing, host.pool.state() if host.pool is not None else None)
+    found = readiness(missing, host.pool.state() if host.pool is not None else None)
+    full = audit.full if audit is not None else None
+    if found.ready and full is not None and audit is not None:
+        # Runs go on unrecorded: ready (a balancer keeps sending), and saying so.
+        dropped = f"{audit.dropped} record(s) dropped"
+        return dataclasses.replace(found, degraded=f"{full.reason}; {dropped}")
+    return found
 
 
 def server_metrics(sandbox: Sandbox) -> ServerMetrics:
     """The metrics of a server over `sandbox`: its pool read at each scrape, its operator's
     profiles and upstream servers as the known label values."""
     pool = sandbox.pool
+    trail = sandbox.host.audit
     return ServerMetrics(
         pool=pool.state if pool is not None else None,
         profiles=sandbox.settings.custom_profiles,
         servers=sandbox.tools.servers if sandbox.tools is not None else (),
+        audit=(lambda: AuditState(trail.full is not None, trail.dropped))
+        if trail is not None
+        else None,
     )
 
 

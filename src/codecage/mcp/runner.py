@@ -66,7 +66,7 @@ class Runner:
             return
         events = (built.structured_content or {}).get("events") or []
         trimmed = [
-            RecordedEvent(kind="reply_trimmed", detail=str(e.get("detail", "")))
+            RecordedEvent(kind="reply_trimmed", detail=str(e.get("detail", "")), source="host")
             for e in events
             if isinstance(e, dict) and e.get("kind") == "reply_trimmed"
         ]

@@ -46,6 +46,10 @@ EventKind = Literal[
 ]
 """Things worth knowing that happened during a run (see docs/security-model.md)."""
 
+EventSource = Literal["host", "guest"]
+"""Who says an event happened: the host observed it (its proxy, cgroup, broker, judge), or
+the guest reported it (the code's own interpreter: a claim the code can forge or suppress)."""
+
 STATUSES: tuple[Status, ...] = Status.__args__  # type: ignore[attr-defined]
 EVENT_KINDS: tuple[EventKind, ...] = EventKind.__args__  # type: ignore[attr-defined]
 
@@ -177,6 +181,11 @@ class Event(Model):
         description="Machine-readable facts of the event (a tool_call's server, tool, "
         "duration_ms, status, request_bytes, result_bytes), strings neutralised like the "
         "detail; None for most kinds.",
+    )
+    source: EventSource = Field(
+        default="host",
+        description="'host': the host observed it; 'guest': the guest reported it, a claim "
+        "the code can forge or suppress (never counted as a denial by stats, metrics or alerts).",
     )
 
     @field_validator("detail", mode="before")

@@ -506,8 +506,10 @@ class AuditSettings(Model):
     max_mb: int | None = Field(
         1024,
         ge=1,
-        description="The oldest records are deleted while the store is larger than this; "
-        "None: no bound.",
+        description="The most the records may take (MiB), held at write time: a full store "
+        "refuses new records and keeps the ones it has (an alert, /readyz, a log warning); "
+        "with required, runs are refused too, else they go on and the refused records are "
+        "dropped and counted. None: no bound.",
     )
 
 
@@ -517,6 +519,7 @@ ALERT_TRIGGERS: Final = (
     "degraded_isolation",
     "validation_high",
     "client_blocked",
+    "audit_full",
 )
 """The triggers of `[alerts] on`, besides `status:<status>` (a run that ended so)."""
 _LOOPBACK_NAMES: Final = frozenset({"localhost", "localhost.localdomain"})
@@ -538,11 +541,12 @@ class AlertSettings(Model):
         "on PATH when alerts start.",
     )
     on: list[str] = Field(
-        ["network_denied", "degraded_isolation", "validation_high", "client_blocked"],
-        description="What alerts: network_denied and import_blocked (repeat_count of them "
-        "from one caller within repeat_window), degraded_isolation, validation_high (a "
-        "high-severity validation finding), client_blocked (a client's call refused), and "
-        "status:<status> (a run that ended so, e.g. status:memory_limit).",
+        ["network_denied", "degraded_isolation", "validation_high", "client_blocked", "audit_full"],
+        description="What alerts: network_denied (observed by the host) and import_blocked "
+        "(the guest's claim) (repeat_count of them from one caller within repeat_window), "
+        "degraded_isolation, validation_high (a high-severity validation finding), "
+        "client_blocked (a client's call refused), audit_full (the audit store reached its "
+        "max_mb), and status:<status> (a run that ended so, e.g. status:memory_limit).",
     )
     max_per_hour: int = Field(
         10,
