@@ -32,9 +32,11 @@ needs_runsc = pytest.mark.skipif(
 )
 
 
-def test_root_gets_a_dedicated_id_and_an_ordinary_user_keeps_their_own() -> None:
-    assert identity.plan(euid=0) == identity.IdentityPlan(SANDBOX, "default")
+def test_root_gets_a_dedicated_range_and_an_ordinary_user_keeps_their_own() -> None:
+    default = identity.IdRange(identity.DEFAULT_ID, identity.DEFAULT_ID_COUNT)
+    assert identity.plan(euid=0) == identity.IdentityPlan(SANDBOX, "range", default)
     assert identity.plan(4242, 4343, euid=0).identity == Identity(4242, 4343)
+    assert identity.plan(4242, 4343, euid=0).range is None  # one id for all, as configured
     as_user = identity.plan(4242, 4343, euid=1000)
     assert as_user.source == "caller"
     assert as_user.identity == Identity(os.getuid(), os.getgid())
@@ -127,9 +129,10 @@ def test_staging_makes_a_verified_world_readable_copy_once(
     assert not gone_stage.parent.exists()
     assert staged.exists()
 
-    stage_root = (tmp_path / "stage").stat()  # no other local user may enter it
-    assert (stage_root.st_uid, stage_root.st_gid) == (0, SANDBOX.gid)
-    assert stat.S_IMODE(stage_root.st_mode) == 0o710
+    # Every sandbox id passes through to a tree it is given by name; nobody lists it.
+    stage_root = (tmp_path / "stage").stat()
+    assert (stage_root.st_uid, stage_root.st_gid) == (0, 0)
+    assert stat.S_IMODE(stage_root.st_mode) == 0o711
 
 
 @root_only

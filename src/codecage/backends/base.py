@@ -53,6 +53,10 @@ class LaunchSpec:
     # `extra_fds` (the runs' filter) are passed under the same numbers. bwrap only.
     template: bool = False
     extra_fds: tuple[int, ...] = ()
+    # (first host id, count): the sandbox's user namespace maps inside ids 1000 + k to
+    # host ids first + k (and `identity` must be `first`): a template whose forked runs
+    # each drop to their own host id (`isolation.identity`). bwrap only, root only.
+    id_map: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

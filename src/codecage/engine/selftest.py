@@ -24,6 +24,7 @@ from pathlib import Path
 from codecage.backends.base import Backend, Identity
 from codecage.engine.run import RunRequest, execute
 from codecage.isolation import cgroups
+from codecage.isolation.identity import IdentityPlan
 from codecage.models import DoctorReport, ExecutionResult, Limits, ProbeResult
 
 log = logging.getLogger(__name__)
@@ -139,10 +140,11 @@ _ALLOWED_ENV = (
 )  # fmt: skip
 
 
-def run_probes(backend: Backend, identity: Identity | None = None) -> DoctorReport:
-    """Run the probe program in a fresh sandbox of `backend` as `identity` (None: this
-    process's default) with no import policy and no self-test (it is the self-test), and
-    judge each layer from what came back and from who owns what it made on the host.
+def run_probes(backend: Backend, identity: Identity | IdentityPlan | None = None) -> DoctorReport:
+    """Run the probe program in a fresh sandbox of `backend` as `identity` (an id, or a
+    plan whose range lends the sandbox one; None: this process's default) with no import
+    policy and no self-test (it is the self-test), and judge each layer from what came
+    back and from who owns what it made on the host.
 
     Raises:
         HostError: the host cannot start a sandbox at all.
