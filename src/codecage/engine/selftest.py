@@ -166,7 +166,7 @@ def run_probes(backend: Backend, identity: Identity | IdentityPlan | None = None
         result = execute(request, backend)
     probes = _judge(result, token)
     if result.status == "ok":
-        probes.insert(1, _host_identity(owners))
+        probes.insert(1, _host_identity(owners, identity))
     return DoctorReport(backend=backend.name, passed=all(p.passed for p in probes), probes=probes)
 
 
@@ -228,18 +228,27 @@ def _owner(path: Path) -> list[tuple[int, int]]:
     return []
 
 
-def _host_identity(owners: list[tuple[int, int]]) -> ProbeResult:
-    """Who the sandbox is on the host, seen from the host: the owner of a file it made.
-    (Every start also refuses a sandbox whose first process is host root.)"""
+def _host_identity(
+    owners: list[tuple[int, int]], identity: Identity | IdentityPlan | None = None
+) -> ProbeResult:
+    """Who the sandbox is on the host, seen from the host: the owner of a file it made, and
+    the range it came from when each sandbox has its own. (Every start also refuses a
+    sandbox whose first process is host root or not the id it was lent.)"""
     if not owners:
         return _check("host identity", False, "", "the probe's file was not found on the host")
     uid, gid = owners[0]
+    ids = identity.range if isinstance(identity, IdentityPlan) else None
+    if ids is not None:
+        whose = f"(its own id, lent from the range {ids.base + 1} to {ids.last})"
+        good = uid in ids and uid != ids.base and gid == uid
+    else:
+        whose = "(the user running codecage)" if uid == os.getuid() else "(a dedicated id)"
+        good = True
     return _check(
         "host identity",
-        uid != 0 and gid != 0,
-        f"the sandbox is host uid {uid}, gid {gid}, not root "
-        + ("(the user running codecage)" if uid == os.getuid() else "(a dedicated id)"),
-        f"the sandbox is host root (uid {uid}, gid {gid}): refused",
+        uid != 0 and gid != 0 and good,
+        f"the sandbox is host uid {uid}, gid {gid}, not root {whose}",
+        f"the sandbox is host uid {uid}, gid {gid}: root, or not an id of its range {whose}",
     )
 
 

@@ -320,7 +320,8 @@ def probe(identity_plan: IdentityPlan) -> LayerStatus:
             active=True,
             mechanism=f"one uid and gid per sandbox, from {r.base + 1} to {r.last} on the "
             "host (1000 inside)",
-            detail=f"a dedicated range ([sandbox] id_base = {r.base}, id_count = {r.count}; "
+            detail=f"a dedicated range (the config's sandbox table: id_base = {r.base}, "
+            f"id_count = {r.count}; "
             f"{r.base} is the fork server's templates'): no run shares its id with another; "
             "every start refuses a sandbox that would be host root",
         )
