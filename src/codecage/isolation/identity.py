@@ -29,7 +29,6 @@ launched process itself, on every start: if it would be host root, the run is re
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import functools
 import grp
@@ -234,8 +233,11 @@ class _Allocator:
         self._next = 0
 
     def take(self) -> Lease:
-        """Raises:
-        HostError: every id is in use, or the lock directory cannot be used."""
+        """An id of the range no one holds, held until the lease is released.
+
+        Raises:
+            HostError: every id is in use, or the lock directory cannot be used.
+        """
         slots = self.ids.count - 1
         with self._lock:
             directory = self._open_state()
@@ -291,23 +293,6 @@ class _Allocator:
             os.close(fd)
             return None
         return fd
-
-
-def held(ids: IdRange) -> list[int]:
-    """The ids of `ids` some process (this one or another) holds now (for `info` and
-    tests): each lock file that cannot be locked."""
-    out = []
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(ID_STATE):
-            if entry.name.isdigit() and int(entry.name) in ids:
-                fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                except OSError:
-                    out.append(int(entry.name))
-                finally:
-                    os.close(fd)
-    return sorted(out)
 
 
 def probe(identity_plan: IdentityPlan) -> LayerStatus:
