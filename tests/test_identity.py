@@ -342,3 +342,12 @@ def test_another_process_never_gets_an_id_held_and_gets_it_once_its_holder_died(
         if other.stdout is not None:
             other.stdout.close()
         mine.release()
+
+
+def test_info_names_the_range_in_force_or_says_runs_share_the_callers_id() -> None:
+    as_root = identity.probe(identity.plan(euid=0))
+    assert as_root.active
+    assert f"from {identity.DEFAULT_ID + 1} to {identity.DEFAULT_ID + 65535}" in as_root.mechanism
+    assert "id_count = 65536" in as_root.detail
+    as_user = identity.probe(identity.plan(euid=1000))
+    assert "every run has this one id" in as_user.detail
