@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from tests._certs import self_signed
+from tests._forking import in_forked_child
 
 from codecage.egress import forward
 from codecage.egress.proxy import EgressProxy, RunEgress, Tunnel
@@ -829,3 +830,50 @@ def test_a_runs_share_over_a_quarter_of_the_proxy_is_refused_in_config() -> None
     assert NetworkSettings(max_connections=16, limits=NetworkLimits(max_connections=4))
     # Made in code, a proxy clamps a run's limit to its share instead.
     assert EgressProxy(Resolver(), max_connections=16).max_run_connections == 4
+
+
+# --- who may connect: the run's own host id (SO_PEERCRED) ----------------------------------
+
+
+def _as_other_id(path: Path, request: bytes, ids: tuple[int, int]) -> bytes:
+    """What comes back on a connection to `path` made by a forked child that is host uid
+    and gid `ids` (a process of another run, as the kernel sees it)."""
+
+    def work() -> bytes:
+        os.setgroups([])
+        os.setresgid(ids[1], ids[1], ids[1])
+        os.setresuid(ids[0], ids[0], ids[0])
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(20)
+        sock.connect(str(path))
+        sock.sendall(request)
+        return read_all(sock) or b"(nothing)"
+
+    got = in_forked_child(work, timeout=30)
+    assert got, "the child could not connect"
+    return got
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can be another id in a child")
+def test_a_client_that_is_not_the_runs_id_is_refused_and_recorded(
+    proxy: EgressProxy, servers: Servers, socket_dir: Path
+) -> None:
+    """The socket's file mode is opened to all here, as a path another run can reach
+    would be: the kernel's credentials of the client alone decide."""
+    own, other = (2_000_000_101, 2_000_000_101), (2_000_000_102, 2_000_000_102)
+    run = proxy.listen(socket_dir / "a.sock", frozenset({own}))
+    try:
+        run.grant(policy(servers), QUICK)
+        socket_dir.chmod(0o755)
+        run.path.chmod(0o777)
+        request = f"GET http://api.test:{servers.http_port}/x HTTP/1.1\r\nHost: a\r\n\r\n"
+        refused = _as_other_id(run.path, request.encode(), other)
+        assert refused.startswith(b"HTTP/1.1 403"), refused
+        assert b"not the run this socket belongs to" in refused
+        (record,) = run.records()
+        assert not record.allowed and record.status == 403
+        assert "uid 2000000102" in (record.reason or "")
+        served = _as_other_id(run.path, request.encode(), own)
+        assert served.startswith(b"HTTP/1.1 200"), served
+    finally:
+        run.close()

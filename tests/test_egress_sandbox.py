@@ -7,6 +7,7 @@ that should reach them allow that IP literal with its port too (docs/configurati
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import hashlib
 import http.server
@@ -585,3 +586,86 @@ def test_a_run_flooding_the_proxy_with_idle_connections_cannot_fail_another_runs
     (used,) = _kinds(flooded, "network_usage")
     assert used["refused_at_accept"] > 0 and used["connections"] > 0, (flooded.stdout, used)
     assert not [r for r in caplog.records if r.exc_info and "egress" in r.name]
+
+
+# --- one run's socket is its own: another run (another host id) cannot use its grant --------
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as an ordinary user every run is the caller")
+def test_a_run_of_another_id_cannot_use_a_runs_egress_socket(
+    config: Path, servers: dict[str, _Server]
+) -> None:
+    """Run A (bwrap) is allowed api.test and holds; run B, on the Landlock fallback with no
+    network (it sees the host's paths), connects to A's socket by its host path and asks
+    for api.test. A's socket is A's host id's alone: B is refused, and the server is never
+    reached through it."""
+    api = servers["api"]
+    a_sandbox = _allowing(config, f"api.test:{api.port}", f"127.0.0.1:{api.port}")
+    b_sandbox = Sandbox(config=config, backend="landlock", import_policy=False, scrub=False)
+    _MADE.append(b_sandbox)
+    token = "eg" + hashlib.sha256(os.urandom(8)).hexdigest()[:12]
+    code_a = (
+        "import ctypes, time\n"
+        f"ctypes.CDLL(None).prctl(15, {token!r}.encode(), 0, 0, 0)\n"
+        "print('READY', flush=True)\n"
+        "while True:\n"
+        "    time.sleep(1)\n"
+    )
+    cancel, ready = threading.Event(), threading.Event()
+    results: list[ExecutionResult] = []
+
+    def run_a() -> None:
+        results.append(
+            a_sandbox.run(
+                code_a,
+                cancel=cancel,
+                on_output=lambda stream, text: ready.set() if "READY" in text else None,
+                limits={"timeout": 120},
+            )
+        )
+        ready.set()
+
+    thread = threading.Thread(target=run_a, daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(90) and not results, "run A never got going"
+        socket_path = _run_dir_of(token) / "egress" / "egress.sock"
+        assert socket_path.exists(), socket_path
+        code_b = (
+            "import socket\n"
+            "s = socket.socket(socket.AF_UNIX)\n"
+            "s.settimeout(20)\n"
+            "try:\n"
+            f"    s.connect({str(socket_path)!r})\n"
+            f"    s.sendall(b'GET http://api.test:{api.port}/stolen HTTP/1.1\\r\\n'\n"
+            "              b'Host: x\\r\\n\\r\\n')\n"
+            "    print('GOT', s.recv(4096).decode(errors='replace'))\n"
+            "except OSError as e:\n"
+            "    print('REFUSED', type(e).__name__, e.errno)\n"
+        )
+        b = b_sandbox.run(code_b, limits={"timeout": 60})
+        assert b.status == "ok", b.stderr
+        assert '"server": "api"' not in b.stdout, b.stdout
+        assert b.stdout.startswith("REFUSED") or "403" in b.stdout, b.stdout
+        assert thread.is_alive(), "run A ended before run B: they did not overlap"
+    finally:
+        cancel.set()
+        thread.join(timeout=90)
+    assert results and not [e for e in results[0].events if e.kind == "network_allowed"], (
+        "A's grant was used"
+    )
+
+
+def _run_dir_of(token: str) -> Path:
+    """The host run directory of the sandbox whose guest is named `token`: the parent of
+    the mount point of its workspace (a tmpfs of its own)."""
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and (entry / "comm").read_text().strip() == token:
+                st = os.stat(entry / "cwd")
+                device = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+                for line in Path("/proc/self/mountinfo").read_text().splitlines():
+                    fields = line.split()
+                    if fields[2] == device and fields[3] == "/":
+                        return Path(fields[4]).parent
+    raise AssertionError(f"no run named {token} was found on the host")

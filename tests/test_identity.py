@@ -8,7 +8,10 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import subprocess
+import sys
 import tempfile
+import threading
 from pathlib import Path
 from unittest import mock
 
@@ -20,7 +23,7 @@ from codecage.backends.base import Identity, load_backend
 from codecage.config import Settings, load
 from codecage.engine import selftest
 from codecage.engine.workspace import ownership
-from codecage.errors import ConfigError, SandboxError
+from codecage.errors import ConfigError, HostError, SandboxError
 from codecage.host import Host
 from codecage.isolation import identity, staging
 from codecage.models import DoctorReport, ProbeResult
@@ -32,9 +35,11 @@ needs_runsc = pytest.mark.skipif(
 )
 
 
-def test_root_gets_a_dedicated_id_and_an_ordinary_user_keeps_their_own() -> None:
-    assert identity.plan(euid=0) == identity.IdentityPlan(SANDBOX, "default")
+def test_root_gets_a_dedicated_range_and_an_ordinary_user_keeps_their_own() -> None:
+    default = identity.IdRange(identity.DEFAULT_ID, identity.DEFAULT_ID_COUNT)
+    assert identity.plan(euid=0) == identity.IdentityPlan(SANDBOX, "range", default)
     assert identity.plan(4242, 4343, euid=0).identity == Identity(4242, 4343)
+    assert identity.plan(4242, 4343, euid=0).range is None  # one id for all, as configured
     as_user = identity.plan(4242, 4343, euid=1000)
     assert as_user.source == "caller"
     assert as_user.identity == Identity(os.getuid(), os.getgid())
@@ -127,9 +132,10 @@ def test_staging_makes_a_verified_world_readable_copy_once(
     assert not gone_stage.parent.exists()
     assert staged.exists()
 
-    stage_root = (tmp_path / "stage").stat()  # no other local user may enter it
-    assert (stage_root.st_uid, stage_root.st_gid) == (0, SANDBOX.gid)
-    assert stat.S_IMODE(stage_root.st_mode) == 0o710
+    # Every sandbox id passes through to a tree it is given by name; nobody lists it.
+    stage_root = (tmp_path / "stage").stat()
+    assert (stage_root.st_uid, stage_root.st_gid) == (0, 0)
+    assert stat.S_IMODE(stage_root.st_mode) == 0o711
 
 
 @root_only
@@ -227,3 +233,121 @@ def test_an_unknown_backend_in_the_order_is_a_clear_error(tmp_path: Path) -> Non
     with pytest.raises(ConfigError, match="firecracker") as caught:
         Host(settings, pool=False)
     assert "bwrap" in (caught.value.hint or "")
+
+
+# --- one id per sandbox: the range and its leases ------------------------------------------
+
+
+def test_a_range_over_root_an_account_or_the_largest_id_is_refused() -> None:
+    with pytest.raises(ConfigError, match="within 1 to"):
+        identity.check_range(0, 10)
+    with pytest.raises(ConfigError, match="within 1 to"):
+        identity.check_range(identity.MAX_ID - 5, 10)
+    with pytest.raises(ConfigError, match="overlap user") as caught:
+        identity.check_range(1, 100)  # daemon, bin, sys...: real accounts
+    assert "id_base" in (caught.value.hint or "")
+
+
+def test_a_range_over_a_subordinate_range_is_refused(tmp_path: Path) -> None:
+    subuid = Path("/etc/subuid")
+    ranges = identity._subordinate(subuid)
+    if not ranges:
+        pytest.skip("no /etc/subuid ranges on this host")
+    owner, start, _count = ranges[0]
+    with pytest.raises(ConfigError, match=owner):
+        identity.check_range(start, 10)
+
+
+def _allocator(tmp_path: Path, count: int) -> identity._Allocator:
+    state = tmp_path / "ids"
+    state.mkdir(mode=0o700)
+    return identity._Allocator(identity.IdRange(identity.DEFAULT_ID, count), state)
+
+
+def test_threads_never_get_the_same_id_and_a_returned_one_comes_back_last(tmp_path: Path) -> None:
+    ids = _allocator(tmp_path, 9)  # the base, and 8 ids for sandboxes
+    leases: list[identity.Lease] = []
+    lock = threading.Lock()
+
+    def take_two() -> None:
+        for _ in range(2):
+            lease = ids.take()
+            with lock:
+                leases.append(lease)
+
+    threads = [threading.Thread(target=take_two) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    uids = sorted(lease.identity.uid for lease in leases)
+    assert uids == list(range(identity.DEFAULT_ID + 1, identity.DEFAULT_ID + 9))
+    assert all(lease.identity.gid == lease.identity.uid and lease.own for lease in leases)
+    with pytest.raises(HostError, match="in use") as caught:
+        ids.take()
+    assert "id_count" in (caught.value.hint or "")
+    leases[3].release()
+    again = ids.take()
+    assert again.identity == leases[3].identity
+    for lease in [*leases, again]:
+        lease.release()
+
+
+_HOLDER = """
+import sys, time
+from pathlib import Path
+from codecage.isolation import identity
+ids = identity._Allocator(identity.IdRange(int(sys.argv[2]), int(sys.argv[3])), Path(sys.argv[1]))
+try:
+    lease = ids.take()
+except Exception as exc:
+    print("refused", type(exc).__name__, flush=True)
+    sys.exit(0)
+print(lease.identity.uid, flush=True)
+time.sleep(600)
+"""
+
+
+def _holder(ids: identity._Allocator) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(ids.state), str(ids.ids.base), str(ids.ids.count)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+@root_only
+def test_another_process_never_gets_an_id_held_and_gets_it_once_its_holder_died(
+    tmp_path: Path,
+) -> None:
+    ids = _allocator(tmp_path, 3)  # two ids
+    mine = ids.take()
+    other = _holder(ids)
+    try:
+        assert other.stdout is not None
+        theirs = int(other.stdout.readline())
+        assert theirs != mine.identity.uid
+        third = _holder(ids)
+        assert third.stdout is not None
+        assert third.stdout.readline().startswith("refused HostError")  # both in use
+        third.wait()
+        third.stdout.close()
+        other.kill()  # a crash: its lock goes with its process
+        other.wait()
+        with ids.take() as freed:
+            assert freed.identity.uid == theirs
+    finally:
+        other.kill()
+        other.wait()
+        if other.stdout is not None:
+            other.stdout.close()
+        mine.release()
+
+
+def test_info_names_the_range_in_force_or_says_runs_share_the_callers_id() -> None:
+    as_root = identity.probe(identity.plan(euid=0))
+    assert as_root.active
+    assert f"from {identity.DEFAULT_ID + 1} to {identity.DEFAULT_ID + 65535}" in as_root.mechanism
+    assert "id_count = 65536" in as_root.detail
+    as_user = identity.probe(identity.plan(euid=1000))
+    assert "every run has this one id" in as_user.detail

@@ -171,13 +171,29 @@ class SandboxFile(_FileModel):
         None,
         ge=1,
         le=2**32 - 2,
-        description="Host uid sandboxes run as when codecage runs as root (never 0).",
+        description="Host uid every sandbox runs as when codecage runs as root (never 0); "
+        "unset: each sandbox gets its own from id_base/id_count.",
     )
     gid: int | None = Field(
         None,
         ge=1,
         le=2**32 - 2,
-        description="Host gid sandboxes run as when codecage runs as root (never 0).",
+        description="Host gid every sandbox runs as when codecage runs as root (never 0); "
+        "unset: each sandbox gets its own from id_base/id_count.",
+    )
+    id_base: int = Field(
+        2_000_000_000,
+        ge=1,
+        le=2**32 - 3,
+        description="As root, the first of the host ids sandboxes get one each of (uid = "
+        "gid; the first is the fork server's templates'); the range must be nobody's.",
+    )
+    id_count: int = Field(
+        65_536,
+        ge=2,
+        le=2**31,
+        description="How many ids the range of id_base holds: one per sandbox alive at "
+        "once on this host, plus one.",
     )
     backends: list[str] | None = Field(
         None,

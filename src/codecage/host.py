@@ -229,7 +229,12 @@ class Host:
         self.limit_sources = dict(settings.sources)
         if limits is not None:
             self.limit_sources.update(dict.fromkeys(Limits.model_fields, "argument"))
-        self.identity = identities.plan(settings.sandbox.uid, settings.sandbox.gid)
+        self.identity = identities.plan(
+            settings.sandbox.uid,
+            settings.sandbox.gid,
+            id_base=settings.sandbox.id_base,
+            id_count=settings.sandbox.id_count,
+        )
         self.allow_degraded = allow_degraded
         self._selftest = selftest
         self.backend: Backend = self._choose_backend(backend)
@@ -370,7 +375,7 @@ class Host:
 
         def prove() -> DoctorReport:
             log.info("sandbox.selftest", extra={"backend": backend.name})
-            return selftest.run_probes(backend, self.identity.identity)
+            return selftest.run_probes(backend, self.identity)
 
         return _PROCESS.verdict(selftest.cache_key(backend, self.identity.identity), prove)
 
@@ -459,7 +464,7 @@ class Host:
             skills_dir=self.skills_dir,
             packages_dir=self.packages_dir,
             data_dir=self.data_dir,
-            identity=self.identity.identity,
+            identity=self.identity,
         )
 
     # --- running ---------------------------------------------------------------------------
@@ -673,7 +678,7 @@ class Host:
             policy=request.policy,
             cancel=request.cancel,
             on_files=request.on_files,
-            identity=self.identity.identity,
+            identity=self.identity,
             tools=tools or bridge.NoServers(self._scrub_asked),
             tool_limits=self.tool_limits,
             servers_dir=self.servers_dir,
@@ -878,7 +883,7 @@ class Host:
             HostError: the host cannot start a sandbox at all.
             SandboxError: the sandbox itself failed.
         """
-        return selftest.run_probes(self.backend, self.identity.identity)
+        return selftest.run_probes(self.backend, self.identity)
 
     # --- reports and lifecycle -------------------------------------------------------------
 

@@ -23,13 +23,6 @@ _GVISOR_MEMORY = (
 )
 
 KNOWN_GAPS: dict[str, dict[str, str]] = {
-    "bwrap-fork": {
-        "test_the_code_starts_with_rlimit_nproc_at_max_processes": (
-            "RLIMIT_NPROC counts per user of a user namespace, and forked sandboxes share "
-            "their template's: an rlimit would let one run's processes take another's, so "
-            "the run's pids cgroup alone bounds them (test_pids checks the bound holds)"
-        ),
-    },
     "gvisor": {
         "test_nothing_is_left_after_a_timeout": (
             "the test finds the host run dir in bwrap's argv (/proc/1/cmdline); under gVisor "
@@ -170,13 +163,15 @@ NEEDS_ROOT: dict[str, str] = {
 WITH_CGROUP_KNOWN_GAPS: dict[str, dict[str, str]] = {
     "landlock": {
         "test_the_code_starts_with_rlimit_nproc_at_max_processes": (
-            "the guest is a host uid in the host's user namespace, where RLIMIT_NPROC counts "
-            "every process of that uid on the host: with a pids cgroup, that alone bounds the "
-            "run's processes (test_pids checks the bound holds); without one the rlimit stays"
+            "as an ordinary user every run is the caller's uid in the host's user namespace, "
+            "where RLIMIT_NPROC counts every process of that uid on the host: with a pids "
+            "cgroup, that alone bounds the run's processes (test_pids checks the bound "
+            "holds); without one the rlimit stays. As root each run has a uid of its own"
         ),
     },
 }
-"""Gaps of a backend only where codecage has a cgroup per run (as root here): strict xfails."""
+"""Gaps of a backend only where codecage has a cgroup per run but runs share one host id
+(an ordinary user with a delegated cgroup): strict xfails."""
 
 NONROOT_KNOWN_GAPS: dict[str, dict[str, str]] = {
     "landlock": {

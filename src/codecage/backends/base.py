@@ -62,6 +62,11 @@ class LaunchSpec:
     # what the host reads: a stdio MCP server's transport (bridge/sandboxed.py). bwrap only.
     stdio: bool = False
 
+    # (first host id, count): the sandbox's user namespace maps inside ids 1000 + k to
+    # host ids first + k (and `identity` must be `first`): a template whose forked runs
+    # each drop to their own host id (`isolation.identity`). bwrap only, root only.
+    id_map: tuple[int, int] | None = None
+
     def channel_fds(self) -> tuple[int, ...]:
         """The guest's channel fds that are set."""
         return tuple(fd for fd in (self.control_fd, self.bridge_fd) if fd is not None)

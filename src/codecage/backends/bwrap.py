@@ -29,12 +29,12 @@ from codecage.backends.base import (
     version_line,
 )
 from codecage.errors import HostError, SandboxError
-from codecage.isolation import network, rootfs
+from codecage.isolation import network, rootfs, userns
 from codecage.models import LayerStatus
 
 log = logging.getLogger(__name__)
 
-_NAMESPACES = ("--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-uts")
+_NAMESPACES = ("--unshare-ipc", "--unshare-pid", "--unshare-uts")
 _NAMESPACES_TRY = ("--unshare-cgroup-try",)
 _SIGNAL_EXIT_BASE = 128  # bwrap reports a child killed by signal N as exit code 128 + N
 
@@ -75,10 +75,12 @@ class BwrapBackend:
         Raises:
             SandboxError: bwrap could not be started, or said something unexpected.
         """
-        with _handshake(spec.seccomp) as fds:
-            argv = self._argv(spec, fds)
+        with _handshake(spec.seccomp) as fds, _user_namespace(spec) as userns:
+            argv = self._argv(spec, fds, userns)
             log.debug("bwrap.launch", extra={"argv": argv})
-            ours = (fds.info_write, fds.block_read, fds.seccomp)
+            ours = (fds.info_write, fds.block_read, fds.seccomp) + (
+                () if userns is None else (userns,)
+            )
             process = spawn(
                 argv,
                 pass_fds=(*ours, *spec.channel_fds(), *spec.extra_fds),
@@ -102,11 +104,11 @@ class BwrapBackend:
                 raise
         return process
 
-    def _argv(self, spec: LaunchSpec, fds: _HandshakeFds) -> list[str]:
+    def _argv(self, spec: LaunchSpec, fds: _HandshakeFds, userns: int | None) -> list[str]:
         return [
             self.executable,
-            *isolation_args(allow_network=spec.network, template=spec.template),
-            *rootfs.bwrap_args(spec.mounts),
+            *isolation_args(allow_network=spec.network, template=spec.template, userns=userns),
+            *rootfs.bwrap_args(spec.mounts, open_dirs=spec.id_map is not None),
             "--chdir",
             spec.chdir,
             "--info-fd",
@@ -119,7 +121,31 @@ class BwrapBackend:
         ]
 
 
-def isolation_args(*, allow_network: bool, template: bool = False) -> list[str]:
+@contextlib.contextmanager
+def _user_namespace(spec: LaunchSpec) -> Iterator[int | None]:
+    """The user namespace of a template whose runs drop to ids of their own (`id_map`),
+    made by root and mapped before bwrap joins it; None: bwrap makes one of one id.
+
+    Raises:
+        SandboxError: it cannot be made.
+    """
+    if spec.id_map is None:
+        yield None
+        return
+    first, count = spec.id_map
+    try:
+        fd = userns.mapped(first, count, rootfs.SANDBOX_UID)
+    except OSError as exc:
+        raise SandboxError(f"cannot make the template's user namespace: {exc}") from exc
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def isolation_args(
+    *, allow_network: bool, template: bool = False, userns: int | None = None
+) -> list[str]:
     """bwrap's options for everything but the mounts and the handshake: the namespaces,
     the ids inside, no capabilities, death with the parent, a session of its own (also
     used for sandboxed upstream servers, `bridge.sandboxed`).
@@ -127,13 +153,19 @@ def isolation_args(*, allow_network: bool, template: bool = False) -> list[str]:
     A fork server's `template` (guest/template.py) keeps CAP_SYS_ADMIN and CAP_SETPCAP in
     its user namespace and may make user namespaces: it makes each run's namespaces, and
     never runs user code; each run gives both up, and its filter refuses new namespaces.
+    With `userns` (a namespace of many ids, `isolation.userns.mapped`) it joins that one
+    instead of making its own, and keeps CAP_SETUID and CAP_SETGID too: each run drops to
+    its own id in it (no further user namespace can be made in it: see `mapped`).
     """
     powers = ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"] if template else []
+    if template and userns is not None:
+        powers += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    user = ["--unshare-user", "--disable-userns"] if userns is None else ["--userns", str(userns)]
     return [
+        *user,
         *_NAMESPACES,
         *_NAMESPACES_TRY,
         *network.bwrap_args(network.plan(allow_network=allow_network)),
-        "--disable-userns",
         "--uid",
         str(rootfs.SANDBOX_UID),
         "--gid",
@@ -248,6 +280,7 @@ def _namespaces_work(executable: str) -> tuple[bool, str]:
     """Can bwrap create every namespace we ask for here? (one real, empty sandbox)"""
     argv = [
         executable,
+        "--unshare-user",
         *_NAMESPACES,
         "--unshare-net",
         "--disable-userns",

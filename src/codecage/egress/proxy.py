@@ -5,6 +5,10 @@ connections on one Unix socket per run. A run's identity is its listener: the le
 that socket file into the run's sandbox and nothing the code sends names a run. The socket
 is made mode 0o666 so the sandbox's host uid (never root) can connect; what keeps other
 users out is the directory it lives in, which the caller owns and opens only to that uid.
+And the listener checks each client's kernel credentials (SO_PEERCRED): a process whose
+host uid and gid are not the ones its run was given (`listen(peers=)`) is refused (403)
+and recorded, whatever path it found the socket by (on the Landlock fallback another run
+can see the host's paths): one run never uses another's grant.
 
 It is an HTTP/1.1 forward proxy, parsed with h11 (see `egress.forward` for why):
 - `CONNECT host:port`: checked, then 200 and bytes both ways (or, for a host an
@@ -50,6 +54,7 @@ import os
 import re
 import socket
 import ssl
+import struct
 import threading
 import time
 from collections.abc import Callable, Coroutine, Generator
@@ -81,6 +86,8 @@ _CALL_TIMEOUT_S = 30.0
 _CLOSE_S = 1.0
 _WARN_EVERY_S = 60.0
 _ACCEPT_FAILED = "socket.accept() out of system resource"  # asyncio's message, on EMFILE
+_PEERCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
+_REFUSED_HEAD_S = 1.0  # how long a client refused for capacity may take to send its head
 _HOST_CHARS = re.compile(r"^[a-z0-9_.-]{1,253}$")
 
 T = TypeVar("T")
@@ -150,16 +157,19 @@ class EgressProxy:
         cafile = self.upstream_ca_file
         return tls.client_context(str(cafile) if cafile is not None else None)
 
-    def listen(self, socket_path: Path) -> RunEgress:
+    def listen(
+        self, socket_path: Path, peers: frozenset[tuple[int, int]] = frozenset()
+    ) -> RunEgress:
         """A new run's listener: a Unix socket at `socket_path` (mode 0o666; its directory
-        decides who may reach it). Everything is refused until `RunEgress.grant`.
+        decides who may reach it). Everything is refused until `RunEgress.grant`; with
+        `peers`, a client whose host (uid, gid) is not one of them is refused always.
 
         Raises:
             SandboxError: the socket cannot be made there (the path exists, is too long,
                 or its directory is missing), or the proxy is closed.
         """
         sock = _listening_socket(Path(socket_path))
-        run = RunEgress(self, Path(socket_path))
+        run = RunEgress(self, Path(socket_path), peers)
         try:
             self._call(run._start(sock))
         except BaseException:
@@ -375,9 +385,12 @@ class _Charged:
 class RunEgress:
     """One run's listener on the proxy: its grant, its connections and their records."""
 
-    def __init__(self, proxy: EgressProxy, path: Path) -> None:
+    def __init__(
+        self, proxy: EgressProxy, path: Path, peers: frozenset[tuple[int, int]] = frozenset()
+    ) -> None:
         self.proxy = proxy
         self.path = path
+        self.peers = peers  # the host (uid, gid)s that may connect; empty: anyone
         self._state: RunState = "new"
         self._policy = EgressPolicy()
         self._budget = Budget(NetworkLimits())
@@ -455,7 +468,12 @@ class RunEgress:
         self._usage.connections += 1
         attempt = _Attempt(self, reader, writer)
         try:
-            await _Charged(attempt.serve(), self._usage)
+            stranger = self._stranger(writer)
+            if stranger is not None:
+                log.warning("egress_peer_refused", extra={"peer": stranger})
+                await attempt.refuse(Refusal(403, stranger))
+            else:
+                await _Charged(attempt.serve(), self._usage)
         except asyncio.CancelledError:
             attempt.record(None, "closed: the run's egress was revoked or closed")
         except Exception:  # one connection's bug must not reach the loop
@@ -499,6 +517,24 @@ class RunEgress:
                 reason=refusal.reason,
             )
         )  # fmt: skip
+
+    def _stranger(self, writer: asyncio.StreamWriter) -> str | None:
+        """Why the client of `writer` is not this run (its kernel credentials); None when
+        it is, or when any client may connect."""
+        if not self.peers:
+            return None
+        sock = writer.get_extra_info("socket")
+        try:
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+            pid, uid, gid = _PEERCRED.unpack(creds)
+        except (OSError, AttributeError, struct.error):
+            return "refused: the client's credentials cannot be read"
+        if (uid, gid) in self.peers:
+            return None
+        return (
+            f"refused: the client (host pid {pid}, uid {uid}, gid {gid}) is not the run "
+            "this socket belongs to"
+        )
 
     def _refusal_before_grant(self) -> str | None:
         if self._state == "new":
@@ -662,6 +698,11 @@ class _Attempt:
             meter=self.meter, request=origin, client_conn=self.conn,
             rewrite_headers=rewrite, scrub=scrub,
         )  # fmt: skip
+
+    async def refuse(self, refusal: Refusal) -> None:
+        """Answer `refusal` without reading anything the client sent, and record it."""
+        await self._answer(refusal)
+        self.record(refusal.status, refusal.reason)
 
     async def _answer(self, refusal: Refusal) -> None:
         with contextlib.suppress(OSError, Cutoff):

@@ -25,18 +25,26 @@ class EgressSetup:
     ca_bundle: bytes | None = None  # the system's CAs + the proxy's own, when it has one
     extra_env: tuple[tuple[str, str], ...] = ()  # credential placeholders, pip's index
 
-    def open_socket(self, directory: Path, owner: Identity) -> RunEgress:
+    def open_socket(
+        self, directory: Path, owner: Identity, *, launcher: Identity | None = None
+    ) -> RunEgress:
         """A new socket on the proxy in `directory` (made here, with the CA bundle beside
         it), connectable by the sandbox's own host id (`owner`) only: another local user
-        who guessed the path could otherwise use the grant. Everything is refused on it
-        until `RunEgress.grant`; the caller closes it."""
+        who guessed the path could otherwise use the grant, and another run (of another
+        id: `isolation.identity`) that found it is refused by its credentials. `launcher`:
+        the host id whose processes connect for the sandbox when that is not `owner`
+        (gVisor's Sentry, root's). Everything is refused on it until `RunEgress.grant`;
+        the caller closes it."""
         directory.mkdir(exist_ok=True)
         # Searchable by all: the sandbox's own host id reaches the socket (and the CA
         # bundle) by name through it; nothing in it can be listed or written.
         directory.chmod(0o711)
         if self.ca_bundle is not None:
             (directory / "ca-bundle.pem").write_bytes(self.ca_bundle)
-        listener = self.proxy.listen(directory / "egress.sock")
+        peers = {(owner.uid, owner.gid)}
+        if launcher is not None:
+            peers.add((launcher.uid, launcher.gid))
+        listener = self.proxy.listen(directory / "egress.sock", frozenset(peers))
         if os.geteuid() == 0:
             os.chown(listener.path, owner.uid, owner.gid)
         listener.path.chmod(0o600)

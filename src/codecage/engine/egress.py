@@ -36,11 +36,17 @@ MAX_NETWORK_EVENTS = 40
 
 
 def open_socket(
-    setup: EgressSetup, run_dir: Path, cleanup: contextlib.ExitStack, owner: Identity
+    setup: EgressSetup,
+    run_dir: Path,
+    cleanup: contextlib.ExitStack,
+    owner: Identity,
+    *,
+    launcher: Identity | None = None,
 ) -> RunEgress:
     """This sandbox's socket on the proxy, in `run_dir/egress` (closed by `cleanup`),
-    connectable by the sandbox's own host id (`owner`) only (`EgressSetup.open_socket`)."""
-    listener = setup.open_socket(run_dir / "egress", owner)
+    connectable by the sandbox's own host id (`owner`) only, and by `launcher`'s when the
+    backend's own process connects for it (`EgressSetup.open_socket`)."""
+    listener = setup.open_socket(run_dir / "egress", owner, launcher=launcher)
     cleanup.callback(listener.close)
     return listener
 

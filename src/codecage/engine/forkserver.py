@@ -48,12 +48,12 @@ from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
 
 from codecage import forks
-from codecage.backends.base import Backend, ExitStatus, SandboxProcess
+from codecage.backends.base import Backend, ExitStatus, Identity, SandboxProcess
 from codecage.engine import launch, owner
-from codecage.engine.run import SandboxSpec, StartedSandbox, start, wait_ready
+from codecage.engine.run import SandboxSpec, StartedSandbox, start, template_ids, wait_ready
 from codecage.errors import SandboxError
 from codecage.guest import template as guest_template
-from codecage.isolation import cgroups, rlimits, tmpfs
+from codecage.isolation import cgroups, rlimits, rootfs, tmpfs
 from codecage.isolation import identity as identities
 from codecage.isolation.cgroups import CgroupHandle
 from codecage.models import Limits
@@ -357,6 +357,10 @@ class _Template:
     live: int = 0  # of which not yet destroyed (they die with it)
     retired: bool = False  # replaced: forks nothing more, stopped once `live` is 0
 
+    # The range its user namespace maps (host base + k is 1000 + k inside): each run it
+    # forks drops to its own id; None: its runs share its one id.
+    ids: identities.IdRange | None = None
+
     def worn(self, max_runs: int, max_age_s: float) -> bool:
         """Whether it served its share: `max_runs` forks or `max_age_s` seconds."""
         return self.runs >= max_runs or time.monotonic() - self.started_at >= max_age_s
@@ -383,7 +387,7 @@ class _Template:
         except BaseException:
             sandbox.destroy()
             raise
-        return cls(sandbox)
+        return cls(sandbox, ids=template_ids(spec))
 
     def fork(
         self,
@@ -398,7 +402,6 @@ class _Template:
             SandboxError: the template did not answer, or it was retired meanwhile.
         """
         execution_id = uuid.uuid4().hex
-        identity = spec.identity or identities.plan().identity
         with self.lock:
             if self.retired:  # replaced between `_template_for` and here
                 raise _Retired("the fork server's template was retired")
@@ -408,6 +411,13 @@ class _Template:
         # First on the stack, so last to run: the sandbox is gone when it is counted out.
         cleanup.callback(self._ended, on_drained)
         try:
+            # Its own host id (returned last, as `run.start` does), which the maker drops
+            # to in the template's user namespace, where it is `inside`; the same id as
+            # the template when the template maps no range.
+            identity = cleanup.enter_context(identities.lease(spec.identity)).identity
+            inside = None
+            if self.ids is not None:
+                inside = rootfs.SANDBOX_UID + identity.uid - self.ids.base
             run_dir = launch.make_run_dir(cleanup)
             ws = launch.prepare_workspace(None, spec.workspace_mb, run_dir, cleanup, owner=identity)
             cgroup = cgroups.create(
@@ -418,11 +428,11 @@ class _Template:
             if cgroup is not None:
                 cleanup.callback(cgroups.destroy, cgroup)
             channel = launch.Channels.open(cleanup)
-            proc = self._request(channel, ws.bind_source, spec.tmp_mb, cleanup)
+            proc = self._request(channel, ws.bind_source, spec.tmp_mb, inside)
             cleanup.callback(proc.close)
             channel.close_guest_ends()
             try:
-                proc.admit(cgroup)
+                proc.admit(cgroup, None if inside is None else identity)
             except SandboxError as exc:
                 # A maker or init that failed said why on the template's stderr.
                 raise SandboxError(f"{exc}; {_said(self.sandbox.proc.stderr)}") from exc
@@ -439,7 +449,10 @@ class _Template:
             cgroup_limits=limits,
             started_at=time.monotonic(),
             cleanup=cleanup,
-            shares_user_namespace=True,
+            identity=identity,
+            # With an id of its own, RLIMIT_NPROC counts its processes alone (the kernel
+            # counts per user namespace and id): the guest sets it, as in any sandbox.
+            shares_user_namespace=inside is None,
         )
 
     def _request(
@@ -447,9 +460,10 @@ class _Template:
         channel: launch.Channels,
         workspace: os.PathLike[str] | str,
         tmp_mb: int,
-        cleanup: contextlib.ExitStack,
+        inside: int | None,
     ) -> ForkedProcess:
-        """Send the template one fork request with the new sandbox's fds."""
+        """Send the template one fork request with the new sandbox's fds (and, with
+        `inside`, the id in the template's user namespace the run drops to)."""
         out_read, out_write = os.pipe2(os.O_CLOEXEC)
         err_read, err_write = os.pipe2(os.O_CLOEXEC)
         exit_host, exit_guest = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -458,9 +472,14 @@ class _Template:
         tree = -1
         try:
             tree = _detached_mount(workspace)
-            message = json.dumps(
-                {"v": 1, "kind": guest_template.KIND_FORK, "tmp_bytes": tmp_mb * cgroups.MiB}
-            ).encode()
+            fields: dict[str, int | str] = {
+                "v": 1,
+                "kind": guest_template.KIND_FORK,
+                "tmp_bytes": tmp_mb * cgroups.MiB,
+            }
+            if inside is not None:
+                fields["uid"] = inside
+            message = json.dumps(fields).encode()
             fds = [
                 channel.guest_control.fileno(),
                 channel.guest_bridge.fileno(),
@@ -520,30 +539,32 @@ class ForkedProcess(SandboxProcess):
         self._init_pidfd: int | None = None
         self._init_lock = threading.Lock()
 
-    def admit(self, cgroup: CgroupHandle | None) -> None:
+    def admit(self, cgroup: CgroupHandle | None, identity: Identity | None = None) -> None:
         """Follow the sandbox's making: move the maker into `cgroup` before it makes
-        anything (init and the guest inherit it), then hold init by a pidfd.
+        anything (init and the guest inherit it), then hold init by a pidfd. With
+        `identity`, the maker and init must be that host id (the run's own).
 
         Raises:
             SandboxError: no answer in time (the template could not fork it), or a process
                 of it is not who a sandbox must be.
         """
-        maker = self._hello(b"h")
+        maker = self._hello(b"h", identity)
         if cgroup is not None:
             cgroups.attach(cgroup, maker)
         self._exit_sock.sendall(b"g")
-        self._init_pid = self._hello(b"i")
+        self._init_pid = self._hello(b"i", identity)
         with contextlib.suppress(OSError):
             self._init_pidfd = os.pidfd_open(self._init_pid)
 
-    def _hello(self, expected: bytes) -> int:
-        """The host pid of the process that sent `expected` (from its credentials)."""
+    def _hello(self, expected: bytes, identity: Identity | None = None) -> int:
+        """The host pid of the process that sent `expected` (from its credentials), which
+        must be `identity` when one is given."""
         if not _readable(self._exit_sock, HELLO_TIMEOUT_S):
             raise SandboxError(
                 f"the fork server did not fork the sandbox within {HELLO_TIMEOUT_S:g} s"
             )
         data, ancillary, _, _ = self._exit_sock.recvmsg(1, socket.CMSG_SPACE(12))
-        pid = _sender_pid(ancillary)  # and never host root (see _sender_pid)
+        pid = _sender_pid(ancillary, identity)  # and never host root (see _sender_pid)
         if data != expected or pid is None:
             raise SandboxError(f"the fork server could not fork the sandbox (got {data!r})")
         return pid
@@ -618,13 +639,16 @@ def _readable(sock: socket.socket, timeout_s: float | None) -> bool:
     return bool(poller.poll(None if timeout_s is None else timeout_s * 1000))
 
 
-def _sender_pid(ancillary: list[tuple[int, int, bytes]]) -> int | None:
+def _sender_pid(
+    ancillary: list[tuple[int, int, bytes]], identity: Identity | None = None
+) -> int | None:
     """The host pid in the kernel's credentials of a message.
 
     Raises:
-        SandboxError: the sender runs as host root (uid or gid 0). The template was checked
-            when it started (`identity.ensure_not_root`); its forks cannot change ids (no
-            CAP_SETUID, one id mapped), so the ids the kernel reports are the check here.
+        SandboxError: the sender runs as host root (uid or gid 0), or not as `identity`
+            (the run's own id) when one is given. The template was checked when it started
+            (`identity.ensure_not_root`); its user namespace maps no host root, so the ids
+            the kernel reports are the check here.
     """
     for level, kind, data in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(data) >= 12:
@@ -632,6 +656,11 @@ def _sender_pid(ancillary: list[tuple[int, int, bytes]]) -> int | None:
             if uid == 0 or gid == 0:
                 raise SandboxError(
                     f"refused: a forked sandbox runs as host root (uid {uid}, gid {gid})"
+                )
+            if identity is not None and (uid, gid) != (identity.uid, identity.gid):
+                raise SandboxError(
+                    f"refused: a forked sandbox runs as host uid {uid}, gid {gid}, not its "
+                    f"own uid {identity.uid}, gid {identity.gid}"
                 )
             return pid if pid > 0 else None
     return None

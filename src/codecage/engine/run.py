@@ -47,6 +47,7 @@ from codecage.guest.contract import MAX_DISPLAYS, MAX_DISPLAYS_BYTES, STOP_LINE
 from codecage.isolation import cgroups, datadir, rlimits, rootfs
 from codecage.isolation import identity as identities
 from codecage.isolation.cgroups import CgroupHandle
+from codecage.isolation.identity import IdentityPlan
 from codecage.models import (
     MAX_CODE_BYTES,
     Ceilings,
@@ -109,7 +110,7 @@ class RunRequest:
     data_dir: Path | None = None  # see SandboxSpec
     face: Face = "library"  # who asked: an import refusal's hint is worded for it
     wider_profile: str | None = None  # an enabled profile that refuses nothing, for hints
-    identity: Identity | None = None  # see SandboxSpec
+    identity: Identity | IdentityPlan | None = None  # see SandboxSpec
     # Called with ("stdout" | "stderr", text) as the program writes (engine/stream.py).
     on_output: streaming.OutputCallback | None = None
     # Scrubs streamed text first (text, cut) -> text; None: streamed as written.
@@ -195,9 +196,10 @@ class SandboxSpec:
     skills_dir: Path | None = None  # reusable functions, read-only at /skills
     packages_dir: Path | None = None  # the operator's added packages, at /opt/packages
     data_dir: Path | None = None  # the operator's data, read-only at /data (isolation.datadir)
-    # The host ids the sandbox runs as (never 0); None: this process's default
-    # (`isolation.identity.plan()`: a dedicated id for root, the caller's own otherwise).
-    identity: Identity | None = None
+    # The host ids the sandbox runs as (never 0): one id, or a plan whose range lends each
+    # sandbox its own for its life (`isolation.identity.lease`); None: this process's
+    # default (`isolation.identity.plan()`: a range for root, the caller's own otherwise).
+    identity: Identity | IdentityPlan | None = None
     # Made with a socket on this proxy, a relay and IP sockets (engine/egress.py); None:
     # no network at all. A run's hosts are granted per run, not part of the spec.
     egress: EgressSetup | None = None
@@ -237,10 +239,12 @@ class StartedSandbox:
     used: bool = False
     guest_rlimits: bool = False  # backends.base.HostOverhead.guest_rlimits
     egress: RunEgress | None = None  # its socket on the proxy (spec.egress), else None
-    # Forked from a template (engine/forkserver.py): its user namespace is the template's,
-    # shared by every run forked from it, where RLIMIT_NPROC would count them all together;
-    # its pids cgroup alone bounds its processes (the fork server needs one). Landlock's
-    # guest shares the host's user namespace: the same, where it has a cgroup.
+    identity: Identity | None = None  # its host ids, its own for its life (lent by start)
+    # Its processes' host uid is shared with others' in its user namespace, where
+    # RLIMIT_NPROC would count them all together: its pids cgroup alone bounds its
+    # processes (where it has one). Only when sandboxes do not have ids of their own (not
+    # root, or [sandbox] uid set): forked from a template (engine/forkserver.py), or
+    # Landlock's guest in the host's user namespace.
     shares_user_namespace: bool = False
 
     def alive(self) -> bool:
@@ -323,7 +327,6 @@ def start(
         if forked is not None:
             return forked
     execution_id = uuid.uuid4().hex
-    identity = spec.identity or identities.plan().identity
     interpreter = rootfs.find_interpreter()
     bpf = launch.sandbox_filter(
         network=spec.egress is not None,
@@ -338,6 +341,17 @@ def start(
     binds = _binds(spec, interpreter)
     cleanup = contextlib.ExitStack()
     try:
+        # Its own host id, entered first so that it is returned last: once its processes
+        # are gone and its files removed or given back. A template runs as its range's
+        # own id, in a user namespace that maps the range: each run it forks drops to the
+        # id it is lent then (engine/forkserver.py).
+        id_map = template_ids(spec) if as_template else None
+        own_id = False
+        if id_map is not None:
+            identity = Identity(id_map.base, id_map.base)
+        else:
+            lent = cleanup.enter_context(identities.lease(spec.identity))
+            identity, own_id = lent.identity, lent.own
         run_dir = launch.make_run_dir(cleanup)
         ws = launch.prepare_workspace(
             workspace_dir, spec.workspace_mb, run_dir, cleanup, owner=identity
@@ -353,6 +367,7 @@ def start(
         if as_template:  # its runs mask their own /proc (guest/template.py)
             mounts = tuple(m for m in mounts if m.dest not in rootfs.PROC_MASKED)
         overhead = host_overhead(backend)
+        root_launcher = bool(getattr(backend, "root_launcher", False))
         cgroup = cgroups.create(
             f"{owner.key()}-{execution_id}",
             limits,
@@ -371,7 +386,14 @@ def start(
             guest_argv = (*guest_argv, contract.TEMPLATE_ARG, str(extra_fds[0]))
         listener = None
         if spec.egress is not None:
-            listener = egress_wiring.open_socket(spec.egress, run_dir, cleanup, identity)
+            listener = egress_wiring.open_socket(
+                spec.egress,
+                run_dir,
+                cleanup,
+                identity,
+                # gVisor's Sentry (root's) connects for the guest (--host-uds=open).
+                launcher=Identity(os.geteuid(), os.getegid()) if root_launcher else None,
+            )
             mounts += egress_wiring.mounts(run_dir)
             env.update(egress_wiring.env(spec.egress))
             guest_argv = (*guest_argv, contract.EGRESS_ARG)
@@ -388,12 +410,13 @@ def start(
                 network=spec.egress is not None,
                 template=as_template,
                 extra_fds=extra_fds,
+                id_map=None if id_map is None else (id_map.base, id_map.count),
             ),
             # Between "namespaces made" and "guest starts": never host root (checked on
             # the process itself), and what the guest starts, and every process it makes,
             # is in the run's cgroup from its first instruction.
             on_created=functools.partial(
-                _on_created, cgroup, check_identity=not getattr(backend, "root_launcher", False)
+                _on_created, cgroup, expected=None if root_launcher else identity
             ),
         )
         cleanup.callback(proc.close)
@@ -414,13 +437,38 @@ def start(
         lost=lost_layers(backend),
         guest_rlimits=overhead.guest_rlimits,
         egress=listener,
-        shares_user_namespace=getattr(backend, "shares_host_user_namespace", False),
+        identity=identity,
+        # In the host's user namespace (Landlock), RLIMIT_NPROC counts every process of
+        # the host uid: the run's own alone when the id is its own.
+        shares_user_namespace=getattr(backend, "shares_host_user_namespace", False) and not own_id,
     )
 
 
-def _on_created(cgroup: CgroupHandle | None, pid: int, *, check_identity: bool = True) -> None:
-    if check_identity:
-        identities.ensure_not_root(pid)
+def template_ids(spec: SandboxSpec) -> identities.IdRange | None:
+    """The range a template of `spec` maps, so that each run it forks has its own id;
+    None when its runs all share one id (the caller's or the config's)."""
+    plan = spec.identity if spec.identity is not None else identities.plan()
+    if isinstance(plan, IdentityPlan) and os.geteuid() == 0:
+        return plan.range
+    return None
+
+
+def _on_created(cgroup: CgroupHandle | None, pid: int, *, expected: Identity | None) -> None:
+    """Check the sandbox's first process is `expected` on the host (its own id, never
+    root; None: a backend whose launcher is root's, checked its own way), then give it
+    its cgroup.
+
+    Raises:
+        SandboxError: it is host root, or another id than the one it was lent.
+    """
+    if expected is not None:
+        ids = identities.ensure_not_root(pid)
+        if (ids.uid, ids.gid) != (expected.uid, expected.gid):
+            raise SandboxError(
+                f"refused: the sandbox runs as host uid {ids.uid}, gid {ids.gid}, not the "
+                f"uid {expected.uid}, gid {expected.gid} it was given",
+                hint="report this: the backend did not drop to the run's own id",
+            )
     if cgroup is not None:
         cgroups.attach(cgroup, pid)
 

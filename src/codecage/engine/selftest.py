@@ -24,6 +24,7 @@ from pathlib import Path
 from codecage.backends.base import Backend, Identity, selftest_gaps
 from codecage.engine.run import RunRequest, execute
 from codecage.isolation import cgroups
+from codecage.isolation.identity import IdentityPlan
 from codecage.models import DoctorReport, ExecutionResult, Limits, ProbeResult
 
 log = logging.getLogger(__name__)
@@ -148,10 +149,11 @@ _ALLOWED_ENV = (
 )  # fmt: skip
 
 
-def run_probes(backend: Backend, identity: Identity | None = None) -> DoctorReport:
-    """Run the probe program in a fresh sandbox of `backend` as `identity` (None: this
-    process's default) with no import policy and no self-test (it is the self-test), and
-    judge each layer from what came back and from who owns what it made on the host.
+def run_probes(backend: Backend, identity: Identity | IdentityPlan | None = None) -> DoctorReport:
+    """Run the probe program in a fresh sandbox of `backend` as `identity` (an id, or a
+    plan whose range lends the sandbox one; None: this process's default) with no import
+    policy and no self-test (it is the self-test), and judge each layer from what came
+    back and from who owns what it made on the host.
 
     Raises:
         HostError: the host cannot start a sandbox at all.
@@ -177,7 +179,7 @@ def run_probes(backend: Backend, identity: Identity | None = None) -> DoctorRepo
         result = execute(request, backend)
     probes = _judge(result, token, sentry_root=getattr(backend, "guest_is_sentry_root", False))
     if result.status == "ok":
-        probes.insert(2, _host_identity(owners))
+        probes.insert(2, _host_identity(owners, identity))
     # A layer the backend lacks by design (the Landlock fallback's namespaces and private
     # root) is not in force: WEAK, never PASS, and no failure of the backend either.
     gaps = selftest_gaps(backend)
@@ -247,18 +249,27 @@ def _owner(path: Path) -> list[tuple[int, int]]:
     return []
 
 
-def _host_identity(owners: list[tuple[int, int]]) -> ProbeResult:
-    """Who the sandbox is on the host, seen from the host: the owner of a file it made.
-    (Every start also refuses a sandbox whose first process is host root.)"""
+def _host_identity(
+    owners: list[tuple[int, int]], identity: Identity | IdentityPlan | None = None
+) -> ProbeResult:
+    """Who the sandbox is on the host, seen from the host: the owner of a file it made, and
+    the range it came from when each sandbox has its own. (Every start also refuses a
+    sandbox whose first process is host root or not the id it was lent.)"""
     if not owners:
         return _check("host identity", False, "", "the probe's file was not found on the host")
     uid, gid = owners[0]
+    ids = identity.range if isinstance(identity, IdentityPlan) else None
+    if ids is not None:
+        whose = f"(its own id, lent from the range {ids.base + 1} to {ids.last})"
+        good = uid in ids and uid != ids.base and gid == uid
+    else:
+        whose = "(the user running codecage)" if uid == os.getuid() else "(a dedicated id)"
+        good = True
     return _check(
         "host identity",
-        uid != 0 and gid != 0,
-        f"the sandbox is host uid {uid}, gid {gid}, not root "
-        + ("(the user running codecage)" if uid == os.getuid() else "(a dedicated id)"),
-        f"the sandbox is host root (uid {uid}, gid {gid}): refused",
+        uid != 0 and gid != 0 and good,
+        f"the sandbox is host uid {uid}, gid {gid}, not root {whose}",
+        f"the sandbox is host uid {uid}, gid {gid}: root, or not an id of its range {whose}",
     )
 
 

@@ -16,12 +16,16 @@ setns, mount and move_mount, which the namespaces need; init and the guest give 
 before anything of a run starts, and install the run's own filter (the same one a
 bubblewrap sandbox gets) on top. Nothing of one run reaches another: each has its own
 namespaces, workspace (a tmpfs the host mounted and passes as a detached mount), /tmp,
-cgroup (the host moves init into it before init makes anything) and user namespace (so
-RLIMIT_NPROC counts the run's own processes).
+cgroup (the host moves init into it before init makes anything) and, when codecage runs as
+root, host id: the template's user namespace maps a range of host ids (made by the host,
+`isolation.userns.mapped`; no user namespace can be made inside it), the template keeps
+CAP_SETUID and CAP_SETGID there, and each maker drops to the run's own id (`uid`, the same
+for the gid) before it says hello: the run's processes, files and sockets are that host
+id's, and RLIMIT_NPROC (counted per user namespace and id) counts the run's own processes.
 
 Host -> template (the template's control socket): one JSON line and, in the same message,
 the fds in `FORK_FDS` order.
-    {"v":1,"kind":"fork","tmp_bytes":N}
+    {"v":1,"kind":"fork","tmp_bytes":N[,"uid":ID]}
 Init -> host (the "exit" socket; the host reads init's host pid from SO_PASSCRED):
     b"h" hello; the host moves init into the run's cgroup and answers b"g" (go)
     b"x <exit code> <signal>\\n" the guest's end, then init exits
@@ -138,7 +142,7 @@ def serve(control: _socket.socket, run_filter: bytes) -> _socket.socket:
         request = _receive(control)
         if request is None:
             continue
-        fds, tmp_bytes = request
+        fds, tmp_bytes, uid = request
         try:
             pid = os.fork()
         except OSError as exc:
@@ -146,7 +150,7 @@ def serve(control: _socket.socket, run_filter: bytes) -> _socket.socket:
             _say(f"codecage: the template could not fork: {exc!r}")
         if pid == 0:
             named = dict(zip(FORK_FDS, fds, strict=True))
-            return _start_sandbox(control, named, tmp_bytes, run_filter)
+            return _start_sandbox(control, named, tmp_bytes, run_filter, uid)
         for fd in fds:
             os.close(fd)
 
@@ -162,8 +166,9 @@ def _reap_ended() -> None:
             return
 
 
-def _receive(control: _socket.socket) -> tuple[list[int], int] | None:
-    """One fork request: its fds and the size of its /tmp; None for nothing (a tick, or a
+def _receive(control: _socket.socket) -> tuple[list[int], int, int | None] | None:
+    """One fork request: its fds, the size of its /tmp and the run's id in this user
+    namespace (None: the template's own); None for nothing (a tick, or a
     malformed request, whose fds are closed: the host then sees its exit socket close).
     The host closing the socket ends the template."""
     try:
@@ -185,32 +190,42 @@ def _receive(control: _socket.socket) -> tuple[list[int], int] | None:
     try:
         message: Any = json.loads(data)
         tmp_bytes = int(message["tmp_bytes"])
+        uid = None if message.get("uid") is None else int(message["uid"])
         if message.get("kind") != KIND_FORK or len(fds) != len(FORK_FDS) or tmp_bytes < 1:
+            raise ValueError(message)
+        if uid is not None and uid <= 0:
             raise ValueError(message)
     except (ValueError, KeyError, TypeError):
         _say(f"codecage: a malformed fork request ({len(data)} bytes, {len(fds)} fds)")
         for fd in fds:
             os.close(fd)
         return None
-    return fds, tmp_bytes
+    return fds, tmp_bytes, uid
 
 
 # --- the maker and init: one run's namespaces ---------------------------------------------------
 
 
 def _start_sandbox(
-    template_control: _socket.socket, fds: dict[str, int], tmp_bytes: int, run_filter: bytes
+    template_control: _socket.socket,
+    fds: dict[str, int],
+    tmp_bytes: int,
+    run_filter: bytes,
+    uid: int | None = None,
 ) -> _socket.socket:
-    """In the maker (the template's child): once the host has moved it into the run's
-    cgroup, make the run's namespaces and mounts and fork init, the PID 1 of the new pid
-    namespace, then exit (a pid namespace made by unshare takes the maker's next child;
-    the template's own children must stay in its namespace). Returns in the guest only;
-    any failure ends the process (the host sees the exit socket close)."""
+    """In the maker (the template's child): drop to the run's own id (`uid`), and once
+    the host has moved it into the run's cgroup, make the run's namespaces and mounts and
+    fork init, the PID 1 of the new pid namespace, then exit (a pid namespace made by
+    unshare takes the maker's next child; the template's own children must stay in its
+    namespace). Returns in the guest only; any failure ends the process (the host sees
+    the exit socket close)."""
     try:
         template_control.detach()  # closed below: the guest's own control fd takes its number
         _close_fds_but({0, 1, 2, *fds.values()})
         exit_sock = _socket.socket(fileno=fds["exit"])
-        _hello(exit_sock)
+        if uid is not None:
+            _become_run_id(uid)
+        _hello(exit_sock)  # the host checks the id it sees before anything is made
         _make_run_namespaces(fds["workspace"], tmp_bytes)
         if os.fork() == 0:
             return _init(exit_sock, fds, run_filter)
@@ -253,6 +268,18 @@ def _say(line: str) -> None:
         pass
 
 
+def _become_run_id(uid: int) -> None:
+    """Be the run's own id (uid and gid, no supplementary group). The maker keeps its
+    capabilities in the template's user namespace (its ids were not 0: the kernel keeps
+    them), which the namespaces and mounts below need; init and the guest give them up.
+    Changing ids made the process not dumpable: set back, as a process started anew is
+    (the guest's own processes read its /proc)."""
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    _prctl(_PR_SET_DUMPABLE, 1)
+
+
 def _hello(exit_sock: _socket.socket) -> None:
     """Tell the host this process exists (it reads the host pid from the message's
     credentials) and wait until it has moved it into the run's cgroup."""
@@ -273,6 +300,10 @@ def _make_run_namespaces(workspace_tree: int, tmp_bytes: int) -> None:
     )
     os.close(workspace_tree)
     _mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={tmp_bytes},mode=1777")  # noqa: S108
+    # /dev/shm of its own too: the template's is in its /dev, which every run would share.
+    shm = "/dev/shm"  # noqa: S108 - the run's own tmpfs, mounted here
+    if os.path.isdir(shm):
+        _mount("tmpfs", shm, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={tmp_bytes},mode=1777")
 
 
 def _mount_proc() -> None:

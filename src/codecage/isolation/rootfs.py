@@ -27,7 +27,7 @@ import py_compile
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from codecage.errors import HostError
@@ -302,8 +302,10 @@ def plan(
     return tuple(mounts)
 
 
-def bwrap_args(mounts: tuple[Mount, ...]) -> list[str]:
-    """Translate a mount table into bwrap arguments (the root is remounted read-only last)."""
+def bwrap_args(mounts: tuple[Mount, ...], *, open_dirs: bool = False) -> list[str]:
+    """Translate a mount table into bwrap arguments (the root is remounted read-only last).
+    `open_dirs`: the directories bwrap makes on the root for the mounts (mode 0700, its
+    own) are opened to every id (0755): a template's runs each have an id of their own."""
     args: list[str] = []
     for m in mounts:
         match m.kind:
@@ -317,6 +319,9 @@ def bwrap_args(mounts: tuple[Mount, ...]) -> list[str]:
                 args += [f"--{m.kind}", m.dest]
             case "symlink":
                 args += ["--symlink", _source_of(m), m.dest]
+    if open_dirs:
+        for directory in _made_parents(mounts):
+            args += ["--chmod", "0755", directory]
     args += ["--remount-ro", "/"]
     return args
 
@@ -325,6 +330,19 @@ def proc_masks(empty_dir: Path) -> list[Mount]:
     """The binds that hide `PROC_MASKED` behind `empty_dir` and the empty file beside it
     (`write_empty_file`): every sandbox's, sandboxed upstream servers' too."""
     return _proc_masks(empty_dir)
+
+
+def _made_parents(mounts: tuple[Mount, ...]) -> list[str]:
+    """The directories of the root's own tmpfs above the mounts: never a mount point nor
+    inside one (a chmod there would change the host's directory or a tmpfs's mode)."""
+    dests = [m.dest.rstrip("/") for m in mounts if m.dest not in ("", "/")]
+    parents: set[str] = set()
+    for dest in dests:
+        parent = PurePosixPath(dest).parent
+        while str(parent) != "/":
+            parents.add(str(parent))
+            parent = parent.parent
+    return sorted(p for p in parents if not any(p == d or p.startswith(d + "/") for d in dests))
 
 
 def _proc_masks(empty_dir: Path) -> list[Mount]:

@@ -5,10 +5,13 @@ When codecage runs as root, the sandbox runs as an unprivileged host id
 by anyone (/usr, /lib, the data packages in a venv under /opt or /work); some are not: a
 pyenv interpreter under /root (mode 0700), a cache under ~/.cache, a checkout in a home
 directory. Those are staged: hard-linked (or, across filesystems or for files not readable
-by others, copied) once into a root-owned tree under `STAGE_ROOT`, which only root and the sandbox's
-group may pass through, and each staged file is checked against its source by SHA-256
-before the tree is used. The user's home keeps its permissions, and no other local user
-gains a way in.
+by others, copied) once into a root-owned tree under `STAGE_ROOT`, and each staged file is
+checked against its source by SHA-256 before the tree is used. Every sandbox id reads the
+same trees (each run has an id of its own: one copy serves them all). `STAGE_ROOT` is mode
+0711: anyone may pass through it to a tree whose name they know, nobody but root may list
+it, and a tree's name is a hash of its source's path and of its entries' sizes and mtimes,
+which only who can read the source (root) knows. The user's home keeps its permissions,
+and no other local user gains a way in.
 
 A staged tree is named by its source's path and a signature of its contents (its direct
 entries' names, sizes and mtimes), so an upgrade of the source makes a new tree; an
@@ -36,12 +39,14 @@ from codecage.isolation import identity as identities
 
 log = logging.getLogger(__name__)
 
-STAGE_ROOT = Path("/var/lib/codecage/stage")
+# Not the former "stage" (mode 0710, group the one shared sandbox id, which ids of their
+# own cannot pass): versions of codecage side by side on a host would fight over its mode.
+STAGE_ROOT = Path("/var/lib/codecage/staged")
 _COMPLETE = ".codecage-staged"  # written last: its presence says the tree is whole
 _LOCK = threading.Lock()
 
 
-@functools.cache
+@functools.lru_cache(maxsize=4096)  # bounded: each run has an id of its own
 def readable(source: Path, identity: Identity, *, skip: tuple[str, ...] = ()) -> Path:
     """`source` itself when `identity` can read it, else its staged copy (made once).
     `skip` names top-level entries of a directory not to stage (e.g. a stdlib's
@@ -52,16 +57,16 @@ def readable(source: Path, identity: Identity, *, skip: tuple[str, ...] = ()) ->
     """
     if identities.can_read(source, identity):
         return source
-    return _staged(source.resolve(), skip, identity.gid)
+    return _staged(source.resolve(), skip)
 
 
 @functools.cache
-def _staged(source: Path, skip: tuple[str, ...], gid: int) -> Path:
+def _staged(source: Path, skip: tuple[str, ...]) -> Path:
     signature = _signature(source, skip)
     name = hashlib.sha256(f"{source}\0{signature}".encode()).hexdigest()[:24]
     target = STAGE_ROOT / name / source.name
     with _LOCK:
-        _open_stage_root_to(gid)
+        _open_stage_root()
         if not (target.parent / _COMPLETE).is_file():
             _prune_once()
             _make(source, target, skip)
@@ -94,10 +99,10 @@ def _stale(entry: Path) -> bool:
     return bool(source) and not os.path.lexists(source)
 
 
-def _open_stage_root_to(gid: int) -> None:
-    """`STAGE_ROOT` is root's, mode 0710, group the sandbox's gid: sandboxes pass through
-    it, no other local user does (what is staged came from places closed to them, such as
-    /root; staging must not open it to everyone).
+def _open_stage_root() -> None:
+    """`STAGE_ROOT` is root's, mode 0711: every sandbox id passes through it to a tree it
+    is given by name; nobody but root lists it (what is staged came from places closed to
+    other users, such as /root, and a tree's name cannot be known without reading there).
 
     Raises:
         HostError: it cannot be made or set so.
@@ -105,10 +110,10 @@ def _open_stage_root_to(gid: int) -> None:
     try:
         STAGE_ROOT.mkdir(parents=True, exist_ok=True, mode=0o700)
         st = STAGE_ROOT.lstat()
-        if (st.st_uid, st.st_gid) != (0, gid):
-            os.chown(STAGE_ROOT, 0, gid, follow_symlinks=False)
-        if stat.S_IMODE(st.st_mode) != 0o710:
-            STAGE_ROOT.chmod(0o710)
+        if (st.st_uid, st.st_gid) != (0, 0):
+            os.chown(STAGE_ROOT, 0, 0, follow_symlinks=False)
+        if stat.S_IMODE(st.st_mode) != 0o711:
+            STAGE_ROOT.chmod(0o711)
     except OSError as exc:
         raise HostError(
             f"cannot prepare {STAGE_ROOT} for the sandbox: {exc.strerror}",

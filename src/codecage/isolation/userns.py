@@ -105,3 +105,66 @@ def remedy() -> str:
         "labelled: --backend landlock, or --allow-degraded (library: "
         "Sandbox(backend='landlock') or Sandbox(allow_degraded=True))"
     )
+
+
+_HOLDER = (
+    # In the new user namespace: no user namespace may be made inside it (bwrap's
+    # --disable-userns cannot be used with --userns), then wait for the host to map it.
+    "echo 0 > /proc/sys/user/max_user_namespaces && echo ready && exec cat >/dev/null"
+)
+
+
+def mapped(first: int, count: int, inside: int) -> int:
+    """An fd of a new user namespace owned by host id `first` (uid and gid), in which
+    inside ids `inside + k` are host ids `first + k` for k < `count`, and no further user
+    namespace can be made. A fork server's template joins it (bwrap --userns): it runs as
+    `inside` and can drop each forked run to an id of its own. Root only (the map of
+    several ids needs CAP_SETUID on the host).
+
+    Raises:
+        OSError: the namespace cannot be made or mapped (the message says which step).
+    """
+    setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
+    unshare = shutil.which("unshare") or "/usr/bin/unshare"
+    holder = subprocess.Popen(
+        [
+            setpriv,
+            f"--reuid={first}",
+            f"--regid={first}",
+            "--clear-groups",
+            "--",
+            unshare,
+            "--user",
+            "--keep-caps",  # the shell keeps its capabilities there, for the sysctl
+            "--",
+            "/bin/sh",
+            "-c",
+            _HOLDER,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={"PATH": "/usr/bin:/bin"},
+        cwd="/",
+        process_group=0,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdin is not None  # noqa: S101 - piped
+        if holder.stdout.readline() != b"ready\n":
+            said = holder.stderr.read(500) if holder.stderr else b""
+            raise OSError(f"user namespace: {said.decode('utf-8', 'replace').strip()}")
+        line = f"{inside} {first} {count}\n".encode()
+        for name in ("uid_map", "gid_map"):
+            fd = os.open(f"/proc/{holder.pid}/{name}", os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+        return os.open(f"/proc/{holder.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        # The namespace lives on while an fd or a process holds it: the holder may go.
+        holder.kill()
+        holder.wait()
+        for stream in (holder.stdin, holder.stdout, holder.stderr):
+            if stream is not None:
+                stream.close()
