@@ -133,6 +133,8 @@ class Session:
         try:
             idle_ms = self._sandbox.cpu_since_baseline_ms()
         finally:
+            if self.ended is not None:
+                self._dispose_once()  # closed while this check held the sandbox
             self._lock.release()
         if idle_ms is None:
             return None
