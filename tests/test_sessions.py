@@ -286,6 +286,34 @@ def test_the_session_cpu_budget_holds_across_runs() -> None:
                 session.run("1")
 
 
+def test_the_session_cpu_budget_holds_while_no_run_is_going() -> None:
+    """Processes a run leaves behind burn CPU between runs: the budget is held then too
+    (the reaper reads the session's cgroup), the session ends with its processes killed,
+    and the next call says why. Before, it was checked only when the next run started."""
+    registry = Sessions(SessionSettings(cpu_seconds=3))
+    with Sandbox(pool=False) as box:
+        box.host.sessions = registry
+        before = _bwrap_children()
+        session = box.session()
+        left = session.run(
+            "import subprocess, sys\n"
+            "burn = [sys.executable, '-c', 'while True: pass']\n"
+            "[subprocess.Popen(burn).pid for _ in range(2)]"
+        )
+        assert left.status == "ok", left
+        deadline = time.monotonic() + 60  # 3 CPU-s of two busy processes, on a busy host
+        while session.ended is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert session.ended is not None, "the session outlived its CPU budget while idle"
+        assert "CPU budget of 3 s" in session.ended and "no run was going" in session.ended
+        with pytest.raises(SessionError, match="CPU budget of 3 s"):
+            session.run("1")
+        deadline = time.monotonic() + 10
+        while _bwrap_children() > before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _bwrap_children() == before  # the sandbox and its processes are gone
+
+
 # --- isolation between sessions and runs ----------------------------------------------------
 
 

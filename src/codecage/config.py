@@ -51,6 +51,7 @@ data_dir = "/srv/codecage-data"       # read-only at /data in every sandbox (--d
 
 [sessions]                            # state across runs, where a caller asks for it
 idle_ttl = 600                        # seconds unused before a session is closed
+max_idle_ttl = 1800                   # the longest idle TTL a client may ask for
 lifetime = 3600                       # seconds a session lives at most
 cpu_seconds = 600                     # CPU seconds of all of one session's runs
 max_per_client = 4                    # open sessions per client (max_total per process)

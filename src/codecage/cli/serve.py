@@ -207,7 +207,6 @@ def serve(
             metrics=metrics,
             metrics_public=metrics_public,
             clients=settings.serve.clients,
-            limits=limits,
         )
     except CodecageError as exc:
         fail(exc, as_json=False, verbose=verbose)

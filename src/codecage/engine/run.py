@@ -261,6 +261,14 @@ class StartedSandbox:
         """Kill it and remove everything it had; idempotent."""
         self.cleanup.close()
 
+    def cpu_since_baseline_ms(self) -> int | None:
+        """CPU its processes used since its baseline (ready, or a session's last run's end),
+        by its cgroup; None without a cgroup (nothing counts what its processes use)."""
+        if self.cgroup is None or self.baseline is None:
+            return None
+        used = cgroups.cpu_usage_ms(self.cgroup)
+        return None if used is None else max(0, used - self.baseline.cpu_ms)
+
 
 def execute(
     request: RunRequest, backend: Backend, templates: Templates | None = None

@@ -13,7 +13,9 @@ the next call is told why. Sessions share nothing with each other or with pooled
 
 `Sessions` is the registry one Host keeps: ids that cannot be guessed, an owner per
 session (a client sees and uses only its own), per-client and total maxima, and a reaper
-thread closing sessions idle past their TTL or older than their lifetime.
+thread closing sessions idle past their TTL or older than their lifetime, and those whose
+processes spent the CPU budget while no run was going (polled each second from the
+session's cgroup: a background process a run left cannot outlast the budget).
 """
 
 from __future__ import annotations
@@ -116,6 +118,33 @@ class Session:
         if not self.busy and now - self.last_used >= self.terms.idle_ttl_s:
             return f"it was idle for {self.terms.idle_ttl_s:g} s (its idle TTL)"
         return None
+
+    def idle_cpu_spent(self) -> str | None:
+        """Why the session must end for the CPU it used while no run was going, or None.
+
+        Processes a run leaves behind (a thread, a background child) keep running between
+        runs; a run's own supervision holds the budget only while it runs. So the reaper
+        asks this every second: the session's cgroup says what was used since its last run
+        ended, added to what its runs used. (None while a run is going, and without a
+        cgroup: nothing counts the processes then; the guest's hard RLIMIT_CPU holds each.)
+        """
+        if self.ended is not None or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            idle_ms = self._sandbox.cpu_since_baseline_ms()
+        finally:
+            if self.ended is not None:
+                self._dispose_once()  # closed while this check held the sandbox
+            self._lock.release()
+        if idle_ms is None:
+            return None
+        left_ms = self.cpu_seconds * 1000 - self._cpu_used_ms - idle_ms
+        if left_ms >= _MIN_CPU_LEFT_S * 1000:
+            return None
+        return (
+            f"it used its CPU budget of {self.cpu_seconds} s: processes left running between "
+            f"runs used {idle_ms / 1000:.1f} s of it while no run was going"
+        )
 
     def run(self, request: RunRequest) -> ExecutionResult:
         """Run `request` in the session's interpreter.
@@ -364,14 +393,15 @@ class Sessions:
                 self._ended.pop(next(iter(self._ended)))
 
     def reap(self, now: float | None = None) -> list[str]:
-        """Close the sessions whose TTL or lifetime has passed, and those whose interpreter
-        died; the ids closed."""
+        """Close the sessions whose TTL or lifetime has passed, those whose interpreter
+        died, and those whose processes used up the CPU budget between runs (their
+        processes are killed with the sandbox); the ids closed."""
         now = time.monotonic() if now is None else now
         with self._lock:
             sessions = [s for s in self._by_id.values() if isinstance(s, Session)]
         closed = []
         for session in sessions:
-            why = session.ended or session.expiry(now)
+            why = session.ended or session.expiry(now) or session.idle_cpu_spent()
             if why is not None:
                 self._forget(session, why)
                 closed.append(session.id)

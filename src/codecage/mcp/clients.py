@@ -7,9 +7,12 @@ compared with every client's in constant time, all of them every time (no early 
 would time which one matched), and no token is ever logged. The gate (`mcp.http`) puts the
 name in the request's scope (`callers.SCOPE_CLIENT_KEY`): the audit record names it, and
 `ClientLimits` bound its runs: per minute (a sliding window), at once, and the largest
-memory and timeout a call may ask for. A refusal is a tool error that says when to retry
-(content the model reads in every client; docs/mcp.md weighs it against an HTTP 429), and is
-told to `on_refused` (the alerts' `client_blocked`).
+memory and timeout a call may ask for. One `ClientLimits` serves every face of the server
+(execute_code, open_session, SandboxFusion's POST /run_code), keyed by the verified client
+name, so a client's runs count together wherever they come from. A refusal says when to
+retry (`ClientRefused.retry_after_s`): over MCP a tool error (content the model reads in
+every client; docs/mcp.md weighs it against an HTTP 429), on /run_code an HTTP 429 with
+Retry-After; either is told to `on_refused` (the alerts' `client_blocked`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,15 @@ from codecage.models import ClientSettings
 
 DEFAULT_CLIENT = "default"
 WINDOW_S = 60.0
+
+
+class ClientRefused(ConfigError):
+    """A client over its rate or at its concurrent runs: busy, not wrong; retry later."""
+
+    def __init__(self, message: str, hint: str, retry_after_s: int) -> None:
+        super().__init__(message, hint=hint)
+        self.retry_after_s = retry_after_s
+        """Seconds after which the same call may be admitted (at least 1)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,36 +115,70 @@ class ClientLimits:
         return self.settings.get(client) if client else None
 
     def check_request(
-        self, client: str | None, *, memory_mb: int | None, timeout: float | None
+        self,
+        client: str | None,
+        *,
+        memory_mb: int | None,
+        timeout: float | None,
+        names: tuple[str, str] = ("memory_limit_mb", "timeout"),
     ) -> None:
-        """Refuse a call that asks for more than its client may.
+        """Refuse a call that asks for more than its client may; `names` are the face's
+        spellings of the memory and the timeout (execute_code's by default).
 
         Raises:
-            ConfigError: memory_limit_mb or timeout above the client's bound.
+            ConfigError: the memory or the timeout above the client's bound.
         """
         bounds = self.bounds(client)
         if bounds is None:
             return
+        memory_name, timeout_name = names
         if memory_mb is not None and bounds.max_memory_mb and memory_mb > bounds.max_memory_mb:
             self._refuse(
                 client or "",
-                f"memory_limit_mb={memory_mb} is above client {client!r}'s maximum of "
+                f"{memory_name}={memory_mb} is above client {client!r}'s maximum of "
                 f"{bounds.max_memory_mb} MiB",
-                "ask for less memory",
+                f"ask for {bounds.max_memory_mb} MiB or less",
             )
         if timeout is not None and bounds.max_timeout and timeout > bounds.max_timeout:
             self._refuse(
                 client or "",
-                f"timeout={timeout:g} is above client {client!r}'s maximum of "
+                f"{timeout_name}={timeout:g} is above client {client!r}'s maximum of "
                 f"{bounds.max_timeout:g} s",
                 "ask for a shorter timeout, or split the work",
             )
+
+    def within(
+        self,
+        client: str | None,
+        *,
+        timeout: float | None,
+        memory_mb: int | None,
+        defaults: tuple[float, int],
+        names: tuple[str, str] = ("memory_limit_mb", "timeout"),
+    ) -> tuple[float | None, int | None]:
+        """A call's timeout and memory (None: not asked) within its client's bounds: above
+        them refused (as `check_request`); not asked, and the server's default (`defaults`:
+        timeout, memory) above the bound, the bound.
+
+        Raises:
+            ConfigError: the call asks for more than its client may.
+        """
+        bounds = self.bounds(client)
+        if bounds is None:
+            return timeout, memory_mb
+        self.check_request(client, memory_mb=memory_mb, timeout=timeout, names=names)
+        default_timeout, default_memory_mb = defaults
+        if timeout is None and bounds.max_timeout and default_timeout > bounds.max_timeout:
+            timeout = bounds.max_timeout
+        if memory_mb is None and bounds.max_memory_mb and default_memory_mb > bounds.max_memory_mb:
+            memory_mb = bounds.max_memory_mb
+        return timeout, memory_mb
 
     def admit(self, client: str | None) -> None:
         """Count a run of `client` starting, or refuse it.
 
         Raises:
-            ConfigError: the client is over its rate or at its concurrent runs.
+            ClientRefused: the client is over its rate or at its concurrent runs.
         """
         bounds = self.bounds(client)
         if bounds is None or client is None:
@@ -145,20 +191,25 @@ class ClientLimits:
             rate = bounds.runs_per_minute
             if rate is not None and len(usage.started) >= rate:
                 retry = math.ceil(WINDOW_S - (now - usage.started[0]))
-                refusal = (
+                wait = max(retry, 1)
+                refused = ClientRefused(
                     f"client {client!r} is over its rate of {rate} runs per minute",
-                    f"retry in {max(retry, 1)} s",
+                    f"retry in {wait} s",
+                    wait,
                 )
             elif bounds.max_concurrent is not None and usage.running >= bounds.max_concurrent:
-                refusal = (
+                refused = ClientRefused(
                     f"client {client!r} has {usage.running} runs going, its maximum",
                     "retry when one of them has ended",
+                    1,
                 )
             else:
                 usage.started.append(now)
                 usage.running += 1
                 return
-        self._refuse(client, *refusal)
+        if self.on_refused is not None:
+            self.on_refused(client, refused.message)
+        raise refused
 
     def done(self, client: str | None) -> None:
         if self.bounds(client) is None or client is None:

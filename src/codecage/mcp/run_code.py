@@ -8,8 +8,12 @@ SandboxFusion's own error shape (`status: "SandboxError"` and a `message`). A ma
 request gets FastAPI's 422 `{"detail": [...]}` as SandboxFusion's server would give it.
 
 The program runs as a script (`__main__`, like SandboxFusion's `python file.py`) in the
-server's `Sandbox` (`arun`: a worker thread, never the event loop), at most
-`max_concurrent` at once and `max_queued` waiting (past that: 503 with Retry-After).
+server's host runtime (a worker thread, never the event loop) as execute_code's calls do:
+the same queue (`max_concurrent` at once, `max_queued` waiting; past that: 503 with
+Retry-After), and, for a named client of `[serve.clients.NAME]` (the token the gate
+verified), the same bounds and the same counts: its largest memory and timeout (asked
+above: refused; not asked: lowered to them), its runs per minute and at once (over them:
+429 with Retry-After), and its name on the audit record (`http:NAME/run_code`).
 `stdin`: codecage runs a program with /dev/null on fd 0, so a given stdin is written to a
 workspace file and a short launcher puts it on fd 0 (unlinked, so it is not listed among
 the run's files) and runs the program, written as /workspace/main.py, with `runpy`: so
@@ -23,22 +27,30 @@ import binascii
 import json
 import logging
 import signal
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
-import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from codecage import host
+from codecage.audit import Caller
+from codecage.engine import workspace as workspaces
 from codecage.errors import CodecageError
-from codecage.kept import check_relpath
-from codecage.models import ExecutionResult, Limits
+from codecage.kept import KeptFiles, check_relpath
+from codecage.mcp.callers import SCOPE_CLIENT_KEY
+from codecage.mcp.clients import ClientRefused
+from codecage.mcp.runner import BUSY_RETRY_S, Busy, Runner
+from codecage.models import ExecutionResult, FileInfo, Limits
 from codecage.models.result import MAX_CODE_BYTES
-from codecage.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 
 PATH = "/run_code"
+CALLER = "run_code"
+"""The audit caller's version field for this face (execute_code's holds the MCP client)."""
 MAX_STDIN_CHARS = 16 * 1024 * 1024
 MAX_FILES = 100
 MAX_FILE_BASE64_CHARS = 28 * 1024 * 1024  # ~20 MiB decoded, the uploads' bound in all
@@ -246,33 +258,44 @@ def fetched(paths: list[str], result: ExecutionResult) -> dict[str, str]:
     return found
 
 
-@dataclass(frozen=True, slots=True)
-class Maximums:
-    """What one request may ask for at most (`serve --max-timeout`, `--max-memory-mb`)."""
-
-    timeout: float = 120.0
-    memory_mb: int = 2048
-
-
-def limits_for(sandbox: Sandbox, request: RunCodeRequest, most: Maximums) -> Limits:
-    """The server's default limits with the request's run_timeout and memory_limit_MB.
+def limits_for(runner: Runner, request: RunCodeRequest, client: str | None) -> Limits:
+    """The server's default limits with the request's run_timeout and memory_limit_MB,
+    within the server's maximums and the named `client`'s bounds ([serve.clients.NAME], as
+    for execute_code): asked above them, refused; not asked (`run_timeout` left out, or
+    `memory_limit_MB` <= 0), lowered to the client's bound.
 
     Raises:
-        Refused: above the server's maximum, or out of the limits' bounds.
+        Refused: above the server's maximum or the client's, or out of the limits' bounds.
     """
-    if request.run_timeout > most.timeout:
+    most = runner.limits
+    if request.run_timeout > most.max_timeout:
         raise Refused(
             f"run_timeout={request.run_timeout:g} is above this server's maximum of "
-            f"{most.timeout:g} s; send a smaller run_timeout"
+            f"{most.max_timeout:g} s; send a smaller run_timeout"
         )
     memory_mb = request.memory_limit_MB if request.memory_limit_MB > 0 else None
-    if memory_mb is not None and memory_mb > most.memory_mb:
+    if memory_mb is not None and memory_mb > most.max_memory_mb:
         raise Refused(
             f"memory_limit_MB={memory_mb} is above this server's maximum of "
-            f"{most.memory_mb} MiB; send a smaller memory_limit_MB (or -1 for the default)"
+            f"{most.max_memory_mb} MiB; send a smaller memory_limit_MB (or -1 for the default)"
         )
+    asked = request.run_timeout if "run_timeout" in request.model_fields_set else None
+    timeout: float | None = asked
+    if runner.client_limits is not None:
+        try:
+            timeout, memory_mb = runner.client_limits.within(
+                client,
+                timeout=asked,
+                memory_mb=memory_mb,
+                defaults=(request.run_timeout, runner.base.limits.memory_mb),
+                names=("memory_limit_MB", "run_timeout"),
+            )
+        except CodecageError as exc:
+            raise Refused(f"{exc} ({exc.hint})") from exc
     try:
-        return sandbox.limits.merged({"timeout": request.run_timeout, "memory_mb": memory_mb})
+        return runner.base.limits.merged(
+            {"timeout": request.run_timeout if timeout is None else timeout, "memory_mb": memory_mb}
+        )
     except ValueError as exc:
         raise Refused(
             f"run_timeout or memory_limit_MB out of bounds: {exc}; "
@@ -280,43 +303,111 @@ def limits_for(sandbox: Sandbox, request: RunCodeRequest, most: Maximums) -> Lim
         ) from exc
 
 
-async def run(
-    sandbox: Sandbox, request: RunCodeRequest, most: Maximums | None = None
-) -> RunCodeResponse:
-    """Run `request` in `sandbox` (a worker thread) and answer as SandboxFusion would; a
-    refusal or codecage's own failure is a `SandboxError` response, never an exception."""
-    try:
-        limits = limits_for(sandbox, request, most or Maximums())
-        prepared = prepare(request)
-        result = await sandbox.arun(
-            prepared.code, filename=prepared.filename, files=prepared.files, limits=limits
+def execute(
+    runner: Runner,
+    prepared: Prepared,
+    *,
+    limits: Limits,
+    fetch_files: list[str],
+    caller: Caller,
+    cancel: threading.Event,
+) -> ExecutionResult:
+    """One run of the server's host runtime, as `caller` (in a worker thread). The asked-for
+    files are kept while the workspace exists, within the server's `keep_files_mb`.
+
+    Raises:
+        CodecageError: refused before it ran, or the sandbox failed.
+    """
+    base = runner.base
+    egress, policy = base.host.network_for(base.policy, None, base.face)
+    wanted = set(fetch_files)
+    kept: list[KeptFiles] = []
+
+    def read_back(workspace: Path, written: list[FileInfo]) -> None:
+        chosen = [f for f in written if f.path in wanted]
+        if chosen and base.keep_files_mb:
+            kept.append(workspaces.keep(workspace, chosen, base.keep_files_mb * 2**20))
+
+    result = base.host.run(
+        host.Request(
+            code=prepared.code,
+            limits=limits,
+            policy=policy,
+            filename=prepared.filename,
+            files=prepared.files or None,
+            allowed_tools=base.allowed_tools,
+            cancel=cancel,
+            on_files=read_back,
+            face=base.face,
+            egress=egress,
+            caller=caller,
+            approve=base.approver,
         )
+    )
+    return result.with_kept_files(kept[0]) if kept else result
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An HTTP answer: its status, its JSON body and any extra headers."""
+
+    status: int
+    body: Any
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+
+
+async def answer(runner: Runner, request: RunCodeRequest, caller: Caller) -> Answer:
+    """Run `request` for `caller` as execute_code runs a call: the client's limits, its
+    admission (rate, concurrent runs: 429 with Retry-After), the server's queue (503 with
+    Retry-After when full), and the audit record in its name. A refusal of the request or
+    codecage's own failure is SandboxFusion's `SandboxError` response."""
+    named = runner.named_client(caller)
+    try:
+        limits = limits_for(runner, request, named)
+        prepared = prepare(request)
     except Refused as exc:
-        return RunCodeResponse(status="SandboxError", message=str(exc))
+        return Answer(200, _dump(RunCodeResponse(status="SandboxError", message=str(exc))))
+    if runner.client_limits is not None:
+        try:
+            runner.client_limits.admit(named)
+        except ClientRefused as exc:
+            retry = (b"retry-after", str(exc.retry_after_s).encode())
+            return Answer(429, {"detail": f"{exc}; {exc.hint}"}, (retry,))
+    cancel = threading.Event()
+    try:
+        result = await runner.queued(
+            lambda: execute(
+                runner,
+                prepared,
+                limits=limits,
+                fetch_files=request.fetch_files,
+                caller=caller,
+                cancel=cancel,
+            ),
+            cancel,
+        )
+    except Busy as exc:
+        return Answer(503, {"detail": str(exc)}, ((b"retry-after", str(BUSY_RETRY_S).encode()),))
     except CodecageError as exc:
-        return RunCodeResponse(status="SandboxError", message=f"{exc} ({exc.hint})")
-    return respond(request, result)
+        failed = RunCodeResponse(status="SandboxError", message=f"{exc} ({exc.hint})")
+        return Answer(200, _dump(failed))
+    finally:
+        runner.release(named)
+    return Answer(200, _dump(respond(request, result)))
+
+
+def _dump(response: RunCodeResponse) -> Any:
+    return response.model_dump(mode="json")
 
 
 class RunCode:
     """ASGI middleware: POST /run_code is answered here (other methods: 405), everything else
-    goes to `app`. Put it behind the token gate: it runs code."""
+    goes to `app`. Put it behind the token gate: it runs code, and the gate names the client
+    (`callers.SCOPE_CLIENT_KEY`) whose limits and audit caller the run gets."""
 
-    def __init__(
-        self,
-        app: Any,
-        sandbox: Sandbox,
-        *,
-        most: Maximums | None = None,
-        max_concurrent: int = 4,
-        max_queued: int = 32,
-    ) -> None:
+    def __init__(self, app: Any, runner: Runner) -> None:
         self.app = app
-        self.sandbox = sandbox
-        self.most = most or Maximums()
-        self.slots = anyio.Semaphore(max_concurrent)
-        self.max_waiting = max_concurrent + max_queued
-        self.waiting = 0
+        self.runner = runner
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope.get("path") != PATH:
@@ -334,17 +425,11 @@ class RunCode:
         except ValidationError as exc:
             await _send(send, 422, {"detail": _detail(exc)})
             return
-        if self.waiting >= self.max_waiting:
-            retry = [(b"retry-after", b"1")]
-            await _send(send, 503, {"detail": "the server is busy: retry shortly"}, retry)
-            return
-        self.waiting += 1
-        try:
-            async with self.slots:
-                response = await run(self.sandbox, request, self.most)
-        finally:
-            self.waiting -= 1
-        await _send(send, 200, response.model_dump(mode="json"))
+        client = scope.get(SCOPE_CLIENT_KEY)
+        # Who, as execute_code names an HTTP caller: the token's client; the face beside it.
+        caller = Caller("http", name=client if isinstance(client, str) else "", version=CALLER)
+        answered = await answer(self.runner, request, caller)
+        await _send(send, answered.status, answered.body, list(answered.headers))
 
 
 async def _read_body(receive: Any) -> bytes | None:

@@ -43,6 +43,10 @@ BUSY_RETRY_S = 1
 """The retry time a "busy" refusal names (the HTTP refusals' `Retry-After` is 1 s too)."""
 
 
+class Busy(ToolError):
+    """The server's queue is full: retry in `BUSY_RETRY_S` (a face over HTTP answers 503)."""
+
+
 @dataclass(slots=True)
 class Runner:
     """What every call of the server shares: the `Sandbox` built once from the server's
@@ -87,20 +91,18 @@ class Runner:
         Raises:
             ToolError: the call asks for more than its client may.
         """
-        limits = self.client_limits
-        bounds = limits.bounds(client) if limits is not None else None
-        if limits is None or bounds is None:
+        if self.client_limits is None:
             return timeout, memory_mb
+        default = self.base.limits
         try:
-            limits.check_request(client, memory_mb=memory_mb, timeout=timeout)
+            return self.client_limits.within(
+                client,
+                timeout=timeout,
+                memory_mb=memory_mb,
+                defaults=(default.timeout, default.memory_mb),
+            )
         except CodecageError as exc:
             raise ToolError(refusal(exc)) from exc
-        default = self.base.limits
-        if timeout is None and bounds.max_timeout and default.timeout > bounds.max_timeout:
-            timeout = bounds.max_timeout
-        if memory_mb is None and bounds.max_memory_mb and default.memory_mb > bounds.max_memory_mb:
-            memory_mb = bounds.max_memory_mb
-        return timeout, memory_mb
 
     def admit(self, client: str | None) -> None:
         """Count the call against its client's rate and concurrent runs (`release` after).
@@ -215,7 +217,7 @@ class Runner:
         # Only a call that finds no free slot waits (with --max-queued 0, every call
         # was refused, an idle server's too).
         if self.slots.value == 0 and self.waiting >= self.limits.max_queued:
-            raise ToolError(  # says when, as the HTTP refusals' Retry-After does
+            raise Busy(  # says when, as the HTTP refusals' Retry-After does
                 f"the server is busy: {self.waiting} executions are waiting already; "
                 f"retry in {BUSY_RETRY_S} s"
             )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,11 @@ writes there are listed in the result (images and plt.show() charts come back as
 For several steps over the same data, open_session once and pass its session_id to \
 execute_code: variables, imports and files then persist between calls. Use validate_code to \
 check code without running it, and get_sandbox_info for the profiles and limits."""
+
+
+_RUNNERS: weakref.WeakKeyDictionary[MCPServer, Runner] = weakref.WeakKeyDictionary()
+"""The runner each server of `build_server` calls through: its HTTP faces (/run_code) share
+it, so a client's limits, counts and queue are one whatever face it calls."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +120,7 @@ def build_server(
         log_level="WARNING",  # the SDK's rich INFO handler would cost ~1 ms per run's log line
         tools=tools.tools(runner),
     )
+    _RUNNERS[server] = runner
     log.info(
         "server.start",
         extra={
@@ -159,7 +166,6 @@ def http_app(
     metrics: ServerMetrics | None = None,
     metrics_public: bool = False,
     clients: Mapping[str, ClientSettings] | None = None,
-    limits: ServerLimits | None = None,
 ) -> Any:
     """The streamable HTTP app at /mcp (DNS-rebinding protection from the SDK), behind
     `http_serving.RequestGate`: the bearer token checked before any body is read, and
@@ -167,8 +173,8 @@ def http_app(
 
     Given the server's `sandbox`: /healthz and /readyz, without a token; given `metrics`
     too: /metrics, behind the token unless `metrics_public` (mcp/health.py); and
-    SandboxFusion's POST /run_code behind the token, queued within `limits`' max_concurrent
-    and max_queued (mcp/run_code.py).
+    SandboxFusion's POST /run_code behind the token, through the server's own runner (its
+    queue, each named client's limits and counts, the audit caller: mcp/run_code.py).
 
     A token is required: on loopback too, any local user could otherwise run code, and call
     the upstream tools with the operator's credentials. `insecure_no_token` (the CLI's
@@ -204,9 +210,9 @@ def http_app(
     routes = health.routes(sandbox.host, metrics) if sandbox is not None else {}
     public = {p: r for p, r in routes.items() if p != "/metrics" or metrics_public}
     private = {p: r for p, r in routes.items() if p not in public}
-    inner = health.Endpoints(app, private) if private else app
+    inner: Any = health.Endpoints(app, private) if private else app
     if sandbox is not None:
-        inner = _with_run_code(inner, sandbox, limits or ServerLimits())
+        inner = run_code.RunCode(inner, _runner_of(server))
     gated = http_serving.RequestGate(
         inner,
         tokens=tokens,
@@ -215,12 +221,16 @@ def http_app(
     return health.Endpoints(gated, public) if public else gated
 
 
-def _with_run_code(app: Any, sandbox: Sandbox, limits: ServerLimits) -> Any:
-    """`app` with SandboxFusion's POST /run_code in front (mcp/run_code.py)."""
-    return run_code.RunCode(
-        app,
-        sandbox,
-        most=run_code.Maximums(timeout=limits.max_timeout, memory_mb=limits.max_memory_mb),
-        max_concurrent=limits.max_concurrent,
-        max_queued=limits.max_queued,
-    )
+def _runner_of(server: MCPServer) -> Runner:
+    """The runner `build_server` made `server` with.
+
+    Raises:
+        ConfigError: `server` was not made by `build_server`.
+    """
+    runner = _RUNNERS.get(server)
+    if runner is None:
+        raise ConfigError(
+            "this MCP server was not made by codecage's build_server: /run_code has no runner",
+            hint="make the server with codecage.mcp.server.build_server",
+        )
+    return runner

@@ -8,7 +8,6 @@ are closed by their TTLs or close_session, not when a connection goes away.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -24,28 +23,28 @@ from codecage.engine.session import Session
 from codecage.errors import CodecageError
 from codecage.mcp import reply
 from codecage.mcp.arguments import refusal
+from codecage.mcp.callers import SCOPE_CLIENT_KEY, caller_of
 from codecage.mcp.runner import Runner
 
 _Tool = Callable[..., Any]
 
 
 class Clients:
-    """Who owns a session: the credential a call came with. Over HTTP, the bearer token
-    (every client holding the server's token is one principal: that is what sharing a
-    token means; run a server per tenant to keep tenants apart); over stdio, the one client
-    of the process. Not the transport's connection: the protocol keeps none (a request
-    stands alone), and the CLI's `codecage session` commands open one per invocation.
-    A session's id, random and unguessable, is a capability on top."""
+    """Who owns a session: the verified identity a call came with. Over HTTP, the client
+    whose token the gate accepted (`callers.SCOPE_CLIENT_KEY`: a `[serve.clients.NAME]`
+    name, or "default" for the server's one token; every holder of a token is one
+    principal: that is what sharing a token means); never the raw Authorization header,
+    whose spelling (`Bearer`/`bearer`, spaces) is the client's to vary. Over stdio, or HTTP
+    served without a token, the one principal there is (""). Not the transport's
+    connection: the protocol keeps none (a request stands alone), and the CLI's `codecage
+    session` commands open one per invocation. A session's id, random and unguessable, is a
+    capability on top."""
 
     def key(self, ctx: Context[Any, Any]) -> str:
         request = ctx.request_context.request
-        headers = getattr(request, "headers", None)
-        credential = headers.get("authorization") if headers is not None else None
-        if not credential:
-            return ""
-        # Opaque and bounded: the header is the client's to send (the gate checked it).
-        digest = hashlib.sha256(credential.encode("utf-8", "replace"))
-        return "token-" + digest.hexdigest()[:32]
+        scope = getattr(request, "scope", None)
+        name = scope.get(SCOPE_CLIENT_KEY) if isinstance(scope, dict) else None
+        return f"client:{name}" if isinstance(name, str) and name else ""
 
 
 class SessionReply(BaseModel):
@@ -80,6 +79,7 @@ def register(
 ) -> None:
     """Add the session tools with `tool` (the registrar of tools.py)."""
     settings = runner.base.settings.sessions
+    most_idle = settings.most_idle_ttl
 
     @tool(
         description=(
@@ -89,7 +89,8 @@ def register(
             "once, then explore) instead of sending the same data or code again. The "
             "session's memory, profile and imports are set here; each call sets its own "
             f"timeout. It closes after {settings.idle_ttl:g} s unused (at most "
-            f"{settings.lifetime:g} s), with close_session, or when a run kills its "
+            f"{settings.lifetime:g} s; idle_ttl_seconds may ask for up to {most_idle:g} s), "
+            "with close_session, or when a run kills its "
             f"interpreter (memory limit, os._exit, timeout). At most {settings.max_per_client} "
             "open at once per client."
         ),
@@ -106,10 +107,13 @@ def register(
         memory_limit_mb: Annotated[
             int | None, Field(description="Memory of the whole session in MiB.", ge=32)
         ] = None,
-        idle_ttl_seconds: Annotated[
-            float | None,
-            Field(description="Close it after this many seconds unused.", gt=0, le=86_400),
-        ] = None,
+        # A default, not an annotation: annotations are evaluated later, without this scope.
+        idle_ttl_seconds: float | None = Field(
+            None,
+            description=f"Close it after this many seconds unused (at most {most_idle:g}).",
+            gt=0,
+            le=86_400,
+        ),
         allow_hosts: Annotated[
             list[str] | None,
             Field(
@@ -119,11 +123,15 @@ def register(
             ),
         ] = None,
     ) -> Annotated[CallToolResult, SessionReply]:
+        _check_idle_ttl(idle_ttl_seconds, most_idle)
+        # The client's bounds, as for execute_code: above them refused, unasked lowered.
+        named = runner.named_client(caller_of(ctx))
+        timeout, memory_mb = runner.within_client(named, None, memory_limit_mb)
         egress, policy = runner.network_for(
             runner.policy_for(profile, allowed_imports), allow_hosts
         )
         request = host.SessionRequest(
-            limits=runner.call_limits(None, memory_limit_mb),
+            limits=runner.call_limits(timeout, memory_mb),
             policy=policy,
             idle_ttl=idle_ttl_seconds,
             client=clients.key(ctx),
@@ -177,6 +185,19 @@ def register(
         ]
         text = "\n".join(lines) or "No open sessions; open one with open_session."
         return reply.for_data(text, listed.model_dump(mode="json"), budget)
+
+
+def _check_idle_ttl(asked: float | None, most: float) -> None:
+    """Refuse an idle TTL above the server's maximum (as limits above it are refused).
+
+    Raises:
+        ToolError: `asked` is above `most`.
+    """
+    if asked is not None and asked > most:
+        raise ToolError(
+            f"idle_ttl_seconds={asked:g} is above this server's maximum of {most:g} s "
+            "([sessions] max_idle_ttl); ask for less, or leave it out for the default"
+        )
 
 
 def _described(session: Session) -> SessionReply:

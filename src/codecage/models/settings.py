@@ -168,6 +168,10 @@ class ServeSettings(Model):
         return value
 
 
+DEFAULT_MAX_IDLE_TTL = 1800.0
+"""The longest idle TTL a client may ask for when `[sessions] max_idle_ttl` is not set."""
+
+
 class SessionSettings(Model):
     """Sessions: one long-lived sandbox whose runs share an interpreter (`[sessions]`)."""
 
@@ -184,6 +188,14 @@ class SessionSettings(Model):
         le=7 * 86_400,
         description="Seconds a session lives at most, used or not.",
     )
+    max_idle_ttl: float | None = Field(
+        None,
+        gt=0,
+        le=86_400,
+        description="The longest idle TTL an MCP client may ask for (open_session's "
+        "idle_ttl_seconds); more is refused. None: 1800, or idle_ttl when that is longer. "
+        "At least idle_ttl.",
+    )
     cpu_seconds: int = Field(
         600,
         ge=1,
@@ -197,6 +209,22 @@ class SessionSettings(Model):
     max_total: int = Field(
         16, ge=0, le=1024, description="Open sessions this process holds at once."
     )
+
+    @model_validator(mode="after")
+    def _ttl_within_its_maximum(self) -> SessionSettings:
+        if self.max_idle_ttl is not None and self.idle_ttl > self.max_idle_ttl:
+            raise ValueError(
+                f"idle_ttl ({self.idle_ttl:g}) is above max_idle_ttl ({self.max_idle_ttl:g}): "
+                "the default a client gets must be one it may ask for"
+            )
+        return self
+
+    @property
+    def most_idle_ttl(self) -> float:
+        """The longest idle TTL a client may ask for (`max_idle_ttl`, or its default)."""
+        if self.max_idle_ttl is not None:
+            return self.max_idle_ttl
+        return max(DEFAULT_MAX_IDLE_TTL, self.idle_ttl)
 
 
 class PoolSizes(Model):
