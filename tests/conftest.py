@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import socket
 import tempfile
 import threading
@@ -21,13 +22,31 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests._session_audit import SESSION_STORE
 
 from codecage import Sandbox
+from codecage.audit import journal as audit_journal
+from codecage.audit import store as audit_store
 from codecage.bridge import channel as bridge_channel
+from codecage.cli import audit as audit_cli
 from codecage.engine import forkserver, guardian
 from codecage.engine import workspace as workspaces
 from codecage.isolation import cgroups
 from containment._support import Outcome, against_baseline, outcome_of, run_unsandboxed
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_audit_store() -> Iterator[Path]:
+    """The audit store this test run writes where it would write the default one (an MCP
+    face's trail, `codecage audit` without --store): its own file, not the host-wide
+    /var/lib/codecage/audit.db that every codecage process of the host shares (a test run
+    left its records there, beside other runs' of other versions). Subprocesses get it as
+    CODECAGE_AUDIT (`test_server.server_env`)."""
+    with pytest.MonkeyPatch.context() as patch:
+        for module in (audit_store, audit_journal, audit_cli):  # each took it by name
+            patch.setattr(module, "default_location", lambda environ=None: SESSION_STORE)
+        yield SESSION_STORE
+    shutil.rmtree(SESSION_STORE.parent, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

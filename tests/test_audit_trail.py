@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from tests._session_audit import SESSION_STORE
 
 from codecage import AuditError, Sandbox
 from codecage.audit import Query, open_store
@@ -88,6 +89,26 @@ def test_the_cli_run_records_under_the_cli_caller(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     found = rows(db, "SELECT caller_kind, face, status FROM executions")
     assert found == [("cli", "cli", "ok")]
+
+
+def test_a_test_run_writes_its_own_store_never_the_host_wide_default(tmp_path: Path) -> None:
+    """The default store (/var/lib/codecage/audit.db for root) is every codecage's on the
+    host: the tests' records go to this run's own (conftest), in this process (an MCP
+    face's default trail) and in the codecage processes they start (`server_env`)."""
+    with Sandbox(pool=False, face="mcp") as sandbox:
+        assert sandbox.host.audit is not None
+        assert sandbox.host.audit.store.location == str(SESSION_STORE)
+    done = subprocess.run(
+        [CODECAGE, "run", "--audit", "on", "--code", "print('session store')"],
+        capture_output=True,
+        text=True,
+        env=server_env(),
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    found = rows(SESSION_STORE, "SELECT code FROM executions WHERE face = 'cli'")
+    assert ("print('session store')",) in found
 
 
 def test_an_mcp_call_is_on_record_with_the_client_it_named(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, ImageContent, TextContent
 from mcp_types.version import LATEST_HANDSHAKE_VERSION
+from tests._session_audit import SESSION_STORE
 
 from reliability._load import named_leftovers as left_behind  # the other tests take it here
 
@@ -77,9 +78,11 @@ def session_input(tool: str, arguments: dict[str, object]) -> bytes:
 
 
 def server_env(**extra: str) -> dict[str, str]:
-    """The test's environment without any CODECAGE_* setting (a token, a config file)."""
+    """The test's environment without any CODECAGE_* setting (a token, a config file) but
+    CODECAGE_AUDIT: this test run's own store (conftest), never the host-wide default one
+    (`extra` may name another)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CODECAGE_")}
-    return env | extra
+    return env | {"CODECAGE_AUDIT": str(SESSION_STORE)} | extra
 
 
 # --- the stdio server --------------------------------------------------------------------

@@ -78,6 +78,8 @@ class Journal:
 
     def append_locked(self, line: bytes) -> None:
         """`append` of a serialised record; the caller holds `lock`."""
+        if self._fd < 0:
+            raise AuditError(f"the audit journal {self.path} is closed")
         try:
             written = os.write(self._fd, line)
         except OSError as exc:
@@ -97,13 +99,21 @@ class Journal:
         return self._lock
 
     def empty_locked(self) -> None:
-        """Forget every record (the store has them all); the caller holds `lock`."""
+        """Forget every record (the store has them all); the caller holds `lock`. Nothing
+        once closed: the fd's number may be another file's by then (a store's database)."""
+        if self._fd < 0:
+            return
         with contextlib.suppress(OSError):
             os.ftruncate(self._fd, 0)
 
     def close(self, *, remove: bool) -> None:
+        """Close the fd (once: a second close would close whatever file has its number by
+        then) and forget its number, so no later append or empty writes through it."""
         with self._lock:
-            os.close(self._fd)
+            if self._fd < 0:
+                return
+            fd, self._fd = self._fd, -1
+            os.close(fd)
             if remove:
                 with contextlib.suppress(OSError):
                     self.path.unlink()

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import os
+import secrets
 import sqlite3
+import stat
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -76,8 +79,7 @@ class SqliteStore:
     def _connect(self) -> sqlite3.Connection:
         try:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            os.close(fd)
+            _make_private(self.path)
             db = sqlite3.connect(
                 self.path, check_same_thread=False, isolation_level=None, timeout=0
             )
@@ -278,6 +280,37 @@ class SqliteStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _make_private(path: Path) -> None:
+    """Make the store's file, 0600, unless it is there; refuse a link in its place.
+
+    Never by opening and closing `path` itself: SQLite's locks are POSIX locks, which a
+    process loses on *every* descriptor of the file when it closes any one of them. A store
+    opened beside another of this process (the same file) dropped that one's shared lock;
+    another process closing its connection then took itself for the last user and deleted
+    the WAL under it: a malformed store. So the file is made under a name of its own and
+    closed, then linked into place (nothing else has it open before the link).
+
+    Raises:
+        OSError: it cannot be made, or a symlink (or no regular file) is in its place.
+    """
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISREG(found.st_mode):
+            raise OSError(errno.ELOOP, "not a regular file (a link?)", str(path))
+        return
+    fresh = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}")
+    os.close(os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+    try:
+        os.link(fresh, path)
+    except FileExistsError:
+        pass  # another process made it meanwhile: theirs is used
+    finally:
+        fresh.unlink(missing_ok=True)
 
 
 def _used_bytes(db: sqlite3.Connection) -> int:

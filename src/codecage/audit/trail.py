@@ -246,8 +246,10 @@ class AuditTrail:
             with self._cond:
                 self._cond.notify_all()
             waiting_for_room = self._full is not None and self.settings.required
-            if waiting_for_room and self._closing:
-                return  # what waits for room stays in the journal, for the next start
+            if self._closing and (waiting_for_room or not written):
+                # What is not written stays in the journal, for the next start: retrying
+                # without a pause (closing) spun on a failing store, after close too.
+                return
             if not written or waiting_for_room:
                 self._pause()  # a failing store, or records waiting for room
             if time.monotonic() - self._pruned_at >= PRUNE_EVERY_S:
@@ -386,15 +388,21 @@ class AuditTrail:
     def close(self) -> None:
         """Write what is waiting (for up to `CLOSE_WAIT_S`), then close the store. What
         could not be written stays in the journal, for the next start. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._cond:
+            if self._closed:
+                return  # a second close (atexit after the owner's) must not close twice
+            self._closed = True
         waiting_for_room = self._full is not None and self.settings.required
         written = self.flush(0.0 if waiting_for_room else CLOSE_WAIT_S)
         with self._cond:
             self._closing = True
             self._cond.notify_all()
         self._writer.join(CLOSE_WAIT_S)
+        if self._writer.is_alive():
+            # A write still under way (a store locked this long): it ends on its own; the
+            # journal closed below is no fd of its any more (`Journal.close`), and the
+            # store's close waits for that write.
+            log.error("audit.writer_busy_at_close", extra={"store": self.store.location})
         if not written:
             log.error(
                 "audit.unwritten_at_close",
