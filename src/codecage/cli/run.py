@@ -273,7 +273,7 @@ def run(
             data["mcp_hosts"] = [report.as_json() for report in host_reports]
         print_json(data)
     else:
-        render_result(result, raw=raw, streamed=live is not None)
+        render_result(result, raw=raw, streamed=live is not None, saved=out is not None)
     raise typer.Exit(0 if result.ok and saved_ok else 1)
 
 
