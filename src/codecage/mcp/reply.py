@@ -602,6 +602,7 @@ def _fit_pieces(reply: _Execution) -> None:
     # the events) that is added once the cuts are known.
     available = reply.budget - overhead.tokens - 80 * len(costs) - 2 * _NOTE_TOKENS
     available = min(available, (MAX_REPLY_BYTES - overhead.bytes) // 4)
+    cuts = list(reply.cuts)
     for _ in range(_FITTING_ROUNDS):
         shares = _water_fill(costs, max(available, 0))
         for name, text in originals.items():
@@ -611,6 +612,10 @@ def _fit_pieces(reply: _Execution) -> None:
                 share -= min(value_json, estimate_tokens("x" * _VALUE_HEAD_CHARS))
             keep = len(text) if share >= cost else int(len(text) * max(share, 0) / max(cost, 1))
             reply.pieces[name] = cut_middle(text, keep, _why(name))
+        # Measured with the note that says what was cut (in the text and the events): a
+        # round that fits without it would not fit with it.
+        note = _pieces_note(reply)
+        reply.cuts = cuts + ([note] if note and note not in cuts else [])
         size = measure(reply.assemble())
         over = max(
             size.tokens + ENVELOPE_TOKENS - reply.budget,
@@ -619,9 +624,6 @@ def _fit_pieces(reply: _Execution) -> None:
         if over <= 0:
             break
         available -= over + 16
-    note = _pieces_note(reply)
-    if note and note not in reply.cuts:
-        reply.cuts.append(note)
 
 
 def _json_tokens(text: str) -> int:
