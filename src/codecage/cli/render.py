@@ -407,10 +407,21 @@ def render_package_change(change: added.Change, *, as_json: bool) -> None:
         stderr.print(f"~ {old.name}=={old.version} -> {new.version}", markup=False)
     for entry in removed:
         stderr.print(f"- {entry.name}=={entry.version}", markup=False)
+    done = [
+        f"{n} {what}"
+        for n, what in (
+            (len(installed), "added"),
+            (len(removed), "removed"),
+            (len(changed), "changed"),
+        )
+        if n
+    ]
     count = len(change.after.requested())
+    held = f"{count} package(s) you added" if count else "no package you added"
     stderr.print(
-        f"{count} package(s) added in {change.directory}; sandboxes started from now on see "
-        "them (a running `codecage serve` keeps its warm sandboxes until they are used)",
+        f"{', '.join(done) or 'nothing changed'}; {change.directory} now holds {held}. "
+        "Sandboxes started from now on see that (a running `codecage serve` keeps its warm "
+        "sandboxes until they are used)",
         markup=False,
     )
 

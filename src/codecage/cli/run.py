@@ -218,7 +218,8 @@ def run(
         for report in host_reports:
             for host_file in report.files:
                 refuse_mcp_config_in(workspace, host_file)
-        with progress("connecting to the upstream MCP servers", enabled=not as_json):
+        upstream = bool(mcp_config or host_servers or settings.mcp_servers)
+        with progress("connecting to the upstream MCP servers", enabled=upstream and not as_json):
             tools = tool_setup(
                 mcp_config,
                 servers_dir,
@@ -343,7 +344,8 @@ def validate(
     try:
         text, _ = read_code(source, code, file)
         settings = load_config(config_file)
-        with progress("connecting to the upstream MCP servers", enabled=not as_json):
+        upstream = bool(mcp_config or settings.mcp_servers)
+        with progress("connecting to the upstream MCP servers", enabled=upstream and not as_json):
             tools = tool_setup(mcp_config, servers_dir, skills_dir, None, False, settings)
         with contextlib.closing(tools):
             sandbox = build_sandbox(
