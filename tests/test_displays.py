@@ -252,12 +252,12 @@ async def test_the_mcp_reply_has_an_image_for_plt_show_and_a_table_as_text(
     assert "iVBOR" not in json.dumps(structured)  # no base64 in the structured content
 
 
-def test_the_cli_prints_one_line_per_display(tmp_path: Path) -> None:
+def test_the_cli_prints_a_line_per_figure_and_the_text_of_a_display(tmp_path: Path) -> None:
     code = SHOW + "display('\\x1b[31mred')\n"
     done = codecage("run", "--code", code, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "figure 1: image/png 640x480" in done.stderr
-    assert "display 2: '\\x1b[31mred'" in done.stderr  # neutralised, not an escape
+    assert "display 2:\n'\\x1b[31mred'" in done.stderr  # neutralised, not an escape
     assert "\x1b[31m" not in done.stderr
     as_json = codecage("run", "--code", SHOW, "--json", cwd=tmp_path)
     assert json.loads(as_json.stdout)["displays"][0]["source"] == "figure"

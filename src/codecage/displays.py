@@ -19,7 +19,7 @@ from codecage.models import DisplayOutput
 from codecage.models.result import DisplayMime
 from codecage.output import neutralise_line, size_text
 
-__all__ = ["describe", "image_bytes", "label", "png_size", "save"]
+__all__ = ["describe", "image_bytes", "label", "png_size", "save", "text_form"]
 
 # The form of a MIME type as a file, richest first; text/plain only when it is all there is.
 _SUFFIXES: dict[DisplayMime, str] = {
@@ -58,6 +58,23 @@ def png_size(data: bytes) -> tuple[int, int] | None:
     if len(data) < 24 or not data.startswith(b"\x89PNG\r\n\x1a\n") or data[12:16] != b"IHDR":
         return None
     return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def text_form(display: DisplayOutput) -> str | None:
+    """The text a person or a model reads of an output without an image: its markdown,
+    else its plain text (a DataFrame's table); None for an image (a figure's text/plain,
+    "<Figure size ...>", says nothing its image does not) or an output without text.
+
+    Raises:
+        Nothing.
+    """
+    if image_bytes(display) is not None:
+        return None
+    for mime in ("text/markdown", "text/plain"):
+        value = display.data.get(mime)
+        if isinstance(value, str):
+            return value
+    return None
 
 
 def describe(display: DisplayOutput) -> str:

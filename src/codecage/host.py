@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from codecage import config as configuration
-from codecage import engine, forks, packages
+from codecage import engine, forks, offline, packages
 from codecage.audit import AuditTrail, Caller, Finished
 from codecage.audit import store as audit_store
 from codecage.audit.record import utc_now
@@ -498,6 +498,10 @@ class Host:
             self._finished(request, redaction.scrub_result(exc.result, self.scrubber), started_at)
             raise ConfigError(str(exc), hint=exc.verdict.hint) from None
         result = redaction.scrub_result(produced, self.scrubber)
+        if request.egress is None:  # no network: say so where the code's error looks flaky
+            profile = request.policy.profile if request.policy else self.settings.profile
+            may_allow = bool(self.grants.ceiling_of(profile))
+            result = offline.noted(result, request.face, may_allow=may_allow)
         self._finished(request, result, started_at)
         return result
 

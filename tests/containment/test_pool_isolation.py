@@ -353,9 +353,19 @@ def test_environment_cwd_and_umask_changes_of_a_pooled_run_do_not_reach_the_next
 # --- runs at the same time --------------------------------------------------------------------
 
 
+RUNS_AT_ONCE = 6
+BARRIER_S = 45.0  # how long the host waits for every run to be at the barrier
+
+
+@pytest.mark.timeout(180)
 def test_concurrent_pooled_runs_see_only_their_own_files_processes_and_workspace(
     pooled: PooledRunner, token: str
 ) -> None:
+    """Six runs held alive together at a barrier: each has written its file, its /tmp file
+    and its daemon and taken its /workspace's device before it waits; the host lets them on
+    only once all six wait (it sees each one's marker process), so every workspace is
+    mounted at once and a device number cannot be one a finished run gave back (5 devices
+    for 6 runs, when the runs only happened to overlap). Then each lists what it sees."""
     program = (
         "import json, os, sys, time\n"
         + MARKED
@@ -368,19 +378,39 @@ daemon(f"{$token}-proc-{n}")
 deadline = time.monotonic() + 5
 while f"{$token}-proc-{n}" not in marked() and time.monotonic() < deadline:
     time.sleep(0.01)
-time.sleep(0.3)  # stay a while, so that the runs overlap
+dev = [os.stat(".").st_dev, os.stat(".").st_ino]
+# The barrier: a child marked ready-n, which the host kills once all runs have one.
+waiter = os.fork()
+if waiter == 0:
+    os.execv(sys.executable, [sys.executable, "-c", $stay, f"{$token}-ready-{n}"])
+os.waitpid(waiter, 0)
 print(json.dumps({
     "workspace": sorted(os.listdir(".")),
     "tmp": sorted(x for x in os.listdir("/tmp") if x.startswith($token)),
     "procs": marked(),
-    "dev": [os.stat(".").st_dev, os.stat(".").st_ino],
+    "dev": dev,
 }))
 """
     )
-    codes = [guest(program, token=token, stay=STAY, n=n) for n in range(6)]
+    codes = [guest(program, token=token, stay=STAY, n=n) for n in range(RUNS_AT_ONCE)]
     warm_before = pooled.warm_runs()
-    with ThreadPoolExecutor(max_workers=6) as threads:
-        outcomes = list(threads.map(pooled, codes))
+    ready = f"{token}-ready-"
+    with ThreadPoolExecutor(max_workers=RUNS_AT_ONCE) as threads:
+        futures = [threads.submit(pooled, code, timeout=BARRIER_S + 60) for code in codes]
+        deadline = time.monotonic() + BARRIER_S
+        waiting = 0
+        while time.monotonic() < deadline and not any(f.done() for f in futures):
+            waiting = len(host_pids_with(ready))
+            if waiting == RUNS_AT_ONCE:
+                break
+            time.sleep(0.05)
+        # Let them on; past the bound, let every run on as it comes to the barrier, so
+        # that the test fails on what was seen rather than hang.
+        while not all(f.done() for f in futures):
+            kill_marked(ready)
+            time.sleep(0.05)
+        outcomes = [f.result() for f in futures]
+    assert waiting == RUNS_AT_ONCE, f"only {waiting} runs were alive at once"
     devices = set()
     for n, seen in enumerate(outcomes):
         assert seen.status == "ok", (n, seen.stderr)
@@ -391,9 +421,9 @@ print(json.dumps({
             "dev": None,
         }, n
         devices.add(tuple(report(seen)["dev"]))
-    assert len(devices) == 6, "each run has a /workspace of its own"
+    assert len(devices) == RUNS_AT_ONCE, "each run has a /workspace of its own"
     if tmpfs.can_mount_tmpfs():  # as root; an ordinary user's workspaces are plain dirs
-        assert len({dev for dev, _ in devices}) == 6, "each run's /workspace is its own tmpfs"
+        assert len({dev for dev, _ in devices}) == RUNS_AT_ONCE, "each its own tmpfs"
     assert pooled.warm_runs() - warm_before >= 3, "the 3 idle sandboxes should have served"
     _wait_for(lambda: host_pids_with(token) == [], "the runs' processes to be killed")
 

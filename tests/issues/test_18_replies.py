@@ -291,13 +291,13 @@ async def test_get_sandbox_info_is_short_and_shows_no_host_paths(config_file: Pa
 async def test_tools_carry_truthful_annotations(client: Client) -> None:
     tools = {t.name: t for t in (await client.list_tools()).tools}
     run = tools["execute_code"].annotations
-    assert run is not None and run.title
+    assert run is not None and tools["execute_code"].title  # the tool's title, given once
     assert run.read_only_hint is False and run.idempotent_hint is False
     assert run.destructive_hint is False  # nothing outside the throwaway sandbox changes
     assert run.open_world_hint is False  # no network, no upstream tools configured here
     for name in ("validate_code", "get_sandbox_info"):
         notes = tools[name].annotations
-        assert notes is not None and notes.title, name
+        assert notes is not None and tools[name].title, name
         assert notes.read_only_hint is True and notes.idempotent_hint is True, name
         assert notes.destructive_hint is False and notes.open_world_hint is False, name
 

@@ -10,6 +10,7 @@ or the host could not run it; 2 a usage error or a refused request (ConfigError)
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import sys
 from collections.abc import Sequence
@@ -22,9 +23,9 @@ from codecage.cli import audit, batch, gen, info, packages, run, serve, session
 from codecage.cli.render import print_json, stderr
 
 try:  # typer 0.2x carries its own copy of click; older ones use click itself
-    from typer._click.exceptions import ClickException
+    from typer._click.exceptions import ClickException, NoSuchOption
 except ImportError:  # pragma: no cover
-    from click.exceptions import ClickException  # type: ignore[assignment]
+    from click.exceptions import ClickException, NoSuchOption  # type: ignore[assignment]
 
 _HELP_NAMES = ["-h", "--help"]
 
@@ -148,11 +149,33 @@ def _click_command(app: typer.Typer = app) -> Any:
     return command
 
 
+_CLOSE = 0.8
+
+
+def _closer(exc: NoSuchOption) -> NoSuchOption:
+    """`exc` suggesting only options close to the one given: a longer or shorter spelling
+    of it (--memory: --memory-mb) or one a typo away (--ouput: --out). click offers what
+    difflib finds at 0.6, which named unrelated ones (--ouput: --out, --timeout)."""
+    given = exc.option_name
+
+    def close(option: str) -> bool:
+        if min(len(given), len(option)) > 4 and (
+            option.startswith(given) or given.startswith(option)
+        ):
+            return True
+        return difflib.SequenceMatcher(None, given, option).ratio() >= _CLOSE
+
+    kept = [p for p in exc.possibilities or [] if close(p)]
+    return NoSuchOption(given, message=exc.message, possibilities=kept, ctx=exc.ctx)
+
+
 def _wants_json(args: list[str]) -> bool:
     return "--json" in args[: args.index("--")] if "--" in args else "--json" in args
 
 
 def _usage_error(exc: ClickException, *, as_json: bool) -> NoReturn:
+    if isinstance(exc, NoSuchOption):
+        exc = _closer(exc)
     context = getattr(exc, "ctx", None)
     command = context.command_path if context is not None else "codecage"
     hint = f"`{command} --help` lists its options and arguments"

@@ -20,6 +20,7 @@ from codecage import packages as added
 from codecage.errors import CodecageError, ConfigError
 from codecage.models import (
     AuditState,
+    DisplayOutput,
     DoctorReport,
     ExecutionResult,
     HostInfo,
@@ -73,20 +74,29 @@ class LiveOutput:
             target.flush()
 
 
-def render_result(result: ExecutionResult, *, raw: bool, streamed: bool = False) -> None:
+def render_result(
+    result: ExecutionResult, *, raw: bool, streamed: bool = False, saved: bool = False
+) -> None:
     """The person's view of a result; `streamed`: its output was printed live already
-    (`LiveOutput`), so it is not printed again."""
+    (`LiveOutput`), so it is not printed again; `saved`: its display outputs were written
+    to files (--out), so no hint says how to save them."""
     if not streamed:
         _print_output(result, raw=raw)
     else:
         _print_tails(result, raw=raw)
-    for display in result.displays:  # one line each, neutralised (the code chose the text)
-        stderr.print(f"[cyan]▣[/cyan] {escape(displays.describe(display))}", markup=True)
+    for display in result.displays:
+        _print_display(display)
+    if result.displays and not saved and any(displays.image_bytes(d) for d in result.displays):
+        stderr.print(
+            "[dim]· figures are not shown in a terminal: `--out DIR` saves them "
+            "(figure-1.png, ...)[/dim]",
+            markup=True,
+        )
     if result.error is not None and result.error.traceback:
         sys.stderr.write(result.error.traceback.rstrip("\n") + "\n")
     elif result.error is not None:
         sys.stderr.write(f"{result.error.type}: {result.error.message}\n")
-    if result.return_value is not None:
+    if result.return_value is not None and not _value_shown(result):
         shown = json.dumps(result.return_value, ensure_ascii=False)
         stderr.print(f"[bold]→[/bold] {neutralise_text(shown)[:2000]}", markup=True)
     for event in result.events:
@@ -103,6 +113,33 @@ def render_result(result: ExecutionResult, *, raw: bool, streamed: bool = False)
         else:
             stderr.print(f"[yellow]! {event.kind}[/yellow]: {detail}", markup=True)
     stderr.print(_summary(result), markup=True)
+
+
+_DISPLAY_LINES = 200  # of a display's text on a terminal (a DataFrame's repr is cut at 60 rows)
+
+
+def _print_display(display: DisplayOutput) -> None:
+    """A display output as a person reads it: an image as one line (what it is, its size),
+    text as its lines (a DataFrame as the table it is), neutralised: the code chose it."""
+    text = displays.text_form(display)
+    if text is None:
+        stderr.print(f"[cyan]▣[/cyan] {escape(displays.describe(display))}", markup=True)
+        return
+    stderr.print(f"[cyan]▣[/cyan] {escape(displays.label(display))}:", markup=True)
+    lines = neutralise_text(text).rstrip("\n").split("\n")
+    shown = "\n".join(lines[:_DISPLAY_LINES])
+    if len(lines) > _DISPLAY_LINES:
+        shown += f"\n… ({len(lines) - _DISPLAY_LINES} more lines: `--out DIR` saves all of it)"
+    sys.stderr.write(shown + "\n")
+    sys.stderr.flush()
+
+
+def _value_shown(result: ExecutionResult) -> bool:
+    """Whether the return value is on screen already, as its last expression's display (a
+    DataFrame's table): then its repr is not printed again."""
+    return any(
+        d.source == "last_expression" and displays.text_form(d) is not None for d in result.displays
+    )
 
 
 def _print_output(result: ExecutionResult, *, raw: bool) -> None:
@@ -383,10 +420,21 @@ def render_package_change(change: added.Change, *, as_json: bool) -> None:
         stderr.print(f"~ {old.name}=={old.version} -> {new.version}", markup=False)
     for entry in removed:
         stderr.print(f"- {entry.name}=={entry.version}", markup=False)
+    done = [
+        f"{n} {what}"
+        for n, what in (
+            (len(installed), "added"),
+            (len(removed), "removed"),
+            (len(changed), "changed"),
+        )
+        if n
+    ]
     count = len(change.after.requested())
+    held = f"{count} package(s) you added" if count else "no package you added"
     stderr.print(
-        f"{count} package(s) added in {change.directory}; sandboxes started from now on see "
-        "them (a running `codecage serve` keeps its warm sandboxes until they are used)",
+        f"{', '.join(done) or 'nothing changed'}; {change.directory} now holds {held}. "
+        "Sandboxes started from now on see that (a running `codecage serve` keeps its warm "
+        "sandboxes until they are used)",
         markup=False,
     )
 

@@ -219,7 +219,8 @@ def run(
         for report in host_reports:
             for host_file in report.files:
                 refuse_mcp_config_in(workspace, host_file)
-        with progress("connecting to the upstream MCP servers", enabled=not as_json):
+        upstream = bool(mcp_config or host_servers or settings.mcp_servers)
+        with progress("connecting to the upstream MCP servers", enabled=upstream and not as_json):
             tools = tool_setup(
                 mcp_config,
                 servers_dir,
@@ -274,7 +275,7 @@ def run(
             data["mcp_hosts"] = [report.as_json() for report in host_reports]
         print_json(data)
     else:
-        render_result(result, raw=raw, streamed=live is not None)
+        render_result(result, raw=raw, streamed=live is not None, saved=out is not None)
     raise typer.Exit(0 if result.ok and saved_ok else 1)
 
 
@@ -344,7 +345,8 @@ def validate(
     try:
         text, _ = read_code(source, code, file)
         settings = load_config(config_file)
-        with progress("connecting to the upstream MCP servers", enabled=not as_json):
+        upstream = bool(mcp_config or settings.mcp_servers)
+        with progress("connecting to the upstream MCP servers", enabled=upstream and not as_json):
             tools = tool_setup(mcp_config, servers_dir, skills_dir, None, False, settings)
         with contextlib.closing(tools):
             sandbox = build_sandbox(

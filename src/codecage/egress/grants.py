@@ -114,13 +114,23 @@ def parse_requested(texts: Iterable[str], face: Face) -> tuple[HostRule, ...]:
     if isinstance(texts, str):  # one host given where a list belongs: take it as one
         texts = [texts]
     try:
-        return parse_rules(texts, what=_spelled(face))
+        rules = parse_rules(texts, what=_spelled(face))
     except RuleError as exc:
         raise ConfigError(
             str(exc),
             hint="give each host as HOST[:PORT]: api.example.com, *.example.com, "
             "api.example.com:8443, 203.0.113.7 (port 443 and 80 when omitted) in {allow_hosts}",
         ) from None
+    for rule in rules:
+        if rule.host == "localhost" or rule.host.endswith(".localhost"):
+            port = f":{min(rule.ports)}" if len(rule.ports) == 1 else ":PORT"
+            raise ConfigError(
+                f"{_spelled(face)}: {rule.text} names the sandbox itself: inside a sandbox, "
+                "localhost is its own loopback, never the host's",
+                hint=f"to reach a service on the host's loopback, allow 127.0.0.1{port} in "
+                f"{{allow_hosts}} and connect to http://127.0.0.1{port} from the code",
+            )
+    return rules
 
 
 def _denies(deny: HostRule, rule: HostRule) -> bool:

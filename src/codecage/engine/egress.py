@@ -29,8 +29,12 @@ if TYPE_CHECKING:
 
 _PROXY_URL = f"http://127.0.0.1:{contract.EGRESS_RELAY_PORT}"
 _PIP_ROOT = f"{contract.GUEST_ROOT}/opt/pip"
-# Not through the relay: the sandbox's own loopback (a server the code starts itself).
-_NO_PROXY = "localhost,127.0.0.1,::1"
+# Not through the relay: `localhost`, the sandbox's own loopback (a server the code starts
+# itself). The loopback addresses go through it: `--allow-host 127.0.0.1:8000` is a service
+# on the host's loopback, which urllib and requests reach only through the proxy (with
+# 127.0.0.1 here they connected to the sandbox's own loopback and were refused); the proxy
+# refuses them unless a rule names that address.
+_NO_PROXY = "localhost"
 MAX_NETWORK_EVENTS = 40
 """Connections recorded one event each; past this, one event counts the rest."""
 

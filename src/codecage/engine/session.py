@@ -318,16 +318,20 @@ class Sessions:
     def _check_room(self, owner: str) -> None:
         if self._closed.is_set():
             raise SessionError("sessions are closed: the server is stopping", hint="")
-        mine = sum(1 for s in self._by_id.values() if s.terms.owner == owner)
+        # A session that ended (its interpreter died) but the reaper has not forgotten yet
+        # holds no sandbox and is not listed: it takes no room (list_sessions would show
+        # fewer than the refusal counted).
+        live = [s for s in self._by_id.values() if not (isinstance(s, Session) and s.ended)]
+        mine = sum(1 for s in live if s.terms.owner == owner)
         if mine >= self.settings.max_per_client:
             raise SessionError(
                 f"this client has {mine} open sessions, the most it may have "
                 f"(max_per_client={self.settings.max_per_client})",
                 hint="close one you no longer need with {close_session}, or reuse one",
             )
-        if len(self._by_id) >= self.settings.max_total:
+        if len(live) >= self.settings.max_total:
             raise SessionError(
-                f"this server holds {len(self._by_id)} sessions, the most it may "
+                f"this server holds {len(live)} sessions, the most it may "
                 f"(max_total={self.settings.max_total})",
                 hint="close a session you no longer need with {close_session}, or try again later",
             )

@@ -606,13 +606,22 @@ class _ImportCheck:
             self.refusal.refuse(dotted)
 
 
+# The packages of codecage's `data` extra (pyproject.toml): the data_science profile's.
+DATA_EXTRA = frozenset({"numpy", "pandas", "scipy", "matplotlib", "mpl_toolkits"})
+
+
 def _missing_message(name: str) -> str:
     distribution = DISTRIBUTIONS.get(name, name)
+    how = f"with `codecage packages add {distribution}`"
+    if name in DATA_EXTRA:
+        how = (
+            "by installing codecage with its data extra (`pip install 'codecage[data]'`: "
+            f"numpy, pandas, scipy, matplotlib), or {how}"
+        )
     return (
         f"No module named {name!r}. It is not installed on this host; the operator can add "
-        f"it with `codecage packages add {distribution}`. Code in the sandbox cannot install "
-        "packages (no network, read-only package directories): use what is installed, or "
-        "ask the operator"
+        f"it {how}. Code in the sandbox cannot install packages (no network, read-only "
+        "package directories): use what is installed, or ask the operator"
     )
 
 

@@ -96,9 +96,13 @@ def registrar(tools: list[Tool]) -> Callable[..., Callable[[_F], _F]]:
     def register(*, description: str, annotations: ToolAnnotations) -> Callable[[_F], _F]:
         def add(fn: _F) -> _F:
             checked = _CheckedTool.from_function(
-                fn, title=annotations.title, description=description, annotations=annotations
+                fn,
+                title=annotations.title,
+                description=description,
+                # The title once, the tool's own: not again in its annotations.
+                annotations=annotations.model_copy(update={"title": None}),
             )
-            tools.append(refusing_unknown_arguments(checked))
+            tools.append(lean_schemas(refusing_unknown_arguments(checked)))
             return fn
 
         return add
@@ -127,6 +131,101 @@ def refusing_unknown_arguments(tool: Tool) -> Tool:
     tool.fn_metadata.arg_model = strict
     tool.parameters = strict.model_json_schema(by_alias=True)
     return tool
+
+
+# What a schema says to a person, or bounds a producer keeps: what a typed client builds
+# its types from (types, properties, required, enums, $defs and $refs) stays.
+_OUTPUT_ANNOTATIONS = frozenset(
+    {
+        "title",
+        "description",
+        "default",
+        "examples",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "minLength",
+        "maxLength",
+        "minItems",
+        "maxItems",
+        "pattern",
+        # The server sends every field of its reply models (each result is checked against
+        # the full model first): `required` would only repeat that, at 1 KB a session.
+        "required",
+    }
+)
+
+
+def lean_schemas(tool: Tool) -> Tool:
+    """`tool` with schemas a client loads with every session kept small (tools/list was
+    27 KB, three quarters of it output schemas, all loaded into a model's context by some
+    hosts): the input schema without its titles (the property names say them; its
+    descriptions are what a model reads to call the tool), and the output schema without
+    descriptions, titles, defaults and bounds. The output schema keeps every type,
+    property, `required`, enum and `$ref`, which is what typed clients (fastmcp) build their
+    result types from and what the SDK's client validates structured content against; the
+    server still checks each result against the full model. docs/mcp.md describes the
+    fields."""
+    tool.parameters = _without(tool.parameters, frozenset({"title"}), output=False)
+    if tool.fn_metadata.output_schema is not None:
+        tool.fn_metadata.output_schema = _without(
+            tool.fn_metadata.output_schema, _OUTPUT_ANNOTATIONS, output=True
+        )
+    return tool
+
+
+_OPEN_ENUM = 8
+"""An output enum of more values than this is an open set (event kinds: issues add them,
+never rename them), published as its type: a client that checked the enum would refuse a
+reply from a later server."""
+
+
+def _without(schema: Any, keywords: frozenset[str], *, output: bool) -> Any:
+    """`schema` without `keywords`, at every level; a property that happens to be named like
+    one (a field called "title") is kept: a keyword's value is never a schema object. For
+    an output schema, also without `additionalProperties: false` (what the server promises
+    itself, not a type) and without the values of an open enum."""
+    if isinstance(schema, list):
+        return [_without(item, keywords, output=output) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    kept: dict[str, Any] = {}
+    if not output and _is_optional(schema):
+        # An optional argument: `anyOf [T, null]` with `default: null` says what leaving it
+        # out says (null is still accepted).
+        schema = {k: v for k, v in schema.items() if k not in ("anyOf", "default")} | (
+            schema["anyOf"][0]
+        )
+    for key, value in schema.items():
+        if key in ("properties", "$defs") and isinstance(value, dict):
+            kept[key] = {n: _without(sub, keywords, output=output) for n, sub in value.items()}
+        elif not _left_out(key, value, schema, keywords, output=output):
+            kept[key] = _without(value, keywords, output=output)
+    return kept
+
+
+def _left_out(
+    key: str, value: Any, schema: dict[str, Any], keywords: frozenset[str], *, output: bool
+) -> bool:
+    if key in keywords:
+        return True
+    if key == "additionalProperties":
+        # true is JSON Schema's default; false, in a reply, is the server's own promise.
+        return value is True or (output and value is False)
+    return output and key == "enum" and len(value) > _OPEN_ENUM and "type" in schema
+
+
+def _is_optional(schema: dict[str, Any]) -> bool:
+    variants = schema.get("anyOf")
+    return (
+        "default" in schema
+        and schema["default"] is None
+        and isinstance(variants, list)
+        and len(variants) == 2
+        and variants[1] == {"type": "null"}
+        and isinstance(variants[0], dict)
+    )
 
 
 def _outcome(result: Any) -> tuple[str, str | None]:

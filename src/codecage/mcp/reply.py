@@ -24,7 +24,11 @@ JSON is not followed, on purpose: it would double every reply.
 Over the budget, the largest pieces (stdout, stderr, traceback, return value, inline
 files) are cut in the middle, head and tail kept, each with a marker line saying how much
 was cut and how to get all of it; then the files and events lists, then images, are cut.
-A `reply_trimmed` event, first among the events, says what was cut.
+A `reply_trimmed` event, first among the events, says what was cut. The return value's
+share goes to the text (its repr), which hosts show the model: the structured
+`return_value` is the whole value as JSON while the text shows all of it, else only its
+head as JSON (`json_head`, at most `_VALUE_HEAD_CHARS`, never more than the text shows)
+with `return_value_truncated`.
 
 Display outputs (figures, `display(obj)`, the last expression's rich form): a PNG or JPEG
 becomes image content (before the images of files, and dropped by the same rules); the
@@ -79,7 +83,9 @@ IN_TEXT = "in the text"
 _SUMMARY_FILES = 20  # file names listed in the text (more are in the structured content)
 _SUMMARY_EVENTS = 10
 _EVENT_DETAIL_CHARS = 500
-_VALUE_TEXT_CHARS = 2_000  # of the return value's repr in the text (all of it: structured)
+_VALUE_HEAD_CHARS = 2_000
+"""Of the value's JSON in the structured content once the text's repr of it is cut: the
+budget goes to the text, which hosts show the model (and never more than the text shows)."""
 _MESSAGE_CHARS = 2_000
 _FITTING_ROUNDS = 8
 ENVELOPE_TOKENS = 100
@@ -91,7 +97,10 @@ OUTPUT_CUT_WHY = (
     "pass its name in return_files, or print less"
 )
 _FILE_CUT_WHY = " to fit the reply; read the file in parts, or return a summary of it"
-_VALUE_CUT_WHY = " of the value's JSON to fit the reply; return less, or write it to a file"
+_VALUE_CUT_WHY = (
+    " of the value's repr to fit the reply; return less (a summary, a slice), or write it to "
+    "a file in /workspace and pass its name in return_files"
+)
 
 
 class ReplyError(BaseModel):
@@ -152,8 +161,14 @@ class ExecutionReply(BaseModel):
     stderr_truncated: bool = Field(description="True when stderr was cut.")
     return_value: Any = Field(
         description="Value of the code's last expression, as JSON (else its repr as a "
-        "string; a large one cut in the middle, as a string, to fit the reply); null if none.",
+        "string); null if none. When return_value_truncated: only its head (the first items "
+        "of its lists and mappings, a string's head and tail), never more than the text shows.",
         json_schema_extra=any_json_value,
+    )
+    return_value_truncated: bool = Field(
+        False,
+        description="True when the value was cut to fit the reply: the text shows more of it "
+        "(head and tail) than return_value holds.",
     )
     error: ReplyError | None = Field(description="The code's exception; None if none.")
     files: list[FileInfo] = Field(description="Files in /workspace after the run.")
@@ -271,7 +286,7 @@ class _Execution:
     cuts: list[str] = field(default_factory=list)
     files_kept: int | None = None
     events_kept: int | None = None
-    value_cut: str | None = None  # set by the last resort: the return value left out
+    value_cut: bool = False  # set by the last resort: the return value left out
     originals: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -307,6 +322,7 @@ class _Execution:
             stdout_truncated=result.stdout_truncated or "stdout" in self.cut_pieces(),
             stderr_truncated=result.stderr_truncated or "stderr" in self.cut_pieces(),
             return_value=self.return_value(),
+            return_value_truncated=self.value_truncated(),
             error=error,
             files=files,
             files_total=len(result.files),
@@ -331,14 +347,32 @@ class _Execution:
             is_error=False,
         )
 
+    def value_piece(self) -> str | None:
+        """The text piece that shows the return value: its repr, or the last expression's
+        display (a DataFrame's table); None when there is no value or no such piece."""
+        if self.result.return_value is None:
+            return None
+        if self.originals.get("value"):
+            return "value"
+        for d in self.result.displays:
+            if d.source == "last_expression" and self.originals.get(f"display{d.index}"):
+                return f"display{d.index}"
+        return None
+
+    def value_truncated(self) -> bool:
+        piece = self.value_piece()
+        return self.value_cut or (piece is not None and piece in self.cut_pieces())
+
     def return_value(self) -> Any:
-        """The return value as JSON, or, once cut to fit, its JSON cut as a string."""
-        if self.value_cut is not None:
-            return self.value_cut
-        shown = self.pieces.get("value_json")
-        if shown is None or shown == self.originals.get("value_json"):
+        """The return value as JSON while the text shows all of it; once the text's is cut,
+        the head of it, no larger than what the text shows; None after the last resort."""
+        if self.value_cut:
+            return None
+        piece = self.value_piece()
+        if piece is None or piece not in self.cut_pieces():
             return self.result.return_value
-        return shown
+        shown = len(self.pieces.get(piece, ""))
+        return json_head(self.result.return_value, min(shown, _VALUE_HEAD_CHARS))
 
     def cut_pieces(self) -> set[str]:
         return {name for name, text in self.pieces.items() if text != self.full(name)}
@@ -392,9 +426,7 @@ def _pieces_of(result: ExecutionResult, attachments: list[ContentBlock]) -> dict
     if result.return_value is not None:
         # A last expression shown as a display (a DataFrame's table) is not repeated as
         # its repr in the text; the structured return_value keeps it.
-        pieces["value"] = "" if shown else _clip(repr(result.return_value), _VALUE_TEXT_CHARS)
-        # Not shown in the text: the structured return_value, cut when large.
-        pieces["value_json"] = json.dumps(result.return_value, ensure_ascii=False, default=repr)
+        pieces["value"] = "" if shown else repr(result.return_value)
     if result.error is not None:
         pieces["traceback"] = result.error.traceback
     for index, block in enumerate(attachments):
@@ -559,16 +591,31 @@ def _fit_pieces(reply: _Execution) -> None:
     reply.pieces = dict.fromkeys(originals, "")
     overhead = measure(reply.assemble())
     costs = {name: _json_tokens(text) for name, text in originals.items() if text}
+    # The value's piece costs its text and, while whole, its JSON in the structured content
+    # too; once cut, the text keeps what the piece's share leaves after the structured head.
+    value_piece = reply.value_piece()
+    value_json = 0
+    if value_piece is not None:
+        value_json = estimate_tokens(_dumps(reply.result.return_value))
+        costs[value_piece] += value_json
     # Room for a marker line per piece, and for the reply_trimmed note (in the text and in
     # the events) that is added once the cuts are known.
     available = reply.budget - overhead.tokens - 80 * len(costs) - 2 * _NOTE_TOKENS
     available = min(available, (MAX_REPLY_BYTES - overhead.bytes) // 4)
+    cuts = list(reply.cuts)
     for _ in range(_FITTING_ROUNDS):
         shares = _water_fill(costs, max(available, 0))
         for name, text in originals.items():
             share, cost = shares.get(name, 0), costs.get(name, 0)
-            keep = len(text) if share >= cost else int(len(text) * share / max(cost, 1))
+            if name == value_piece and share < cost:
+                cost -= value_json
+                share -= min(value_json, estimate_tokens("x" * _VALUE_HEAD_CHARS))
+            keep = len(text) if share >= cost else int(len(text) * max(share, 0) / max(cost, 1))
             reply.pieces[name] = cut_middle(text, keep, _why(name))
+        # Measured with the note that says what was cut (in the text and the events): a
+        # round that fits without it would not fit with it.
+        note = _pieces_note(reply)
+        reply.cuts = cuts + ([note] if note and note not in cuts else [])
         size = measure(reply.assemble())
         over = max(
             size.tokens + ENVELOPE_TOKENS - reply.budget,
@@ -577,9 +624,6 @@ def _fit_pieces(reply: _Execution) -> None:
         if over <= 0:
             break
         available -= over + 16
-    note = _pieces_note(reply)
-    if note and note not in reply.cuts:
-        reply.cuts.append(note)
 
 
 def _json_tokens(text: str) -> int:
@@ -600,11 +644,7 @@ def _piece_name(name: str, reply: _Execution) -> str:
             return "the file " + block.text.split("\n", 1)[0].strip("- ")
     if name.startswith("display"):
         return f"display output {int(name[7:]) + 1}"
-    names = {
-        "value": "the return value",
-        "value_json": "the structured return value",
-        "traceback": "the traceback",
-    }
+    names = {"value": "the return value", "traceback": "the traceback"}
     return names.get(name, name)
 
 
@@ -612,8 +652,6 @@ def _why(name: str) -> str:
     if name.startswith("file"):
         return _FILE_CUT_WHY
     if name == "value":
-        return " of the value's repr to fit the reply"
-    if name == "value_json":
         return _VALUE_CUT_WHY
     if name.startswith("display"):
         return _DISPLAY_CUT_WHY
@@ -696,7 +734,7 @@ def _last_resort(reply: _Execution) -> None:
     for name, text in list(reply.pieces.items()):
         reply.pieces[name] = cut_middle(text, 0, _why(name))
     if reply.result.return_value is not None:
-        reply.value_cut = "[cut to fit the reply]"
+        reply.value_cut = True
     reply.files_kept, reply.events_kept = 0, 1
     # Replaced, not removed: the pieces of inline files are known by their index.
     reply.attachments = [
@@ -740,6 +778,42 @@ def for_data(text: str, data: dict[str, Any], budget_tokens: int) -> CallToolRes
             content=[TextContent(type="text", text=text)], structured_content=data, is_error=False
         )
     return reply
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=repr)
+
+
+def json_head(value: Any, chars: int) -> Any:
+    """The head of a JSON value whose JSON is at most about `chars` characters: a list's
+    and a mapping's first items (the last one kept cut in its turn), a string's head and
+    tail with a marker between; numbers, booleans and null as they are.
+
+    Raises:
+        Nothing.
+    """
+    if isinstance(value, str):
+        return cut_middle(value, max(chars - 2, 0), _VALUE_CUT_WHY)
+    if isinstance(value, list):
+        return [v for _, v in _head_items(list(enumerate(value)), chars)]
+    if isinstance(value, dict):
+        return dict(_head_items(list(value.items()), chars))
+    return value
+
+
+def _head_items(items: list[tuple[Any, Any]], chars: int) -> list[tuple[Any, Any]]:
+    kept: list[tuple[Any, Any]] = []
+    left = chars - 2
+    for key, item in items:
+        size = len(_dumps(item)) + len(_dumps(key)) + 2
+        if size <= left:
+            kept.append((key, item))
+            left -= size
+            continue
+        if isinstance(item, str | list | dict) and left > 40:
+            kept.append((key, json_head(item, left - len(_dumps(key)) - 2)))
+        break
+    return kept
 
 
 def _shrunk(value: Any) -> Any:

@@ -83,16 +83,15 @@ def register(
 
     @tool(
         description=(
-            "Open a session: a sandbox that keeps its Python state between execute_code "
-            "calls. Variables, functions, imports and files in /workspace persist; pass the "
-            "returned session_id to execute_code. Use one for multi-step data work (load "
-            "once, then explore) instead of sending the same data or code again. The "
-            "session's memory, profile and imports are set here; each call sets its own "
-            f"timeout. It closes after {settings.idle_ttl:g} s unused (at most "
-            f"{settings.lifetime:g} s; idle_ttl_seconds may ask for up to {most_idle:g} s), "
-            "with close_session, or when a run kills its "
-            f"interpreter (memory limit, os._exit, timeout). At most {settings.max_per_client} "
-            "open at once per client."
+            "Open a session: a sandbox whose Python state (variables, functions, imports, "
+            "files in /workspace) lasts between execute_code calls given its session_id. "
+            "Use one for multi-step work: load once, then explore. Memory, profile, imports "
+            "and hosts are set here; each call sets its own timeout, and a timeout interrupts "
+            "the run (KeyboardInterrupt) and keeps the state. The session ends after "
+            f"{settings.idle_ttl:g} s unused (idle_ttl_seconds may ask for up to "
+            f"{most_idle:g} s) or {settings.lifetime:g} s in all, with "
+            "close_session, or when a run ends its interpreter (memory limit, os._exit, code "
+            f"that ignores its timeout). At most {settings.max_per_client} open per client."
         ),
         annotations=reply_annotations("Open a Python session", read_only=False),
     )

@@ -50,25 +50,23 @@ def tools(runner: Runner) -> list[Tool]:
     backend_help = (
         f"Isolation backend: {backends[0]} (the default)"
         + (f", or {', '.join(backends[1:])}" if len(backends) > 1 else ", the only one enabled")
-        + ". gvisor puts a user-space kernel between the code and the host; it starts slower."
+        + ". gvisor (a user-space kernel) isolates more and starts slower."
     )
     hosts_help = _allow_hosts_help(runner.base)
 
     @tool(
         description=(
-            "Run Python 3.11 code in a fresh isolated sandbox and return what happened: "
-            "stdout, stderr, the value of the last expression and the traceback in the text; "
-            "status (ok, error, timeout, memory_limit, cpu_limit, killed), exit code, files "
-            "written to /workspace and resource usage in the structured content. "
+            "Run Python 3.11 code in a fresh sandbox. The text holds stdout, stderr, the last "
+            "expression's value and the traceback; the structured content the status, exit "
+            "code, files in /workspace and usage. "
             + _network_note(runner.base)
             + _imports_note(runner.base)
-            + " A POSIX shell and common tools are there for subprocess. Top-level await works. "
+            + " A POSIX shell and common tools work through subprocess; top-level await works. "
             f"Defaults: timeout {default.timeout:g} s (at most {limits.max_timeout:g}), "
             f"memory {default.memory_mb} MiB (at most {limits.max_memory_mb}). "
-            "Images the code saves in /workspace (png, jpeg, gif, webp) are returned as "
-            "images; ask for an SVG with return_files, as text. "
-            f"The reply is kept within about {budget:,} tokens: long output keeps its head "
-            "and tail; print summaries, not bulk data."
+            "PNG, JPEG, GIF and WebP files the code saves come back as images (an SVG as "
+            f"text, with return_files). The reply stays within about {budget:,} tokens: long "
+            "output keeps its head and tail, so print summaries."
             + _data_note(runner.base)
             + _tools_note(runner.base)
         ),
@@ -103,13 +101,11 @@ def tools(runner: Runner) -> list[Tool]:
         return_files: Annotated[
             list[str] | None,
             Field(
-                description="Files (paths in /workspace) to return, up to "
-                f"{MAX_RETURN_FILES}: text inline (at most {MAX_INLINE_FILE_BYTES // 1024} "
-                "KiB each; a long one keeps head and tail), binary files (xlsx, parquet, "
-                "zip, ...) as embedded resources with base64 content (at most "
-                f"{MAX_BINARY_FILE_BYTES // 1024} KiB each). They count towards the reply's "
-                "size: when it is full, the largest binary files are left out, and the "
-                "reply says so.",
+                description=f"Files in /workspace to return, at most {MAX_RETURN_FILES}: "
+                f"text inline ({MAX_INLINE_FILE_BYTES // 1024} KiB each, head and tail "
+                "kept), binary (xlsx, zip, ...) as base64 resources "
+                f"({MAX_BINARY_FILE_BYTES // 1024} KiB each). Within the reply's budget: the "
+                "largest binaries are left out first, and the reply says so.",
                 max_length=MAX_RETURN_FILES,
             ),
         ] = None,
@@ -117,8 +113,8 @@ def tools(runner: Runner) -> list[Tool]:
         backend: str | None = Field(None, description=backend_help, max_length=32),
         session_id: str | None = Field(
             None,
-            description="Run in this session (from open_session): what earlier calls in it "
-            "defined is there. Its memory, profile and imports are the session's.",
+            description="Run in this session (from open_session): what earlier runs in it "
+            "defined is there; its memory, profile, imports and hosts are the session's.",
             max_length=64,
         ),
         # A Field default for the same reason as backend's; never mutated (pydantic copies).
@@ -218,10 +214,9 @@ def tools(runner: Runner) -> list[Tool]:
 
     @tool(
         description=(
-            "What this sandbox offers, in short: backend, isolation in force, default "
-            "limits and the most a call may ask for, profiles, tools. detail=true adds the "
-            "modules of each profile, every isolation layer, the warm pool, scrubbing and "
-            "the bounds of upstream tool calls."
+            "What this sandbox offers: backend, isolation in force, default limits and the "
+            "most a call may ask for, profiles, network, tools. detail=true adds each "
+            "profile's modules, every isolation layer, the pool, scrubbing and tool bounds."
         ),
         annotations=_annotations("Describe the sandbox", read_only=True, open_world=False),
     )
@@ -280,11 +275,9 @@ def _allow_hosts_help(sandbox: Sandbox) -> str:
     extra = sorted(n for n, rules in (grants.profiles or {}).items() if rules)
     by_profile = f" (the profiles {', '.join(extra)} add their own hosts)" if extra else ""
     return (
-        "Hosts the code may reach in this run, as HOST[:PORT]: api.example.com, "
-        "*.example.com (its subdomains), api.example.com:8443 (port 443 and 80 when "
-        f"omitted). Only within what this server permits: {ceiling}{by_profile}; asking for "
-        "more is an error. Without it, no network unless the server allows hosts to every "
-        "run."
+        "Hosts this run may reach, as HOST[:PORT]: api.example.com, *.example.com (its "
+        "subdomains), api.example.com:8443 (ports 443 and 80 if omitted), within what this "
+        f"server permits: {ceiling}{by_profile}. Asking for more is an error."
     )
 
 
@@ -308,11 +301,11 @@ def _tools_note(sandbox: Sandbox) -> str:
         return ""
     servers = ", ".join(sorted(sandbox.tools.servers)) or "none"
     return (
-        f" The code can call the tools of these MCP servers: {servers}. Each tool is a typed "
-        "module: `from servers.<server> import <tool>` then `await <tool>.call(arg=...)` "
-        "(its docstring lists the arguments); find tools with `from codecage.runtime import "
-        "search_tools; search_tools('what you need')`. Call many tools in one program and "
-        "return only what matters; a failed call raises codecage.runtime.ToolCallError."
+        f" The code can call the tools of the MCP servers {servers}: `from servers.<server> "
+        "import <tool>`, then `await <tool>.call(arg=...)` (its docstring lists the "
+        "arguments); `from codecage.runtime import search_tools; search_tools('what you "
+        "need')` finds them. Call many in one program and return only what matters; a "
+        "failed call raises codecage.runtime.ToolCallError."
     )
 
 
