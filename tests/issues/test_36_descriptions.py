@@ -31,6 +31,7 @@ CLAIMS: dict[str, dict[str, str | None]] = {
         "a timeout interrupts the run (KeyboardInterrupt) and keeps the state": "timeout_keeps",
         "Memory, profile, imports and hosts are set here": "set_at_open",
         "The session ends after 600 s unused or 5 s in all": "ends",
+        "Its idle_ttl_seconds may be at most 1800": "idle_ttl_max",
         "At most 2 open per client": "at_most",
     },
     "close_session": {"freeing its sandbox; its state is gone": "ends"},
@@ -188,6 +189,15 @@ async def test_at_most(server: Client) -> None:
     async with _session(server), _session(server):
         third = await _call(server, "open_session")
         assert third.is_error and "close_session" in _text(third)
+
+
+async def test_idle_ttl_max(server: Client) -> None:
+    over = await _call(server, "open_session", idle_ttl_seconds=1801)
+    assert over.is_error and "idle_ttl_seconds" in _text(over) and "1800" in _text(over)
+    async with _session(server, idle_ttl_seconds=1800) as sid:
+        listed = await _call(server, "list_sessions")
+        (mine,) = (listed.structured_content or {})["sessions"]
+        assert mine["session_id"] == sid
 
 
 async def test_listed(server: Client) -> None:

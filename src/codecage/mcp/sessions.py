@@ -88,10 +88,10 @@ def register(
             "Use one for multi-step work: load once, then explore. Memory, profile, imports "
             "and hosts are set here; each call sets its own timeout, and a timeout interrupts "
             "the run (KeyboardInterrupt) and keeps the state. The session ends after "
-            f"{settings.idle_ttl:g} s unused (idle_ttl_seconds may ask for up to "
-            f"{most_idle:g} s) or {settings.lifetime:g} s in all, with "
+            f"{settings.idle_ttl:g} s unused or {settings.lifetime:g} s in all, with "
             "close_session, or when a run ends its interpreter (memory limit, os._exit, code "
-            f"that ignores its timeout). At most {settings.max_per_client} open per client."
+            f"that ignores its timeout). Its idle_ttl_seconds may be at most {most_idle:g}. "
+            f"At most {settings.max_per_client} open per client."
         ),
         annotations=reply_annotations("Open a Python session", read_only=False),
     )
