@@ -77,10 +77,9 @@ MAX_PATH_BYTES: Final = 160
 MAX_EVENTS: Final = 48
 """Events per record, the host's first, then the guest's; the rest are counted."""
 MAX_DETAIL_BYTES: Final = 200
-MAX_DATA_BYTES: Final = 768
-"""An event's data as JSON; longer strings in it are cut first, then it is left out. Room
-for the host's own records whole (an approval: who, when, the code's sha256, the grants)."""
-MAX_DATA_STRING_BYTES: Final = 96  # a sha256 in hex (64) is kept whole
+MAX_DATA_BYTES: Final = 256
+"""An event's data as JSON; longer strings in it are cut first, then it is left out."""
+MAX_DATA_STRING_BYTES: Final = 48
 MAX_TOOL_CALLS: Final = 32
 MAX_NAME_BYTES: Final = 64
 """A tool's server, name and status, a module name, a redaction's category."""
@@ -89,7 +88,7 @@ MAX_IMPORTS_BYTES: Final = 4096
 MAX_REDACTION_KINDS: Final = 32
 MAX_FIELD_BYTES: Final = 200
 """Any other text from a request or a result: the profile, an error's type, a signal."""
-MAX_RECORD_BYTES: Final = 96 * 1024
+MAX_RECORD_BYTES: Final = 64 * 1024
 """The most a record takes as JSON besides its code (which `[audit] max_code_bytes` bounds):
 the bounds above, added up with their keys, are under it (tests/test_audit_bounds.py fills
 every one of them)."""
