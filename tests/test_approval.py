@@ -33,6 +33,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult, ElicitRequestParams, ElicitResult, ErrorData, TextContent
 
 from codecage import ApprovalRequest, ConfigError, ExecutionResult, Sandbox
+from codecage.bridge import broker as broker_module
 from codecage.bridge import upstreams
 from codecage.bridge.broker import Broker
 from codecage.config import load as load_config
@@ -46,6 +47,7 @@ MEDIUM = "import mmap\n7"  # CC105, medium
 PLAIN = "6 * 7"
 MODES = ["legacy", "2026-07-28"]  # the two protocol eras: elicitation/create, InputRequired
 ANNOTATED = Path(__file__).resolve().parent / "fixtures" / "annotated_server.py"
+GROWING = Path(__file__).resolve().parent / "fixtures" / "growing_server.py"
 
 # One payload three ways: plainly, obfuscated (no finding can see it), and written to a
 # file then imported (validation sees only the writing). All three do the same thing.
@@ -356,6 +358,44 @@ def test_tools_with_side_effects_wait_by_their_annotations(
     (request,) = asked
     assert request.capabilities == waits
     assert all(g.detail.startswith(allowed[0]) for g in request.grants)
+
+
+def test_a_tool_the_server_adds_during_a_run_is_not_callable_without_its_approval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 33, item 7 (review): the run was judged by the tools listed before it started
+    (one read-only tool: nothing to approve); the server then added a destructive one, the
+    broker listed it again at the code's call, and the run called it with no person asked.
+    A run may call only the tools it was judged by. (The broker's relist interval is set to
+    0 so the test need not wait 30 s for it: the same relisting, sooner.)"""
+    monkeypatch.setattr(broker_module, "_RELIST_S", 0.0)
+    asked: list[ApprovalRequest] = []
+
+    def approve(request: ApprovalRequest) -> bool:
+        asked.append(request)
+        return True
+
+    code = (
+        "from codecage.runtime import call_tool_sync, ToolCallError\n"
+        "first = call_tool_sync('growing', 'login', {'name': 'x'})\n"
+        "try:\n"
+        "    then = call_tool_sync('growing', 'wipe', {'name': 'all'})\n"
+        "except ToolCallError as exc:\n"
+        "    then = exc.kind\n"
+        "[first, then]"
+    )
+    extra = 'capabilities = ["destructive_tools"]\n'
+    server = {"mcpServers": {"growing": {"command": sys.executable, "args": [str(GROWING)]}}}
+    with (
+        Broker(upstreams.parse(server, source="test", environ={})) as broker,
+        Sandbox(
+            config=config(tmp_path, extra=extra), approve=approve, pool=False, tools=broker
+        ) as sandbox,
+    ):
+        result = sandbox.run(code)
+    assert result.status == "ok", result.error
+    assert asked == []  # judged by `login` alone: read-only, nothing to approve
+    assert result.return_value == [{"result": "hello x"}, "not_allowed"]
 
 
 def test_the_config_file_names_the_capabilities(tmp_path: Path) -> None:
