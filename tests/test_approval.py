@@ -614,3 +614,29 @@ async def test_a_client_without_elicitation_gets_a_tool_error_saying_why(
     blocked = [r for r in recorded_events(tmp_path / "audit.db") if r[1] == "blocked"]
     (event,) = [e for e in blocked[0][2] if e["kind"] == "approval"]
     assert event["data"]["decision"] == "unavailable"
+
+
+def test_an_mcp_answer_covers_only_the_grants_its_user_was_shown() -> None:
+    """Issue 33, item 7 (review): over MCP the user answers before the call runs, and the
+    host judges the run again at its start; a tool an upstream added in between was covered
+    by the earlier "approve" though the user never saw it. The answer now covers what was
+    shown, no more. (A unit test of the approver the MCP face hands the host: the interval
+    between an elicitation's answer and the run's start cannot be hit on purpose in a real
+    server; the host's second judgment itself is tested above with a real upstream.)"""
+    from codecage.mcp.approval import given
+    from codecage.models import Grant
+
+    def asked(*tools: str) -> ApprovalRequest:
+        grants = [Grant(capability="destructive_tools", detail=t) for t in tools]
+        return ApprovalRequest(
+            code=PLAIN, code_sha256="0" * 64, grants=grants, findings=[], require="grants",
+            timeout=30,
+        )  # fmt: skip
+
+    shown = tuple(str(g) for g in asked("notes.delete_note").grants)
+    approved = approvals.Verdict("approved", "mcp:test (its user)", shown=shown)
+    assert given(approved)(asked("notes.delete_note")).decision == "approved"
+    later = given(approved)(asked("notes.delete_note", "growing.wipe"))
+    assert later.decision == "unavailable" and "growing.wipe" in later.reason
+    denied = approvals.Verdict("denied", "mcp:test (its user)", shown=shown)
+    assert given(denied)(asked("notes.delete_note", "growing.wipe")).decision == "denied"

@@ -193,6 +193,9 @@ class Verdict:
     when: datetime.datetime = field(default_factory=lambda: datetime.datetime.now(datetime.UTC))
     reason: str = ""
     hint: str = ""
+    # The grants the person was shown, when the face asked ahead of the run (MCP): the host
+    # judges again at the run, and an answer covers only what was shown.
+    shown: tuple[str, ...] | None = None
 
 
 Approver = Callable[[ApprovalRequest], Verdict]
