@@ -33,6 +33,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult, ElicitRequestParams, ElicitResult, ErrorData, TextContent
 
 from codecage import ApprovalRequest, ConfigError, ExecutionResult, Sandbox
+from codecage.bridge import broker as broker_module
 from codecage.bridge import upstreams
 from codecage.bridge.broker import Broker
 from codecage.config import load as load_config
@@ -46,6 +47,7 @@ MEDIUM = "import mmap\n7"  # CC105, medium
 PLAIN = "6 * 7"
 MODES = ["legacy", "2026-07-28"]  # the two protocol eras: elicitation/create, InputRequired
 ANNOTATED = Path(__file__).resolve().parent / "fixtures" / "annotated_server.py"
+GROWING = Path(__file__).resolve().parent / "fixtures" / "growing_server.py"
 
 # One payload three ways: plainly, obfuscated (no finding can see it), and written to a
 # file then imported (validation sees only the writing). All three do the same thing.
@@ -358,6 +360,44 @@ def test_tools_with_side_effects_wait_by_their_annotations(
     assert all(g.detail.startswith(allowed[0]) for g in request.grants)
 
 
+def test_a_tool_the_server_adds_during_a_run_is_not_callable_without_its_approval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 33, item 7 (review): the run was judged by the tools listed before it started
+    (one read-only tool: nothing to approve); the server then added a destructive one, the
+    broker listed it again at the code's call, and the run called it with no person asked.
+    A run may call only the tools it was judged by. (The broker's relist interval is set to
+    0 so the test need not wait 30 s for it: the same relisting, sooner.)"""
+    monkeypatch.setattr(broker_module, "_RELIST_S", 0.0)
+    asked: list[ApprovalRequest] = []
+
+    def approve(request: ApprovalRequest) -> bool:
+        asked.append(request)
+        return True
+
+    code = (
+        "from codecage.runtime import call_tool_sync, ToolCallError\n"
+        "first = call_tool_sync('growing', 'login', {'name': 'x'})\n"
+        "try:\n"
+        "    then = call_tool_sync('growing', 'wipe', {'name': 'all'})\n"
+        "except ToolCallError as exc:\n"
+        "    then = exc.kind\n"
+        "[first, then]"
+    )
+    extra = 'capabilities = ["destructive_tools"]\n'
+    server = {"mcpServers": {"growing": {"command": sys.executable, "args": [str(GROWING)]}}}
+    with (
+        Broker(upstreams.parse(server, source="test", environ={})) as broker,
+        Sandbox(
+            config=config(tmp_path, extra=extra), approve=approve, pool=False, tools=broker
+        ) as sandbox,
+    ):
+        result = sandbox.run(code)
+    assert result.status == "ok", result.error
+    assert asked == []  # judged by `login` alone: read-only, nothing to approve
+    assert result.return_value == [{"result": "hello x"}, "not_allowed"]
+
+
 def test_the_config_file_names_the_capabilities(tmp_path: Path) -> None:
     extra = 'capabilities = ["destructive_tools"]\n'
     settings = load_config(config(tmp_path, extra=extra))
@@ -574,3 +614,29 @@ async def test_a_client_without_elicitation_gets_a_tool_error_saying_why(
     blocked = [r for r in recorded_events(tmp_path / "audit.db") if r[1] == "blocked"]
     (event,) = [e for e in blocked[0][2] if e["kind"] == "approval"]
     assert event["data"]["decision"] == "unavailable"
+
+
+def test_an_mcp_answer_covers_only_the_grants_its_user_was_shown() -> None:
+    """Issue 33, item 7 (review): over MCP the user answers before the call runs, and the
+    host judges the run again at its start; a tool an upstream added in between was covered
+    by the earlier "approve" though the user never saw it. The answer now covers what was
+    shown, no more. (A unit test of the approver the MCP face hands the host: the interval
+    between an elicitation's answer and the run's start cannot be hit on purpose in a real
+    server; the host's second judgment itself is tested above with a real upstream.)"""
+    from codecage.mcp.approval import given
+    from codecage.models import Grant
+
+    def asked(*tools: str) -> ApprovalRequest:
+        grants = [Grant(capability="destructive_tools", detail=t) for t in tools]
+        return ApprovalRequest(
+            code=PLAIN, code_sha256="0" * 64, grants=grants, findings=[], require="grants",
+            timeout=30,
+        )  # fmt: skip
+
+    shown = tuple(str(g) for g in asked("notes.delete_note").grants)
+    approved = approvals.Verdict("approved", "mcp:test (its user)", shown=shown)
+    assert given(approved)(asked("notes.delete_note")).decision == "approved"
+    later = given(approved)(asked("notes.delete_note", "growing.wipe"))
+    assert later.decision == "unavailable" and "growing.wipe" in later.reason
+    denied = approvals.Verdict("denied", "mcp:test (its user)", shown=shown)
+    assert given(denied)(asked("notes.delete_note", "growing.wipe")).decision == "denied"

@@ -26,7 +26,7 @@ from codecage.audit.record import (
     utc_now,
 )
 from codecage.guest import contract
-from codecage.models import ErrorInfo, Event
+from codecage.models import ErrorInfo, Event, Limits
 
 DEPTH, NAME = 29, 250  # 29 directories of 250 characters, then the file: 7.5 KB a path
 FILES = 1100
@@ -142,6 +142,7 @@ def test_every_bound_filled_at_once_stays_under_the_maximum(
         Event(kind="tool_call", detail=long, data={"server": long, "tool": long, "status": long})
         for _ in range(300)
     ]
+    events += [approval_event(long) for _ in range(5)]  # one gets the approval's bound
     worst = result.model_copy(
         update={
             "events": [*events, *result.events],
@@ -165,3 +166,49 @@ def test_every_bound_filled_at_once_stays_under_the_maximum(
     assert len(record.model_dump_json().encode()) <= MAX_RECORD_BYTES
     assert record.truncated
     assert {"events", "tool_calls", "files", "redactions", "allowed_imports"} <= set(record.omitted)
+
+
+def approval_event(text: str, grants: int = 50) -> Event:
+    """An `approval` event as policy/approval.py makes one, every text as long as `text`."""
+    return Event(
+        kind="approval",
+        detail=text,
+        data={
+            "decision": "approved",
+            "who": text,
+            "when": "2026-12-07T00:00:00+00:00",
+            "code_sha256": "ab" * 32,
+            "capabilities": ["tools", "destructive_tools"],
+            "grants": [f"destructive_tools: {text}" for _ in range(grants)],
+            "rule_ids": ["CC105"] * 50,
+            "require": "grants",
+        },
+    )
+
+
+def test_a_runs_approval_keeps_who_when_and_which_code_on_record() -> None:
+    """Issue 33, items 4 and 7 (review): an approval's data (decision, who, when, the code's
+    sha256, 50 grants) is over the 256 bytes of other events' data, and was left out whole:
+    the record said a run was approved, not by whom nor for which code. Its one approval
+    event keeps them (the sha256 whole), its lists shortened to fit."""
+    finished = Finished(
+        result=ExecutionResult.blocked(
+            error=ErrorInfo(type="ApprovalDenied", message="no", traceback=""),
+            events=[approval_event("alice (library callback) " * 10)],
+            limits=Limits(),
+            backend="bwrap",
+        ),
+        code="1",
+        caller=Caller("library"),
+        face="library",
+        profile=None,
+        allowed_imports=(),
+        started_at=utc_now(),
+        finished_at=utc_now(),
+    )
+    (event,) = record_of(finished, keep_code=False, max_code_bytes=0, scrub=str).events
+    assert event.data is not None
+    assert event.data["decision"] == "approved" and event.data["code_sha256"] == "ab" * 32
+    assert event.data["who"].startswith("alice (library callback)")
+    assert event.data["when"] == "2026-12-07T00:00:00+00:00"
+    assert 0 < len(event.data["grants"]) < 50

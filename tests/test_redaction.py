@@ -238,6 +238,29 @@ except ImportError:
     assert result.redactions["email"] >= 2
 
 
+def test_a_card_in_a_file_name_is_scrubbed_whatever_separates_it() -> None:
+    """Issue 33, item 10 (review): a card in a directory (`out/<card>.txt`) or joined to a
+    word by `_` came back in `files` as it was, as the text detectors read a digit after
+    `/` as a path's and `card_<digits>` as one word. Ids named so, and timestamps, stay."""
+    code = """
+import os
+os.makedirs("out", exist_ok=True)
+for name in ("out/4111111111111111.txt", "card_5555555555554444.csv",
+             "ids/order_6011111111111117.json", "runs/1700000000123.log"):
+    os.makedirs(os.path.dirname(name) or ".", exist_ok=True)
+    open(name, "w").write("x")
+"""
+    result = Sandbox(profile="standard", scrub=True).run(code)
+    assert result.status == "ok", result.error
+    assert sorted(f.path for f in result.files) == [
+        "card_[CREDIT_CARD].csv",
+        "ids/order_6011111111111117.json",
+        "out/[CREDIT_CARD].txt",
+        "runs/1700000000123.log",
+    ]
+    assert result.redactions == {"credit_card": 2}
+
+
 def test_a_result_blocked_by_validation_is_scrubbed_too(scrubbing: Sandbox) -> None:
     code = f"import socket\nsocket.create_connection(({IP!r}, 80))  # {EMAIL}\n"
     sandbox = Sandbox(profile="basic")

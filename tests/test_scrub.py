@@ -1201,3 +1201,24 @@ def test_a_megabyte_of_random_ids_is_kept_and_scanned_without_the_budget() -> No
     rng = random.Random(33)
     text = "\n".join(str(rng.randrange(10**15, 10**16)) for _ in range(60_000))
     assert SCRUB.scrub(text).counts.get("credit_card", 0) <= 3
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("4111111111111111,12/27,123", "[CREDIT_CARD],12/27,123"),
+        ("bob 5555555555554444 12/2027 cvv", "bob [CREDIT_CARD] 12/2027 cvv"),
+        ("378282246310005|01/29|1234", "[CREDIT_CARD]|01/29|1234"),
+        # ids in a row with a date written year first, or a fraction, stay
+        ("0  5555555555554444  2027/12", "0  5555555555554444  2027/12"),
+        ("ratio 5555555555554444,12", "ratio 5555555555554444,12"),
+        ("order 4111111111111111 2027-12-01", "order 4111111111111111 2027-12-01"),
+    ],
+)
+def test_a_card_followed_by_its_expiry_date_is_a_card_in_a_row_too(
+    text: str, expected: str
+) -> None:
+    """Issue 33, item 10 (review): a card printed as a CSV line of card, expiry and CVV
+    (`4111…,12/27,123`) or beside its MM/YY came back whole: the comma read as a decimal's,
+    the date as another number of a row of data. MM/YY after the digits is a card's."""
+    assert scrubbed(text) == expected

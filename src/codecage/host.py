@@ -122,6 +122,8 @@ class Request:
     # How this face asks a person when [approval] requires it (policy/approval.py); None:
     # code that needs approval is refused with a ConfigError.
     approve: approvals.Approver | None = None
+    # The tools [approval] judged the run by (set by the host itself): all it may call.
+    judged_tools: approvals.JudgedTools | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -510,7 +512,9 @@ class Host:
             blocked = self._blocked_by_validation(request)
             if blocked is not None:
                 return blocked
-        asked = self.approval_for(request)
+        asked, judged = self._judged(request)
+        if judged is not None:
+            request = dataclasses.replace(request, judged_tools=judged)
         if asked is None:
             return self._run_now(request)
         verdict = self._ask(request, asked)
@@ -533,15 +537,25 @@ class Host:
             ConfigError: the run's allowed_tools has a malformed pattern, or its session is
                 not this client's.
         """
+        return self._judged(request)[0]
+
+    def _judged(
+        self, request: Request
+    ) -> tuple[ApprovalRequest | None, approvals.JudgedTools | None]:
+        """`approval_for`, and the tools the run was judged by (None: [approval] is off or
+        there are no tools), which are then all it may call: a tool a server adds later
+        was never weighed."""
         settings = self.settings.approval
         if settings.require is None:
-            return None
+            return None, None
         if request.session_id is not None:  # its runs have the session's policy and hosts
             terms = self.sessions.get(request.session_id, request.client).terms
             request = dataclasses.replace(request, policy=terms.policy, egress=terms.egress)
-        grants = approvals.waiting_for(approvals.declared_grants(self._declared(request)), settings)
+        declared = self._declared(request)
+        judged = approvals.JudgedTools.of(declared.tools) if self.tools is not None else None
+        grants = approvals.waiting_for(approvals.declared_grants(declared), settings)
         if grants is None:
-            return None
+            return None, judged
         return ApprovalRequest(
             code=request.code,
             code_sha256=approvals.code_sha256(request.code),
@@ -550,7 +564,7 @@ class Host:
             require=settings.require,
             timeout=settings.timeout,
             caller=request.caller.label,
-        )
+        ), judged
 
     def _declared(self, request: Request) -> approvals.Declared:
         """What `request` is granted, as [approval] judges it."""
@@ -643,6 +657,7 @@ class Host:
             allowed_tools=request.allowed_tools,
             scrubber=self._asked_scrubber,
             tokenize=self.tokenize,
+            judged=request.judged_tools,
         )
 
     def _execute(self, request: Request) -> ExecutionResult:

@@ -80,6 +80,10 @@ MAX_DETAIL_BYTES: Final = 200
 MAX_DATA_BYTES: Final = 256
 """An event's data as JSON; longer strings in it are cut first, then it is left out."""
 MAX_DATA_STRING_BYTES: Final = 48
+MAX_APPROVAL_DATA_BYTES: Final = 2048
+"""The data of a record's one `approval` event (the host's): who decided, when, on which
+code (its sha256, whole) and for which grants. The common bound would leave it out whole."""
+MAX_APPROVAL_STRING_BYTES: Final = 200
 MAX_TOOL_CALLS: Final = 32
 MAX_NAME_BYTES: Final = 64
 """A tool's server, name and status, a module name, a redaction's category."""
@@ -305,7 +309,15 @@ def _events(cuts: _Cuts, events: list[Event]) -> list[RecordedEvent]:
     guest = [i for i, e in enumerate(events) if e.source != "host"]
     kept = sorted((host + guest)[:MAX_EVENTS])
     cuts.leave_out("events", len(events) - len(kept))
-    return [_recorded(cuts, e.kind, e.detail, e.data, e.source) for e in (events[i] for i in kept)]
+    approval = next((i for i in kept if _is_approval(events[i])), None)
+    return [
+        _recorded(cuts, e.kind, e.detail, e.data, e.source, approval=i == approval)
+        for i, e in ((i, events[i]) for i in kept)
+    ]
+
+
+def _is_approval(event: Event) -> bool:
+    return event.kind == "approval" and event.source == "host"
 
 
 def _recorded(
@@ -314,40 +326,67 @@ def _recorded(
     detail: str,
     data: dict[str, Any] | None,
     source: EventSource | None,
+    *,
+    approval: bool = False,
 ) -> RecordedEvent:
+    bounds = (
+        (MAX_APPROVAL_DATA_BYTES, MAX_APPROVAL_STRING_BYTES)
+        if approval
+        else (MAX_DATA_BYTES, MAX_DATA_STRING_BYTES)
+    )
     return RecordedEvent(
         kind=cuts.text(kind, MAX_NAME_BYTES),
         detail=cuts.text(detail, MAX_DETAIL_BYTES),
-        data=_data(cuts, data),
+        data=_data(cuts, data, *bounds),
         source=source,
     )
 
 
-def _data(cuts: _Cuts, data: dict[str, Any] | None) -> dict[str, Any] | None:
-    """`data` within `MAX_DATA_BYTES` as JSON: its strings cut short first, then left out
-    whole (counted as cut)."""
-    if not data or len(json.dumps(data, ensure_ascii=False).encode()) <= MAX_DATA_BYTES:
+def _data(
+    cuts: _Cuts,
+    data: dict[str, Any] | None,
+    max_bytes: int = MAX_DATA_BYTES,
+    string_bytes: int = MAX_DATA_STRING_BYTES,
+) -> dict[str, Any] | None:
+    """`data` within `max_bytes` as JSON: its strings cut to `string_bytes` first, then its
+    lists shortened from the end (an approval's grants), then left out whole (counted)."""
+    if not data or _json_size(data) <= max_bytes:
         return data
-    short = _short_strings(data, 0)
-    if len(json.dumps(short, ensure_ascii=False).encode()) <= MAX_DATA_BYTES:
+    short = _short_strings(data, 0, string_bytes)
+    while isinstance(short, dict) and _json_size(short) > max_bytes and _drop_last_item(short):
+        pass
+    if isinstance(short, dict) and _json_size(short) <= max_bytes:
         cuts.cut += 1
-        return short if isinstance(short, dict) else None
+        return short
     cuts.leave_out("event_data", 1)
     return None
 
 
-def _short_strings(value: Any, depth: int) -> Any:
+def _json_size(value: Any) -> int:
+    return len(json.dumps(value, ensure_ascii=False).encode())
+
+
+def _drop_last_item(data: dict[str, Any]) -> bool:
+    """Take the last item off the longest top-level list of `data`; False: none left."""
+    lists = [v for v in data.values() if isinstance(v, list) and v]
+    if not lists:
+        return False
+    max(lists, key=len).pop()
+    return True
+
+
+def _short_strings(value: Any, depth: int, string_bytes: int = MAX_DATA_STRING_BYTES) -> Any:
     if isinstance(value, str):
-        return cut_text(value, MAX_DATA_STRING_BYTES)
+        return cut_text(value, string_bytes)
     if depth >= 4 and isinstance(value, dict | list):
         return None
     if isinstance(value, dict):
         return {
-            cut_text(str(k), MAX_DATA_STRING_BYTES): _short_strings(v, depth + 1)
+            cut_text(str(k), string_bytes): _short_strings(v, depth + 1, string_bytes)
             for k, v in value.items()
         }
     if isinstance(value, list):
-        return [_short_strings(v, depth + 1) for v in value]
+        return [_short_strings(v, depth + 1, string_bytes) for v in value]
     return value
 
 

@@ -47,7 +47,7 @@ from codecage.errors import ConfigError
 from codecage.models import NetworkSettings
 from codecage.output import neutralise_text
 from codecage.policy import scrub as scrubbing
-from codecage.policy.approval import ToolReach
+from codecage.policy.approval import JudgedTools, ToolReach
 
 log = logging.getLogger(__name__)
 
@@ -143,17 +143,19 @@ class Broker:
         allowed_tools: Sequence[str] | None = None,
         scrubber: scrubbing.Scrubber | None = None,
         tokenize: bool | None = None,
+        judged: JudgedTools | None = None,
     ) -> RunTools:
         """The tools one run may use. `allowed_tools` ("server.tool" patterns, see
         `codecage.bridge.tooling.ToolPattern`) narrows the servers' own allow-lists;
         `tokenize` (default: per server's config) swaps personal data in results for
-        tokens that only this run's vault resolves.
+        tokens that only this run's vault resolves; `judged` (when [approval] is on): the
+        tools the run was judged by, the only ones it may call.
 
         Raises:
             ConfigError: an allow-list pattern that does not name a server and a tool.
         """
         return RunTools(
-            self, allow_patterns(allowed_tools), scrubber or scrubbing.Scrubber(), tokenize
+            self, allow_patterns(allowed_tools), scrubber or scrubbing.Scrubber(), tokenize, judged
         )
 
     def reachable_tools(
@@ -179,7 +181,7 @@ class Broker:
                     "broker.unlisted_for_approval",
                     extra={"server": server, "error": str(exc)[:_LOG_CHARS]},
                 )
-                found.append(ToolReach(name=f"{server}.*", listed=False))
+                found.append(ToolReach(name=f"{server}.*", listed=False, server=server))
                 continue
             for tool in tools:
                 if config.allow_tools is not None and not any(
@@ -258,6 +260,8 @@ def _reach(server: str, tool: mcp_types.Tool) -> ToolReach:
         read_only=read_only,
         destructive=destructive and not read_only,
         open_world=open_world,
+        server=server,
+        tool=tool.name,
     )
 
 
@@ -271,9 +275,11 @@ class RunTools:
         allowed_tools: Sequence[ToolPattern] | None,
         scrubber: scrubbing.Scrubber,
         tokenize: bool | None,
+        judged: JudgedTools | None = None,
     ) -> None:
         self._broker = broker
         self._allowed = tuple(allowed_tools) if allowed_tools is not None else None
+        self._judged = judged
         self._scrubber = scrubber
         self._tokenize = tokenize
         self._vault = scrubbing.Vault(scrubber)
@@ -340,6 +346,12 @@ class RunTools:
             allowed = ", ".join(map(str, self._allowed)) or "none"
             return CallFailed(
                 "not_allowed", f"{name} is not among the tools this run may call ({allowed})"
+            )
+        if self._judged is not None and not self._judged.allows(server, tool):
+            return CallFailed(
+                "not_allowed",
+                f"{name} was not listed when this run was judged for approval (the server "
+                "added it since): run again to have it judged",
             )
         return None
 

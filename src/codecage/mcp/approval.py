@@ -19,6 +19,7 @@ its user (docs/mcp.md).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime
 import threading
 from typing import Any
@@ -102,7 +103,15 @@ async def verdict(
         raise ToolError(refusal(exc)) from exc
     if asked is None:
         return None
-    caller = request.caller
+    answered = await _answer(ctx, asked, request.caller, questions)
+    if isinstance(answered, approvals.Verdict):  # it covers what was shown, no more
+        return dataclasses.replace(answered, shown=tuple(str(g) for g in asked.grants))
+    return answered
+
+
+async def _answer(
+    ctx: Context[Any, Any], asked: ApprovalRequest, caller: Caller, questions: Questions
+) -> approvals.Verdict | InputRequiredResult:
     who = f"{caller.label} (its user, asked by elicitation)"
     if not _can_elicit(ctx):
         return _unavailable(asked, caller)
@@ -116,11 +125,22 @@ async def verdict(
 
 
 def given(verdict: approvals.Verdict | None) -> approvals.Approver:
-    """The host's approver for a call whose verdict was obtained before it ran."""
+    """The host's approver for a call whose verdict was obtained before it ran. The host
+    judges the run again when it starts; a grant the person was not shown (a tool an
+    upstream added meanwhile) is not covered by their answer: the run is refused."""
 
     def approve(asked: ApprovalRequest) -> approvals.Verdict:
         if verdict is None:  # needed nothing before, and something now: refuse
             return approvals.Verdict("unavailable", "", reason="the client was not asked")
+        unseen = [str(g) for g in asked.grants if str(g) not in (verdict.shown or ())]
+        if verdict.decision == "approved" and verdict.shown is not None and unseen:
+            return approvals.Verdict(
+                "unavailable",
+                verdict.who,
+                reason="the run is granted what its approver was not shown (an upstream "
+                f"added it since): {', '.join(unseen)[:500]}",
+                hint="call again: the client's user is then asked about all of it",
+            )
         return verdict
 
     return approve

@@ -76,6 +76,30 @@ class ToolReach:
     destructive: bool = True
     open_world: bool = True
     listed: bool = True
+    server: str = ""  # the server and tool as the broker calls them ("" tool: not listed)
+    tool: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class JudgedTools:
+    """The tools a run was judged by when [approval] is on: all it may call. A server may
+    add tools while a run goes on (after a login, say), and the broker lists them again
+    when the code names one; such a tool was never shown to a person nor weighed by its
+    annotations, so it is refused (`not_allowed`). A server whose tools could not be listed
+    was judged as having every effect: any of its tools stays callable."""
+
+    listed: frozenset[tuple[str, str]] = frozenset()
+    unlisted: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, tools: Sequence[ToolReach]) -> JudgedTools:
+        return cls(
+            listed=frozenset((t.server, t.tool) for t in tools if t.listed),
+            unlisted=frozenset(t.server for t in tools if not t.listed),
+        )
+
+    def allows(self, server: str, tool: str) -> bool:
+        return server in self.unlisted or (server, tool) in self.listed
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +193,9 @@ class Verdict:
     when: datetime.datetime = field(default_factory=lambda: datetime.datetime.now(datetime.UTC))
     reason: str = ""
     hint: str = ""
+    # The grants the person was shown, when the face asked ahead of the run (MCP): the host
+    # judges again at the run, and an answer covers only what was shown.
+    shown: tuple[str, ...] | None = None
 
 
 Approver = Callable[[ApprovalRequest], Verdict]

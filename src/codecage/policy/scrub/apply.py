@@ -177,15 +177,17 @@ def _scrub_events(scrubber: Scrubber, events: list[Event]) -> tuple[list[Event],
 def _scrub_file_names(
     scrubber: Scrubber, files: list[FileInfo]
 ) -> tuple[list[FileInfo], dict[str, int]]:
-    """A file named after a customer (``alice@example.com.csv``) leaks in its name."""
+    """A file named after a customer (``alice@example.com.csv``) leaks in its name, and so
+    does one named by a card in a directory (``out/4111111111111111.txt``): each name is
+    read with its separators as spaces (`Scrubber.scrub_name`)."""
     if not files:
         return files, {}
-    names = scrubber.scrub_value([f.path for f in files])
-    if not names.counts:
+    names = [scrubber.scrub_name(f.path) for f in files]
+    counts = merge_counts(*(n.counts for n in names))
+    if not counts:
         return files, {}
-    paths = cast(list[str], names.value)
-    return [f.model_copy(update={"path": p}) for f, p in zip(files, paths, strict=True)], (
-        names.counts
+    return [f.model_copy(update={"path": n.text}) for f, n in zip(files, names, strict=True)], (
+        counts
     )
 
 

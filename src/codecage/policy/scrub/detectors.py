@@ -342,7 +342,24 @@ def card_context(view: View, start: int, end: int) -> bool:
     if before is not None and not _OTHER_NUMBER.search(lower, before.end(), start):
         return True
     after = _CARD_WORDS.search(lower, end, end + _CARD_CONTEXT_AFTER)
-    return after is not None and not _OTHER_NUMBER.search(lower, end, after.start())
+    if after is not None and not _OTHER_NUMBER.search(lower, end, after.start()):
+        return True
+    return _expiry_after(view.text, end)
+
+
+# A card's expiry date, MM/YY or MM/YYYY, as the next token of a row ("4111… 12/27 123",
+# a CSV line of card, expiry and CVV): the date names the digits before it as a card as
+# surely as the word "exp" does. Dates in data are written year first; this one is not.
+_EXPIRY: Final = re.compile(r"(?:0[1-9]|1[0-2])/(?:\d{2}|20\d{2})")
+
+
+# An expiry right after a comma ("4111…,12/27,123"): the comma is a CSV's, not a decimal's.
+_EXPIRY_NEXT: Final = re.compile(r",(?:0[1-9]|1[0-2])/(?:\d{2}|20\d{2})(?![\w/.-])")
+
+
+def _expiry_after(text: str, end: int) -> bool:
+    _before, after = _neighbours(text, end, end)
+    return bool(after) and _EXPIRY.fullmatch(after) is not None
 
 
 # Each brand's issuer ranges (IIN prefixes, as numbers of that many digits) and the lengths
@@ -491,7 +508,8 @@ def _card_span(view: View, start: int) -> Span | None:
         digits = re.sub(r"\D", "", candidate[:end])
         if len(digits) < 13:
             break
-        if not (len(digits) <= 19 and _digits_end_ok(text, start + end)):
+        at = start + end
+        if not (len(digits) <= 19 and (_digits_end_ok(text, at) or _EXPIRY_NEXT.match(text, at))):
             continue
         grouped = len(digits) != end  # the separators are the context
         if (

@@ -234,6 +234,25 @@ class Scrubber:
             return Scrubbed(text, {})
         return Scrubbed(_splice(text, spans, _placeholder), _count(spans))
 
+    def scrub_name(self, name: str) -> Scrubbed:
+        """A file name scrubbed with each of its parts read apart.
+
+        In a file name, ``/``, ``\\``, ``_``, ``.``, ``-`` and ``+`` only separate words:
+        ``out/4111111111111111.txt`` and ``card_5555555555554444.csv`` name a card as
+        surely as the bare number does, though in running text a digit after ``/`` or
+        ``.`` is part of a path or a decimal and a word joined by ``_`` is one token. The
+        findings are looked for in `name` as it is (an address keeps its dots) and with
+        those characters read as spaces (same length, so the spans fall where they are in
+        `name`), and both are replaced in `name` itself.
+
+        Raises:
+            Nothing.
+        """
+        spans = _merge([*self.find(name), *self.find(name.translate(_NAME_SEPARATORS))])
+        if not spans:
+            return Scrubbed(name, {})
+        return Scrubbed(_splice(name, spans, _placeholder), _count(spans))
+
     def scrub_value(self, value: object) -> ScrubbedValue:
         """A scrubbed copy of a JSON-like value and what was redacted in it.
 
@@ -319,6 +338,10 @@ class Scrubber:
             out.append(_splice(text, spans, by_text(index)) if spans else text)
             every.extend(spans)
         return out, every
+
+
+# What separates the words of a file name (`Scrubber.scrub_name`), read as a space.
+_NAME_SEPARATORS: Final = str.maketrans(dict.fromkeys("/\\_.-+", " "))
 
 
 def _by_text(
