@@ -209,6 +209,54 @@ def test_the_scan_finds_nested_repositories_venvs_and_pth_files(tmp_path: Path) 
     assert not any(p.startswith(("a/b/https", "https")) for p in found)  # a URL is no path
 
 
+def test_every_path_a_git_command_names_is_protected_not_only_its_first_word(
+    tmp_path: Path,
+) -> None:
+    """git hands a filter, driver, alias or pager to the shell: ``sh scripts/clean.sh``
+    runs scripts/clean.sh, which the scan once left writable (it looked at the first word,
+    found on PATH). Also the keys it did not know (diff.external, merge drivers, pagers)."""
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "config").write_text(
+        '[filter "x"]\n\tclean = sh scripts/clean.sh %f\n'
+        '[alias]\n\tst = "!python3 st.py && true"\n'
+        "[diff]\n\texternal = tools/diff.sh\n"
+        '[merge "m"]\n\tdriver = tools/merge.sh %O %A %B\n'
+        "[pager]\n\tlog = tools/pager.sh\n"
+        "[core]\n\tgitProxy = proxy/run\n"
+    )
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "clean.sh").write_text("cat\n")
+    (tmp_path / "st.py").write_text("print(1)\n")
+    found = {e.path: e.kind for e in lending.scan(tmp_path).entries}
+    assert found["scripts/clean.sh"] == "file"
+    assert found["st.py"] == "file"
+    assert found["tools"] == "missing"  # diff.sh, merge.sh, pager.sh: its first missing step
+    assert found["proxy"] == "missing"
+    assert "%f" not in found and "true" not in found  # arguments that name no file
+
+
+def test_a_git_config_outside_the_lent_directory_protects_what_it_names_inside(
+    tmp_path: Path,
+) -> None:
+    """Lending a subdirectory of a repository whose core.hooksPath (or filter) lies in it:
+    git, run anywhere in the repository, runs the hooks the code wrote there."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(
+        ["git", "-C", str(tmp_path), "config", "core.hooksPath", "sub/hooks"], check=True
+    )
+    subprocess.run(
+        ["git", "-C", str(tmp_path), "config", "filter.x.clean", "sh sub/tools/c.sh"], check=True
+    )
+    (tmp_path / "sub" / "tools").mkdir(parents=True)
+    (tmp_path / "sub" / "tools" / "c.sh").write_text("cat\n")
+    found = {e.path: e.kind for e in lending.scan(tmp_path / "sub").entries}
+    assert found["hooks"] == "missing"
+    assert found["tools/c.sh"] == "file"
+    subprocess.run(["git", "-C", str(tmp_path), "config", "core.hooksPath", "sub"], check=True)
+    with pytest.raises(ConfigError, match="names as hooksPath"):
+        lending.scan(tmp_path / "sub")
+
+
 def test_a_git_file_protects_the_git_directory_it_points_to(tmp_path: Path) -> None:
     (tmp_path / "wt").mkdir()
     (tmp_path / "wt" / ".git").write_text("gitdir: ../store/wt\n")

@@ -302,6 +302,7 @@ def scan(root: Path) -> Found:
                 state.add(name, "missing", why)
         for gitdir, worktree in list(state.gitdirs.items()):
             _named_by_git_config(state, gitdir, worktree)
+        _named_from_outside(state, root)
     finally:
         os.close(root_fd)
     if not state.complete:
@@ -508,30 +509,131 @@ def _gitdir_of(state: _Scan, dot_git: str) -> None:
             state.gitdirs[target] = base
 
 
-_CONFIG_VALUE = re.compile(r"^\s*([A-Za-z][\w.-]*)\s*=\s*(.*?)\s*$", re.MULTILINE)
+_CONFIG_SECTION = re.compile(r"^\s*\[\s*([A-Za-z][\w.-]*)")
+_CONFIG_VALUE = re.compile(r"^\s*([A-Za-z][\w.-]*)\s*=\s*(.*?)\s*$")
 _COMMAND_KEYS: Final = frozenset(
     {"hookspath", "fsmonitor", "path", "sshcommand", "pager", "editor", "askpass",
-     "textconv", "command", "clean", "smudge", "process", "helper", "cmd", "program"}
+     "textconv", "command", "clean", "smudge", "process", "helper", "cmd", "program",
+     "external", "driver", "gitproxy", "templatedir", "alternaterefscommand", "difffilter",
+     "uploadpack", "receivepack", "packobjectshook", "sendmailcmd", "smtpserver",
+     "attributesfile"}
 )  # fmt: skip
 """git config keys whose value is a path git reads or a program git runs."""
+_COMMAND_SECTIONS: Final = frozenset({"pager"})
+"""Sections each of whose keys is a program (``pager.log = ...``)."""
+_SHELL_WORDS = re.compile(r"[\s;&|()<>`]+")
+"""What separates the words of a command git gives to the shell."""
+
+
+def _config_commands(text: str) -> Iterator[tuple[str, list[str]]]:
+    """(key, words) of each value of a git config that names a program or a path: its key
+    is a command key, its section one of `_COMMAND_SECTIONS`, or it is a ``!`` alias; the
+    words as the shell would split them, quotes removed."""
+    section = ""
+    for line in text.splitlines():
+        head = _CONFIG_SECTION.match(line)
+        if head is not None:
+            section = head.group(1).lower()
+            continue
+        pair = _CONFIG_VALUE.match(line)
+        if pair is None:
+            continue
+        key, value = pair.group(1), pair.group(2).strip().strip("\"'")
+        if key.lower() in _COMMAND_KEYS or section in _COMMAND_SECTIONS or value.startswith("!"):
+            words = [w.strip("\"'") for w in _SHELL_WORDS.split(value.lstrip("!"))]
+            yield key, [w for w in words if w]
 
 
 def _named_by_git_config(state: _Scan, gitdir: str, worktree: str) -> None:
     """Every path inside the lent directory that the config of `gitdir` names as a hooks
-    path, an fsmonitor, an included file, a filter's, diff driver's or helper's program, or
-    a shell alias ("!..."): the first word of the value, relative to the work tree and to
-    the git directory (git reads some relative to one, some to the other)."""
-    for key, value in _CONFIG_VALUE.findall(_read_small(state.root_fd, f"{gitdir}/config")):
-        text = value.strip().strip("\"'")
-        if key.lower() not in _COMMAND_KEYS and not text.startswith("!"):
-            continue
-        words = text.lstrip("!").split()
-        word = words[0].strip("\"'") if words else ""
-        if not word or ("/" not in word and key.lower() != "hookspath"):
-            continue  # a program found on PATH, not a file in this directory
+    path, an fsmonitor, an included file, a filter's, diff or merge driver's or helper's
+    program, a pager, or in a shell alias ("!..."): the first word, and every later word
+    that is a path (``sh scripts/clean.sh``: git hands the line to a shell, which runs
+    what its arguments name), relative to the work tree and to the git directory (git
+    reads some relative to one, some to the other)."""
+    text = _read_small(state.root_fd, f"{gitdir}/config")
+    for key, word, exists_only in _config_paths(text):
         why = f"the git config {gitdir}/config names it ({key})"
         for base in dict.fromkeys((worktree, gitdir)):
-            _protect_named(state, _inside(state, base, word), why)
+            target = _inside(state, base, word)
+            if target is not None and exists_only and _kind_at(state.root_fd, target) == "missing":
+                continue
+            _protect_named(state, target, why)
+
+
+def _outer_configs(root: Path) -> Iterator[tuple[Path, tuple[Path, ...]]]:
+    """(config file, bases of its relative paths) of the git configs outside `root` that
+    git reads in it: the repository `root` lies in (its work tree and git directory), the
+    user's (``~/.gitconfig``, ``$XDG_CONFIG_HOME/git/config``) and the system's."""
+    for level in root.parents:
+        dot_git = level / ".git"
+        if dot_git.is_dir():
+            yield dot_git / "config", (level, dot_git)
+            break
+        if dot_git.is_file():
+            match = re.match(r"gitdir:\s*(.+?)\s*$", _read_path(dot_git), re.MULTILINE)
+            if match is not None:
+                gitdir = (level / match.group(1)).resolve()
+                yield gitdir / "config", (level, gitdir)
+                commondir = _read_path(gitdir / "commondir").strip()
+                if commondir:
+                    common = (gitdir / commondir).resolve()
+                    yield common / "config", (level, common)
+            break
+    xdg = Path(os.environ.get("XDG_CONFIG_HOME") or Path("~/.config").expanduser())
+    for config in (Path("~/.gitconfig").expanduser(), xdg / "git" / "config"):
+        yield config, ()
+    yield Path("/etc/gitconfig"), ()
+
+
+def _read_path(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read(_MAX_CONFIG_BYTES).decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _named_from_outside(state: _Scan, root: Path) -> None:
+    """What a git config outside the lent directory names inside it: a repository the
+    directory lies in whose ``core.hooksPath`` (or filter, alias, ...) is a path in it,
+    or a user's or the system's config naming one by its absolute path. The directory
+    itself being such a path is refused.
+
+    Raises:
+        ConfigError: a config names the lent directory itself as a program or hooks path.
+    """
+    real = Path(state.real_root)
+    for config, bases in _outer_configs(real):
+        for key, word, exists_only in _config_paths(_read_path(config)):
+            path = Path(word).expanduser() if word.startswith("~/") else Path(word)
+            for base in bases if not path.is_absolute() else (Path("/"),):
+                named = Path(os.path.normpath(base / path))
+                if named == real:
+                    raise ConfigError(
+                        f"the workspace {root} is what the git config {config} names as "
+                        f"{key}: git would run what the code writes there",
+                        hint="pass {workspace} a directory git does not run from, or omit it",
+                    )
+                if not named.is_relative_to(real):
+                    continue
+                target = named.relative_to(real).as_posix()
+                if exists_only and _kind_at(state.root_fd, target) == "missing":
+                    continue
+                _protect_named(state, target, f"the git config {config} names it ({key})")
+
+
+def _config_paths(text: str) -> Iterator[tuple[str, str, bool]]:
+    """(key, word, exists_only) of each word of a git config's commands that may be a file:
+    the first word when it has a '/' (else a program found on PATH) or is a hooks path;
+    each later word with a '/'; each later word without one, only where it exists (an
+    argument such as ``%f`` names nothing, ``clean.py`` may be a file)."""
+    for key, words in _config_commands(text):
+        for i, word in enumerate(words):
+            if "/" in word or (i == 0 and key.lower() == "hookspath"):
+                yield key, word, False
+            elif i > 0:
+                yield key, word, True
 
 
 def _under_any(path: str, entries: dict[str, Entry]) -> bool:
