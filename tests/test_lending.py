@@ -127,6 +127,59 @@ def test_a_virtualenv_or_a_site_packages_directory_is_refused(
         sandbox.run("1", workspace=dist)
 
 
+@pytest.mark.parametrize(
+    "inside", [".git", ".git/hooks", "home/.ssh", "home/.config/git", "proj/.vscode", "bare.git"]
+)
+def test_a_directory_the_host_runs_from_as_a_whole_is_refused(
+    sandbox: Sandbox, tmp_path: Path, inside: str
+) -> None:
+    """A repository's .git (or a bare repository), ~/.ssh, ~/.config: the read-only list
+    inside the lent directory names none of what is run there (hooks/pre-commit, config,
+    authorized_keys); lent, the code wrote .git/hooks/pre-commit. Refused before the run."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["git", "init", "-q", "--bare", str(tmp_path / "bare.git")], check=True)
+    workspace = tmp_path / inside
+    workspace.mkdir(parents=True, exist_ok=True)
+    before = sorted(p.name for p in workspace.iterdir())
+    with pytest.raises(ConfigError, match="the host would run what the code writes") as raised:
+        sandbox.run("open('pre-commit', 'w').write('evil')", workspace=workspace)
+    assert "workspace" in raised.value.hint
+    assert sorted(p.name for p in workspace.iterdir()) == before
+
+
+@pytest.mark.parametrize("place", ["/etc/cron.d", "/usr/local/bin", "/var/spool/cron"])
+def test_a_system_directory_or_one_on_path_is_refused(place: str) -> None:
+    """Checked without lending them (a regression must not hand /etc to a sandbox)."""
+    with pytest.raises(ConfigError, match=r"system directory|on PATH"):
+        lending.check(place, ())
+
+
+def test_a_directory_on_this_processs_path_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}/usr/bin")
+    with pytest.raises(ConfigError, match="on PATH"):
+        lending.check(tmp_path / "bin", ())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a bind mount needs root")
+def test_a_place_of_codecage_reached_through_a_bind_mount_is_refused(tmp_path: Path) -> None:
+    """The state directory bound elsewhere: its path is not codecage's, its inode is."""
+    state = tmp_path / "state"
+    (state / "ids").mkdir(parents=True)
+    alias = tmp_path / "alias"
+    alias.mkdir()
+    places = (lending.Place(state, "codecage's state directory"),)
+    subprocess.run(["mount", "--bind", str(state), str(alias)], check=True)
+    try:
+        for workspace in (alias, alias / "ids"):
+            with pytest.raises(ConfigError, match="by another path, codecage's state"):
+                lending.check(workspace, places)
+    finally:
+        subprocess.run(["umount", str(alias)], check=True)
+
+
 def test_the_cli_refuses_codecages_own_virtualenv_in_its_own_terms(tmp_path: Path) -> None:
     run = subprocess.run(
         [*CODECAGE, "run", "--workspace", sys.prefix, "--code", "1"],

@@ -196,6 +196,7 @@ def check(directory: str | Path, places: Iterable[Place]) -> Path:
     given = Path(directory)
     root = given.resolve()
     forms = {root, given.absolute()}
+    places = tuple(places)
     for place in places:
         for spot in {place.path.absolute(), place.path.resolve()}:
             for form in forms:
@@ -214,6 +215,8 @@ def check(directory: str | Path, places: Iterable[Place]) -> Path:
                     "codecage's installation, state and configuration (e.g. a new "
                     "directory under /srv or your home), or omit it to get a fresh one",
                 )
+    _refuse_aliases(given, root, places)
+    _refuse_tool_places(given, root)
     for level in (root, *root.parents):
         if level.name in _SITE_DIRS or (level / _VENV_MARK).is_file():
             what = "a site-packages directory" if level.name in _SITE_DIRS else "a virtualenv"
@@ -225,6 +228,75 @@ def check(directory: str | Path, places: Iterable[Place]) -> Path:
                 "installation, or omit it to get a fresh one",
             )
     return root
+
+
+def _refuse_aliases(given: Path, root: Path, places: tuple[Place, ...]) -> None:
+    """Refuse `root` when it is, or lies in, one of `places` reached by another path (a
+    bind mount of codecage's state directory elsewhere): compared by device and inode.
+
+    Raises:
+        ConfigError: the message names the place.
+    """
+    known: dict[tuple[int, int], Place] = {}
+    for place in places:
+        with contextlib.suppress(OSError):
+            st = place.path.stat()
+            known.setdefault((st.st_dev, st.st_ino), place)
+    for level in (root, *root.parents):
+        try:
+            st = level.stat()
+        except OSError:
+            continue
+        alias = known.get((st.st_dev, st.st_ino))
+        if alias is None or (alias.imports and level != root):
+            continue
+        how = "is" if level == root else f"lies inside {level}, which is"
+        raise ConfigError(
+            f"the workspace {given} {how} {alias.path} by another path, {alias.what}: code "
+            "run there could change what codecage itself runs on this host",
+            hint="pass {workspace} a directory of data of its own, apart from codecage's "
+            "installation, state and configuration, or omit it to get a fresh one",
+        )
+
+
+_SYSTEM_DIRS: Final = tuple(
+    Path(p) for p in ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+                      "/boot", "/var/spool", "/var/lib/systemd")
+)  # fmt: skip
+"""The host's programs, libraries and the configuration and queues its services run."""
+
+
+def _refuse_tool_places(given: Path, root: Path) -> None:
+    """Refuse `root` (the real path of `given`) when it is or lies in a place the host runs
+    from as a whole, where the read-only list inside cannot help since what is run there
+    is not found by name: a directory of a name `PROTECTED` keeps (a repository's ``.git``
+    with its hooks and config, ``~/.ssh``, ``~/.config``, ``.vscode``, ...), a bare git
+    repository (its ``hooks/`` run at a push), a directory on this process's ``PATH``, or
+    one of the host's system directories (``/etc``, ``/usr``, ...).
+
+    Raises:
+        ConfigError: the message names the place and why.
+    """
+    path_dirs = {Path(p).resolve() for p in os.environ.get("PATH", "").split(os.pathsep) if p}
+    for level in (root, *root.parents):
+        how = "is" if level == root else "lies inside"
+        what = None
+        if level.name in PROTECTED:
+            what = f"{level.name} ({PROTECTED[level.name]})"
+        elif (level / "HEAD").is_file() and (level / "objects").is_dir():
+            what = "a git directory (git runs its hooks/ and what its config names)"
+        elif level in path_dirs:
+            what = "a directory on PATH (the host runs the programs in it by name)"
+        elif level in _SYSTEM_DIRS:
+            what = "a system directory (the host's programs, configuration and services)"
+        if what is not None:
+            where = "" if level == root else f" {level},"
+            raise ConfigError(
+                f"the workspace {given} {how}{where} {what}: the host would run what "
+                "the code writes there",
+                hint="pass {workspace} a directory of data of its own (e.g. a new "
+                "directory under /srv), or omit it to get a fresh one",
+            )
 
 
 # --- what stays read-only inside it -------------------------------------------------------
