@@ -32,6 +32,9 @@ NAMES = sorted(lending.PROTECTED)
 DIR_NAMES = {
     *(".git", ".husky", ".githooks", ".venv", "venv", ".direnv", ".pip", ".config"),
     *(".local", ".ssh", ".vscode", ".idea", ".devcontainer", ".claude", ".cursor"),
+    *(".hg", ".mise", ".gnupg", ".docker", ".kube", ".aws", ".ipython", ".jupyter"),
+    *(".zed", ".gemini", ".codex", ".amazonq", ".roo", ".kiro", ".continue", ".windsurf"),
+    *(".vim", ".emacs.d"),
 }
 """The names made as directories on the host (the others as files)."""
 HOST = "host's own\n"
