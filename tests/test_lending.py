@@ -320,6 +320,35 @@ def test_a_git_file_protects_the_git_directory_it_points_to(tmp_path: Path) -> N
     assert found["store/wt"] == "dir"
 
 
+def test_a_bare_repository_and_a_linked_worktrees_common_directory_are_protected(
+    tmp_path: Path,
+) -> None:
+    """The bare repository + linked worktrees layout: the hooks and config git runs at a
+    worktree's commit are in the bare repository (the worktree's `commondir`), which no
+    name gives away; lent, the code wrote store.git/hooks/pre-commit. The common directory
+    is found through the worktree's .git file even past the scan's depth."""
+    source = tmp_path / "source"
+    subprocess.run(["git", "init", "-q", str(source)], check=True)
+    author = ("-c", "user.name=t", "-c", "user.email=t@t")
+    subprocess.run(
+        ["git", "-C", str(source), *author, "commit", "-q", "--allow-empty", "-m", "x"], check=True
+    )
+    lent = tmp_path / "lent"
+    deep = "a/b/c/d/e/store.git"
+    for store in ("store.git", deep):
+        subprocess.run(["git", "clone", "-q", "--bare", str(source), str(lent / store)], check=True)
+    subprocess.run(
+        ["git", "-C", str(lent / "store.git"), "worktree", "add", "-q", "../wt"], check=True
+    )
+    subprocess.run(
+        ["git", "-C", str(lent / deep), "worktree", "add", "-q", str(lent / "wt2")], check=True
+    )
+    found = {e.path: e.kind for e in lending.scan(lent).entries}
+    assert found["store.git"] == "dir"
+    assert found[deep] == "dir"
+    assert found["wt2/.git"] == "file"
+
+
 def test_the_scan_is_bounded_in_depth(tmp_path: Path) -> None:
     deep = tmp_path.joinpath(*["d"] * (lending.MAX_SCAN_DEPTH + 1))
     (deep / ".git").mkdir(parents=True)

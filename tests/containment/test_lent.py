@@ -91,6 +91,7 @@ NESTED = {
     "data/legacy.pth": "file",
     "deep/er/site-packages": "dir",
     "envs/env1": "dir",  # a virtualenv by its pyvenv.cfg, whatever its name
+    "repos/store.git": "dir",  # a bare repository by its HEAD, objects/ and refs/
 }
 
 
@@ -127,6 +128,11 @@ def _make_existing(root: Path) -> dict[str, str]:
     (root / "envs" / "env1").mkdir(parents=True)
     (root / "envs" / "env1" / "pyvenv.cfg").write_text("home = /usr/bin\n")
     (root / "envs" / "env1" / "inner").write_text(HOST)
+    bare = root / "repos" / "store.git"
+    for sub in ("objects", "refs", "hooks"):
+        (bare / sub).mkdir(parents=True)
+    (bare / "HEAD").write_text("ref: refs/heads/main\n")
+    (bare / "inner").write_text(HOST)
     kinds.update(NESTED)
     kinds["wt/.git"] = "file"
     return kinds

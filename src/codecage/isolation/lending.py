@@ -441,6 +441,12 @@ def _walk(state: _Scan, root: Path) -> None:
                 )
             state.add(rel, "dir", _VENV)
             continue
+        if rel and _is_git_dir(listed):
+            # a bare repository (store.git, the usual home of linked worktrees): git runs
+            # its hooks/ and reads its config at a push, and at every commit of a worktree
+            state.add(rel, "dir", _GIT)
+            state.gitdirs[rel] = rel
+            continue
         for name, kind in listed:
             state.seen += 1
             if state.seen > MAX_SCAN_ENTRIES:
@@ -461,6 +467,11 @@ def _walk(state: _Scan, root: Path) -> None:
                 state.add(path, "dir", "its *.pth files run at every start of that Python")
             elif kind == "dir" and depth + 1 < MAX_SCAN_DEPTH:
                 queue.append((path, depth + 1))
+
+
+def _is_git_dir(listed: list[tuple[str, str]]) -> bool:
+    kinds = dict(listed)
+    return kinds.get("HEAD") == "file" and kinds.get("objects") == kinds.get("refs") == "dir"
 
 
 def _is_pth(name: str) -> bool:
@@ -613,6 +624,14 @@ def _gitdir_of(state: _Scan, dot_git: str) -> None:
         _protect_named(state, target, _GIT)
         if target is not None and _kind_at(state.root_fd, target) == "dir":
             state.gitdirs[target] = base
+            # a linked worktree's git directory holds only its HEAD and index: the hooks
+            # and config git runs are in the common directory its `commondir` names
+            common = _read_small(state.root_fd, f"{target}/commondir").strip()
+            if common:
+                shared = _inside(state, target, common)
+                _protect_named(state, shared, _GIT)
+                if shared is not None and _kind_at(state.root_fd, shared) == "dir":
+                    state.gitdirs[shared] = base
 
 
 _CONFIG_SECTION = re.compile(r"^\s*\[\s*([A-Za-z][\w.-]*)")
