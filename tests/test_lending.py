@@ -288,6 +288,23 @@ def test_every_path_a_git_command_names_is_protected_not_only_its_first_word(
     assert "%f" not in found and "true" not in found  # arguments that name no file
 
 
+def test_what_an_included_git_config_names_is_protected_too(tmp_path: Path) -> None:
+    """A project's shared settings: ``include.path = ../.gitconfig`` in .git/config, and
+    that file (protected) names ``core.hooksPath = tools/hooks``: the hooks directory was
+    writable, and git ran the hooks the code put there."""
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "config").write_text("[include]\n\tpath = ../.gitconfig\n")
+    (tmp_path / ".gitconfig").write_text("[include]\n\tpath = conf/more.inc\n")
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "more.inc").write_text(
+        "[core]\n\thooksPath = tools/hooks\n[include]\n\tpath = ../.gitconfig\n"
+    )
+    (tmp_path / "tools" / "hooks").mkdir(parents=True)
+    found = {e.path: e.kind for e in lending.scan(tmp_path).entries}
+    assert found["conf/more.inc"] == "file"
+    assert found["tools/hooks"] == "dir"
+
+
 def test_a_git_config_outside_the_lent_directory_protects_what_it_names_inside(
     tmp_path: Path,
 ) -> None:

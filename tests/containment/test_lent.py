@@ -87,6 +87,8 @@ NESTED = {
     "proj/githooks": "missing",  # its core.hooksPath, not made yet
     "proj/scripts/clean.sh": "file",  # a later word of a filter's command (sh scripts/...)
     "proj/pager": "missing",  # a pager's program (pager.log), not made yet
+    "proj/shared.inc": "file",  # a config the repository's config includes
+    "proj/inc-tools": "missing",  # what that included config names (diff.external)
     "gitdirs/wt": "dir",  # what the .git file of a linked worktree points to
     "data/legacy.pth": "file",
     "deep/er/site-packages": "dir",
@@ -112,7 +114,9 @@ def _make_existing(root: Path) -> dict[str, str]:
     (root / "proj" / ".git" / "config").write_text(
         "[core]\n\thooksPath = githooks\n\tfsmonitor = tools/fsmon.sh\n"
         '[filter "x"]\n\tclean = sh scripts/clean.sh\n[pager]\n\tlog = pager/less.sh\n'
+        "[include]\n\tpath = ../shared.inc\n"
     )
+    (root / "proj" / "shared.inc").write_text("[diff]\n\texternal = inc-tools/diff.sh\n")
     (root / "proj" / "scripts").mkdir()
     (root / "proj" / "scripts" / "clean.sh").write_text(HOST)
     (root / "proj" / "tools").mkdir()

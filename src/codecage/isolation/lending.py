@@ -675,15 +675,29 @@ def _named_by_git_config(state: _Scan, gitdir: str, worktree: str) -> None:
     program, a pager, or in a shell alias ("!..."): the first word, and every later word
     that is a path (``sh scripts/clean.sh``: git hands the line to a shell, which runs
     what its arguments name), relative to the work tree and to the git directory (git
-    reads some relative to one, some to the other)."""
-    text = _read_small(state.root_fd, f"{gitdir}/config")
-    for key, word, exists_only in _config_paths(text):
-        why = f"the git config {gitdir}/config names it ({key})"
-        for base in dict.fromkeys((worktree, gitdir)):
-            target = _inside(state, base, word)
-            if target is not None and exists_only and _kind_at(state.root_fd, target) == "missing":
-                continue
-            _protect_named(state, target, why)
+    reads some relative to one, some to the other). A config it includes from inside the
+    lent directory (``include.path = ../.gitconfig``, a project's shared settings) is read
+    the same way, to `_MAX_INCLUDES` files."""
+    pending, read = [f"{gitdir}/config"], set[str]()
+    while pending and len(read) < _MAX_INCLUDES:
+        config = pending.pop(0)
+        read.add(config)
+        here = config.rpartition("/")[0]
+        for key, word, exists_only in _config_paths(_read_small(state.root_fd, config)):
+            why = f"the git config {config} names it ({key})"
+            for base in dict.fromkeys((worktree, gitdir, here)):
+                target = _inside(state, base, word)
+                kind = "missing" if target is None else _kind_at(state.root_fd, target)
+                if exists_only and kind == "missing":
+                    continue
+                _protect_named(state, target, why)
+                included = key.lower() == "path" and kind == "file"
+                if included and target is not None and target not in read:
+                    pending.append(target)
+
+
+_MAX_INCLUDES: Final = 16
+"""Git config files read per repository, its own and those it includes."""
 
 
 def _outer_configs(root: Path) -> Iterator[tuple[Path, tuple[Path, ...]]]:
