@@ -351,3 +351,37 @@ def test_info_names_the_range_in_force_or_says_runs_share_the_callers_id() -> No
     assert "id_count = 65536" in as_root.detail
     as_user = identity.probe(identity.plan(euid=1000))
     assert "every run has this one id" in as_user.detail
+
+
+@root_only
+def test_an_id_is_lent_again_only_without_the_sysv_ipc_objects_a_killed_holder_left(
+    tmp_path: Path,
+) -> None:
+    """A process of the id makes a shared memory segment and dies, its holder killed
+    before `release` could clear it (SIGKILL): the next `take` of that id removes it first,
+    so the next run of the id cannot read it. Real SysV IPC of this host; an id far from
+    the default range, so no live run's objects are touched."""
+    base = 3_000_000_000
+    ids = identity._Allocator(identity.IdRange(base, 2), tmp_path)
+    tmp_path.chmod(0o700)
+    code = (
+        "import ctypes, os, sys\n"
+        f"os.setgid({base + 1}); os.setuid({base + 1})\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(libc.shmget(0, 4096, 0o1000 | 0o600))\n"
+    )
+    made = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    shmid = int(made.stdout)
+    assert shmid >= 0, made.stderr
+    try:
+        assert _shm_ids_of(base + 1) == [shmid]
+        with ids.take() as lease:
+            assert lease.identity.uid == base + 1
+            assert _shm_ids_of(base + 1) == [], "the id was lent with the last holder's segment"
+    finally:
+        subprocess.run(["ipcrm", "-m", str(shmid)], capture_output=True)
+
+
+def _shm_ids_of(uid: int) -> list[int]:
+    rows = Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
+    return [int(cols[1]) for cols in map(str.split, rows) if cols[7] == str(uid)]

@@ -127,6 +127,59 @@ def test_a_virtualenv_or_a_site_packages_directory_is_refused(
         sandbox.run("1", workspace=dist)
 
 
+@pytest.mark.parametrize(
+    "inside", [".git", ".git/hooks", "home/.ssh", "home/.config/git", "proj/.vscode", "bare.git"]
+)
+def test_a_directory_the_host_runs_from_as_a_whole_is_refused(
+    sandbox: Sandbox, tmp_path: Path, inside: str
+) -> None:
+    """A repository's .git (or a bare repository), ~/.ssh, ~/.config: the read-only list
+    inside the lent directory names none of what is run there (hooks/pre-commit, config,
+    authorized_keys); lent, the code wrote .git/hooks/pre-commit. Refused before the run."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["git", "init", "-q", "--bare", str(tmp_path / "bare.git")], check=True)
+    workspace = tmp_path / inside
+    workspace.mkdir(parents=True, exist_ok=True)
+    before = sorted(p.name for p in workspace.iterdir())
+    with pytest.raises(ConfigError, match="the host would run what the code writes") as raised:
+        sandbox.run("open('pre-commit', 'w').write('evil')", workspace=workspace)
+    assert "workspace" in raised.value.hint
+    assert sorted(p.name for p in workspace.iterdir()) == before
+
+
+@pytest.mark.parametrize("place", ["/etc/cron.d", "/usr/local/bin", "/var/spool/cron"])
+def test_a_system_directory_or_one_on_path_is_refused(place: str) -> None:
+    """Checked without lending them (a regression must not hand /etc to a sandbox)."""
+    with pytest.raises(ConfigError, match=r"system directory|on PATH"):
+        lending.check(place, ())
+
+
+def test_a_directory_on_this_processs_path_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}/usr/bin")
+    with pytest.raises(ConfigError, match="on PATH"):
+        lending.check(tmp_path / "bin", ())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a bind mount needs root")
+def test_a_place_of_codecage_reached_through_a_bind_mount_is_refused(tmp_path: Path) -> None:
+    """The state directory bound elsewhere: its path is not codecage's, its inode is."""
+    state = tmp_path / "state"
+    (state / "ids").mkdir(parents=True)
+    alias = tmp_path / "alias"
+    alias.mkdir()
+    places = (lending.Place(state, "codecage's state directory"),)
+    subprocess.run(["mount", "--bind", str(state), str(alias)], check=True)
+    try:
+        for workspace in (alias, alias / "ids"):
+            with pytest.raises(ConfigError, match="by another path, codecage's state"):
+                lending.check(workspace, places)
+    finally:
+        subprocess.run(["umount", str(alias)], check=True)
+
+
 def test_the_cli_refuses_codecages_own_virtualenv_in_its_own_terms(tmp_path: Path) -> None:
     run = subprocess.run(
         [*CODECAGE, "run", "--workspace", sys.prefix, "--code", "1"],
@@ -209,6 +262,71 @@ def test_the_scan_finds_nested_repositories_venvs_and_pth_files(tmp_path: Path) 
     assert not any(p.startswith(("a/b/https", "https")) for p in found)  # a URL is no path
 
 
+def test_every_path_a_git_command_names_is_protected_not_only_its_first_word(
+    tmp_path: Path,
+) -> None:
+    """git hands a filter, driver, alias or pager to the shell: ``sh scripts/clean.sh``
+    runs scripts/clean.sh, which the scan once left writable (it looked at the first word,
+    found on PATH). Also the keys it did not know (diff.external, merge drivers, pagers)."""
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "config").write_text(
+        '[filter "x"]\n\tclean = sh scripts/clean.sh %f\n'
+        '[alias]\n\tst = "!python3 st.py && true"\n'
+        "[diff]\n\texternal = tools/diff.sh\n"
+        '[merge "m"]\n\tdriver = tools/merge.sh %O %A %B\n'
+        "[pager]\n\tlog = tools/pager.sh\n"
+        "[core]\n\tgitProxy = proxy/run\n"
+    )
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "clean.sh").write_text("cat\n")
+    (tmp_path / "st.py").write_text("print(1)\n")
+    found = {e.path: e.kind for e in lending.scan(tmp_path).entries}
+    assert found["scripts/clean.sh"] == "file"
+    assert found["st.py"] == "file"
+    assert found["tools"] == "missing"  # diff.sh, merge.sh, pager.sh: its first missing step
+    assert found["proxy"] == "missing"
+    assert "%f" not in found and "true" not in found  # arguments that name no file
+
+
+def test_what_an_included_git_config_names_is_protected_too(tmp_path: Path) -> None:
+    """A project's shared settings: ``include.path = ../.gitconfig`` in .git/config, and
+    that file (protected) names ``core.hooksPath = tools/hooks``: the hooks directory was
+    writable, and git ran the hooks the code put there."""
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "config").write_text("[include]\n\tpath = ../.gitconfig\n")
+    (tmp_path / ".gitconfig").write_text("[include]\n\tpath = conf/more.inc\n")
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "more.inc").write_text(
+        "[core]\n\thooksPath = tools/hooks\n[include]\n\tpath = ../.gitconfig\n"
+    )
+    (tmp_path / "tools" / "hooks").mkdir(parents=True)
+    found = {e.path: e.kind for e in lending.scan(tmp_path).entries}
+    assert found["conf/more.inc"] == "file"
+    assert found["tools/hooks"] == "dir"
+
+
+def test_a_git_config_outside_the_lent_directory_protects_what_it_names_inside(
+    tmp_path: Path,
+) -> None:
+    """Lending a subdirectory of a repository whose core.hooksPath (or filter) lies in it:
+    git, run anywhere in the repository, runs the hooks the code wrote there."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(
+        ["git", "-C", str(tmp_path), "config", "core.hooksPath", "sub/hooks"], check=True
+    )
+    subprocess.run(
+        ["git", "-C", str(tmp_path), "config", "filter.x.clean", "sh sub/tools/c.sh"], check=True
+    )
+    (tmp_path / "sub" / "tools").mkdir(parents=True)
+    (tmp_path / "sub" / "tools" / "c.sh").write_text("cat\n")
+    found = {e.path: e.kind for e in lending.scan(tmp_path / "sub").entries}
+    assert found["hooks"] == "missing"
+    assert found["tools/c.sh"] == "file"
+    subprocess.run(["git", "-C", str(tmp_path), "config", "core.hooksPath", "sub"], check=True)
+    with pytest.raises(ConfigError, match="names as hooksPath"):
+        lending.scan(tmp_path / "sub")
+
+
 def test_a_git_file_protects_the_git_directory_it_points_to(tmp_path: Path) -> None:
     (tmp_path / "wt").mkdir()
     (tmp_path / "wt" / ".git").write_text("gitdir: ../store/wt\n")
@@ -217,6 +335,35 @@ def test_a_git_file_protects_the_git_directory_it_points_to(tmp_path: Path) -> N
     found = {e.path: e.kind for e in lending.scan(tmp_path).entries}
     assert found["wt/.git"] == "file"
     assert found["store/wt"] == "dir"
+
+
+def test_a_bare_repository_and_a_linked_worktrees_common_directory_are_protected(
+    tmp_path: Path,
+) -> None:
+    """The bare repository + linked worktrees layout: the hooks and config git runs at a
+    worktree's commit are in the bare repository (the worktree's `commondir`), which no
+    name gives away; lent, the code wrote store.git/hooks/pre-commit. The common directory
+    is found through the worktree's .git file even past the scan's depth."""
+    source = tmp_path / "source"
+    subprocess.run(["git", "init", "-q", str(source)], check=True)
+    author = ("-c", "user.name=t", "-c", "user.email=t@t")
+    subprocess.run(
+        ["git", "-C", str(source), *author, "commit", "-q", "--allow-empty", "-m", "x"], check=True
+    )
+    lent = tmp_path / "lent"
+    deep = "a/b/c/d/e/store.git"
+    for store in ("store.git", deep):
+        subprocess.run(["git", "clone", "-q", "--bare", str(source), str(lent / store)], check=True)
+    subprocess.run(
+        ["git", "-C", str(lent / "store.git"), "worktree", "add", "-q", "../wt"], check=True
+    )
+    subprocess.run(
+        ["git", "-C", str(lent / deep), "worktree", "add", "-q", str(lent / "wt2")], check=True
+    )
+    found = {e.path: e.kind for e in lending.scan(lent).entries}
+    assert found["store.git"] == "dir"
+    assert found[deep] == "dir"
+    assert found["wt2/.git"] == "file"
 
 
 def test_the_scan_is_bounded_in_depth(tmp_path: Path) -> None:

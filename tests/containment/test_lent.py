@@ -32,6 +32,9 @@ NAMES = sorted(lending.PROTECTED)
 DIR_NAMES = {
     *(".git", ".husky", ".githooks", ".venv", "venv", ".direnv", ".pip", ".config"),
     *(".local", ".ssh", ".vscode", ".idea", ".devcontainer", ".claude", ".cursor"),
+    *(".hg", ".mise", ".gnupg", ".docker", ".kube", ".aws", ".ipython", ".jupyter"),
+    *(".zed", ".gemini", ".codex", ".amazonq", ".roo", ".kiro", ".continue", ".windsurf"),
+    *(".vim", ".emacs.d"),
 }
 """The names made as directories on the host (the others as files)."""
 HOST = "host's own\n"
@@ -82,10 +85,15 @@ NESTED = {
     "proj/.git": "dir",  # a nested repository
     "proj/tools/fsmon.sh": "file",  # its core.fsmonitor
     "proj/githooks": "missing",  # its core.hooksPath, not made yet
+    "proj/scripts/clean.sh": "file",  # a later word of a filter's command (sh scripts/...)
+    "proj/pager": "missing",  # a pager's program (pager.log), not made yet
+    "proj/shared.inc": "file",  # a config the repository's config includes
+    "proj/inc-tools": "missing",  # what that included config names (diff.external)
     "gitdirs/wt": "dir",  # what the .git file of a linked worktree points to
     "data/legacy.pth": "file",
     "deep/er/site-packages": "dir",
     "envs/env1": "dir",  # a virtualenv by its pyvenv.cfg, whatever its name
+    "repos/store.git": "dir",  # a bare repository by its HEAD, objects/ and refs/
 }
 
 
@@ -105,7 +113,12 @@ def _make_existing(root: Path) -> dict[str, str]:
     (root / "proj" / ".git" / "inner").write_text(HOST)
     (root / "proj" / ".git" / "config").write_text(
         "[core]\n\thooksPath = githooks\n\tfsmonitor = tools/fsmon.sh\n"
+        '[filter "x"]\n\tclean = sh scripts/clean.sh\n[pager]\n\tlog = pager/less.sh\n'
+        "[include]\n\tpath = ../shared.inc\n"
     )
+    (root / "proj" / "shared.inc").write_text("[diff]\n\texternal = inc-tools/diff.sh\n")
+    (root / "proj" / "scripts").mkdir()
+    (root / "proj" / "scripts" / "clean.sh").write_text(HOST)
     (root / "proj" / "tools").mkdir()
     (root / "proj" / "tools" / "fsmon.sh").write_text(HOST)
     (root / "wt").mkdir()
@@ -119,6 +132,11 @@ def _make_existing(root: Path) -> dict[str, str]:
     (root / "envs" / "env1").mkdir(parents=True)
     (root / "envs" / "env1" / "pyvenv.cfg").write_text("home = /usr/bin\n")
     (root / "envs" / "env1" / "inner").write_text(HOST)
+    bare = root / "repos" / "store.git"
+    for sub in ("objects", "refs", "hooks"):
+        (bare / sub).mkdir(parents=True)
+    (bare / "HEAD").write_text("ref: refs/heads/main\n")
+    (bare / "inner").write_text(HOST)
     kinds.update(NESTED)
     kinds["wt/.git"] = "file"
     return kinds
@@ -270,6 +288,53 @@ def test_a_pth_file_written_into_a_virtualenv_in_the_workspace_never_reaches_the
     assert list(lent.glob("proj/*/lib/python*/site-packages/zz_evil.pth")) == []
     for env in ("proj/.venv", "proj/env2"):
         subprocess.run([str(lent / env / "bin" / "python"), "-c", "pass"], check=True)
+    assert not marker.exists()
+
+
+OUTER_ATTACK = """
+import json, os
+done = {}
+for path in ("hooks/pre-commit", "tools/clean.sh"):
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write("#!/bin/sh\\ntouch " + $marker + "\\n")
+        done[path] = "written"
+    except OSError as exc:
+        done[path] = exc.strerror
+print(json.dumps(done))
+"""
+
+
+def test_a_hook_named_by_the_repository_around_the_lent_directory_cannot_be_written(
+    run_in_workspace: WorkspaceRunner, tmp_path: Path
+) -> None:
+    """The lent directory is a subdirectory of a repository whose config (outside it)
+    names hooks and a filter's script inside it: the code wrote sub/hooks/pre-commit, and
+    the operator's next commit in the repository ran it."""
+    repo = tmp_path / "repo"
+    lent = repo / "sub"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    for key, value in (
+        ("core.hooksPath", "sub/hooks"),
+        ("filter.x.clean", "sh sub/tools/clean.sh"),
+    ):
+        subprocess.run(["git", "-C", str(repo), "config", key, value], check=True)
+    (lent / "tools").mkdir(parents=True)
+    (lent / "tools" / "clean.sh").write_text(HOST)
+    marker = tmp_path / "ran"
+
+    seen = run_in_workspace(guest(OUTER_ATTACK, marker=str(marker)), lent)
+
+    assert seen.status == "ok", seen.stderr[-2000:]
+    assert not (lent / "hooks").exists()
+    assert (lent / "tools" / "clean.sh").read_text() == HOST
+    (repo / "f").write_text("x")
+    subprocess.run(["git", "-C", str(repo), "add", "f"], check=True)
+    subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"],
+        check=False,
+    )
     assert not marker.exists()
 
 

@@ -328,3 +328,46 @@ print(json.dumps({"forked": len(pids), "nproc": resource.getrlimit(resource.RLIM
     # bwrap's init counts too, as in pids.max; on gVisor's own kernel the code is PID 1.
     expected = 20 if request.node.callspec.params["sandbox"] == "gvisor" else 21
     assert b == {"forked": 10, "nproc": [expected, expected]}
+
+
+_SYSV_LEFT = """
+import ctypes, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+made = {}
+shm = libc.shmget(0, 4096, 0o1000 | 0o600)  # IPC_PRIVATE, owner-only
+if shm >= 0:
+    ctypes.memmove(libc.shmat(shm, None, 0), b"left by the run", 15)
+made["shm"] = shm
+made["msg"] = libc.msgget(0, 0o1000 | 0o600)
+made["sem"] = libc.semget(0, 1, 0o1000 | 0o600)
+open("mine", "w").write("the run's")
+print(json.dumps({"made": made}))
+"""
+
+
+def _sysv_owned_by(uid: int) -> list[str]:
+    """The host's SysV IPC objects (in this process's IPC namespace) owned or made by `uid`."""
+    found = []
+    for kind, (owner, creator) in {"shm": (7, 9), "msg": (7, 9), "sem": (4, 6)}.items():
+        for row in Path(f"/proc/sysvipc/{kind}").read_text().splitlines()[1:]:
+            cols = row.split()
+            if str(uid) in (cols[owner], cols[creator]):
+                found.append(f"{kind}: {row}")
+    return found
+
+
+def test_a_run_leaves_no_sysv_ipc_object_for_the_next_run_of_its_id(sandbox: Sandbox) -> None:
+    """SysV shared memory, message queues and semaphores outlive their maker. On the
+    Landlock fallback (no IPC namespace) a run's objects stayed on the host after it, holding
+    host memory and readable by the next run lent the same host id; the id is returned only
+    once they are removed (`identity.clear_ipc`)."""
+    host_uid: list[int] = []
+    seen = sandbox.run(
+        _SYSV_LEFT, on_files=lambda ws, _files: host_uid.append((ws / "mine").stat().st_uid)
+    )
+    assert seen.status == "ok", seen.stderr
+    made = report(seen)["made"]
+    assert host_uid and host_uid[0] != 0, host_uid
+    left = _sysv_owned_by(host_uid[0])
+    assert left == [], f"the run (host uid {host_uid[0]}, made {made}) left SysV IPC objects"

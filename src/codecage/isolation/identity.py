@@ -29,9 +29,11 @@ launched process itself, on every start: if it would be host root, the run is re
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import functools
 import grp
+import logging
 import os
 import pwd
 import stat
@@ -43,6 +45,8 @@ from types import TracebackType
 from codecage.backends.base import Identity
 from codecage.errors import ConfigError, HostError, SandboxError
 from codecage.models import LayerStatus
+
+log = logging.getLogger(__name__)
 
 DEFAULT_ID = 2_000_000_000
 """The first id of the default range of sandbox ids when codecage runs as root: above
@@ -183,9 +187,11 @@ class Lease:
 
     def release(self) -> None:
         """Give the id back (idempotent): only once no process of the sandbox is left and
-        its files are removed or given back."""
+        its files are removed or given back. The SysV IPC objects the id left in this
+        process's IPC namespace go first (`clear_ipc`)."""
         fd, self._fd = self._fd, None
         if fd is not None:
+            clear_ipc(self.identity.uid)
             os.close(fd)  # the flock goes with the last descriptor of its file
 
     def __enter__(self) -> Lease:
@@ -248,6 +254,7 @@ class _Allocator:
                     if fd is not None:
                         self._next = slot + 1
                         uid = self.ids.base + 1 + slot
+                        clear_ipc(uid)  # a holder killed before its release left them
                         return Lease(Identity(uid, uid), fd)
             finally:
                 os.close(directory)
@@ -293,6 +300,59 @@ class _Allocator:
             os.close(fd)
             return None
         return fd
+
+
+_SYSVIPC = Path("/proc/sysvipc")
+_IPC_RMID = 0
+# /proc/sysvipc/<kind>: the id's column, and the columns of its owner's and creator's uids
+_IPC_COLUMNS: dict[str, tuple[int, int, int]] = {
+    "shm": (1, 7, 9),
+    "msg": (1, 7, 9),
+    "sem": (1, 4, 6),
+}
+
+
+def clear_ipc(uid: int) -> int:
+    """Remove every SysV shared memory segment, message queue and semaphore set of this
+    process's IPC namespace that `uid` owns or made; how many. They outlive the processes
+    that made them: a run on the Landlock fallback (no IPC namespace of its own) left them
+    on the host, holding host memory after the run, and readable by the next run lent the
+    same id. Only for an id of the range, which nothing but sandboxes ever is.
+
+    Raises:
+        Nothing: what cannot be read or removed is logged (``identity.ipc_kept``).
+    """
+    removed = 0
+    libc = _libc()
+    for kind, (id_col, uid_col, cuid_col) in _IPC_COLUMNS.items():
+        try:
+            rows = (_SYSVIPC / kind).read_text(encoding="ascii").splitlines()[1:]
+        except OSError:
+            continue  # no SysV IPC in this kernel
+        for row in rows:
+            cols = row.split()
+            if len(cols) <= max(id_col, uid_col, cuid_col):
+                continue
+            if str(uid) not in (cols[uid_col], cols[cuid_col]):
+                continue
+            if _remove_ipc(libc, kind, int(cols[id_col])) == 0:
+                removed += 1
+            else:
+                log.warning("identity.ipc_kept", extra={"kind": kind, "id": cols[id_col]})
+    return removed
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _remove_ipc(libc: ctypes.CDLL, kind: str, ipc_id: int) -> int:
+    if kind == "shm":
+        return int(libc.shmctl(ipc_id, _IPC_RMID, None))
+    if kind == "msg":
+        return int(libc.msgctl(ipc_id, _IPC_RMID, None))
+    return int(libc.semctl(ipc_id, 0, _IPC_RMID))
 
 
 def probe(identity_plan: IdentityPlan) -> LayerStatus:

@@ -52,6 +52,7 @@ _GIT = "git runs what it names (hooks, core.fsmonitor, core.hooksPath, filters, 
 _SHELL = "a shell runs it when it starts"
 _VENV = "a virtualenv: its bin/ and the *.pth files of its site-packages run on the host"
 _EDITOR = "editors and coding agents run the tasks, hooks and servers it names"
+_MISE = "mise runs its hooks and sources its env at the next cd (a path trusted once)"
 
 PROTECTED: Final[dict[str, str]] = {
     # git
@@ -61,12 +62,22 @@ PROTECTED: Final[dict[str, str]] = {
     ".husky": "a usual core.hooksPath: git runs the hooks in it",
     ".githooks": "a usual core.hooksPath: git runs the hooks in it",
     ".pre-commit-config.yaml": "pre-commit runs the hooks it names at the next commit",
+    ".hg": "Mercurial runs the hooks and loads the extensions its hgrc names",
+    ".hgrc": "Mercurial's configuration when this is someone's home (hooks, extensions)",
     # Python
     ".venv": _VENV,
     "venv": _VENV,
     ".direnv": "direnv's layouts (a virtualenv among them), loaded at the next cd",
     ".pip": "pip.conf: the index pip installs from",
     ".pypirc": "where and as whom packages are uploaded",
+    ".python-version": "pyenv picks the Python it runs from it (CVE-2022-35861: a path there)",
+    ".tool-versions": "asdf and mise pick each tool from it ('path:' runs a program here)",
+    ".mise.toml": _MISE,
+    "mise.toml": _MISE,
+    ".mise.local.toml": _MISE,
+    "mise.local.toml": _MISE,
+    ".mise": _MISE,
+    ".rtx.toml": _MISE,
     # shells
     ".bashrc": _SHELL,
     ".bash_profile": _SHELL,
@@ -88,6 +99,16 @@ PROTECTED: Final[dict[str, str]] = {
     ".xinitrc": "run by startx",
     ".xsession": "run at a graphical login",
     ".envrc": "direnv runs it at the next cd into the directory",
+    ".tmux.conf": "tmux runs its run-shell and if-shell commands when it starts",
+    ".screenrc": "screen runs its exec commands when it starts",
+    ".curlrc": "curl's options (output, config) when this is someone's home",
+    ".wgetrc": "wget's options when this is someone's home",
+    ".gnupg": "gpg's configuration (the agent and helper programs it runs)",
+    ".docker": "docker's credential helpers and CLI plugins, run by name",
+    ".kube": "kubectl runs a kubeconfig's exec credential plugin",
+    ".aws": "the AWS tools run a profile's credential_process",
+    ".ipython": "IPython runs profile_default/startup/* at every start",
+    ".jupyter": "Jupyter runs its *_config.py files at every start",
     ".config": "every tool's configuration when this is someone's home (git, fish, autostart)",
     ".local": "~/.local/bin is on PATH and its site-packages' *.pth files run",
     ".ssh": "authorized_keys and the ssh client's commands (ProxyCommand)",
@@ -95,13 +116,26 @@ PROTECTED: Final[dict[str, str]] = {
     ".vscode": _EDITOR,
     ".idea": _EDITOR,
     ".devcontainer": "VS Code runs its lifecycle commands on the host",
+    ".devcontainer.json": "VS Code runs its lifecycle commands (initializeCommand) on the host",
     ".claude": _EDITOR,
     ".cursor": _EDITOR,
     ".mcp.json": "MCP clients start the servers it names",
+    ".zed": _EDITOR,
+    ".gemini": _EDITOR,
+    ".codex": _EDITOR,
+    ".amazonq": _EDITOR,
+    ".roo": _EDITOR,
+    ".kiro": _EDITOR,
+    ".continue": _EDITOR,
+    ".windsurf": _EDITOR,
+    ".aider.conf.yml": "aider runs its lint-cmd and test-cmd after each edit",
     ".exrc": "vim and nvim run it when 'exrc' is set",
     ".vimrc": "vim runs it when 'exrc' is set",
     ".nvimrc": "nvim runs it when 'exrc' is set",
     ".nvim.lua": "nvim runs it when 'exrc' is set",
+    ".vim": "vim loads its plugin/ at every start when this is someone's home",
+    ".emacs": "Emacs runs it at every start when this is someone's home",
+    ".emacs.d": "Emacs runs its init.el at every start when this is someone's home",
     ".gdbinit": "gdb runs its commands",
     ".lldbinit": "lldb runs its commands",
     # other tools' configuration that names a program to run
@@ -196,6 +230,7 @@ def check(directory: str | Path, places: Iterable[Place]) -> Path:
     given = Path(directory)
     root = given.resolve()
     forms = {root, given.absolute()}
+    places = tuple(places)
     for place in places:
         for spot in {place.path.absolute(), place.path.resolve()}:
             for form in forms:
@@ -214,6 +249,8 @@ def check(directory: str | Path, places: Iterable[Place]) -> Path:
                     "codecage's installation, state and configuration (e.g. a new "
                     "directory under /srv or your home), or omit it to get a fresh one",
                 )
+    _refuse_aliases(given, root, places)
+    _refuse_tool_places(given, root)
     for level in (root, *root.parents):
         if level.name in _SITE_DIRS or (level / _VENV_MARK).is_file():
             what = "a site-packages directory" if level.name in _SITE_DIRS else "a virtualenv"
@@ -225,6 +262,75 @@ def check(directory: str | Path, places: Iterable[Place]) -> Path:
                 "installation, or omit it to get a fresh one",
             )
     return root
+
+
+def _refuse_aliases(given: Path, root: Path, places: tuple[Place, ...]) -> None:
+    """Refuse `root` when it is, or lies in, one of `places` reached by another path (a
+    bind mount of codecage's state directory elsewhere): compared by device and inode.
+
+    Raises:
+        ConfigError: the message names the place.
+    """
+    known: dict[tuple[int, int], Place] = {}
+    for place in places:
+        with contextlib.suppress(OSError):
+            st = place.path.stat()
+            known.setdefault((st.st_dev, st.st_ino), place)
+    for level in (root, *root.parents):
+        try:
+            st = level.stat()
+        except OSError:
+            continue
+        alias = known.get((st.st_dev, st.st_ino))
+        if alias is None or (alias.imports and level != root):
+            continue
+        how = "is" if level == root else f"lies inside {level}, which is"
+        raise ConfigError(
+            f"the workspace {given} {how} {alias.path} by another path, {alias.what}: code "
+            "run there could change what codecage itself runs on this host",
+            hint="pass {workspace} a directory of data of its own, apart from codecage's "
+            "installation, state and configuration, or omit it to get a fresh one",
+        )
+
+
+_SYSTEM_DIRS: Final = tuple(
+    Path(p) for p in ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+                      "/boot", "/var/spool", "/var/lib/systemd")
+)  # fmt: skip
+"""The host's programs, libraries and the configuration and queues its services run."""
+
+
+def _refuse_tool_places(given: Path, root: Path) -> None:
+    """Refuse `root` (the real path of `given`) when it is or lies in a place the host runs
+    from as a whole, where the read-only list inside cannot help since what is run there
+    is not found by name: a directory of a name `PROTECTED` keeps (a repository's ``.git``
+    with its hooks and config, ``~/.ssh``, ``~/.config``, ``.vscode``, ...), a bare git
+    repository (its ``hooks/`` run at a push), a directory on this process's ``PATH``, or
+    one of the host's system directories (``/etc``, ``/usr``, ...).
+
+    Raises:
+        ConfigError: the message names the place and why.
+    """
+    path_dirs = {Path(p).resolve() for p in os.environ.get("PATH", "").split(os.pathsep) if p}
+    for level in (root, *root.parents):
+        how = "is" if level == root else "lies inside"
+        what = None
+        if level.name in PROTECTED:
+            what = f"{level.name} ({PROTECTED[level.name]})"
+        elif (level / "HEAD").is_file() and (level / "objects").is_dir():
+            what = "a git directory (git runs its hooks/ and what its config names)"
+        elif level in path_dirs:
+            what = "a directory on PATH (the host runs the programs in it by name)"
+        elif level in _SYSTEM_DIRS:
+            what = "a system directory (the host's programs, configuration and services)"
+        if what is not None:
+            where = "" if level == root else f" {level},"
+            raise ConfigError(
+                f"the workspace {given} {how}{where} {what}: the host would run what "
+                "the code writes there",
+                hint="pass {workspace} a directory of data of its own (e.g. a new "
+                "directory under /srv), or omit it to get a fresh one",
+            )
 
 
 # --- what stays read-only inside it -------------------------------------------------------
@@ -302,6 +408,7 @@ def scan(root: Path) -> Found:
                 state.add(name, "missing", why)
         for gitdir, worktree in list(state.gitdirs.items()):
             _named_by_git_config(state, gitdir, worktree)
+        _named_from_outside(state, root)
     finally:
         os.close(root_fd)
     if not state.complete:
@@ -334,6 +441,12 @@ def _walk(state: _Scan, root: Path) -> None:
                 )
             state.add(rel, "dir", _VENV)
             continue
+        if rel and _is_git_dir(listed):
+            # a bare repository (store.git, the usual home of linked worktrees): git runs
+            # its hooks/ and reads its config at a push, and at every commit of a worktree
+            state.add(rel, "dir", _GIT)
+            state.gitdirs[rel] = rel
+            continue
         for name, kind in listed:
             state.seen += 1
             if state.seen > MAX_SCAN_ENTRIES:
@@ -354,6 +467,11 @@ def _walk(state: _Scan, root: Path) -> None:
                 state.add(path, "dir", "its *.pth files run at every start of that Python")
             elif kind == "dir" and depth + 1 < MAX_SCAN_DEPTH:
                 queue.append((path, depth + 1))
+
+
+def _is_git_dir(listed: list[tuple[str, str]]) -> bool:
+    kinds = dict(listed)
+    return kinds.get("HEAD") == "file" and kinds.get("objects") == kinds.get("refs") == "dir"
 
 
 def _is_pth(name: str) -> bool:
@@ -506,32 +624,155 @@ def _gitdir_of(state: _Scan, dot_git: str) -> None:
         _protect_named(state, target, _GIT)
         if target is not None and _kind_at(state.root_fd, target) == "dir":
             state.gitdirs[target] = base
+            # a linked worktree's git directory holds only its HEAD and index: the hooks
+            # and config git runs are in the common directory its `commondir` names
+            common = _read_small(state.root_fd, f"{target}/commondir").strip()
+            if common:
+                shared = _inside(state, target, common)
+                _protect_named(state, shared, _GIT)
+                if shared is not None and _kind_at(state.root_fd, shared) == "dir":
+                    state.gitdirs[shared] = base
 
 
-_CONFIG_VALUE = re.compile(r"^\s*([A-Za-z][\w.-]*)\s*=\s*(.*?)\s*$", re.MULTILINE)
+_CONFIG_SECTION = re.compile(r"^\s*\[\s*([A-Za-z][\w.-]*)")
+_CONFIG_VALUE = re.compile(r"^\s*([A-Za-z][\w.-]*)\s*=\s*(.*?)\s*$")
 _COMMAND_KEYS: Final = frozenset(
     {"hookspath", "fsmonitor", "path", "sshcommand", "pager", "editor", "askpass",
-     "textconv", "command", "clean", "smudge", "process", "helper", "cmd", "program"}
+     "textconv", "command", "clean", "smudge", "process", "helper", "cmd", "program",
+     "external", "driver", "gitproxy", "templatedir", "alternaterefscommand", "difffilter",
+     "uploadpack", "receivepack", "packobjectshook", "sendmailcmd", "smtpserver",
+     "attributesfile"}
 )  # fmt: skip
 """git config keys whose value is a path git reads or a program git runs."""
+_COMMAND_SECTIONS: Final = frozenset({"pager"})
+"""Sections each of whose keys is a program (``pager.log = ...``)."""
+_SHELL_WORDS = re.compile(r"[\s;&|()<>`]+")
+"""What separates the words of a command git gives to the shell."""
+
+
+def _config_commands(text: str) -> Iterator[tuple[str, list[str]]]:
+    """(key, words) of each value of a git config that names a program or a path: its key
+    is a command key, its section one of `_COMMAND_SECTIONS`, or it is a ``!`` alias; the
+    words as the shell would split them, quotes removed."""
+    section = ""
+    for line in text.splitlines():
+        head = _CONFIG_SECTION.match(line)
+        if head is not None:
+            section = head.group(1).lower()
+            continue
+        pair = _CONFIG_VALUE.match(line)
+        if pair is None:
+            continue
+        key, value = pair.group(1), pair.group(2).strip().strip("\"'")
+        if key.lower() in _COMMAND_KEYS or section in _COMMAND_SECTIONS or value.startswith("!"):
+            words = [w.strip("\"'") for w in _SHELL_WORDS.split(value.lstrip("!"))]
+            yield key, [w for w in words if w]
 
 
 def _named_by_git_config(state: _Scan, gitdir: str, worktree: str) -> None:
     """Every path inside the lent directory that the config of `gitdir` names as a hooks
-    path, an fsmonitor, an included file, a filter's, diff driver's or helper's program, or
-    a shell alias ("!..."): the first word of the value, relative to the work tree and to
-    the git directory (git reads some relative to one, some to the other)."""
-    for key, value in _CONFIG_VALUE.findall(_read_small(state.root_fd, f"{gitdir}/config")):
-        text = value.strip().strip("\"'")
-        if key.lower() not in _COMMAND_KEYS and not text.startswith("!"):
-            continue
-        words = text.lstrip("!").split()
-        word = words[0].strip("\"'") if words else ""
-        if not word or ("/" not in word and key.lower() != "hookspath"):
-            continue  # a program found on PATH, not a file in this directory
-        why = f"the git config {gitdir}/config names it ({key})"
-        for base in dict.fromkeys((worktree, gitdir)):
-            _protect_named(state, _inside(state, base, word), why)
+    path, an fsmonitor, an included file, a filter's, diff or merge driver's or helper's
+    program, a pager, or in a shell alias ("!..."): the first word, and every later word
+    that is a path (``sh scripts/clean.sh``: git hands the line to a shell, which runs
+    what its arguments name), relative to the work tree and to the git directory (git
+    reads some relative to one, some to the other). A config it includes from inside the
+    lent directory (``include.path = ../.gitconfig``, a project's shared settings) is read
+    the same way, to `_MAX_INCLUDES` files."""
+    pending, read = [f"{gitdir}/config"], set[str]()
+    while pending and len(read) < _MAX_INCLUDES:
+        config = pending.pop(0)
+        read.add(config)
+        here = config.rpartition("/")[0]
+        for key, word, exists_only in _config_paths(_read_small(state.root_fd, config)):
+            why = f"the git config {config} names it ({key})"
+            for base in dict.fromkeys((worktree, gitdir, here)):
+                target = _inside(state, base, word)
+                kind = "missing" if target is None else _kind_at(state.root_fd, target)
+                if exists_only and kind == "missing":
+                    continue
+                _protect_named(state, target, why)
+                included = key.lower() == "path" and kind == "file"
+                if included and target is not None and target not in read:
+                    pending.append(target)
+
+
+_MAX_INCLUDES: Final = 16
+"""Git config files read per repository, its own and those it includes."""
+
+
+def _outer_configs(root: Path) -> Iterator[tuple[Path, tuple[Path, ...]]]:
+    """(config file, bases of its relative paths) of the git configs outside `root` that
+    git reads in it: the repository `root` lies in (its work tree and git directory), the
+    user's (``~/.gitconfig``, ``$XDG_CONFIG_HOME/git/config``) and the system's."""
+    for level in root.parents:
+        dot_git = level / ".git"
+        if dot_git.is_dir():
+            yield dot_git / "config", (level, dot_git)
+            break
+        if dot_git.is_file():
+            match = re.match(r"gitdir:\s*(.+?)\s*$", _read_path(dot_git), re.MULTILINE)
+            if match is not None:
+                gitdir = (level / match.group(1)).resolve()
+                yield gitdir / "config", (level, gitdir)
+                commondir = _read_path(gitdir / "commondir").strip()
+                if commondir:
+                    common = (gitdir / commondir).resolve()
+                    yield common / "config", (level, common)
+            break
+    xdg = Path(os.environ.get("XDG_CONFIG_HOME") or Path("~/.config").expanduser())
+    for config in (Path("~/.gitconfig").expanduser(), xdg / "git" / "config"):
+        yield config, ()
+    yield Path("/etc/gitconfig"), ()
+
+
+def _read_path(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read(_MAX_CONFIG_BYTES).decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _named_from_outside(state: _Scan, root: Path) -> None:
+    """What a git config outside the lent directory names inside it: a repository the
+    directory lies in whose ``core.hooksPath`` (or filter, alias, ...) is a path in it,
+    or a user's or the system's config naming one by its absolute path. The directory
+    itself being such a path is refused.
+
+    Raises:
+        ConfigError: a config names the lent directory itself as a program or hooks path.
+    """
+    real = Path(state.real_root)
+    for config, bases in _outer_configs(real):
+        for key, word, exists_only in _config_paths(_read_path(config)):
+            path = Path(word).expanduser() if word.startswith("~/") else Path(word)
+            for base in bases if not path.is_absolute() else (Path("/"),):
+                named = Path(os.path.normpath(base / path))
+                if named == real:
+                    raise ConfigError(
+                        f"the workspace {root} is what the git config {config} names as "
+                        f"{key}: git would run what the code writes there",
+                        hint="pass {workspace} a directory git does not run from, or omit it",
+                    )
+                if not named.is_relative_to(real):
+                    continue
+                target = named.relative_to(real).as_posix()
+                if exists_only and _kind_at(state.root_fd, target) == "missing":
+                    continue
+                _protect_named(state, target, f"the git config {config} names it ({key})")
+
+
+def _config_paths(text: str) -> Iterator[tuple[str, str, bool]]:
+    """(key, word, exists_only) of each word of a git config's commands that may be a file:
+    the first word when it has a '/' (else a program found on PATH) or is a hooks path;
+    each later word with a '/'; each later word without one, only where it exists (an
+    argument such as ``%f`` names nothing, ``clean.py`` may be a file)."""
+    for key, words in _config_commands(text):
+        for i, word in enumerate(words):
+            if "/" in word or (i == 0 and key.lower() == "hookspath"):
+                yield key, word, False
+            elif i > 0:
+                yield key, word, True
 
 
 def _under_any(path: str, entries: dict[str, Entry]) -> bool:
