@@ -131,6 +131,10 @@ async def _call(
 def _failure(exc: Exception, server: Server, statuses: list[int]) -> CodecageError:
     """What went wrong, from the HTTP statuses seen and the exceptions the SDK raised."""
     leaves = list(_leaves(exc))
+    if 401 in statuses and server.uds is not None:
+        # The local server was replaced (its token with it) between reading the token and
+        # the call: the call did not run; the next attempt reads the new token.
+        return Unreachable(f"{server.where} refused the token", hint="try again")
     if 401 in statuses:
         given = "refused the token given" if server.token else "wants a token; none was given"
         return ConfigError(
