@@ -178,3 +178,49 @@ def test_a_directory_others_can_enter_is_refused(home: Home) -> None:
     assert "refusing the local server's directory" in done.stderr
     assert "mode 0700" in done.stderr
     assert home.servers() == []
+
+
+@pytest.mark.anyio
+async def test_an_idle_server_refuses_what_comes_after_it_decides_to_exit(tmp_path: Path) -> None:
+    """The server's idle check (mcp/http.py IdleExit) on a real ASGI app, called in process
+    (what the subprocess tests cannot time: a request arriving as the server decides): never
+    while a session is open or a request is in flight; once decided, every request gets a
+    503 (which the CLI retries on a new server) and its socket is gone."""
+    import anyio
+    import httpx2
+
+    from codecage.mcp.http import IdleExit
+
+    sock = tmp_path / "s.sock"
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listening.bind(str(sock))
+    open_sessions = [1]
+    idle = IdleExit(0.05, lambda: open_sessions[0], sock)
+    idle.bound()
+    release = anyio.Event()
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        assert callable(send)
+        if scope["path"] == "/slow":  # type: ignore[index]
+            await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    transport = httpx2.ASGITransport(app=idle.gate(app))
+    async with httpx2.AsyncClient(transport=transport, base_url="http://localhost:1") as client:
+        assert (await client.get("/")).status_code == 200
+        await anyio.sleep(0.2)
+        assert not idle.due()  # a session is open
+        open_sessions[0] = 0
+        async with anyio.create_task_group() as group:
+            group.start_soon(client.get, "/slow")
+            await anyio.sleep(0.2)
+            assert not idle.due()  # a request is in flight
+            release.set()
+        await anyio.sleep(0.2)
+        assert idle.due()
+        assert not sock.exists()
+        refused = await client.get("/")
+        assert refused.status_code == 503
+        assert "exiting" in refused.text
+    listening.close()
