@@ -55,6 +55,7 @@ max_idle_ttl = 1800                   # the longest idle TTL a client may ask fo
 lifetime = 3600                       # seconds a session lives at most
 cpu_seconds = 600                     # CPU seconds of all of one session's runs
 max_per_client = 4                    # open sessions per client (max_total per process)
+local_idle_exit = 600                 # `codecage session`'s own server exits when idle this long
 
 [mcpServers.memory]                   # upstream MCP servers, as in an MCP host's JSON
 command = "npx"                       # (used when no --mcp-config is given)

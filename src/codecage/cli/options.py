@@ -194,18 +194,20 @@ AllowToolOpt = Annotated[
 ]
 # `codecage session ...`: the server the commands talk to (`codecage serve --http`).
 ServerOpt = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--server",
-        help="The /mcp URL of a running `codecage serve --http`.",
+        help="The /mcp URL of a running `codecage serve --http` (default: your own local "
+        "server, started when needed).",
         envvar="CODECAGE_SERVER",
+        show_default=False,
     ),
 ]
 ServerTokenOpt = Annotated[
     str | None,
     typer.Option(
         "--token",
-        help="The bearer token the server was started with (its --token).",
+        help="The bearer token the --server was started with (its --token).",
         envvar="CODECAGE_TOKEN",
         show_default=False,
     ),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -49,12 +50,31 @@ _CLI_WORDS = {
 _CLI_WORD = re.compile(r"\b(" + "|".join(re.escape(word) for word in _CLI_WORDS) + r")\b")
 
 
+LOCAL_URL = "http://localhost:1/mcp"
+"""The URL of a request over a Unix socket: never dialled, but its Host header (with a port)
+must pass the server's DNS-rebinding check, which allows localhost:*."""
+
+
+class Unreachable(CodecageError):
+    """No server took the call: nothing answers at the address, or it is exiting (`503`).
+    The tool did not run, so the call may be made again elsewhere."""
+
+
 @dataclass(frozen=True, slots=True)
 class Server:
-    """Where the server is and the token it wants (None: send no Authorization)."""
+    """Where the server is and the token it wants (None: send no Authorization); `uds`:
+    the Unix socket of the user's local server (cli/local.py), `url` then `LOCAL_URL`."""
 
     url: str
     token: str | None
+    uds: Path | None = None
+
+    @property
+    def where(self) -> str:
+        """The server, as messages name it."""
+        if self.uds is not None:
+            return f"the local codecage server ({self.uds})"
+        return f"the server at {self.url}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,9 +115,13 @@ async def _call(
     headers = {"Authorization": f"Bearer {server.token}"} if server.token else {}
     read_s = (wait_s if wait_s is not None else _NO_TIMEOUT_WAIT_S) + _SPARE_S
     timeout = httpx2.Timeout(_CONNECT_S, read=read_s)
+    transport = httpx2.AsyncHTTPTransport(uds=str(server.uds)) if server.uds else None
     async with (
         httpx2.AsyncClient(
-            headers=headers, timeout=timeout, event_hooks={"response": [record]}
+            headers=headers,
+            timeout=timeout,
+            event_hooks={"response": [record]},
+            transport=transport,
         ) as http,
         Client(streamable_http_client(server.url, http_client=http)) as client,
     ):
@@ -107,6 +131,10 @@ async def _call(
 def _failure(exc: Exception, server: Server, statuses: list[int]) -> CodecageError:
     """What went wrong, from the HTTP statuses seen and the exceptions the SDK raised."""
     leaves = list(_leaves(exc))
+    if 401 in statuses and server.uds is not None:
+        # The local server was replaced (its token with it) between reading the token and
+        # the call: the call did not run; the next attempt reads the new token.
+        return Unreachable(f"{server.where} refused the token", hint="try again")
     if 401 in statuses:
         given = "refused the token given" if server.token else "wants a token; none was given"
         return ConfigError(
@@ -120,22 +148,27 @@ def _failure(exc: Exception, server: Server, statuses: list[int]) -> CodecageErr
             hint="pass the URL `codecage serve --http` printed, e.g. http://127.0.0.1:8000/mcp",
         )
     if any(isinstance(leaf, httpx2.ConnectError | httpx2.ConnectTimeout) for leaf in leaves):
-        return CodecageError(f"no codecage server answers at {server.url}", hint=START_HINT)
+        address = server.uds or server.url
+        return Unreachable(f"no codecage server answers at {address}", hint=START_HINT)
+    if 503 in statuses and server.uds is not None:  # it is exiting, or at its connection cap
+        return Unreachable(f"{server.where} is busy or exiting", hint="try again")
     if any(isinstance(leaf, httpx2.TimeoutException) for leaf in leaves):
         return CodecageError(
-            f"the server at {server.url} did not answer in time",
+            f"{server.where} did not answer in time",
             hint="try again; a run that needs longer may ask for it with --timeout",
         )
     bad = [status for status in statuses if status >= 400]
     if bad:
         return CodecageError(
-            f"the server at {server.url} answered HTTP {bad[-1]}",
+            f"{server.where} answered HTTP {bad[-1]}",
             hint="is --server the /mcp URL of a `codecage serve --http`? (e.g. "
             "http://127.0.0.1:8000/mcp)",
         )
     reason = next((str(leaf) for leaf in leaves if isinstance(leaf, MCPError)), None)
     reason = reason or "; ".join(f"{type(leaf).__name__}: {leaf}" for leaf in leaves)
-    return CodecageError(f"the call to {server.url} failed: {reason}", hint=START_HINT)
+    return CodecageError(
+        f"the call to {server.uds or server.url} failed: {reason}", hint=START_HINT
+    )
 
 
 def _leaves(exc: BaseException) -> Iterator[BaseException]:

@@ -48,6 +48,28 @@ def serve(
         str, typer.Option("--host", help="HTTP: address to bind (a token is always required).")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="HTTP: port to listen on.")] = 8000,
+    uds: Annotated[
+        Path | None,
+        typer.Option(
+            "--uds",
+            metavar="PATH",
+            help="HTTP: listen on this Unix socket instead of --host/--port (its "
+            "directory's permissions say who may connect; a token is still required).",
+            dir_okay=False,
+            show_default=False,
+        ),
+    ] = None,
+    idle_exit: Annotated[
+        float | None,
+        typer.Option(
+            "--idle-exit",
+            metavar="SECONDS",
+            help="HTTP: exit after this many seconds with no request and no open session "
+            "(`codecage session`'s own server uses config key sessions.local_idle_exit).",
+            min=0.1,
+            show_default=False,
+        ),
+    ] = None,
     token: Annotated[
         str | None,
         typer.Option(
@@ -200,7 +222,7 @@ def serve(
             return
         asgi = mcp_server.http_app(
             app_server,
-            host=host,
+            host="localhost" if uds is not None else host,
             token=token,
             insecure_no_token=insecure_no_token,
             sandbox=sandbox,
@@ -210,8 +232,13 @@ def serve(
         )
     except CodecageError as exc:
         fail(exc, as_json=False, verbose=verbose)
-    stderr.print(f"codecage MCP server on http://{host}:{port}/mcp", markup=False)
-    http_serving.serve(asgi, host=host, port=port, verbose=verbose)
+    idle = None
+    if idle_exit is not None:
+        idle = http_serving.IdleExit(idle_exit, sandbox.host.sessions.open_count, uds)
+        asgi = idle.gate(asgi)
+    where = f"unix socket {uds}" if uds is not None else f"http://{host}:{port}/mcp"
+    stderr.print(f"codecage MCP server on {where}", markup=False)
+    http_serving.serve(asgi, host=host, port=port, verbose=verbose, uds=uds, idle=idle)
 
 
 def _exit_on_sigterm() -> None:

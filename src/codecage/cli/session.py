@@ -1,7 +1,8 @@
-"""`codecage session open | run | list | close`: runs that share one Python interpreter,
-held by a running `codecage serve --http` (a CLI process lives for one command; the session
-must outlive it). Each command is one MCP tool call (remote.py): open_session,
-execute_code with its session_id, list_sessions, close_session."""
+"""`codecage session open | run | list | close | stop-server`: runs that share one Python
+interpreter, held by a server (a CLI process lives for one command; the session must outlive
+it): the one --server names, else the user's own local server (local.py), started on demand.
+Each command is one MCP tool call (remote.py): open_session, execute_code with its
+session_id, list_sessions, close_session."""
 
 from __future__ import annotations
 
@@ -23,27 +24,25 @@ from codecage.output import neutralise_line, neutralise_text
 if TYPE_CHECKING:  # remote.py loads the MCP SDK: only when a command runs
     from codecage.cli.remote import Reply
 
-DEFAULT_SERVER = "http://127.0.0.1:8000/mcp"
-"""Where `codecage serve --http` listens by default (--host 127.0.0.1, --port 8000)."""
 _MAX_UPLOAD_BYTES = 32 * 2**20
 """What --in may send in all (mcp/files.py MAX_UPLOAD_BYTES, the server's bound: it
 refuses more with its own message)."""
 
 app = typer.Typer(
     help="Sessions: runs that share one Python interpreter, so what one run defines "
-    "(variables, imports, files in /workspace) is there for the next. A running "
-    "`codecage serve --http` holds them; these commands talk to it (--server, --token). "
+    "(variables, imports, files in /workspace) is there for the next. A server holds "
+    "them: your own local one, started on demand on a private Unix socket and ended after "
+    "sessions.local_idle_exit seconds (config key, 600) with no session open; or a running "
+    "`codecage serve --http` given with --server and --token. "
     "A session closes after --ttl seconds unused, with `codecage session close`, or when "
     "a run kills its interpreter.\n\n"
     "Example:\n\n"
-    '    codecage serve --http --token "$TOKEN" &\n\n'
-    "    export CODECAGE_TOKEN=$TOKEN\n\n"
     "    ID=$(codecage session open)\n\n"
     "    codecage session run $ID --code 'import pandas as pd; df = pd.read_csv(\"sales.csv\")' "
     "--in sales.csv\n\n"
     "    codecage session run $ID --code 'df.describe()'\n\n"
     "    codecage session close $ID",
-    short_help="Runs that share state, held by `codecage serve --http`: open, run, list, close.",
+    short_help="Runs that share state, kept between commands: open, run, list, close.",
     no_args_is_help=True,
 )
 
@@ -97,7 +96,7 @@ def session_open(
             show_default=False,
         ),
     ] = None,
-    server: ServerOpt = DEFAULT_SERVER,
+    server: ServerOpt = None,
     token: ServerTokenOpt = None,
     as_json: JsonOpt = False,
     verbose: VerboseOpt = False,
@@ -165,7 +164,7 @@ def session_run(
             show_default=False,
         ),
     ] = None,
-    server: ServerOpt = DEFAULT_SERVER,
+    server: ServerOpt = None,
     token: ServerTokenOpt = None,
     as_json: JsonOpt = False,
     verbose: VerboseOpt = False,
@@ -212,7 +211,7 @@ def session_run(
 
 @app.command("list")
 def session_list(
-    server: ServerOpt = DEFAULT_SERVER,
+    server: ServerOpt = None,
     token: ServerTokenOpt = None,
     as_json: JsonOpt = False,
     verbose: VerboseOpt = False,
@@ -246,7 +245,7 @@ def session_list(
 @app.command("close")
 def session_close(
     session_id: SessionIdArg,
-    server: ServerOpt = DEFAULT_SERVER,
+    server: ServerOpt = None,
     token: ServerTokenOpt = None,
     as_json: JsonOpt = False,
     verbose: VerboseOpt = False,
@@ -266,8 +265,31 @@ def session_close(
         stderr.print(f"session {neutralise_line(session_id)} is closed", markup=False)
 
 
+@app.command("stop-server")
+def session_stop_server(verbose: VerboseOpt = False) -> None:
+    """End your local server now (its open sessions with it); the next command starts a
+    new one. It also ends by itself after sessions.local_idle_exit seconds (config key, 600) with no
+    open session and no request.
+
+    Example:
+
+        codecage session stop-server
+    """
+    from codecage.cli import local
+
+    configure_logging(verbose)
+    try:
+        stopped = local.stop()
+    except CodecageError as exc:
+        fail(exc, as_json=False, verbose=verbose)
+    stderr.print(
+        "the local codecage server has ended" if stopped else "no local codecage server runs",
+        markup=False,
+    )
+
+
 def _call(
-    server: str,
+    server: str | None,
     token: str | None,
     tool: str,
     arguments: dict[str, Any],
@@ -276,12 +298,25 @@ def _call(
     verbose: bool,
     wait_s: float | None = None,
 ) -> Reply:
-    """One tool call, its arguments given (None: left out); a failure ends the command."""
-    from codecage.cli import remote
+    """One tool call, its arguments given (None: left out), to `server` or (None) the
+    local server; a failure ends the command."""
+    from codecage.cli import local, remote
 
     given = {name: value for name, value in arguments.items() if value is not None}
     try:
-        return remote.call(remote.Server(server, token or None), tool, given, wait_s=wait_s)
+        if server is not None:
+            return remote.call(remote.Server(server, token or None), tool, given, wait_s=wait_s)
+        # The local server may be exiting as this command finds it (idle): it then refuses
+        # before the tool runs, and the second attempt starts a new one.
+        for attempt in range(2):
+            found = local.ensure()
+            target = remote.Server(remote.LOCAL_URL, found.token, found.socket)
+            try:
+                return remote.call(target, tool, given, wait_s=wait_s)
+            except remote.Unreachable:
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
     except CodecageError as exc:
         fail(exc, as_json=as_json, verbose=verbose)
 

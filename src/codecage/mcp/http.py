@@ -28,10 +28,13 @@ slowly it arrives. Here:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import resource
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, ClassVar
 
 import anyio
@@ -521,8 +524,18 @@ def evict_idle_sessions_at_cap(manager: Any) -> bool:
     return True
 
 
-def serve(app: Any, *, host: str, port: int, verbose: bool) -> None:
-    """Run `app` (from `server.http_app`) with uvicorn under the limits above, until stopped."""
+def serve(
+    app: Any,
+    *,
+    host: str,
+    port: int,
+    verbose: bool,
+    uds: Path | None = None,
+    idle: IdleExit | None = None,
+) -> None:
+    """Run `app` (from `server.http_app`) with uvicorn under the limits above, until stopped;
+    on the Unix socket `uds` instead of host:port when given; until `idle` says so when
+    given (wrap the app in `idle.gate` first)."""
     import uvicorn
 
     fd_limit = raise_fd_limit()
@@ -531,6 +544,7 @@ def serve(app: Any, *, host: str, port: int, verbose: bool) -> None:
         app,
         host=host,
         port=port,
+        uds=str(uds) if uds is not None else None,
         log_level="debug" if verbose else "warning",
         http=protocol_class(cap, max_lingering=lingering_cap(fd_limit, cap)),
         ws="none",
@@ -543,4 +557,101 @@ def serve(app: Any, *, host: str, port: int, verbose: bool) -> None:
     )
     limit_log_repeats()  # after uvicorn.Config: it sets up its loggers' handlers
     log.info("server.http", extra={"max_connections": cap, "fd_limit": fd_limit})
-    uvicorn.Server(config).run()
+    server = uvicorn.Server(config) if idle is None else _idle_server_class()(config, idle)
+    try:
+        server.run()
+    finally:
+        if idle is not None:
+            idle.unlink_socket()
+
+
+# --- exit when idle (the per-user local server of `codecage session`) --------------------
+
+
+class IdleExit:
+    """Ends a server that has had no request in flight, no request for `seconds` and no
+    open session (`open_sessions()`). Its `gate` counts requests; the check (`due`) runs on
+    the server's event loop, as the requests' handlers start, so no request can begin
+    between the check and the decision: from then on the gate answers `503`, and the
+    socket is unlinked at once, so a client that comes later finds no server and starts a
+    new one instead of reaching this one as it ends."""
+
+    def __init__(
+        self, seconds: float, open_sessions: Callable[[], int], socket: Path | None
+    ) -> None:
+        self.seconds = seconds
+        self._open_sessions = open_sessions
+        self._socket = socket
+        self._socket_inode: int | None = None
+        self._in_flight = 0
+        self._last = time.monotonic()
+        self._closing = False
+
+    def gate(self, app: Any) -> Any:
+        """`app`, its requests counted (and refused once the server is ending)."""
+
+        async def counted(scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] != "http":
+                await app(scope, receive, send)
+                return
+            if self._closing:
+                refused = _Refused(503, "this codecage server is exiting; start another")
+                body = json.dumps({"error": str(refused)}).encode()
+                await _send_refusal(send, refused, body)
+                return
+            self._in_flight += 1
+            try:
+                await app(scope, receive, send)
+            finally:
+                self._in_flight -= 1
+                self._last = time.monotonic()
+
+        return counted
+
+    def bound(self) -> None:
+        """Note the socket's inode once bound: only that file is ever unlinked here (a
+        server started after this one may have bound the same path anew)."""
+        if self._socket is not None and self._socket_inode is None:
+            with contextlib.suppress(OSError):
+                self._socket_inode = self._socket.stat().st_ino
+
+    def due(self) -> bool:
+        """Whether to exit now; when so, the gate refuses from now on and the socket is gone."""
+        if self._closing:
+            return True
+        idle_for = time.monotonic() - self._last
+        if self._in_flight or idle_for < self.seconds or self._open_sessions():
+            return False
+        self._closing = True
+        log.info("server.idle_exit", extra={"idle_seconds": round(idle_for, 1)})
+        self.unlink_socket()
+        return True
+
+    def unlink_socket(self) -> None:
+        """Remove the socket this server bound (not one a newer server bound there)."""
+        if self._socket is None or self._socket_inode is None:
+            return
+        with contextlib.suppress(OSError):
+            if self._socket.stat().st_ino == self._socket_inode:
+                self._socket.unlink()
+
+
+def _idle_server_class() -> type[Any]:
+    import uvicorn
+
+    class IdleServer(uvicorn.Server):
+        """uvicorn's server, which also asks `idle` once a second whether to stop."""
+
+        def __init__(self, config: uvicorn.Config, idle: IdleExit) -> None:
+            super().__init__(config)
+            self.idle = idle
+
+        async def on_tick(self, counter: int) -> bool:
+            if await super().on_tick(counter):
+                return True
+            if counter % 10:
+                return False
+            self.idle.bound()
+            return self.idle.due()
+
+    return IdleServer

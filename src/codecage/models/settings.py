@@ -209,6 +209,14 @@ class SessionSettings(Model):
     max_total: int = Field(
         16, ge=0, le=1024, description="Open sessions this process holds at once."
     )
+    local_idle_exit: float = Field(
+        600.0,
+        gt=0,
+        le=86_400,
+        description="Seconds the per-user local server of `codecage session` (started on "
+        "demand when no --server is given) waits with no open session and no request "
+        "before it exits.",
+    )
 
     @model_validator(mode="after")
     def _ttl_within_its_maximum(self) -> SessionSettings:
