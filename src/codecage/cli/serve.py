@@ -195,7 +195,9 @@ def serve(
         )
         try:
             if alert_settings is not None:
-                atexit.register(alerting.attach(sandbox.host, alert_settings).close)
+                # The sandbox's own: its close (below) closes it before the audit trail.
+                sandbox.alerter = alerting.attach(sandbox.host, alert_settings)
+                atexit.register(sandbox.alerter.close)
             metrics = health.server_metrics(sandbox) if http else None
             app_server = mcp_server.build_server(sandbox, limits=limits, metrics=metrics)
             if not http:
