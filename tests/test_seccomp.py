@@ -832,6 +832,37 @@ def test_the_exit_never_frees_a_filter_a_thread_is_compiling() -> None:
     assert outcome["after"] == "no seccomp filter is built while the process exits"
 
 
+FORK_DURING_COMPILE = """
+import os, threading
+from codecage.isolation import seccomp
+
+held, done = threading.Event(), threading.Event()
+
+def hold():
+    with seccomp._LIBSECCOMP_LOCK:  # as a thread compiling a filter at the fork
+        held.set()
+        done.wait()
+
+threading.Thread(target=hold, daemon=True).start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if seccomp._LIBSECCOMP_LOCK.acquire(timeout=10) else 1)
+done.set()
+print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+def test_a_forked_child_has_a_lock_of_its_own() -> None:
+    """The exit hook above takes the compile lock: a child forked while a thread of the
+    parent held it (a pre-forking server's worker) would otherwise hang at its exit."""
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_DURING_COMPILE], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0"
+
+
 # --- the filter in a real kernel ----------------------------------------------------------
 
 

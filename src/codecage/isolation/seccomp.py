@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
 
+from codecage import forks
 from codecage.errors import HostError
 from codecage.models import LayerStatus
 
@@ -519,10 +520,18 @@ def _no_filters_at_exit() -> None:
         _exiting = True
 
 
+def _new_lock_in_child() -> None:
+    """A forked child's own lock: a thread of the parent may have held the old one at the
+    fork, and the child's exit (`_no_filters_at_exit`) would wait for it for ever."""
+    global _LIBSECCOMP_LOCK
+    _LIBSECCOMP_LOCK = threading.Lock()
+
+
 # weakref registers its exit hook with the first finalizer of the process; one made here
 # (for an object that dies at once) makes sure it is registered before ours.
 weakref.finalize(_ExitOrder(), lambda: None)
 atexit.register(_no_filters_at_exit)
+forks.on_fork_in_child(_new_lock_in_child)
 
 
 def _compile(seccomp_plan: SeccompPlan) -> _Compiled:
