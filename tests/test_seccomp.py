@@ -762,6 +762,107 @@ def test_probe_reports_the_layer_inactive_without_libseccomp(
     assert "libseccomp2" in status.detail
 
 
+# The interpreter's exit while a daemon thread (a warm pool's starter) compiles a filter.
+# The child wraps libseccomp's seccomp_release to see, rather than crash on, a release of
+# the filter the thread is building (it does not free that one for real), and holds the
+# thread inside the compile until the exit hooks have had their chance to free it.
+EXIT_DURING_COMPILE = """
+import atexit, json, threading
+import pyseccomp
+from codecage.errors import HostError
+from codecage.isolation import seccomp
+
+real_release = pyseccomp._libseccomp.seccomp_release
+building, freed_in_use = [], []
+compiling, freed, go = threading.Event(), threading.Event(), threading.Event()
+
+def release(pointer):
+    if pointer in building and not go.is_set():
+        freed_in_use.append(pointer)
+        freed.set()
+        return None
+    return real_release(pointer)
+
+pyseccomp._libseccomp.seccomp_release = release  # what pyseccomp's finalizers then call
+real_set = seccomp._set_bad_arch_action
+
+def set_then_wait(module, syscall_filter):
+    building.append(syscall_filter._filter)
+    compiling.set()
+    go.wait()
+    return real_set(module, syscall_filter)
+
+seccomp._set_bad_arch_action = set_then_wait
+programs = []
+compiler = threading.Thread(
+    target=lambda: programs.append(seccomp.compile_bpf(seccomp.plan())), daemon=True
+)
+compiler.start()
+compiling.wait()
+exiting = threading.Thread(target=atexit._run_exitfuncs)  # what the exit runs, in order
+exiting.start()
+freed.wait(timeout=3)  # only bounds how long a release under the compile is looked for
+go.set()
+compiler.join()
+exiting.join()
+try:
+    seccomp.compile_bpf(seccomp.plan(network=True))
+    after = "compiled"
+except HostError as exc:
+    after = str(exc)
+print(json.dumps({"freed_in_use": len(freed_in_use), "compiled": len(programs), "after": after}))
+"""
+
+
+def test_the_exit_never_frees_a_filter_a_thread_is_compiling() -> None:
+    """pyseccomp frees filters with weakref.finalize, whose atexit hook frees every live
+    one: a `codecage serve` exiting on a configuration error while a pool starter compiled
+    its first filter crashed with SIGSEGV (a few exits in a hundred). The exit now waits
+    for the compile, and refuses later ones (HostError, which a starter survives)."""
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_DURING_COMPILE],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    outcome = json.loads(done.stdout)
+    assert outcome["freed_in_use"] == 0
+    assert outcome["compiled"] == 1  # the compile under way finished, with its filter whole
+    assert outcome["after"] == "no seccomp filter is built while the process exits"
+
+
+FORK_DURING_COMPILE = """
+import os, threading
+from codecage.isolation import seccomp
+
+held, done = threading.Event(), threading.Event()
+
+def hold():
+    with seccomp._LIBSECCOMP_LOCK:  # as a thread compiling a filter at the fork
+        held.set()
+        done.wait()
+
+threading.Thread(target=hold, daemon=True).start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if seccomp._LIBSECCOMP_LOCK.acquire(timeout=10) else 1)
+done.set()
+print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+def test_a_forked_child_has_a_lock_of_its_own() -> None:
+    """The exit hook above takes the compile lock: a child forked while a thread of the
+    parent held it (a pre-forking server's worker) would otherwise hang at its exit."""
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_DURING_COMPILE], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0"
+
+
 # --- the filter in a real kernel ----------------------------------------------------------
 
 

@@ -96,6 +96,25 @@ def test_a_client_whose_token_variable_is_unset_stops_the_start(tmp_path: Path) 
     assert done.returncode == 2 and "BOB_TOKEN" in done.stderr
 
 
+def test_a_refused_start_starts_no_sandbox_and_always_exits_2(tmp_path: Path) -> None:
+    """The tokens are checked before the Sandbox is built: its warm pool used to be
+    compiling its first seccomp filter on a starter thread as the refusal exited, and the
+    exit freed that filter under it (SIGSEGV, exit 139, a few starts in a hundred; the
+    unit-level race is test_seccomp's test_the_exit_never_frees_a_filter_a_thread_is_
+    compiling). Now nothing of the isolation layer runs before the refusal (-v logs it)."""
+    config = tmp_path / "config.toml"
+    config.write_text(CONFIG)
+    argv = [CODECAGE, "serve", "--http", "-v", "--config", str(config), "--port", "1"]
+    for _ in range(3):
+        done = subprocess.run(
+            argv, capture_output=True, text=True, env=server_env(ALICE_TOKEN=ALICE), timeout=120
+        )
+        assert done.returncode == 2, done.stderr
+        assert "BOB_TOKEN" in done.stderr
+        assert "server.start" not in done.stderr
+        assert "codecage.isolation" not in done.stderr
+
+
 def test_two_clients_with_one_token_are_refused() -> None:
     clients = {
         "a": ClientSettings(token_env="A"),

@@ -186,8 +186,11 @@ def serve(
     )
     try:
         settings = load_config(config_file)
-        # [alerts] checked (its command found) before the pool starts.
+        # [alerts] checked (its command found), and the HTTP tokens ([serve.clients.NAME]'s
+        # variables), before the pool starts: a refusal then has nothing to stop.
         alert_settings = alerting.chosen(settings.alerts.active, settings.alerts)
+        if http:
+            mcp_server.http_tokens(host, token, insecure_no_token, settings.serve.clients)
         host_servers, _ = servers_of_hosts(mcp_host, mcp_config)
         tools = tool_setup(
             mcp_config,
@@ -212,24 +215,31 @@ def serve(
             allow_host=allow_host,
             audit=audit,
         )
-        if alert_settings is not None:
-            atexit.register(alerting.attach(sandbox.host, alert_settings).close)
-        metrics = health.server_metrics(sandbox) if http else None
-        app_server = mcp_server.build_server(sandbox, limits=limits, metrics=metrics)
-        if not http:
-            stdio.serve(app_server)
-            _ignore_sigterm()  # the client hung up: what is left is cleanup
-            return
-        asgi = mcp_server.http_app(
-            app_server,
-            host="localhost" if uds is not None else host,
-            token=token,
-            insecure_no_token=insecure_no_token,
-            sandbox=sandbox,
-            metrics=metrics,
-            metrics_public=metrics_public,
-            clients=settings.serve.clients,
-        )
+        try:
+            if alert_settings is not None:
+                # The sandbox's own: its close (below) closes it before the audit trail.
+                sandbox.alerter = alerting.attach(sandbox.host, alert_settings)
+                atexit.register(sandbox.alerter.close)
+            metrics = health.server_metrics(sandbox) if http else None
+            app_server = mcp_server.build_server(sandbox, limits=limits, metrics=metrics)
+            if not http:
+                stdio.serve(app_server)
+                _ignore_sigterm()  # the client hung up: what is left is cleanup
+                return
+            asgi = mcp_server.http_app(
+                app_server,
+                host="localhost" if uds is not None else host,
+                token=token,
+                insecure_no_token=insecure_no_token,
+                sandbox=sandbox,
+                metrics=metrics,
+                metrics_public=metrics_public,
+                clients=settings.serve.clients,
+            )
+        except CodecageError:
+            # Stopped (its pool's threads joined) here, not left to the exit hooks.
+            sandbox.close()
+            raise
     except CodecageError as exc:
         fail(exc, as_json=False, verbose=verbose)
     idle = None

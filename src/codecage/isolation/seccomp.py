@@ -25,6 +25,7 @@ pyseccomp (a ctypes wrapper over libseccomp, without type stubs) is used here an
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import errno
 import logging
@@ -33,10 +34,12 @@ import socket
 import stat
 import termios
 import threading
+import weakref
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
 
+from codecage import forks
 from codecage.errors import HostError
 from codecage.models import LayerStatus
 
@@ -493,10 +496,51 @@ def _set_bad_arch_action(seccomp: ModuleType, syscall_filter: Any) -> str:
 # libseccomp keeps process-wide state (its API level, probed on first use) and is not
 # documented as thread-safe; the pool's starter threads may compile at the same moment.
 _LIBSECCOMP_LOCK = threading.Lock()
+_exiting = False  # set (under the lock) by `_no_filters_at_exit`; no compile starts after
+
+
+class _ExitOrder:
+    """A weakly referable nobody: see `_no_filters_at_exit`."""
+
+
+def _no_filters_at_exit() -> None:
+    """At interpreter exit, wait for a compile under way and let no other one begin.
+
+    pyseccomp frees each filter with a `weakref.finalize`, and the interpreter's exit runs
+    every finalizer still pending (`weakref.finalize._exitfunc`, an atexit hook) whichever
+    thread is still using its object. A warm pool's starter (a daemon thread) compiling a
+    filter while the process exits early (`codecage serve` refusing its configuration)
+    then wrote into a filter freed under it: SIGSEGV, a few exits in a hundred. This hook
+    runs before that one (atexit runs the later registered first; see below), so no filter
+    is in use when that one runs, and none is made after: a compile from then on fails, a
+    HostError like any other, which a starter thread survives.
+    """
+    global _exiting
+    with _LIBSECCOMP_LOCK:
+        _exiting = True
+
+
+def _new_lock_in_child() -> None:
+    """A forked child's own lock: a thread of the parent may have held the old one at the
+    fork, and the child's exit (`_no_filters_at_exit`) would wait for it for ever."""
+    global _LIBSECCOMP_LOCK
+    _LIBSECCOMP_LOCK = threading.Lock()
+
+
+# weakref registers its exit hook with the first finalizer of the process; one made here
+# (for an object that dies at once) makes sure it is registered before ours.
+weakref.finalize(_ExitOrder(), lambda: None)
+atexit.register(_no_filters_at_exit)
+forks.on_fork_in_child(_new_lock_in_child)
 
 
 def _compile(seccomp_plan: SeccompPlan) -> _Compiled:
     with _LIBSECCOMP_LOCK:
+        if _exiting:
+            raise HostError(
+                "no seccomp filter is built while the process exits",
+                hint="nothing to do: the sandbox that needed it is not started",
+            )
         return _compile_unlocked(seccomp_plan)
 
 

@@ -184,21 +184,8 @@ def http_app(
         ConfigError: no token, and not waived (or not on loopback); a named client's
             token variable is unset or empty, or two clients share a token.
     """
-    tokens = ClientTokens.load(clients or {}, token)
+    tokens = http_tokens(host, token, insecure_no_token, clients)
     if tokens is None:
-        if host not in LOOPBACK_HOSTS:
-            raise ConfigError(
-                f"refusing to serve on {host} without a token: anyone who reaches it could "
-                "run code here",
-                hint="pass --token (or set CODECAGE_TOKEN), or bind 127.0.0.1",
-            )
-        if not insecure_no_token:
-            raise ConfigError(
-                "refusing to serve HTTP without a token: every local user of this machine "
-                "could run code and call the upstream tools with your credentials",
-                hint='pass --token "$(openssl rand -hex 16)" (or set CODECAGE_TOKEN) and send '
-                "'Authorization: Bearer <token>'; or --insecure-no-token to accept the risk",
-            )
         log.warning("server.http_without_token", extra={"host": host})
     app = server.streamable_http_app(
         host=host,
@@ -219,6 +206,38 @@ def http_app(
         max_body_bytes=MAX_HTTP_BODY_BYTES,
     )
     return health.Endpoints(gated, public) if public else gated
+
+
+def http_tokens(
+    host: str,
+    token: str | None,
+    insecure_no_token: bool,
+    clients: Mapping[str, ClientSettings] | None,
+) -> ClientTokens | None:
+    """The tokens `http_app` will require (None: none, waived on loopback). The CLI asks
+    first, before it builds the Sandbox whose warm pool starts sandboxes at once: a refusal
+    then leaves nothing running (and nothing for the exit to stop).
+
+    Raises:
+        ConfigError: no token, and not waived (or not on loopback); a named client's
+            token variable is unset or empty, or two clients share a token.
+    """
+    tokens = ClientTokens.load(clients or {}, token)
+    if tokens is None:
+        if host not in LOOPBACK_HOSTS:
+            raise ConfigError(
+                f"refusing to serve on {host} without a token: anyone who reaches it could "
+                "run code here",
+                hint="pass --token (or set CODECAGE_TOKEN), or bind 127.0.0.1",
+            )
+        if not insecure_no_token:
+            raise ConfigError(
+                "refusing to serve HTTP without a token: every local user of this machine "
+                "could run code and call the upstream tools with your credentials",
+                hint='pass --token "$(openssl rand -hex 16)" (or set CODECAGE_TOKEN) and send '
+                "'Authorization: Bearer <token>'; or --insecure-no-token to accept the risk",
+            )
+    return tokens
 
 
 def _runner_of(server: MCPServer) -> Runner:
