@@ -46,7 +46,6 @@ from codecage.backends.base import (
 from codecage.bridge import channel as bridge
 from codecage.bridge import tooling
 from codecage.config import Settings
-from codecage.egress import ca as egress_ca
 from codecage.egress import grants as egress_grants
 from codecage.egress.rules import EgressPolicy
 from codecage.engine import forkserver, guardian, selftest
@@ -287,7 +286,8 @@ class Host:
         """What a lent directory must neither be, hold nor lie in (`isolation.lending`):
         codecage's interpreter and package, its state, config and packages directories."""
         state = [private_parent(), staging.STAGE_ROOT, rootfs.cache_dir()]
-        state += [audit_store.default_location().parent, egress_ca.default_directory()]
+        # The egress CA lives in /var/lib/codecage or the user's data dir, both listed.
+        state += [audit_store.default_location().parent]
         state += [packages.user_data_dir("packages").parent, Path("/var/lib/codecage")]
         config = [
             *([self.settings.config_file] if self.settings.config_file else []),

@@ -245,8 +245,10 @@ def audit_web(
         typer.Option(
             "--token",
             help="The token every request must carry (HTTP Basic's password, Bearer, or "
-            "?token= once in a browser). Default: a fresh random one, printed at start.",
+            "?token= once in a browser; docs/audit.md names its environment variable). "
+            "Default: a fresh random one, printed at start.",
             envvar="CODECAGE_AUDIT_WEB_TOKEN",
+            show_envvar=False,  # its name would not fit the 80-column help's cell
             show_default=False,
         ),
     ] = None,
@@ -275,7 +277,7 @@ def audit_web(
 
     Examples:
 
-        codecage audit web                      # prints http://127.0.0.1:8001/?token=...
+        codecage audit web              # prints its URL, with a fresh token
 
         WEB_TOKEN=... codecage audit web --host 0.0.0.0 --token-env WEB_TOKEN
     """

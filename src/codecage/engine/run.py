@@ -327,8 +327,8 @@ def start(
             f"the {backend.name} backend cannot lend a directory: it cannot keep the "
             "entries the host would run (.git/hooks, .bashrc, *.pth, ...) read-only inside "
             "it (docs/security-model.md)",
-            hint="omit {workspace} (pass input files instead), or run on the bwrap or "
-            "gvisor backend",
+            hint="omit {workspace} (pass input files instead), or choose a backend that "
+            "lends directories (`codecage info` lists this host's backends)",
         )
     if templates is not None and workspace_dir is None:
         forked = templates.fork(spec, limits)
