@@ -835,9 +835,12 @@ def test_a_runs_share_over_a_quarter_of_the_proxy_is_refused_in_config() -> None
 # --- who may connect: the run's own host id (SO_PEERCRED) ----------------------------------
 
 
-def _as_other_id(path: Path, request: bytes, ids: tuple[int, int]) -> bytes:
+def _as_other_id(
+    path: Path, request: bytes, ids: tuple[int, int], send_after_s: float = 0.0
+) -> bytes:
     """What comes back on a connection to `path` made by a forked child that is host uid
-    and gid `ids` (a process of another run, as the kernel sees it)."""
+    and gid `ids` (a process of another run, as the kernel sees it), which sends `request`
+    `send_after_s` after connecting."""
 
     def work() -> bytes:
         os.setgroups([])
@@ -846,6 +849,7 @@ def _as_other_id(path: Path, request: bytes, ids: tuple[int, int]) -> bytes:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(20)
         sock.connect(str(path))
+        time.sleep(send_after_s)
         sock.sendall(request)
         return read_all(sock) or b"(nothing)"
 
@@ -867,7 +871,8 @@ def test_a_client_that_is_not_the_runs_id_is_refused_and_recorded(
         socket_dir.chmod(0o755)
         run.path.chmod(0o777)
         request = f"GET http://api.test:{servers.http_port}/x HTTP/1.1\r\nHost: a\r\n\r\n"
-        refused = _as_other_id(run.path, request.encode(), other)
+        # Sent after the refusal is written: the client still reads it (no reset, no EPIPE).
+        refused = _as_other_id(run.path, request.encode(), other, send_after_s=0.3)
         assert refused.startswith(b"HTTP/1.1 403"), refused
         assert b"not the run this socket belongs to" in refused
         (record,) = run.records()

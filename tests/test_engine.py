@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from pathlib import Path
 
@@ -304,3 +305,24 @@ def test_code_that_meddles_with_the_control_socket_still_ends_its_run_at_once(
     r = sandbox.run(code, limits={"timeout": 20})
     assert (r.status, r.exit_code, r.stdout) == ("error", 3, "out\n"), r
     assert r.usage.wall_ms < 5_000, "the run waited for its timeout"
+
+
+def test_a_sandbox_already_gone_when_supervision_starts_is_read_as_ended() -> None:
+    """A warm sandbox forked from a template that died meanwhile can be gone and reaped
+    before its run is supervised (the faults suite's outage saw pidfd_open fail with
+    ProcessLookupError): the supervisor's exit descriptor is then readable at once."""
+    import select
+    import subprocess
+    import sys
+
+    from codecage.engine import supervise
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # gone and reaped: no pidfd can be opened on its pid
+    with pytest.raises(ProcessLookupError):
+        os.pidfd_open(child.pid)
+    fd = supervise._exit_fd(child.pid)
+    try:
+        assert select.select([fd], [], [], 0)[0] == [fd]
+    finally:
+        os.close(fd)

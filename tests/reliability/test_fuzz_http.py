@@ -306,6 +306,22 @@ def test_hostile_requests_get_a_clear_4xx_or_a_closed_connection_never_a_500(
     assert_no_traceback_since(http.server, logged)
 
 
+@pytest.mark.parametrize("method", ["GET", "DELETE", "PUT"])
+@pytest.mark.parametrize("version", ["", "2026-07-28"])
+def test_a_method_the_mcp_endpoint_refuses_says_why_in_its_body(
+    http: Fuzzed, method: str, version: str
+) -> None:
+    """The SDK refuses a non-POST of the stateless era with a bare `405`; found by the
+    fuzz property above (an empty MCP-Protocol-Version header), kept here as examples."""
+    request = (
+        f"{method} /mcp HTTP/1.1\r\nHost: 127.0.0.1:{http.server.port}\r\n"
+        f"Authorization: Bearer {TOKEN}\r\nMcp-Protocol-Version: {version}\r\n"
+        "Content-Length: 0\r\n\r\n"
+    ).encode()
+    received = exchange(http.server.port, request, half_close=False)
+    check_response(received, authorized=True, path="/mcp")
+
+
 @given(body=hostile.run_code_bodies())
 @fuzz(RUN_CODE_EXAMPLES)
 def test_run_code_with_absurd_fields_answers_sandboxfusion_shapes_never_a_500(

@@ -472,6 +472,7 @@ class RunEgress:
             if stranger is not None:
                 log.warning("egress_peer_refused", extra={"peer": stranger})
                 await attempt.refuse(Refusal(403, stranger))
+                await _read_off(reader)
             else:
                 await _Charged(attempt.serve(), self._usage)
         except asyncio.CancelledError:
@@ -739,6 +740,19 @@ def _drain_queued(writer: asyncio.StreamWriter, limit: int = forward.MAX_HEAD_BY
     with contextlib.suppress(OSError):  # BlockingIOError: nothing (more) queued
         while left > 0 and (chunk := os.read(fd, min(left, 16384))):
             left -= len(chunk)
+
+
+async def _read_off(reader: asyncio.StreamReader, limit: int = 64 * 1024) -> None:
+    """Read what a refused client sent, for at most `_REFUSED_HEAD_S` and `limit` bytes:
+    a Unix socket closed with unread bytes makes the peer's read fail (ECONNRESET) before
+    it reads the answer already written."""
+    with contextlib.suppress(OSError, TimeoutError, asyncio.IncompleteReadError):
+        async with asyncio.timeout(_REFUSED_HEAD_S):
+            while limit > 0:
+                chunk = await reader.read(min(limit, 16 * 1024))
+                if not chunk:
+                    return
+                limit -= len(chunk)
 
 
 def _refusal_bytes(refusal: Refusal) -> bytes:

@@ -80,7 +80,7 @@ def supervise(
     }
     for fd in streams:
         os.set_blocking(fd, False)
-    pidfd = os.pidfd_open(proc.pid)
+    pidfd = _exit_fd(proc.pid)
     with selectors.DefaultSelector() as sel, contextlib.closing(_Fd(pidfd)):
         for fd in streams:
             sel.register(fd, selectors.EVENT_READ)
@@ -163,6 +163,16 @@ def _sink(
         on_output(name, chunk)
 
     return both
+
+
+def _exit_fd(pid: int) -> int:
+    """A descriptor readable once `pid` has exited: its pidfd; or, when it is already gone
+    and reaped (a warm sandbox forked from a template that died meanwhile), one readable at
+    once, so that the loop reads its exit status (`proc.wait`) as for any other end."""
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        return os.eventfd(1)
 
 
 class _Fd:

@@ -34,6 +34,7 @@ import logging
 import resource
 import time
 from collections.abc import Callable
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -373,7 +374,7 @@ class RequestGate:
             return {"type": "http.request", "body": body, "more_body": False}
 
         try:
-            await self.app(scope, replay, _with_retry_after(send))
+            await self.app(scope, replay, _with_retry_after(_with_a_reason(send, scope)))
         finally:
             self.in_flight -= held.bytes
 
@@ -423,6 +424,53 @@ class RequestGate:
         if total.cancelled_caught:
             raise _Refused(408, "the request body did not arrive in time")
         raise _Refused(408, f"no byte of the request body came for {self.body_idle_timeout:g} s")
+
+
+def _with_a_reason(send: Any, scope: dict[str, Any]) -> Any:
+    """`send`, giving an error that has no body a short JSON one: the SDK answers some
+    requests with a bare status (a GET under the stateless protocol era: `405` and
+    nothing else), and every refusal should say what it refused. A HEAD has no body."""
+    if scope.get("method") == "HEAD":
+        return send
+    held: dict[str, Any] | None = None
+
+    async def sending(message: dict[str, Any]) -> None:
+        nonlocal held
+        if message["type"] == "http.response.start" and message.get("status", 200) >= 400:
+            held = message  # sent with the first body, once its size is known
+            return
+        if held is not None and message["type"] == "http.response.body":
+            start, held = held, None
+            body = message.get("body", b"")
+            if not body and not message.get("more_body", False):
+                await send(_described(start))
+                await send({"type": "http.response.body", "body": _reason_body(start)})
+                return
+            await send(start)
+        await send(message)
+
+    return sending
+
+
+def _reason_body(start: dict[str, Any]) -> bytes:
+    status = int(start["status"])
+    try:
+        reason = HTTPStatus(status).phrase
+    except ValueError:
+        reason = "refused"
+    return json.dumps({"error": reason, "status": status}).encode()
+
+
+def _described(start: dict[str, Any]) -> dict[str, Any]:
+    """The response start of `_reason_body`: its length and type replace the empty one's."""
+    keep = [
+        (name, value)
+        for name, value in start.get("headers") or []
+        if name.lower() not in (b"content-length", b"content-type")
+    ]
+    length = str(len(_reason_body(start))).encode()
+    headers = [*keep, (b"content-type", b"application/json"), (b"content-length", length)]
+    return {**start, "headers": headers}
 
 
 def _with_retry_after(send: Any) -> Any:
