@@ -761,6 +761,7 @@ _HOLD_CONNECTIONS = """
 import resource, socket, sys
 hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
 resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # its parent's is lowered
+sys.stdin.readline()  # "go": the parent has lowered its limit by now
 held = []
 for _ in range(int(sys.argv[2])):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -791,14 +792,19 @@ def test_out_of_file_descriptors_the_proxy_backs_off_logs_once_and_recovers(
     holder = None
     try:
         run.grant(policy(servers), NetworkLimits(max_connections=200, header_timeout=5.0))
+        # The holder is started before the limit is lowered: starting a process takes
+        # descriptors of its own (pipes), and which numbers are free is not ours to know.
+        holder = subprocess.Popen(
+            [sys.executable, "-c", _HOLD_CONNECTIONS, str(run.path), "60"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert holder.stdin is not None and holder.stdout is not None
         room = len(os.listdir("/proc/self/fd")) + 4
         resource.setrlimit(resource.RLIMIT_NOFILE, (room, hard))
         try:
-            holder = subprocess.Popen(
-                [sys.executable, "-c", _HOLD_CONNECTIONS, str(run.path), "60"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            )  # fmt: skip
-            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+            holder.stdin.write("go\n")
+            holder.stdin.flush()
+            assert holder.stdout.readline() == "held\n"
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and not any(
                 "out_of_file_descriptors" in r.getMessage() for r in caplog.records
