@@ -185,8 +185,8 @@ def test_run_without_upstream_servers_does_not_load_the_mcp_sdk(tmp_path: Path) 
     """The SDK takes ~0.5 s to import: a plain `codecage run` must not pay for it."""
     probe = (
         "import sys\n"
-        "from codecage.bridge import tooling\n"
-        "tooling.prepare(None, settings=None)\n"
+        "from codecage import toolsetup\n"
+        "toolsetup.prepare(None, settings=None)\n"
         "print(sorted(m for m in sys.modules if m == 'mcp' or m.startswith('mcp.')))\n"
     )
     out = subprocess.run(

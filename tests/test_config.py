@@ -355,11 +355,11 @@ outcome
     not (MEMORY_BIN / "mcp-server-memory").exists(), reason="scripts/setup installs npm servers"
 )
 def test_the_tools_table_bounds_each_runs_tool_calls(tmp_path: Path) -> None:
-    from codecage.bridge import tooling
+    from codecage import toolsetup
 
     config = tool_config(tmp_path, tmp_path / "m.jsonl", "max_calls = 2\nmax_result_mb = 0.5")
     (tmp_path / "generated").mkdir()  # no tree needed: the code calls by name
-    setup = tooling.prepare(None, settings=load(config))
+    setup = toolsetup.prepare(None, settings=load(config))
     try:
         with Sandbox(pool=False, scrub=False, **setup.sandbox_arguments()) as box:
             result = box.run(THREE_TOOL_CALLS, limits={"timeout": 60})

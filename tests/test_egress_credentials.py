@@ -21,7 +21,6 @@ from pydantic import ValidationError
 from codecage.egress.ca import CertificateAuthority
 from codecage.egress.credentials import (
     MARKER,
-    Credential,
     CredentialStore,
     ResponseScrubber,
     encoded_forms,
@@ -31,6 +30,7 @@ from codecage.egress.credentials import (
 )
 from codecage.egress.tls import open_verified, terminate
 from codecage.errors import ConfigError
+from codecage.models.hosts import Credential
 
 SECRET_A = "sk-alpha-0123456789abcdef"  # noqa: S105 - a test value
 SECRET_B = "sk-bravo-fedcba9876543210"  # noqa: S105 - a test value

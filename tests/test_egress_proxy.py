@@ -31,7 +31,8 @@ from codecage.egress import forward
 from codecage.egress.proxy import EgressProxy, RunEgress, Tunnel
 from codecage.egress.records import RECORD_LIMIT, ConnectionRecord, RecordLog
 from codecage.egress.resolve import Resolver
-from codecage.egress.rules import EgressPolicy, parse_rules
+from codecage.egress.rules import EgressPolicy
+from codecage.models.hosts import parse_rules
 from codecage.models.settings import NetworkLimits
 
 BIG = 200_000

@@ -9,15 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from codecage.egress.rules import (
-    DEFAULT_PORTS,
-    EgressPolicy,
-    HostRule,
-    RuleError,
-    parse_rules,
+from codecage.egress.rules import EgressPolicy
+from codecage.egress.special import (
+    SPECIAL_RANGES,
+    SpecialRange,
+    embedded_ipv4,
     special_address,
+    special_reason,
 )
-from codecage.egress.special import SPECIAL_RANGES, SpecialRange, embedded_ipv4, special_reason
+from codecage.models.hosts import DEFAULT_PORTS, HostRule, RuleError, parse_rules
 
 label = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,8}[a-z0-9])?", fullmatch=True)
 domain = st.lists(label, min_size=2, max_size=4).map(".".join)

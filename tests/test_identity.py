@@ -19,13 +19,14 @@ import pytest
 
 from codecage import Sandbox
 from codecage import host as host_module
-from codecage.backends.base import Identity, load_backend
+from codecage.backends.base import load_backend
 from codecage.config import Settings, load
 from codecage.engine import selftest
 from codecage.engine.workspace import ownership
 from codecage.errors import ConfigError, HostError, SandboxError
 from codecage.host import Host
 from codecage.isolation import identity, staging
+from codecage.isolation.identity import Identity
 from codecage.models import DoctorReport, ProbeResult
 
 SANDBOX = Identity(identity.DEFAULT_ID, identity.DEFAULT_ID)

@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 from tests.conftest import HostCanary, NetCanary
 
-from codecage.bridge import tooling, upstreams
+from codecage import toolsetup
+from codecage.bridge import upstreams
 from codecage.bridge.broker import Broker
 from codecage.bridge.channel import CallFailed
 from codecage.config import load as load_config
@@ -288,7 +289,7 @@ def test_the_config_s_network_settings_reach_the_broker(
     )
     config.chmod(0o600)
     (tmp_path / "tree").mkdir()  # an existing tree: no listing of the tools first
-    setup = tooling.prepare(None, settings=load_config(config), servers_dir=tmp_path / "tree")
+    setup = toolsetup.prepare(None, settings=load_config(config), servers_dir=tmp_path / "tree")
     assert setup.broker is not None
     with setup.broker as broker:
         assert call(broker, "caged", "fetch", url=f"http://web.test:{web}/c") == "hello /c"

@@ -5,6 +5,7 @@ The public API is `__all__`; everything else is internal.
 
 from __future__ import annotations
 
+from codecage._version import __version__
 from codecage.errors import (
     AuditError,
     BridgeError,
@@ -30,8 +31,6 @@ from codecage.models import (
 )
 from codecage.sandbox import Sandbox
 from codecage.session import Session
-
-__version__ = "0.1.0"
 
 __all__ = [
     "ApprovalRequest",

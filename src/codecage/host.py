@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from codecage import config as configuration
 from codecage import engine, forks, offline, packages
+from codecage._version import __version__
 from codecage.audit import AuditTrail, Caller, Finished
 from codecage.audit import store as audit_store
 from codecage.audit.record import utc_now
@@ -41,7 +42,6 @@ from codecage.backends.base import (
     available_backends,
     backend_states,
     load_backend,
-    selftest_gaps,
 )
 from codecage.bridge import channel as bridge
 from codecage.bridge import tooling
@@ -51,7 +51,12 @@ from codecage.egress.rules import EgressPolicy
 from codecage.engine import forkserver, guardian, selftest
 from codecage.engine import session as sessions_engine
 from codecage.engine.pool import Pool
+
+# What a face reads of a run's workspace in its `on_files` hook: the one way file content
+# leaves a workspace (the faces hold the host, not the engine).
+from codecage.engine.workspace import keep as keep
 from codecage.engine.workspace import private_parent
+from codecage.engine.workspace import read_file as read_file
 from codecage.errors import ConfigError, Face, HostError
 from codecage.isolation import cgroups, datadir, lending, rootfs, seccomp, staging, tmpfs
 from codecage.isolation import identity as identities
@@ -365,8 +370,8 @@ class Host:
     def _failed_layers(self, backend: Backend) -> tuple[str, ...]:
         """The layers `backend`'s self-test finds missing here, less its gaps by design
         (the Landlock fallback's: accepted by choosing it, and named in each result by
-        `backends.base.lost_layers`)."""
-        gaps = selftest_gaps(backend)
+        `Backend.lost_layers`)."""
+        gaps = backend.selftest_gaps
         return tuple(
             layer for layer in self._verdict_of(backend).failed_layers() if layer not in gaps
         )
@@ -925,11 +930,11 @@ class Host:
         interpreter = rootfs.find_interpreter()
         settings = self.settings
         return HostInfo(
-            version=_version(),
+            version=__version__,
             backend=self.backend.name,
             backends=available_backends(),
             backend_states=backend_states(self.backend.name),
-            bwrap_version=self.backend.version() if self.backend.name == "bwrap" else None,
+            bwrap_version=self.backend.version() if self.backend.runs_bubblewrap else None,
             python=f"{interpreter.executable} ({interpreter.version})",
             layers=layers,
             default_limits=self.limits,
@@ -1121,12 +1126,6 @@ def _write_cached(key: str, report: DoctorReport) -> None:
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         path.write_text(json.dumps(report.model_dump(mode="json")), encoding="utf-8")
-
-
-def _version() -> str:
-    from codecage import __version__
-
-    return __version__
 
 
 def _with_wait(result: ExecutionResult, waited_ms: int) -> ExecutionResult:

@@ -300,8 +300,9 @@ def test_a_killed_processs_generated_tool_tree_is_swept(tmp_path: Path) -> None:
     code = textwrap.dedent(
         """
         import os
-        from codecage.bridge import tooling
-        tree = tooling._temporary_tree()
+        from codecage import toolsetup
+
+        tree = toolsetup._temporary_tree()
         tree.mkdir()
         (tree / "mod.py").write_text("x = 1")
         print(tree.parent, flush=True)

@@ -13,7 +13,7 @@ import pytest
 import codecage.engine
 from codecage import Sandbox
 from codecage.backends import bwrap
-from codecage.backends.base import ExitStatus, LaunchSpec, OnCreated, SandboxProcess
+from codecage.backends.base import ExitStatus, HostOverhead, LaunchSpec, OnCreated, SandboxProcess
 from codecage.engine import RunRequest, execute, judge, selftest
 from codecage.models import LayerStatus, Limits
 
@@ -74,6 +74,19 @@ class RecordingBackend:
     """A second backend, as an engine sees it: bwrap underneath, under another name."""
 
     name = "recording"
+    # What it can do, stated as every backend states it (backends.base.Backend): a plain
+    # one, each sandbox started anew.
+    forks_templates = False
+    lends_directories = False
+    serves_stdio = False
+    runs_bubblewrap = False
+    root_launcher = False
+    guest_is_sentry_root = False
+    shares_host_user_namespace = False
+    filters_unix_addressing = False
+    host_overhead = HostOverhead()
+    lost_layers: tuple[str, ...] = ()
+    selftest_gaps: frozenset[str] = frozenset()
 
     def __init__(self) -> None:
         self.inner = bwrap.BwrapBackend()

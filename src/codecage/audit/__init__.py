@@ -8,7 +8,8 @@ each finished run before its result returns, retention, a failing store reported
 """
 
 from codecage.audit.record import AuditRecord, Caller, Finished
-from codecage.audit.store import AuditStore, Erasure, Query, open_store
+from codecage.audit.rows import Erasure, Query
+from codecage.audit.store import AuditStore, open_store
 from codecage.audit.trail import AuditTrail
 
 __all__ = [

@@ -37,17 +37,15 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from codecage.audit.record import AlertRecord, Caller, Finished, utc_now
 from codecage.audit.store import AuditStore
-from codecage.audit.trail import StoreFull
+from codecage.audit.trail import AuditTrail, StoreFull
 from codecage.errors import AuditError, ConfigError
 from codecage.models import AlertSettings, Event, EventSource, ValidationReport
 from codecage.models.settings import webhook_host
-
-if TYPE_CHECKING:
-    from codecage.host import Host
+from codecage.policy.profiles import ImportPolicy
 
 log = logging.getLogger(__name__)
 
@@ -548,7 +546,21 @@ def _ids(finished: Finished) -> dict[str, str]:
     return {"execution_id": finished.result.execution_id, "caller": finished.caller.label}
 
 
-def attach(host: Host, settings: AlertSettings) -> Alerter:
+class AlertedHost(Protocol):
+    """What `attach` uses of a host (`host.Host`), so that the trail's alerts need nothing
+    of the layers above it: its audit trail, its scrubber, validation, its observers."""
+
+    audit: AuditTrail | None
+    observers: list[Callable[[Finished], None]]
+
+    def audit_scrub(self, text: str) -> str: ...
+
+    def validate(
+        self, code: str, policy: ImportPolicy | None, *, strict: bool = False
+    ) -> ValidationReport: ...
+
+
+def attach(host: AlertedHost, settings: AlertSettings) -> Alerter:
     """An `Alerter` for `host`'s runs: told of each, recording in its audit trail (if it
     has one) and scrubbing with its scrubber. Close it before the audit trail.
 
@@ -573,7 +585,7 @@ def attach(host: Host, settings: AlertSettings) -> Alerter:
     return alerter
 
 
-def of(host: Host) -> Alerter | None:
+def of(host: AlertedHost) -> Alerter | None:
     """The alerter told of `host`'s runs, if any (for `client_blocked` by other code)."""
     return next((o for o in host.observers if isinstance(o, Alerter)), None)
 

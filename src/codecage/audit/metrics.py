@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector
 from codecage.audit.record import Finished
 from codecage.backends.base import BACKENDS
 from codecage.models import PoolState
-from codecage.models.result import STATUSES
+from codecage.models.status import STATUSES
 from codecage.models.wire import BridgeErrorKind, GuestEventKind
 from codecage.policy.profiles import BUILTIN_PROFILES
 

@@ -27,13 +27,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.numeric import FloatLoader
 
 from codecage.audit.record import AlertRecord, AuditRecord, RecordedEvent
-from codecage.audit.schema import (
-    EXECUTION_COLUMNS,
-    MIGRATIONS,
-    SCHEMA_VERSION,
-    migrations_after,
-)
-from codecage.audit.store import (
+from codecage.audit.rows import (
     ADD_EVENT_SQL,
     INSERT_EVENT_SQL,
     PRUNE_ROUNDS,
@@ -48,7 +42,13 @@ from codecage.audit.store import (
     query_where,
     record_from_rows,
 )
-from codecage.audit.store import timestamp as as_text
+from codecage.audit.rows import timestamp as as_text
+from codecage.audit.schema import (
+    EXECUTION_COLUMNS,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    migrations_after,
+)
 from codecage.errors import AuditError, ConfigError
 
 log = logging.getLogger(__name__)

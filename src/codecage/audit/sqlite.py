@@ -23,13 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from codecage.audit.record import AlertRecord, AuditRecord, RecordedEvent
-from codecage.audit.schema import (
-    EXECUTION_COLUMNS,
-    MIGRATIONS,
-    SCHEMA_VERSION,
-    migrations_after,
-)
-from codecage.audit.store import (
+from codecage.audit.rows import (
     ADD_EVENT_SQL,
     INSERT_EVENT_SQL,
     PRUNE_ROUNDS,
@@ -44,7 +38,13 @@ from codecage.audit.store import (
     query_where,
     record_from_rows,
 )
-from codecage.audit.store import timestamp as as_text
+from codecage.audit.rows import timestamp as as_text
+from codecage.audit.schema import (
+    EXECUTION_COLUMNS,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    migrations_after,
+)
 from codecage.errors import AuditError
 
 BUSY_TIMEOUT_MS = 500

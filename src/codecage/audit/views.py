@@ -18,7 +18,8 @@ from collections.abc import Iterable, Iterator
 from pydantic import BaseModel, ConfigDict, Field
 
 from codecage.audit.record import AuditRecord
-from codecage.audit.store import AuditStore, Query, query_where
+from codecage.audit.rows import Query, query_where
+from codecage.audit.store import AuditStore
 from codecage.errors import ConfigError
 
 DENIAL_KINDS = ("import_blocked", "syscall_blocked", "network_denied")

@@ -24,16 +24,10 @@ from typing import IO, Protocol
 
 from codecage.errors import ConfigError, HostError, SandboxError
 from codecage.guest import contract
+from codecage.isolation import userns
+from codecage.isolation.identity import Identity
 from codecage.isolation.rootfs import Mount
 from codecage.models import BackendState, LayerStatus
-
-
-@dataclass(frozen=True, slots=True)
-class Identity:
-    """The host uid and gid a sandbox's processes run as (never 0: `isolation.identity`)."""
-
-    uid: int
-    gid: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,12 +104,6 @@ class HostOverhead:
     pids_per_process: int = 1
     memory_mb: int = 0
     guest_rlimits: bool = False
-
-
-def host_overhead(backend: Backend) -> HostOverhead:
-    """The backend's `host_overhead` attribute, or bwrap's (one pid) when it has none."""
-    found = getattr(backend, "host_overhead", None)
-    return found if isinstance(found, HostOverhead) else HostOverhead()
 
 
 OnCreated = Callable[[int], None]
@@ -351,7 +339,41 @@ def _setpriv() -> str:
 
 
 class Backend(Protocol):
+    """What every backend provides: a name, its version and layers (`info`), `start`, and
+    what it can do. Each backend states every trait below as its own attribute (no
+    default is assumed for a missing one): the engine, the host and the bridge read them
+    here, never a backend's name."""
+
     name: str
+    forks_templates: bool
+    """It can start a fork server's template (`LaunchSpec.template`; engine/forkserver.py)."""
+    lends_directories: bool
+    """A lent directory's protected entries can be kept read-only inside it
+    (isolation.lending); without it the engine refuses to lend one."""
+    serves_stdio: bool
+    """It can start a sandbox whose transport is the launcher's stdin and stdout
+    (`LaunchSpec.stdio`): a sandboxed stdio MCP server (bridge/sandboxed.py)."""
+    runs_bubblewrap: bool
+    """Its launcher is bubblewrap: `info` reports `version()` as `bwrap_version`."""
+    root_launcher: bool
+    """Its launcher and helpers stay the host's root (a rootful runsc): the run's egress
+    socket is opened for root too, and the sandbox's first process is not checked for the
+    sandbox's id. None does today (gVisor runs rootless, as the sandbox's id)."""
+    guest_is_sentry_root: bool
+    """The code runs as uid 0 of a kernel of the backend's own, with no capability (gVisor
+    rootless): the self-test accepts that uid there, never a capability."""
+    shares_host_user_namespace: bool
+    """The guest runs in the host's user namespace, where RLIMIT_NPROC counts every
+    process of its uid: a run's pids cgroup alone bounds its processes."""
+    filters_unix_addressing: bool
+    """It cannot refuse a host's pathname unix socket itself: the run's seccomp filter
+    refuses connect and addressed sends instead (`seccomp.SeccompPlan.unix_addressing`)."""
+    host_overhead: HostOverhead
+    """What its own host processes take in the run's cgroup beside the guest's."""
+    lost_layers: tuple[str, ...]
+    """What it lacks by design (each result says so): none for a full backend."""
+    selftest_gaps: frozenset[str]
+    """The self-test's layers it fails by design, explained by `lost_layers`."""
 
     def version(self) -> str | None:
         """The version of the isolation tool, None when it cannot be told (for the
@@ -404,9 +426,37 @@ def load_backend(
             f"unknown backend {name!r}",
             hint=f"choose one of: auto, {', '.join(BACKENDS)}",
         )
+    return _backend_class(name)()
+
+
+def stdio_backend() -> Backend:
+    """The backend a stdio MCP server's sandbox starts through (`LaunchSpec.stdio`,
+    bridge/sandboxed.py): the first of `BACKENDS` that serves stdio and can run here.
+
+    Raises:
+        HostError: none can run here (the first one's reason, and what to do).
+    """
+    refusals: list[HostError] = []
+    for name in BACKENDS:
+        if not _backend_class(name).serves_stdio:
+            continue
+        try:
+            return load_backend(name)
+        except HostError as exc:
+            refusals.append(exc)
+    if refusals:
+        raise refusals[0]
+    raise HostError(
+        "no backend here can start a stdio server's sandbox",
+        hint="install bubblewrap (Debian: apt-get install bubblewrap)",
+    )
+
+
+def _backend_class(name: str) -> type[Backend]:
+    """The class `BACKENDS` names, not instantiated (its traits are class attributes)."""
     module_name, class_name = BACKENDS[name].split(":")
-    backend: Backend = getattr(importlib.import_module(module_name), class_name)()
-    return backend
+    found: type[Backend] = getattr(importlib.import_module(module_name), class_name)
+    return found
 
 
 def auto_candidates(
@@ -420,8 +470,6 @@ def auto_candidates(
         ConfigError: `order` names an unknown backend.
         HostError: none can run here (the message says why each could not, and what to do).
     """
-    from codecage.isolation import userns
-
     strong = AUTO_ORDER if order is None else order
     for name in strong:
         if name not in BACKENDS:
@@ -450,16 +498,6 @@ def auto_candidates(
             "(apt-get install runsc)",
         )
     return found
-
-
-def lost_layers(backend: Backend) -> tuple[str, ...]:
-    """What `backend` lacks by design (each result says so): none for a full backend."""
-    return tuple(getattr(backend, "lost_layers", ()))
-
-
-def selftest_gaps(backend: Backend) -> frozenset[str]:
-    """The self-test's layers `backend` fails by design, explained by `lost_layers`."""
-    return frozenset(getattr(backend, "selftest_gaps", ()))
 
 
 def backend_states(in_force: str) -> list[BackendState]:

@@ -18,9 +18,12 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from codecage.backends.base import (
+    Backend,
     ExitStatus,
+    HostOverhead,
     LauncherFds,
     LaunchSpec,
     OnCreated,
@@ -47,6 +50,18 @@ class BwrapBackend:
     forks_templates = True
     # A lent directory's protected entries are bound read-only over it (isolation.lending).
     lends_directories = True
+    # Its launcher's stdin and stdout can be a stdio MCP server's transport (LaunchSpec.stdio).
+    serves_stdio = True
+    runs_bubblewrap = True
+    # bwrap becomes the sandbox's id before it starts (setpriv); its init is the one pid
+    # beside the guest's; the guest has its own user namespace and the full set of layers.
+    root_launcher = False
+    guest_is_sentry_root = False
+    shares_host_user_namespace = False
+    filters_unix_addressing = False
+    host_overhead = HostOverhead()
+    lost_layers: tuple[str, ...] = ()
+    selftest_gaps: frozenset[str] = frozenset()
 
     def __init__(self) -> None:
         self.executable = _find_bwrap()
@@ -117,6 +132,7 @@ class BwrapBackend:
             str(fds.block_read),
             "--seccomp",
             str(fds.seccomp),
+            "--",  # what follows is the command inside, never read as an option of bwrap's
             *spec.guest_argv,
         ]
 
@@ -298,3 +314,7 @@ def _namespaces_work(executable: str) -> tuple[bool, str]:
     if proc.returncode != 0:
         return False, f"bwrap failed: {proc.stderr.strip()[:300]}"
     return True, "user, pid, net, mount, ipc, uts and cgroup namespaces; nested userns disabled"
+
+
+if TYPE_CHECKING:  # mypy checks that it is a Backend: every trait stated, with its type
+    _IS_A_BACKEND: type[Backend] = BwrapBackend

@@ -54,12 +54,12 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from codecage.backends.base import (
+    Backend,
     ExitStatus,
     HostOverhead,
-    Identity,
     LaunchSpec,
     OnCreated,
     SandboxProcess,
@@ -69,6 +69,7 @@ from codecage.backends.base import (
 from codecage.errors import HostError, SandboxError
 from codecage.isolation import identity as identities
 from codecage.isolation import rootfs, seccomp
+from codecage.isolation.identity import Identity
 from codecage.models import LayerStatus
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,15 @@ class GvisorBackend:
     guest_is_sentry_root = os.geteuid() == 0
     # A lent directory's protected entries are read-only binds over it (isolation.lending).
     lends_directories = True
+    # Every sandbox starts anew from its OCI bundle, with a guest's two channels only.
+    forks_templates = False
+    serves_stdio = False
+    runs_bubblewrap = False
+    # The Sentry is the guest's kernel: its own user namespace, its own unix sockets.
+    shares_host_user_namespace = False
+    filters_unix_addressing = False
+    lost_layers: tuple[str, ...] = ()
+    selftest_gaps: frozenset[str] = frozenset()
     host_overhead = HostOverhead(
         pids=_HOST_TASKS,
         pids_per_process=_HOST_TASKS_PER_PROCESS,
@@ -762,3 +772,7 @@ def _runsc_works(executable: str, who: Identity | None = None) -> tuple[bool, st
         f"host process); files through the gofer; {who_runs}; pid, ipc, uts, mount and "
         "network isolated"
     )
+
+
+if TYPE_CHECKING:  # mypy checks that it is a Backend: every trait stated, with its type
+    _IS_A_BACKEND: type[Backend] = GvisorBackend

@@ -40,8 +40,10 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from codecage.backends.base import (
+    Backend,
     ExitStatus,
     HostOverhead,
     LauncherFds,
@@ -100,6 +102,14 @@ class LandlockBackend:
     # No init of the backend's: the launcher execs the guest, so the run's pids cgroup holds
     # the guest's processes alone.
     host_overhead = HostOverhead(pids=0)
+    # Each sandbox is a fresh launcher with a guest's two channels; it becomes the
+    # sandbox's id before anything runs; the guest runs on the host's kernel as that id.
+    forks_templates = False
+    serves_stdio = False
+    runs_bubblewrap = False
+    root_launcher = False
+    guest_is_sentry_root = False
+    # filters_unix_addressing: set per host in __init__ (Landlock's ABI).
 
     def __init__(self) -> None:
         self.abi = landlock.abi()
@@ -409,3 +419,7 @@ def _fds(bpf: bytes) -> Iterator[_Fds]:
 def available() -> bool:
     """Whether this kernel has Landlock (for `auto` and `doctor`)."""
     return landlock.abi() >= 1
+
+
+if TYPE_CHECKING:  # mypy checks that it is a Backend: every trait stated, with its type
+    _IS_A_BACKEND: type[Backend] = LandlockBackend

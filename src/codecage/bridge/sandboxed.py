@@ -1,8 +1,9 @@
 """Upstream MCP servers in a sandbox of their own (`"sandbox": true` in a server's entry).
 
-A sandboxed stdio upstream is launched through the bubblewrap Backend like every sandbox
-(`backends.bwrap.BwrapBackend.start` with a `LaunchSpec`), its stdin and stdout as the MCP
-transport (`LaunchSpec.stdio`), so it has every layer a run's sandbox has:
+A sandboxed stdio upstream is started through a Backend like every sandbox: `start` with a
+`LaunchSpec` whose stdin and stdout are the MCP transport (`LaunchSpec.stdio`), on the
+backend that serves stdio (`backends.base.stdio_backend`: bubblewrap's), so it has every
+layer a run's sandbox has. Nothing here names a backend or writes its command line:
 
 - its own user, pid, ipc, uts, cgroup and **network** namespaces (no interface but an
   unused loopback) and the project's seccomp filter (`isolation.seccomp`: no socket
@@ -55,18 +56,18 @@ from anyio.abc import ByteReceiveStream, ByteSendStream
 from mcp.client import stdio as sdk
 from mcp.client._transport import TransportStreams
 
-from codecage.backends.base import Identity, LaunchSpec, SandboxProcess
-from codecage.backends.bwrap import BwrapBackend
+from codecage.backends.base import LaunchSpec, SandboxProcess, stdio_backend
 from codecage.bridge.stdio_client import bounded_transport
 from codecage.bridge.upstreams import Upstream
+from codecage.egress.environment import proxy_env
 from codecage.egress.servers import ServerEgress
-from codecage.engine import egress as egress_wiring
 from codecage.errors import BridgeError, CodecageError, ConfigError
 from codecage.guest import contract
 from codecage.guest import relay as relay_module
 from codecage.isolation import cgroups, lending, rootfs, seccomp, staging
 from codecage.isolation import identity as identities
 from codecage.isolation.cgroups import CgroupHandle
+from codecage.isolation.identity import Identity
 from codecage.isolation.rootfs import Mount
 from codecage.models import Limits
 
@@ -168,10 +169,10 @@ def plan(
         server = _behind_the_relay(server)
     env = {"PATH": PATH, "HOME": STATE, "LANG": "C.UTF-8", **config.env}
     if network is not None:
-        env.update(egress_wiring.proxy_env(with_ca=network.with_ca))
+        env.update(proxy_env(with_ca=network.with_ca))
     return ServerSandbox(
         mounts=tuple(mounts),
-        argv=("--", *_limited(server)),
+        argv=_limited(server),
         chdir=config.cwd or STATE,
         env=env,
         state_dir=state,
@@ -208,12 +209,13 @@ async def sandboxed_stdio_client(
     egress: ServerEgress | None = None,
 ) -> AsyncGenerator[TransportStreams, None]:
     """A session's streams to `config`'s command started in its own sandbox through the
-    bwrap Backend, each line it writes bounded as `bounded_stdio_client` does.
+    Backend that serves stdio, each line it writes bounded as `bounded_stdio_client` does.
 
     Raises:
         BridgeError: the sandbox cannot be made for this server (the message says why and
             what to change in its entry).
-        SandboxError: bwrap could not start it.
+        SandboxError: the backend could not start it.
+        HostError: no backend here serves stdio (bubblewrap is not installed).
         HostError: its cgroup cannot be made although the host has cgroups.
     """
     with contextlib.ExitStack() as owned:
@@ -252,7 +254,7 @@ async def sandboxed_stdio_client(
         # On the broker loop's own thread, which lives as long as the broker: bwrap dies
         # with the thread that started it (--die-with-parent), and a worker thread of
         # anyio's is let go when idle.
-        process = BwrapBackend().start(spec, functools.partial(_on_created, cgroup))
+        process = stdio_backend().start(spec, functools.partial(_on_created, cgroup))
         owned.callback(_stopped, process, cgroup)
         _copy_stderr(process, errlog)
         stdin, stdout = _HeldPipe(process, "stdin"), _HeldPipe(process, "stdout")

@@ -30,8 +30,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from codecage.egress import rules
 from codecage.errors import ConfigError
+from codecage.models.hosts import parse_rules
 
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # Keys other hosts write into the same table; accepted and not used.
@@ -98,7 +98,7 @@ class Upstream(BaseModel):
             raise ValueError("`memory_mb` and `max_processes` apply only with `sandbox`: true")
         if self.state_dir is not None and not self.state_dir.startswith("/"):
             raise ValueError(f"state_dir must be an absolute path, got {self.state_dir!r}")
-        rules.parse_rules(self.allow_hosts, what="allow_hosts")  # a RuleError says what is wrong
+        parse_rules(self.allow_hosts, what="allow_hosts")  # a RuleError says what is wrong
         return self
 
     def secrets(self) -> list[str]:

@@ -18,7 +18,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from codecage import __version__
+from codecage._version import __version__
 from codecage.cli import audit, batch, gen, info, packages, run, serve, session
 from codecage.cli.render import print_json, stderr
 

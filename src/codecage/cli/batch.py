@@ -397,6 +397,6 @@ def _print_summary(results: list[batch.BatchResult], wall_s: float, *, as_json: 
 
 def _no_tools() -> Any:
     """No upstream MCP servers: a batch runs self-contained programs."""
-    from codecage.bridge import tooling  # lazily, as setup.py does: it is slow to import
+    from codecage import toolsetup  # lazily, as setup.py does: it is slow to import
 
-    return tooling.ToolSetup()
+    return toolsetup.ToolSetup()

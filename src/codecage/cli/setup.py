@@ -23,8 +23,8 @@ from codecage.sandbox import Sandbox
 
 if TYPE_CHECKING:
     from codecage.bridge.hosts import HostServers
-    from codecage.bridge.tooling import ToolSetup
     from codecage.bridge.upstreams import Upstream
+    from codecage.toolsetup import ToolSetup
 
 log = logging.getLogger("codecage.cli")  # the same name under `python -m codecage.cli`
 
@@ -139,9 +139,10 @@ def tool_setup(
 ) -> ToolSetup:
     """The tool flags, with the config file's [mcpServers.*] and [tools] for what they
     leave out."""
+    from codecage import toolsetup
     from codecage.bridge import tooling
 
-    setup = tooling.prepare(
+    setup = toolsetup.prepare(
         mcp_config,
         servers_dir=servers_dir,
         skills_dir=skills_dir,

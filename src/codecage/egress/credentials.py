@@ -51,10 +51,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import Field, model_validator
-
 from codecage.errors import ConfigError
-from codecage.models.base import Model
+from codecage.models.hosts import CONTROL, Credential
 
 MARKER = b"[CREDENTIAL]"
 PLACEHOLDER_PREFIX = "codecage-credential-"
@@ -62,61 +60,9 @@ ENV_PREFIX = "CODECAGE_CREDENTIAL_"
 MIN_SECRET_BYTES = 8  # shorter, and the scrubber would blank ordinary text
 _FILE_MAX_BYTES = 64 * 1024
 _MIN_ENCODED = 8  # a base64 fragment shorter than this is too common to scrub
-_FIELD_NAME = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}$"  # RFC 9110 field-name
-# Headers that frame or route the message: the proxy owns them, a credential may not.
-_RESERVED = frozenset(
-    {
-        "host",
-        "content-length",
-        "transfer-encoding",
-        "connection",
-        "keep-alive",
-        "upgrade",
-        "te",
-        "trailer",
-        "proxy-authorization",
-        "proxy-connection",
-        "accept-encoding",
-    }
-)
 _LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 Headers = list[tuple[bytes, bytes]]
-
-
-class Credential(Model):
-    """One host's credential: the header the proxy sets and where its value is on the host."""
-
-    header: str = Field(
-        pattern=_FIELD_NAME,
-        description='The request header the proxy sets, e.g. "Authorization" or "X-Api-Key".',
-    )
-    env: str | None = Field(
-        None,
-        pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$",
-        description="The host environment variable holding the secret (or give `file`).",
-    )
-    file: Path | None = Field(
-        None,
-        description="A host file holding the secret, surrounding whitespace ignored (or give "
-        "`env`); a relative path is relative to the config file.",
-    )
-    format: str = Field(
-        "{}",
-        max_length=256,
-        description='The header\'s value, with {} where the secret goes, e.g. "Bearer {}".',
-    )
-
-    @model_validator(mode="after")
-    def _one_source(self) -> Credential:
-        if (self.env is None) == (self.file is None):
-            raise ValueError("give exactly one of env (a variable) or file (a path)")
-        if self.format.count("{}") != 1 or _CONTROL.search(self.format):
-            raise ValueError('format must hold {} once and no control characters: "Bearer {}"')
-        if self.header.lower() in _RESERVED:
-            raise ValueError(f"the header {self.header} is the proxy's own; name another")
-        return self
 
 
 Credentials = dict[str, Credential]
@@ -328,7 +274,7 @@ def _resolve(
         if credential.env is not None
         else _from_file(where, credential.file, base_dir)
     )
-    if len(secret) < MIN_SECRET_BYTES or _CONTROL.search(secret.decode("latin-1")):
+    if len(secret) < MIN_SECRET_BYTES or CONTROL.search(secret.decode("latin-1")):
         raise ConfigError(
             f"{where}: the secret is shorter than {MIN_SECRET_BYTES} bytes or holds a line "
             "break or other control character",

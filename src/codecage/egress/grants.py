@@ -22,8 +22,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from codecage.egress.rules import EgressPolicy, HostRule, RuleError, parse_rules
+from codecage.egress.rules import EgressPolicy
 from codecage.errors import SETTINGS, ConfigError, Face
+from codecage.models.hosts import HostRule, RuleError, parse_rules
 from codecage.models.settings import NetworkSettings
 
 

@@ -71,8 +71,9 @@ from codecage.egress import forward, tls
 from codecage.egress.forward import Budget, Cutoff, Meter, Refusal
 from codecage.egress.records import ConnectionRecord, RecordLog
 from codecage.egress.resolve import ResolveError, Resolver
-from codecage.egress.rules import EgressPolicy, IPAddress, normal_name
+from codecage.egress.rules import EgressPolicy
 from codecage.errors import SandboxError
+from codecage.models.hosts import IPAddress, normal_name
 from codecage.models.settings import NetworkLimits
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ import ipaddress
 import socket
 from collections.abc import Mapping, Sequence
 
-from codecage.egress.rules import IPAddress, normal_name
+from codecage.models.hosts import IPAddress, normal_name
 
 RESOLVE_TIMEOUT_S = 5.0
 

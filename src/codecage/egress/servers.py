@@ -10,12 +10,13 @@ import logging
 import threading
 from pathlib import Path
 
-from codecage.backends.base import Identity
 from codecage.egress import setup as egress_setup
 from codecage.egress.proxy import RunEgress
 from codecage.egress.records import ConnectionRecord
-from codecage.egress.rules import EgressPolicy, parse_rules
+from codecage.egress.rules import EgressPolicy
+from codecage.isolation.identity import Identity
 from codecage.models import NetworkSettings
+from codecage.models.hosts import parse_rules
 
 log = logging.getLogger(__name__)
 

@@ -8,12 +8,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from codecage.backends.base import Identity
 from codecage.egress.ca import CertificateAuthority
 from codecage.egress.credentials import CredentialStore
 from codecage.egress.edge import CredentialEdge
 from codecage.egress.proxy import EgressProxy, RunEgress
 from codecage.egress.resolve import Resolver
+from codecage.isolation.identity import Identity
 from codecage.models import NetworkSettings
 
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+from codecage.models.hosts import IPAddress
+
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 

@@ -17,9 +17,10 @@ import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from codecage.backends.base import Identity
+from codecage.egress.environment import proxy_env
 from codecage.guest import contract
 from codecage.isolation import rootfs
+from codecage.isolation.identity import Identity
 from codecage.models import Event
 
 if TYPE_CHECKING:
@@ -27,14 +28,7 @@ if TYPE_CHECKING:
     from codecage.egress.records import ConnectionRecord
     from codecage.egress.setup import EgressSetup
 
-_PROXY_URL = f"http://127.0.0.1:{contract.EGRESS_RELAY_PORT}"
 _PIP_ROOT = f"{contract.GUEST_ROOT}/opt/pip"
-# Not through the relay: `localhost`, the sandbox's own loopback (a server the code starts
-# itself). The loopback addresses go through it: `--allow-host 127.0.0.1:8000` is a service
-# on the host's loopback, which urllib and requests reach only through the proxy (with
-# 127.0.0.1 here they connected to the sandbox's own loopback and were refused); the proxy
-# refuses them unless a rule names that address.
-_NO_PROXY = "localhost"
 MAX_NETWORK_EVENTS = 40
 """Connections recorded one event each; past this, one event counts the rest."""
 
@@ -83,19 +77,6 @@ def env(setup: EgressSetup) -> dict[str, str]:
     if _pip_package() is not None:
         found["PYTHONPATH"] = _PIP_ROOT  # for `python -m pip`; the guest itself runs with -I
     found.update(setup.extra_env)
-    return found
-
-
-def proxy_env(*, with_ca: bool) -> dict[str, str]:
-    """The proxy variables (both cases: curl reads lower case) and, when the proxy has a CA,
-    the variables that make TLS clients trust the bundle at `contract.EGRESS_CA_BUNDLE`."""
-    found: dict[str, str] = {}
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
-        found[name] = found[name.lower()] = _PROXY_URL
-    found["NO_PROXY"] = found["no_proxy"] = _NO_PROXY
-    if with_ca:
-        for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PIP_CERT"):
-            found[name] = contract.EGRESS_CA_BUNDLE
     return found
 
 

@@ -48,14 +48,16 @@ from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
 
 from codecage import forks
-from codecage.backends.base import Backend, ExitStatus, Identity, SandboxProcess
+from codecage.backends.base import Backend, ExitStatus, SandboxProcess
 from codecage.engine import launch, owner
+from codecage.engine.memory import sandbox_memory
 from codecage.engine.run import SandboxSpec, StartedSandbox, start, template_ids, wait_ready
 from codecage.errors import SandboxError
 from codecage.guest import template as guest_template
 from codecage.isolation import cgroups, rlimits, rootfs, tmpfs
 from codecage.isolation import identity as identities
 from codecage.isolation.cgroups import CgroupHandle
+from codecage.isolation.identity import Identity
 from codecage.models import Limits
 from codecage.models.settings import PoolConfig
 from codecage.policy.profiles import preload_for
@@ -93,7 +95,7 @@ def stop_all() -> None:
 
 def supported(backend: Backend) -> str | None:
     """Why `backend` cannot fork sandboxes here, for a person; None when it can."""
-    if not getattr(backend, "forks_templates", False):
+    if not backend.forks_templates:
         return f"the {backend.name} backend starts every sandbox anew (no fork server)"
     if not tmpfs.can_mount_tmpfs():
         return "codecage cannot mount tmpfs workspaces here (it is not root)"
@@ -274,11 +276,11 @@ class Templates:
     def memory(self) -> dict[str, tuple[float | None, float | None]]:
         """RSS and PSS (MB) of each template's processes (bwrap's and the template's), by
         profile."""
-        from codecage.engine.pool import sandbox_memory  # here: the pool imports this module
-
         with self._lock:
             return {
-                (spec.policy.profile if spec.policy else "none"): sandbox_memory(t.sandbox)
+                (spec.policy.profile if spec.policy else "none"): sandbox_memory(
+                    t.sandbox.proc.pid, t.sandbox.cgroup
+                )
                 for spec, t in self._templates.items()
             }
 

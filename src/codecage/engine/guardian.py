@@ -24,7 +24,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import codecage
 from codecage import forks
 from codecage.engine import owner
 from codecage.engine import workspace as workspaces
@@ -90,7 +89,7 @@ def _spawn() -> int:
         return -1  # no runs can be made here either; nothing to guard
     support = cgroups.detect()
     cgroup_parents = [str(p) for p in support.parents.values()] if support else []
-    source = str(Path(codecage.__file__).resolve().parent.parent)
+    source = str(Path(__file__).resolve().parents[2])
     read_end, write_end = os.pipe()  # both close-on-exec: no sandbox inherits them
     try:
         watcher = subprocess.Popen(

@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from codecage import packages
-from codecage.backends.base import Identity
 from codecage.engine import owner
 from codecage.engine import workspace as workspaces
 from codecage.engine.workspace import fds as workspace_fds
 from codecage.errors import ConfigError
 from codecage.guest import contract
 from codecage.isolation import cgroups, datadir, lending, rootfs, seccomp, shell, staging
+from codecage.isolation.identity import Identity
 from codecage.policy import profiles
 from codecage.policy.profiles import ImportPolicy
 

@@ -42,6 +42,7 @@ from codecage import engine, forks
 from codecage.backends.base import Backend
 from codecage.engine import SandboxSpec, StartedSandbox
 from codecage.engine.forkserver import Templates
+from codecage.engine.memory import rss_mb, sandbox_memory
 from codecage.engine.pool_plan import HOLD_OFF_S, KeyPlan, PoolPlan
 from codecage.errors import CodecageError
 from codecage.models import Limits, PoolConfig, PoolKeyState, PoolState
@@ -224,7 +225,7 @@ class Pool:
         # /proc is read outside the lock: runs must not wait for a report.
         keys = [_with_memory(row, sandbox) for row, sandbox in rows]
         return PoolState(
-            enabled=True, config=self.config, keys=keys, host_rss_mb=_rss_mb(os.getpid())
+            enabled=True, config=self.config, keys=keys, host_rss_mb=rss_mb(os.getpid())
         )
 
     def close(self) -> None:
@@ -527,40 +528,5 @@ _REPLACEMENTS_DUE = _ReplacementsDue()
 def _with_memory(row: PoolKeyState, sandbox: StartedSandbox | None) -> PoolKeyState:
     if sandbox is None:
         return row
-    rss, pss = sandbox_memory(sandbox)
+    rss, pss = sandbox_memory(sandbox.proc.pid, sandbox.cgroup)
     return row.model_copy(update={"idle_rss_mb": rss, "idle_pss_mb": pss})
-
-
-def sandbox_memory(sandbox: StartedSandbox) -> tuple[float | None, float | None]:
-    """RSS and PSS of every process of one sandbox: bwrap outside, its init and the guest
-    inside (found in the sandbox's cgroup)."""
-    from codecage.isolation import cgroups
-
-    pids = {sandbox.proc.pid}
-    if sandbox.cgroup is not None:
-        pids.update(cgroups.pids_in(sandbox.cgroup))
-    rss = [_rss_mb(pid) for pid in pids]
-    pss = [_pss_mb(pid) for pid in pids]
-    if any(v is None for v in rss):
-        return None, None
-    total_pss = None if any(v is None for v in pss) else round(sum(filter(None, pss)), 1)
-    return round(sum(filter(None, rss)), 1), total_pss
-
-
-def _rss_mb(pid: int) -> float | None:
-    return _status_kb(f"/proc/{pid}/status", "VmRSS:")
-
-
-def _pss_mb(pid: int) -> float | None:
-    return _status_kb(f"/proc/{pid}/smaps_rollup", "Pss:")
-
-
-def _status_kb(path: str, field_name: str) -> float | None:
-    try:
-        with open(path, encoding="ascii") as f:
-            for line in f:
-                if line.startswith(field_name):
-                    return round(int(line.split()[1]) / 1024, 1)
-    except (OSError, ValueError, IndexError):
-        return None
-    return None

@@ -28,11 +28,8 @@ from pydantic import ValidationError
 from codecage import packages
 from codecage.backends.base import (
     Backend,
-    Identity,
     LaunchSpec,
     SandboxProcess,
-    host_overhead,
-    lost_layers,
 )
 from codecage.bridge import channel as bridge
 from codecage.engine import egress as egress_wiring
@@ -47,7 +44,7 @@ from codecage.guest.contract import MAX_DISPLAYS, MAX_DISPLAYS_BYTES, STOP_LINE
 from codecage.isolation import cgroups, datadir, rlimits, rootfs
 from codecage.isolation import identity as identities
 from codecage.isolation.cgroups import CgroupHandle
-from codecage.isolation.identity import IdentityPlan
+from codecage.isolation.identity import Identity, IdentityPlan
 from codecage.models import (
     MAX_CODE_BYTES,
     Ceilings,
@@ -233,7 +230,7 @@ class StartedSandbox:
     cgroup_limits: Limits  # what its cgroup is set to now
     started_at: float
     cleanup: contextlib.ExitStack
-    lost: tuple[str, ...] = ()  # what its backend lacks by design (backends.base.lost_layers)
+    lost: tuple[str, ...] = ()  # what its backend lacks by design (Backend.lost_layers)
     ready_pid: int | None = None
     baseline: _Baseline | None = None  # what it used before its request (see wait_ready)
     used: bool = False
@@ -322,7 +319,7 @@ def start(
         HostError: this host cannot provide the isolation.
         SandboxError: the sandbox failed to start.
     """
-    if workspace_dir is not None and not getattr(backend, "lends_directories", False):
+    if workspace_dir is not None and not backend.lends_directories:
         raise ConfigError(
             f"the {backend.name} backend cannot lend a directory: it cannot keep the "
             "entries the host would run (.git/hooks, .bashrc, *.pth, ...) read-only inside "
@@ -341,7 +338,7 @@ def start(
         template=as_template,
         # A backend whose guest shares the host's filesystem and cannot keep it from the
         # host's pathname unix sockets otherwise (the Landlock fallback below ABI 9).
-        unix_addressing=not getattr(backend, "filters_unix_addressing", False),
+        unix_addressing=not backend.filters_unix_addressing,
     )
     started_at = time.monotonic()
     # Worked out before anything is created: a process killed meanwhile (the first time,
@@ -374,8 +371,8 @@ def start(
         )
         if as_template:  # its runs mask their own /proc (guest/template.py)
             mounts = tuple(m for m in mounts if m.dest not in rootfs.PROC_MASKED)
-        overhead = host_overhead(backend)
-        root_launcher = bool(getattr(backend, "root_launcher", False))
+        overhead = backend.host_overhead
+        root_launcher = backend.root_launcher
         cgroup = cgroups.create(
             f"{owner.key()}-{execution_id}",
             limits,
@@ -442,13 +439,13 @@ def start(
         cgroup_limits=limits,
         started_at=started_at,
         cleanup=cleanup,
-        lost=lost_layers(backend),
+        lost=backend.lost_layers,
         guest_rlimits=overhead.guest_rlimits,
         egress=listener,
         identity=identity,
         # In the host's user namespace (Landlock), RLIMIT_NPROC counts every process of
         # the host uid: the run's own alone when the id is its own.
-        shares_user_namespace=getattr(backend, "shares_host_user_namespace", False) and not own_id,
+        shares_user_namespace=backend.shares_host_user_namespace and not own_id,
     )
 
 

@@ -21,10 +21,11 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from codecage.backends.base import Backend, Identity, selftest_gaps
+from codecage._version import __version__
+from codecage.backends.base import Backend
 from codecage.engine.run import RunRequest, execute
 from codecage.isolation import cgroups
-from codecage.isolation.identity import IdentityPlan
+from codecage.isolation.identity import Identity, IdentityPlan
 from codecage.models import DoctorReport, ExecutionResult, Limits, ProbeResult
 
 log = logging.getLogger(__name__)
@@ -177,12 +178,12 @@ def run_probes(backend: Backend, identity: Identity | IdentityPlan | None = None
             on_files=lambda ws, _files: owners.extend(_owner(ws / "doctor-owner")),
         )
         result = execute(request, backend)
-    probes = _judge(result, token, sentry_root=getattr(backend, "guest_is_sentry_root", False))
+    probes = _judge(result, token, sentry_root=backend.guest_is_sentry_root)
     if result.status == "ok":
         probes.insert(2, _host_identity(owners, identity))
     # A layer the backend lacks by design (the Landlock fallback's namespaces and private
     # root) is not in force: WEAK, never PASS, and no failure of the backend either.
-    gaps = selftest_gaps(backend)
+    gaps = backend.selftest_gaps
     probes = [
         p.model_copy(update={"weak": True}) if p.layer in gaps and not p.passed else p
         for p in probes
@@ -363,8 +364,6 @@ def _loopback_listener() -> Iterator[int]:
 def cache_key(backend: Backend, identity: Identity | None = None) -> str:
     """Results hold until reboot or until codecage, the backend (or its version), the
     kernel or the sandbox's host ids change."""
-    from codecage import __version__
-
     try:
         boot_id = Path("/proc/sys/kernel/random/boot_id").read_text(encoding="utf-8").strip()
     except OSError:

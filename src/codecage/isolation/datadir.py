@@ -16,9 +16,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
-from codecage.backends.base import Identity
 from codecage.errors import ConfigError
 from codecage.isolation import identity as identities
+from codecage.isolation.identity import Identity
 from codecage.isolation.rootfs import Mount
 
 DATA_DIR: Final = "/data"

@@ -42,9 +42,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from codecage.backends.base import Identity
 from codecage.errors import ConfigError, HostError, SandboxError
 from codecage.models import LayerStatus
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """The host uid and gid a sandbox's processes run as (never 0: `plan` and
+    `ensure_not_root` see to it)."""
+
+    uid: int
+    gid: int
+
 
 log = logging.getLogger(__name__)
 

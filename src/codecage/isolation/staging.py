@@ -33,9 +33,9 @@ import threading
 import time
 from pathlib import Path
 
-from codecage.backends.base import Identity
 from codecage.errors import HostError
 from codecage.isolation import identity as identities
+from codecage.isolation.identity import Identity
 
 log = logging.getLogger(__name__)
 

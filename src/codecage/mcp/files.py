@@ -23,7 +23,7 @@ from mcp_types import (
     TextContent,
 )
 
-from codecage.engine import workspace as workspaces
+from codecage import host
 from codecage.errors import CodecageError
 from codecage.models import FileInfo
 from codecage.output import neutralise_line, neutralise_text
@@ -106,7 +106,7 @@ def files_back(
     images = [f for f in written if f.mime in _IMAGE_TYPES and f.size <= MAX_IMAGE_BYTES]
     for info in images[:MAX_IMAGES]:
         with contextlib.suppress(CodecageError):
-            data = workspaces.read_file(workdir, info.raw_path(), max_bytes=MAX_IMAGE_BYTES)
+            data = host.read_file(workdir, info.raw_path(), max_bytes=MAX_IMAGE_BYTES)
             mime = _raster_type(data)
             if mime is not None:
                 encoded = base64.b64encode(data).decode("ascii")
@@ -130,7 +130,7 @@ def files_back(
             )
             continue
         try:
-            data = workspaces.read_file(workdir, names[0], max_bytes=MAX_BINARY_FILE_BYTES)
+            data = host.read_file(workdir, names[0], max_bytes=MAX_BINARY_FILE_BYTES)
         except CodecageError as exc:
             blocks.append(TextContent(type="text", text=f"{shown}: {exc}"))
             continue

@@ -37,7 +37,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from codecage import host
 from codecage.audit import Caller
-from codecage.engine import workspace as workspaces
 from codecage.errors import CodecageError
 from codecage.kept import KeptFiles, check_relpath
 from codecage.mcp.callers import SCOPE_CLIENT_KEY
@@ -326,7 +325,7 @@ def execute(
     def read_back(workspace: Path, written: list[FileInfo]) -> None:
         chosen = [f for f in written if f.path in wanted]
         if chosen and base.keep_files_mb:
-            kept.append(workspaces.keep(workspace, chosen, base.keep_files_mb * 2**20))
+            kept.append(host.keep(workspace, chosen, base.keep_files_mb * 2**20))
 
     result = base.host.run(
         host.Request(

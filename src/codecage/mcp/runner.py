@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -34,13 +34,22 @@ from codecage.policy.profiles import ImportPolicy
 from codecage.policy.scrub import merge_counts
 from codecage.sandbox import Sandbox
 
-if TYPE_CHECKING:
-    from codecage.mcp.server import ServerLimits
-
 MCP_CALLER = Caller("mcp")  # a call whose context names no client
 _MAX_CACHED_PROFILES = 16
 BUSY_RETRY_S = 1
 """The retry time a "busy" refusal names (the HTTP refusals' `Retry-After` is 1 s too)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    """What a call may ask for at most (the server's configured maximums)."""
+
+    max_timeout: float = 120.0
+    max_memory_mb: int = 2048
+    max_concurrent: int = 4
+    max_queued: int = 32
+    reply_max_tokens: int | None = None
+    """Estimated tokens a reply may take (None: the config's [serve] reply_max_tokens)."""
 
 
 class Busy(ToolError):

@@ -13,14 +13,13 @@ import dataclasses
 import logging
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
 from mcp.server.mcpserver import MCPServer
 from pydantic import ValidationError
 
-from codecage import __version__
+from codecage._version import __version__
 from codecage.audit import alerts as alerting
 from codecage.audit.metrics import ServerMetrics
 from codecage.errors import ConfigError
@@ -28,6 +27,7 @@ from codecage.mcp import health, run_code, tools
 from codecage.mcp import http as http_serving
 from codecage.mcp.clients import ClientLimits, ClientTokens
 from codecage.mcp.runner import Runner
+from codecage.mcp.runner import ServerLimits as ServerLimits  # built by serve and by tests
 from codecage.models import ClientSettings, ServeSettings
 from codecage.sandbox import Sandbox
 
@@ -52,18 +52,6 @@ check code without running it, and get_sandbox_info for the profiles and limits.
 _RUNNERS: weakref.WeakKeyDictionary[MCPServer, Runner] = weakref.WeakKeyDictionary()
 """The runner each server of `build_server` calls through: its HTTP faces (/run_code) share
 it, so a client's limits, counts and queue are one whatever face it calls."""
-
-
-@dataclass(frozen=True, slots=True)
-class ServerLimits:
-    """What a call may ask for at most (the server's configured maximums)."""
-
-    max_timeout: float = 120.0
-    max_memory_mb: int = 2048
-    max_concurrent: int = 4
-    max_queued: int = 32
-    reply_max_tokens: int | None = None
-    """Estimated tokens a reply may take (None: the config's [serve] reply_max_tokens)."""
 
 
 def build_server(

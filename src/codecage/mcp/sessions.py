@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio.to_thread
 from mcp.server.mcpserver import Context
@@ -19,12 +19,14 @@ from mcp_types import CallToolResult, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from codecage import host
-from codecage.engine.session import Session
 from codecage.errors import CodecageError
 from codecage.mcp import reply
 from codecage.mcp.arguments import refusal
 from codecage.mcp.callers import SCOPE_CLIENT_KEY, caller_of
 from codecage.mcp.runner import Runner
+
+if TYPE_CHECKING:  # the host opens sessions; this face only describes them
+    from codecage.engine.session import Session
 
 _Tool = Callable[..., Any]
 

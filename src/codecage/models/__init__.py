@@ -38,7 +38,6 @@ from codecage.models.result import (
     EVENT_KINDS,
     MAX_CODE_BYTES,
     MAX_EVENT_DETAIL,
-    STATUSES,
     DisplayMime,
     DisplayOutput,
     DisplaySource,
@@ -48,7 +47,6 @@ from codecage.models.result import (
     EventSource,
     ExecutionResult,
     FileInfo,
-    Status,
     Usage,
 )
 from codecage.models.settings import (
@@ -69,6 +67,7 @@ from codecage.models.settings import (
     ServeSettings,
     SessionSettings,
 )
+from codecage.models.status import STATUSES, Status
 from codecage.models.validation import (
     Analysis,
     Finding,

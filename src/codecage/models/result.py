@@ -18,10 +18,8 @@ from codecage.errors import ConfigError
 from codecage.kept import KeptFiles, check_relpath
 from codecage.models.base import Model
 from codecage.models.settings import Limits
+from codecage.models.status import Status
 from codecage.output import neutralise_line
-
-Status = Literal["ok", "error", "timeout", "cpu_limit", "memory_limit", "killed", "blocked"]
-"""How a run ended, judged by the host from what it observed (never from the guest's word)."""
 
 EventKind = Literal[
     "import_blocked",
@@ -50,7 +48,6 @@ EventSource = Literal["host", "guest"]
 """Who says an event happened: the host observed it (its proxy, cgroup, broker, judge), or
 the guest reported it (the code's own interpreter: a claim the code can forge or suppress)."""
 
-STATUSES: tuple[Status, ...] = Status.__args__  # type: ignore[attr-defined]
 EVENT_KINDS: tuple[EventKind, ...] = EventKind.__args__  # type: ignore[attr-defined]
 
 

@@ -16,7 +16,6 @@ from pydantic import (
     model_validator,
 )
 
-from codecage.egress.credentials import Credential
 from codecage.models.approval import (
     DEFAULT_CAPABILITIES,
     LEGACY_LEVELS,
@@ -24,6 +23,8 @@ from codecage.models.approval import (
     Capability,
 )
 from codecage.models.base import Model
+from codecage.models.hosts import Credential, HostRule, parse_rules
+from codecage.models.status import STATUSES
 
 
 class Limits(Model):
@@ -452,14 +453,12 @@ class NetworkSettings(Model):
 
     @model_validator(mode="after")
     def _rules_parse(self) -> NetworkSettings:
-        from codecage.egress import rules  # pure; imported here to keep models light
-
         for what, texts in (("allow", self.allow), ("deny", self.deny), ("ceiling", self.ceiling)):
-            rules.parse_rules(texts, what=f"[network] {what}")
+            parse_rules(texts, what=f"[network] {what}")
         for name, profile in self.profiles.items():
-            rules.parse_rules(profile.allow, what=f"[network.profiles.{name}] allow")
+            parse_rules(profile.allow, what=f"[network.profiles.{name}] allow")
         for name, addresses in self.resolve.items():
-            rules.HostRule.parse(name)
+            HostRule.parse(name)
             for address in addresses:
                 _ip(address, name)
         return self
@@ -648,8 +647,6 @@ def _is_loopback(host: str) -> bool:
 
 
 def _check_trigger(trigger: str) -> None:
-    from codecage.models.result import STATUSES  # result imports this module: kept local
-
     kind, _, status = trigger.partition(":")
     if trigger in ALERT_TRIGGERS or (kind == "status" and status in STATUSES and status != "ok"):
         return

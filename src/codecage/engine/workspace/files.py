@@ -15,10 +15,10 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-from codecage.backends.base import Identity
 from codecage.engine.workspace import fds
 from codecage.engine.workspace.lifecycle import Workspace
 from codecage.errors import CodecageError, ConfigError, SandboxError
+from codecage.isolation.identity import Identity
 from codecage.kept import KeptFiles, check_relpath
 from codecage.models import FileInfo
 from codecage.output import neutralise_line

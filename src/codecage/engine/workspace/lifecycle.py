@@ -25,10 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from codecage.backends.base import Identity
 from codecage.engine.workspace import fds
 from codecage.errors import ConfigError, HostError, SandboxError
 from codecage.isolation import lending, tmpfs
+from codecage.isolation.identity import Identity
 from codecage.output import neutralise_line
 
 log = logging.getLogger(__name__)

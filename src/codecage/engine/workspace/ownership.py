@@ -19,8 +19,8 @@ import os
 import stat
 from pathlib import Path
 
-from codecage.backends.base import Identity
 from codecage.engine.workspace import fds
+from codecage.isolation.identity import Identity
 
 log = logging.getLogger(__name__)
 
