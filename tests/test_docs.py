@@ -264,6 +264,28 @@ def test_the_user_docs_name_only_commands_that_exist(page: str) -> None:
     assert wrong == [], f"{page} names commands the CLI does not have: {wrong}"
 
 
+TOML_BLOCKS = [
+    (page, line, text)
+    for page, markdown in sorted(USER_DOCS.items())
+    for line, text in _fenced(markdown, "toml")
+]
+
+
+@pytest.mark.parametrize(
+    ("page", "line", "text"), TOML_BLOCKS, ids=[f"{p}:{n}" for p, n, _ in TOML_BLOCKS]
+)
+def test_every_config_example_in_the_docs_is_a_config_file_codecage_accepts(
+    tmp_path: Path, page: str, line: int, text: str
+) -> None:
+    """A key renamed or dropped in the code leaves no example behind that would be refused."""
+    from codecage import config
+
+    tmp_path.chmod(0o755)  # a config file must be trusted: no pytest 0700 above it
+    example = tmp_path / "config.toml"
+    example.write_text(text, encoding="utf-8")
+    config.load(example, environ={})
+
+
 @pytest.mark.parametrize("page", sorted(USER_DOCS))
 def test_no_command_that_exists_is_called_planned(page: str) -> None:
     commands = _cli_commands()
