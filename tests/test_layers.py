@@ -35,7 +35,7 @@ PACKAGE = "codecage"
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("guest", ("guest",)),
-    ("foundations", ("_version", "errors", "output", "forks", "kept", "runtime")),
+    ("foundations", ("_version", "errors", "output", "forks", "fdio", "kept", "runtime")),
     ("models", ("models",)),
     ("plans", ("policy", "isolation", "offline", "displays")),
     ("options", ("config", "packages")),

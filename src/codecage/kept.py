@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from codecage.errors import ConfigError
+from codecage.fdio import write_all
 from codecage.output import neutralise_line
 
 DEFAULT_KEEP_FILES_MB = 64
@@ -178,9 +179,7 @@ def _save_one(root_fd: int, directory: Path, name: str, data: bytes, *, overwrit
         except OSError as exc:
             raise _save_refusal(directory, name, exc) from exc
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, data)
         finally:
             os.close(fd)
     finally:
