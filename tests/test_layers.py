@@ -141,10 +141,13 @@ def _targets(module: str, node: ast.Import | ast.ImportFrom) -> Iterator[str]:
         yield sub if sub in MODULES else _module_of(name)
 
 
-def _imports(module: str) -> Iterator[Import]:
-    """Every import of the package's modules by `module` that can run: at the top, in
-    functions and classes, in try and if blocks; not under `if TYPE_CHECKING:`."""
-    pending: list[ast.AST] = [ast.parse(MODULES[module].read_text(encoding="utf-8"))]
+def _imports(module: str, tree: ast.Module | None = None) -> Iterator[Import]:
+    """Every import of the package's modules by `module` (its source, or `tree`) that can
+    run: at the top, in functions and classes, in try and if blocks; not under
+    `if TYPE_CHECKING:`."""
+    if tree is None:
+        tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    pending: list[ast.AST] = [tree]
     while pending:
         node = pending.pop()
         for child in ast.iter_child_nodes(node):
@@ -201,50 +204,31 @@ def violations() -> set[str]:
     return bad
 
 
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module `start` imports, directly or through others."""
+    seen: set[str] = set()
+    pending = list(graph[start])
+    while pending:
+        module = pending.pop()
+        if module not in seen:
+            seen.add(module)
+            pending.extend(graph[module])
+    return seen
+
+
 def cycles() -> list[list[str]]:
-    """The import graph's strongly connected components of more than one module (Tarjan's,
-    iterative), each sorted."""
+    """Each set of modules that import each other around a loop (two or more), sorted: the
+    graph is small, so by reachability from each module rather than by Tarjan's."""
     graph: dict[str, set[str]] = {m: set() for m in MODULES}
     for found in IMPORTS:
         graph[found.source].add(found.target)
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found_components: list[list[str]] = []
-    for root in sorted(graph):
-        if root in index:
-            continue
-        work: list[tuple[str, Iterator[str]]] = [(root, iter(sorted(graph[root])))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph[child]))))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component: list[str] = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                if len(component) > 1:
-                    found_components.append(sorted(f"codecage.{m}".rstrip(".") for m in component))
-    return found_components
+    reach = {module: _reachable(graph, module) for module in graph}
+    loops = {
+        frozenset({module} | {other for other in reach[module] if module in reach[other]})
+        for module in graph
+        if module in reach[module]
+    }
+    return sorted(sorted(f"codecage.{m}".rstrip(".") for m in loop) for loop in loops)
 
 
 def test_every_module_is_in_a_layer() -> None:
@@ -270,26 +254,15 @@ def test_no_import_cycle_between_files() -> None:
     )
 
 
-def test_the_checks_see_an_import_against_the_order(tmp_path: Path) -> None:
-    """The reader itself: a function-level import up the order counts, one under
-    TYPE_CHECKING does not (run on a copy of a real module's shape, not the package)."""
-    source = (
+def test_the_reader_counts_function_level_imports_and_skips_type_checking_ones() -> None:
+    """The reader itself, on a module of the models layer written to break the order twice:
+    the import in a function is seen (and goes up), the one for the type checker is not."""
+    tree = ast.parse(
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from codecage.host import Host\n"
         "def f() -> None:\n    from codecage.engine import run\n"
     )
-    tree = ast.parse(source)
-    seen = []
-    pending: list[ast.AST] = [tree]
-    while pending:
-        node = pending.pop()
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
-                pending.extend(child.orelse)
-            elif isinstance(child, ast.ImportFrom):
-                seen.extend(_targets("models.result", child))
-            else:
-                pending.append(child)
+    seen = [found.target for found in _imports("models.result", tree)]
     assert seen == ["engine.run"]
     assert layer_of("engine.run") > layer_of("models.result")
 

@@ -48,12 +48,14 @@ class LaunchSpec:
     network: bool = False
     # A fork server's template (engine/forkserver.py): it keeps CAP_SYS_ADMIN and
     # CAP_SETPCAP inside, to make each run's namespaces and mounts; its
-    # `extra_fds` (the runs' filter) are passed under the same numbers. bwrap only.
+    # `extra_fds` (the runs' filter) are passed under the same numbers. Only a backend
+    # that `forks_templates`.
     template: bool = False
     extra_fds: tuple[int, ...] = ()
     chdir: str = contract.WORKSPACE_DIR  # where the first process starts, inside
     # The launcher's stdin is a pipe the host writes (`SandboxProcess.stdin`), its stdout
-    # what the host reads: a stdio MCP server's transport (bridge/sandboxed.py). bwrap only.
+    # what the host reads: a stdio MCP server's transport (bridge/sandboxed.py). Only a
+    # backend that `serves_stdio`.
     stdio: bool = False
 
     # (first host id, count): the sandbox's user namespace maps inside ids 1000 + k to

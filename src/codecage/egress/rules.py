@@ -1,9 +1,5 @@
-"""Which hosts a run may reach: rules written as HOST[:PORT], and the decisions made with them.
-
-A rule is a host name (`api.example.com`), a wildcard over its subdomains (`*.example.com`:
-`a.example.com` and `b.a.example.com`, not `example.com` itself), or an IP literal
-(`203.0.113.7`, `[2001:db8::1]`), with an optional port; without one it means 443 and 80.
-Names compare without case and without a trailing dot.
+"""Which hosts a run may reach: the decisions made with HOST[:PORT] rules (`HostRule`, parsed
+in `models.hosts`, where the settings reach it too).
 
 Decisions come in two steps, because a name says nothing about where it leads: by name and
 port before resolution (`EgressPolicy.refuse_name`), then by the address it resolved to

@@ -1,8 +1,8 @@
 """Hosts as settings and calls name them: `HOST[:PORT]` rules (`HostRule`: the `[network]`
 allow, deny and ceiling lists, a call's `allow_hosts`) and a host's credential as the config
-declares it (`Credential`). Parsing only: the decisions made with rules are
-`egress.rules`', the credentials' use at the edge `egress.credentials`'. Pure, and below
-both the settings that validate with it and the egress that decides with it.
+declares it (`Credential`). Parsing only: `egress.rules` decides with the rules and
+`egress.credentials` adds the credentials at the edge. Pure, and below both the settings
+that validate with it and the egress that uses it.
 
 A rule is a host name (`api.example.com`), a wildcard over its subdomains (`*.example.com`:
 `a.example.com` and `b.a.example.com`, not `example.com` itself), or an IP literal
@@ -168,6 +168,7 @@ _RESERVED = frozenset(
     }
 )
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+"""Control characters: refused in a credential's `format` and in its secret."""
 
 
 class Credential(Model):
