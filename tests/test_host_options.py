@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import codecage
-from codecage import Options, Sandbox
+from codecage import Options, Sandbox, engine
 from codecage import host as hosts
 from codecage import sandbox as sandboxes
 from codecage.audit.metrics import ServerMetrics
@@ -187,3 +187,24 @@ def test_the_session_face_does_not_import_the_sandbox() -> None:
     """`sandbox` imports `session`; `session` holds the Host, never the Sandbox."""
     assert "codecage.sandbox" not in _imported(SRC / "session.py")
     assert "codecage.session" in _imported(SRC / "sandbox.py")
+
+
+# --- item 3: a run carries only the run ------------------------------------------------------
+
+
+def test_a_run_request_carries_none_of_the_hosts_values() -> None:
+    """What is the same for every run of a host lives in one `HostContext`, made once when
+    the host is built; a request holds what this run asked for, and points to it."""
+    host_wide = {
+        "tool_limits", "servers_dir", "skills_dir", "packages_dir", "data_dir",
+        "wider_profile", "identity", "network_limits",
+    }  # fmt: skip
+    assert not host_wide & {f.name for f in dataclasses.fields(engine.RunRequest)}
+    assert host_wide == {f.name for f in dataclasses.fields(engine.HostContext)}
+    with Sandbox(pool=False, options=Options(import_policy=False)) as sandbox:
+        runtime = sandbox.host
+        request = hosts.Request(code="1", limits=runtime.limits, policy=None)
+        first = runtime._engine_request(request, runtime.backend, None)
+        second = runtime._engine_request(request, runtime.backend, None)
+        assert first.context is second.context  # made once, not per run
+        assert first.context.identity is runtime.identity
