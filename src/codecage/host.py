@@ -1,12 +1,14 @@
 """The host runtime: what a codecage process holds once, whichever face asks it to run.
 
-A face (the library's `Sandbox`, the CLI through it, the MCP server) builds one `Host` from
-settings it loaded once, then hands it one `Request` per run. The split follows what can
-change between two runs and what cannot:
+A face (the library's `Sandbox`, the CLI through it, the MCP server) resolves its options
+once (`codecage.options`), has `build` make its one complete `Host` from them, then hands it
+one `Request` per run. Nothing is set on a Host after it is built. The split follows what
+can change between two runs and what cannot:
 
-- host-wide, in `Host`: the settings and their origins, the default limits, the backend,
-  the warm pool, the scrubber(s), the broker of upstream tools and the bounds of their calls,
-  the tool trees and the packages directory, the self-test verdict;
+- host-wide, in `Host`: the resolved options and their origins, the default limits, the
+  backend, the warm pool, the scrubber(s), the audit trail, alerter and observers, the
+  broker of upstream tools and the bounds of their calls, the tool trees and the packages
+  directory, the self-test verdict, and the `engine.HostContext` every run shares;
 - per run, in `Request`: the code, its limits, its import policy (a profile plus imports,
   resolved by `Host.policy`), input files or a workspace directory, the tools it may call,
   a cancel event, `strict`, and the face whose terms its hints use.
