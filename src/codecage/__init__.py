@@ -5,6 +5,8 @@ The public API is `__all__`; everything else is internal.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from codecage._version import __version__
 from codecage.errors import (
     AuditError,
@@ -29,13 +31,18 @@ from codecage.models import (
     ScrubSettings,
     Usage,
 )
+from codecage.options import Options
 from codecage.sandbox import Sandbox
 from codecage.session import Session
+
+if TYPE_CHECKING:
+    from codecage.bridge.broker import Broker as Broker
 
 __all__ = [
     "ApprovalRequest",
     "AuditError",
     "BridgeError",
+    "Broker",
     "CodecageError",
     "ConfigError",
     "DisplayOutput",
@@ -48,6 +55,7 @@ __all__ = [
     "HostInfo",
     "LayerStatus",
     "Limits",
+    "Options",
     "Sandbox",
     "SandboxError",
     "ScrubSettings",
@@ -56,3 +64,12 @@ __all__ = [
     "Usage",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """`Broker` on first use: it loads the MCP SDK (~0.5 s), which a plain run never needs."""
+    if name == "Broker":
+        from codecage.bridge.broker import Broker
+
+        return Broker
+    raise AttributeError(f"module 'codecage' has no attribute {name!r}")

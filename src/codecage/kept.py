@@ -54,7 +54,7 @@ class KeptFiles:
         if name in self.not_kept:
             raise ConfigError(
                 f"'{shown}' was not kept: {self.not_kept[name]}",
-                hint="pass a larger {keep_files_mb} to Sandbox() or run(), or read it "
+                hint="pass a larger {keep_files_mb} to run() or Options(), or read it "
                 "in an `on_files` callback while the workspace exists",
             )
         raise ConfigError(

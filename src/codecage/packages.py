@@ -6,7 +6,7 @@ a directory codecage owns, never into codecage's own environment:
 
 - **where**: the packages directory, one name in four spellings: `--packages-dir` (the
   `packages` commands), `CODECAGE_PACKAGES_DIR`, the config file's `[packages] dir`,
-  `Sandbox(packages_dir=...)`. By default `/var/lib/codecage/packages` for root, else
+  `Options(packages_dir=...)`. By default `/var/lib/codecage/packages` for root, else
   `$XDG_DATA_HOME/codecage/packages` (`~/.local/share/...`); a user without packages of
   their own uses root's, when it exists. It must be trusted as the config file is (owned by
   this user or root, not writable by group or others, nor any directory above it): what is

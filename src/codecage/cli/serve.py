@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from codecage.audit import alerts as alerting
+from codecage import host as hosts
 from codecage.cli.logs import configure_logging
 from codecage.cli.options import (
     AllowHostOpt,
@@ -30,7 +30,7 @@ from codecage.cli.options import (
 )
 from codecage.cli.render import fail, stderr
 from codecage.cli.setup import (
-    build_sandbox,
+    host_options,
     load_config,
     scrub_option,
     servers_of_hosts,
@@ -186,9 +186,8 @@ def serve(
     )
     try:
         settings = load_config(config_file)
-        # [alerts] checked (its command found), and the HTTP tokens ([serve.clients.NAME]'s
-        # variables), before the pool starts: a refusal then has nothing to stop.
-        alert_settings = alerting.chosen(settings.alerts.active, settings.alerts)
+        # The HTTP tokens ([serve.clients.NAME]'s variables) checked before the pool starts:
+        # a refusal then has nothing to stop.
         if http:
             mcp_server.http_tokens(host, token, insecure_no_token, settings.serve.clients)
         host_servers, _ = servers_of_hosts(mcp_host, mcp_config)
@@ -203,9 +202,9 @@ def serve(
             host_servers=host_servers,
         )
         atexit.register(tools.close)
-        # Every call of the server runs in this one Sandbox's host runtime, with the
-        # settings loaded and logged now, not a file read again later.
-        sandbox = build_sandbox(
+        # Every call of the server runs in this one host, with the settings loaded and
+        # logged now, not a file read again later; its alerts as the config's [alerts].
+        options = host_options(
             settings,
             tools,
             scrub=scrub_option(no_scrub, scrub_categories, settings),
@@ -214,14 +213,16 @@ def serve(
             data_dir=_data_dir(data, settings),
             allow_host=allow_host,
             audit=audit,
-        )
+            alerts=settings.alerts.active,
+        ).resolve(settings)
+        metrics = health.server_metrics(settings, tools.broker) if http else None
+        runtime = hosts.build(options, observers=(metrics.observe,) if metrics else ())
+        if runtime.alerter is not None:  # sends what is queued at exit
+            atexit.register(runtime.alerter.close)
         try:
-            if alert_settings is not None:
-                # The sandbox's own: its close (below) closes it before the audit trail.
-                sandbox.alerter = alerting.attach(sandbox.host, alert_settings)
-                atexit.register(sandbox.alerter.close)
-            metrics = health.server_metrics(sandbox) if http else None
-            app_server = mcp_server.build_server(sandbox, limits=limits, metrics=metrics)
+            if metrics is not None:
+                health.watch(metrics, runtime)
+            app_server = mcp_server.build_server(runtime, limits=limits, metrics=metrics)
             if not http:
                 stdio.serve(app_server)
                 _ignore_sigterm()  # the client hung up: what is left is cleanup
@@ -231,20 +232,20 @@ def serve(
                 host="localhost" if uds is not None else host,
                 token=token,
                 insecure_no_token=insecure_no_token,
-                sandbox=sandbox,
+                runtime=runtime,
                 metrics=metrics,
                 metrics_public=metrics_public,
                 clients=settings.serve.clients,
             )
         except CodecageError:
             # Stopped (its pool's threads joined) here, not left to the exit hooks.
-            sandbox.close()
+            runtime.close()
             raise
     except CodecageError as exc:
         fail(exc, as_json=False, verbose=verbose)
     idle = None
     if idle_exit is not None:
-        idle = http_serving.IdleExit(idle_exit, sandbox.host.sessions.open_count, uds)
+        idle = http_serving.IdleExit(idle_exit, runtime.sessions.open_count, uds)
         asgi = idle.gate(asgi)
     where = f"unix socket {uds}" if uds is not None else f"http://{host}:{port}/mcp"
     stderr.print(f"codecage MCP server on {where}", markup=False)
