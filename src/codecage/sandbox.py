@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, cast
 from codecage import batch, host
 from codecage import kept as kept_files
 from codecage.audit import record as audit_record
-from codecage.engine import workspace as workspaces
 from codecage.errors import ConfigError, Face
 from codecage.models import (
     ApprovalRequest,
@@ -235,7 +234,7 @@ class Sandbox:
         def read_back(workspace: Path, written: list[FileInfo]) -> None:
             # The one moment the workspace can be read: keep the bytes, then the caller's.
             if keep_mb:
-                collected.append(workspaces.keep(workspace, written, keep_mb * 2**20))
+                collected.append(host.keep(workspace, written, keep_mb * 2**20))
             if on_files is not None:
                 on_files(workspace, written)
 

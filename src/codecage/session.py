@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from codecage import host
-from codecage.engine import session as sessions_engine
 from codecage.errors import ConfigError, Face
 from codecage.models import ExecutionResult, Limits
 from codecage.options import describe_validation, limits_hint
 from codecage.policy import approval as approvals
 from codecage.policy.profiles import ImportPolicy
+
+if TYPE_CHECKING:  # the Host opens it; this face only calls its methods
+    from codecage.engine import session as sessions_engine
 
 
 class Session:
