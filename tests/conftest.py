@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from tests._session_audit import SESSION_STORE
+from tests._tiers import LONG, SERIAL
 
 from codecage import Options, Sandbox
 from codecage.audit import journal as audit_journal
@@ -57,6 +58,35 @@ def sandbox() -> Sandbox:
     Scrubbing is off too: a leaked canary that looks like a secret would otherwise come
     back as [SECRET] and a containment test would pass for the wrong reason."""
     return Sandbox(options=Options(import_policy=False, scrub=False))
+
+
+# --- tiers: long and serial (tests/_tiers.py, docs/testing.md) --------------------------
+
+
+def tier_names(item: pytest.Item) -> tuple[str, str, str]:
+    """The names a tier entry may give this test: its file, `file::function`, its node id."""
+    path = item.nodeid.split("::", 1)[0]
+    return path, f"{path}::{getattr(item, 'originalname', item.name)}", item.nodeid
+
+
+_SERIAL = {name: why for why, names in SERIAL.items() for name in names}
+COLLECTED: set[str] = set()
+"""Every name a tier entry could give a test of this session, before `-m` deselects any
+(tests/test_tiers.py checks the entries against it)."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks the tests tests/_tiers.py names: `long` (scripts/test-long runs them, not
+    scripts/test) and `serial` (scripts/test runs them alone, after the workers)."""
+    for item in items:
+        names = tier_names(item)
+        COLLECTED.update(names)
+        if any(name in LONG for name in names):
+            item.add_marker(pytest.mark.long)
+        why = next((_SERIAL[name] for name in names if name in _SERIAL), None)
+        if why is not None:
+            item.add_marker(pytest.mark.serial(why))
 
 
 # --- the runner: sandbox vs no isolation -----------------------------------------------

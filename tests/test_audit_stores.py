@@ -391,6 +391,8 @@ def test_the_password_is_in_no_location(postgres_server: PostgresServer, postgre
         f"postgresql://someone@127.0.0.1:1/audit?password={PASSWORD}",
         f"postgresql://someone:{PASSWORD}@127.0.0.1:1/audit?no_such_option=1",
     ],
+    # Named ids: the password is random, and xdist's workers must collect the same names.
+    ids=["in-userinfo", "in-query", "with-unknown-option"],
 )
 def test_the_password_is_in_no_error(url: str) -> None:
     with pytest.raises((AuditError, ConfigError)) as failed:

@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from mcp import Client
-from mcp.client.stdio import StdioServerParameters, stdio_client
+from tests._cli import serve_stdio
 
-CODECAGE = str(Path(sys.executable).with_name("codecage"))
 pytestmark = [
     pytest.mark.anyio,
     pytest.mark.skipif(
@@ -35,12 +32,8 @@ async def client(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Clie
     config = workdir / "config.toml"
     config.write_text('[serve]\nbackends = ["bwrap", "gvisor"]\n', encoding="utf-8")
     config.chmod(0o600)
-    env = {k: v for k, v in os.environ.items() if k == "PYTHONPATH"}
-    env["CODECAGE_CONFIG"] = str(config)
-    params = StdioServerParameters(command=CODECAGE, args=["serve"], cwd=str(workdir), env=env)
-    with (workdir / "stderr.log").open("w", encoding="utf-8") as errlog:
-        async with Client(stdio_client(params, errlog=errlog), read_timeout_seconds=120) as c:
-            yield c
+    async with serve_stdio(workdir, env={"CODECAGE_CONFIG": str(config)}, read_timeout=120) as c:
+        yield c
 
 
 async def _run(client: Client, **arguments: Any) -> Any:

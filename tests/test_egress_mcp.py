@@ -5,18 +5,13 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
-import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from mcp import Client
-from mcp.client.stdio import StdioServerParameters, stdio_client
-
-CODECAGE = str(Path(sys.executable).with_name("codecage"))
+from tests._cli import serve_stdio
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -56,12 +51,8 @@ async def client(tmp_path_factory: pytest.TempPathFactory, port: int) -> AsyncIt
         encoding="utf-8",
     )
     config.chmod(0o600)
-    env = {k: v for k, v in os.environ.items() if k == "PYTHONPATH"}
-    env["CODECAGE_CONFIG"] = str(config)
-    params = StdioServerParameters(command=CODECAGE, args=["serve"], cwd=str(workdir), env=env)
-    with (workdir / "stderr.log").open("w", encoding="utf-8") as errlog:
-        async with Client(stdio_client(params, errlog=errlog), read_timeout_seconds=120) as c:
-            yield c
+    async with serve_stdio(workdir, env={"CODECAGE_CONFIG": str(config)}, read_timeout=120) as c:
+        yield c
 
 
 def _fetch(port: int, path: str) -> str:

@@ -9,7 +9,6 @@ TTL, close), what it never shares (another session, a pooled run), and what is r
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -18,7 +17,7 @@ from typing import Any
 
 import pytest
 from mcp import Client
-from mcp.client.stdio import StdioServerParameters, stdio_client
+from tests._cli import serve_stdio
 from tests._forking import in_forked_child
 
 from codecage import ConfigError, Options, Sandbox, SessionError
@@ -26,8 +25,6 @@ from codecage import host as hosts
 from codecage import sandbox as sandboxes
 from codecage.engine.session import Sessions, SessionTerms
 from codecage.models import Limits, SessionSettings
-
-CODECAGE = str(Path(sys.executable).with_name("codecage"))
 
 
 @pytest.fixture(scope="module")
@@ -436,12 +433,8 @@ async def client(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Clie
     config = workdir / "config.toml"
     config.write_text("[sessions]\nmax_per_client = 2\n", encoding="utf-8")
     config.chmod(0o600)
-    env = {k: v for k, v in os.environ.items() if k == "PYTHONPATH"}
-    env["CODECAGE_CONFIG"] = str(config)
-    params = StdioServerParameters(command=CODECAGE, args=["serve"], cwd=str(workdir), env=env)
-    with (workdir / "stderr.log").open("w", encoding="utf-8") as errlog:
-        async with Client(stdio_client(params, errlog=errlog), read_timeout_seconds=120) as c:
-            yield c
+    async with serve_stdio(workdir, env={"CODECAGE_CONFIG": str(config)}, read_timeout=120) as c:
+        yield c
 
 
 def _text(result: Any) -> str:
