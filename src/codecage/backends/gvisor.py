@@ -280,15 +280,22 @@ def _wait_for_ids(process: SandboxProcess, who: Identity) -> None:
     Raises:
         SandboxError: it never became `who` (it died first: its stderr says why).
     """
-    wanted = f"{who.uid}\t{who.uid}\t{who.uid}\t{who.uid}"
+    # Both lines: the uid and the gid are not switched in one step, and `on_created`
+    # refuses a launcher whose gid still reads 0.
+    wanted = (f"Uid:\t{_four(who.uid)}\n", f"Gid:\t{_four(who.gid)}\n")
     deadline = time.monotonic() + _IDS_SWITCH_TIMEOUT_S
     while time.monotonic() < deadline and process.alive():
         with contextlib.suppress(OSError):
             status = Path(f"/proc/{process.pid}/status").read_text("ascii", errors="replace")
-            if f"Uid:\t{wanted}\n" in status:
+            if all(line in status for line in wanted):
                 return
         time.sleep(0.001)
-    raise SandboxError(f"the gVisor launcher did not become uid {who.uid}")
+    raise SandboxError(f"the gVisor launcher did not become uid {who.uid}, gid {who.gid}")
+
+
+def _four(number: int) -> str:
+    """An id as /proc/PID/status shows it: real, effective, saved and filesystem."""
+    return "\t".join([str(number)] * 4)
 
 
 class GvisorProcess(SandboxProcess):
