@@ -267,3 +267,18 @@ def test_a_command_gets_its_groups_built_from_the_flags_given() -> None:
     assert result.exit_code == 0, result.output
     assert got == [LimitFlags(timeout=2.5, memory_mb=300)]
     assert got[0].overrides() == {"timeout": 2.5, "memory_mb": 300}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["session", "open", "--memory-mb", "1"], "--memory-mb must be at least 32 (got 1)"),
+        (["session", "run", "ID", "--code", "1", "--timeout", "0"], "--timeout must be more"),
+    ],
+)
+def test_a_group_flag_s_own_check_runs_when_it_is_parsed(args: list[str], message: str) -> None:
+    """A group's field can carry a callback (a bounds check): it must find its module's
+    functions when typer calls it, and refuse as a usage error (2) before any server."""
+    result = typer.testing.CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())

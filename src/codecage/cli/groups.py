@@ -14,9 +14,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import sys
 import typing
 from collections.abc import Callable
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 R = TypeVar("R")
 
@@ -26,12 +27,17 @@ class FlagGroup:
     field `name: Annotated[type, typer.Option(...)] = default`."""
 
     __slots__ = ()
-    __dataclass_fields__: ClassVar[dict[str, Any]]
+    if TYPE_CHECKING:  # for mypy: a subclass is a dataclass (not an annotation at run time)
+        __dataclass_fields__: ClassVar[dict[str, Any]]
 
     @classmethod
     def parameters(cls) -> list[inspect.Parameter]:
         """The group's flags as the keyword parameters typer reads, in field order."""
-        hints = typing.get_type_hints(cls, include_extras=True)
+        # The module's namespace as globals: by default a class's annotations are evaluated
+        # with the class's own as globals, and a callback written in one (a lambda) would
+        # then not find the module's functions when called.
+        module = vars(sys.modules[cls.__module__])
+        hints = typing.get_type_hints(cls, globalns=module, include_extras=True)
         return [
             inspect.Parameter(
                 field.name,
