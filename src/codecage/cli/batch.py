@@ -29,10 +29,8 @@ from codecage.cli.options import (
     VerboseOpt,
 )
 from codecage.cli.render import fail, stderr
-from codecage.cli.setup import build_sandbox, load_config, scrub_option
-from codecage.config import Settings
+from codecage.cli.setup import load_config, sandbox_of
 from codecage.errors import CodecageError, ConfigError
-from codecage.sandbox import Sandbox
 
 MAX_LINE_BYTES: Final = 16 * 2**20
 """Longest input line: a program (10 MiB at most) with its files and limits."""
@@ -119,7 +117,9 @@ def run_batch(
     try:
         settings = load_config(config_file)
         programs, lines = read_programs(jsonl, limits.overrides())
-        with _sandbox(settings, policy, network, audit, output) as sandbox:
+        # A batch is what warm sandboxes are for (pool).
+        sandbox = sandbox_of(settings, _no_tools(), policy, network, audit, output, pool=True)
+        with sandbox:
             items = batch.prepare(
                 programs, sandbox.limits, label=lambda index: f"--jsonl line {lines[index]}"
             )
@@ -132,29 +132,6 @@ def run_batch(
     if not quiet:
         _print_summary(results, wall_s, as_json=as_json)
     raise typer.Exit(1 if any(r.error is not None for r in results) else 0)
-
-
-def _sandbox(
-    settings: Settings,
-    policy: SandboxFlags,
-    network: NetworkFlags,
-    audit: AuditFlags,
-    output: OutputFlags,
-) -> Sandbox:
-    """The batch's Sandbox (not started)."""
-    return build_sandbox(
-        settings,
-        _no_tools(),
-        profile=policy.profile,
-        allow_import=policy.allow_import,
-        backend=policy.backend,
-        allow_degraded=policy.allow_degraded,
-        import_policy=not policy.no_import_policy,
-        scrub=scrub_option(output.no_scrub, output.scrub_categories, settings),
-        pool=True,  # a batch is what warm sandboxes are for
-        allow_host=network.allow_host,
-        audit=audit.audit,
-    )
 
 
 def _run(

@@ -49,7 +49,7 @@ from codecage.cli.setup import (
     read_code,
     read_inputs,
     refuse_mcp_config_in,
-    scrub_option,
+    sandbox_of,
     servers_of_hosts,
     tool_setup,
 )
@@ -179,7 +179,8 @@ def run(
         uploads = _uploads(files, workspace_mb)
         host_servers, host_reports = _host_servers(tools, files.workspace, settings)
         toolset = _connect(tools, settings, host_servers, quiet=as_json)
-        sandbox = _sandbox(settings, toolset, policy, network, audit, output, replace_imports)
+        groups = (policy, network, audit, output)
+        sandbox = _single_run_sandbox(settings, toolset, *groups, replace_imports)
         job = _Job(text, filename, limits.overrides(), strict, uploads, workspace_mb)
         result, streamed = _execute(sandbox, toolset, job, files, as_json=as_json, raw=raw)
     except CodecageError as exc:
@@ -253,7 +254,7 @@ def _connect(
         )
 
 
-def _sandbox(
+def _single_run_sandbox(
     settings: Settings,
     tools: ToolSetup,
     policy: SandboxFlags,
@@ -262,24 +263,19 @@ def _sandbox(
     output: OutputFlags,
     replace_imports: bool,
 ) -> Sandbox:
-    """`run`'s Sandbox (not started)."""
-    return build_sandbox(
+    """`run`'s Sandbox (not started): for one run, so without a warm pool (the config's
+    [pool] would start several for nothing and make this process wait to tear them down)
+    or a fork server (its template would cost a sandbox's start before the fork)."""
+    return sandbox_of(
         settings,
         tools,
-        profile=policy.profile,
-        allow_import=policy.allow_import,
-        backend=policy.backend,
-        allow_degraded=policy.allow_degraded,
-        replace_imports=replace_imports,
-        import_policy=not policy.no_import_policy,
-        scrub=scrub_option(output.no_scrub, output.scrub_categories, settings),
-        allow_host=network.allow_host,
-        audit=audit.audit,
-        # One run, one sandbox: a warm pool (the config's [pool]) would start several
-        # for nothing and make this process wait to tear them down; a fork server's
-        # template would cost a sandbox's start before the fork.
+        policy,
+        network,
+        audit,
+        output,
         pool=False,
         fork_server=False,
+        replace_imports=replace_imports,
     )
 
 
