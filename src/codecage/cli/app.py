@@ -1,8 +1,9 @@
 """The `codecage` command line: the typer app, its commands (one module per group: run.py,
 info.py, gen.py, serve.py, packages.py, session.py) and `main`, which turns usage errors
-into exit 2. A command parses its flags (options.py), builds the library's inputs
-(setup.py), calls the library and renders what it gets (render.py); `session` calls a
-running `codecage serve --http` instead (remote.py).
+into exit 2. A command parses its flags (options.py; those that go together come as one
+group, groups.py), builds the library's inputs (setup.py), calls the library and renders
+what it gets (render.py); `session` calls a running `codecage serve --http` instead
+(remote.py).
 
 Exit codes: 0 the code ran and succeeded; 1 it ran and did not succeed, or a check failed,
 or the host could not run it; 2 a usage error or a refused request (ConfigError).
