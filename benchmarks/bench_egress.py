@@ -127,12 +127,14 @@ print(json.dumps([get(request) for _ in range({n})]))
 def from_a_sandbox(port: int, n: int, config: Path) -> tuple[list[float], list[float]]:
     """n GETs from code in a real sandbox (its relay, then the proxy), back to back, and n
     direct from the host right after: (direct, from the sandbox) durations in s."""
-    from codecage import Sandbox
+    from codecage import Options, Sandbox
     from codecage.guest import contract
 
     code = _IN_SANDBOX.format(relay=contract.EGRESS_RELAY_PORT, port=port, n=n)
     hosts = [f"api.bench:{port}", f"127.0.0.1:{port}"]
-    with Sandbox(config=config, allow_hosts=hosts, import_policy=False, scrub=False) as sb:
+    with Sandbox(
+        config=config, allow_hosts=hosts, options=Options(import_policy=False, scrub=False)
+    ) as sb:
         r = sb.run(code, limits={"timeout": 120})
     if r.status != "ok":
         raise SystemExit(f"the sandboxed run failed: {r.stderr[-1000:]}")

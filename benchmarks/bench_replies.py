@@ -91,7 +91,10 @@ try:
     from codecage.mcp.server import build_server
 
     def make_server():
-        return build_server(Sandbox(pool=False))
+        sandbox = Sandbox(pool=False)
+        # Since the structure issue the server holds the host; before, the Sandbox.
+        return build_server(getattr(sandbox, "host", None) and sandbox.host
+                            if "runtime" in build_server.__code__.co_varnames else sandbox)
 except ImportError:  # an older commit's code, from before the mcp/ package (issue 19)
     from codecage.server import build_server
 

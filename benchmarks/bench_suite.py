@@ -60,7 +60,7 @@ from typing import Any
 
 from bench_cold_start import ROOT, SNIPPET, _python, _raw_bwrap_argv, _run, _timed, percentile
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.backends.base import load_backend
 from codecage.engine import RUN_DIR_PREFIX
 from codecage.engine import workspace as workspaces
@@ -201,7 +201,7 @@ def pooled(
     config = PoolConfig(enabled=True, sizes=sizes or PoolSizes())
     with (
         Pool(load_backend(backend), config, Limits()) as pool,
-        Sandbox(pool=pool, profile=profile) as sandbox,
+        Sandbox(profile=profile, options=Options(pool=pool)) as sandbox,
     ):
         yield pool, sandbox
 

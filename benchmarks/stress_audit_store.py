@@ -27,7 +27,7 @@ import time
 import uuid
 from pathlib import Path
 
-from codecage import ExecutionResult, Sandbox
+from codecage import ExecutionResult, Options, Sandbox
 from codecage.audit import AuditTrail, Erasure, open_store
 from codecage.audit import trail as trails
 from codecage.audit.record import Caller, Finished
@@ -139,7 +139,7 @@ def maintenance_thread(db: Path, until: float, counts: dict[str, int]) -> None:
 
 def worker(db: str, seconds: float, threads: int, close_wait: float, role: int) -> None:
     trails.CLOSE_WAIT_S = close_wait
-    with Sandbox(pool=False, audit=False) as sandbox:
+    with Sandbox(pool=False, options=Options(audit=False)) as sandbox:
         result = sandbox.run("print('hi')")
     until = time.monotonic() + seconds
     counts: dict[str, int] = {}

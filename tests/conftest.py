@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from tests._session_audit import SESSION_STORE
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.audit import journal as audit_journal
 from codecage.audit import store as audit_store
 from codecage.bridge import channel as bridge_channel
@@ -56,7 +56,7 @@ def sandbox() -> Sandbox:
     The policy itself is tested in test_profiles.py. The self-test must pass here.
     Scrubbing is off too: a leaked canary that looks like a secret would otherwise come
     back as [SECRET] and a containment test would pass for the wrong reason."""
-    return Sandbox(import_policy=False, scrub=False)
+    return Sandbox(options=Options(import_policy=False, scrub=False))
 
 
 # --- the runner: sandbox vs no isolation -----------------------------------------------

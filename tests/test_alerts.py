@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from codecage import ConfigError, Sandbox
-from codecage.audit import alerts as alerting
+from codecage import ConfigError, Options, Sandbox
+from codecage import host as hosts
+from codecage import sandbox as sandboxes
 from codecage.audit.alerts import QUEUE_MAX, Alerter
+from codecage.audit.record import Finished
 from codecage.models import AlertSettings
 from test_audit_claims import FORGE_CODE
 from test_server import CODECAGE, INITIALIZE, server_env
@@ -121,19 +123,17 @@ def test_repeated_network_denials_alert_a_webhook_with_the_run_but_not_its_code(
     with Sandbox(
         config=config,
         pool=False,
-        import_policy=False,
         allow_hosts=["metadata.test:80"],
-        audit=db,
-        alerts=settings,
+        options=Options(import_policy=False, audit=db, alerts=settings),
     ) as sandbox:
-        assert sandbox.alerter is not None
+        assert sandbox.host.alerter is not None
         claims = [sandbox.run(SOCKET_CODE), sandbox.run(FORGE_CODE)]
-        assert sandbox.alerter.flush(WAIT_S)
+        assert sandbox.host.alerter.flush(WAIT_S)
         first = sandbox.run(METADATA_CODE)
-        assert sandbox.alerter.flush(WAIT_S)
+        assert sandbox.host.alerter.flush(WAIT_S)
         assert receiver.bodies == []  # one denial: not yet repeated; claims: never counted
         second = sandbox.run(METADATA_CODE)
-        assert sandbox.alerter.flush(WAIT_S)
+        assert sandbox.host.alerter.flush(WAIT_S)
     for claim in claims:
         assert claim.status == "ok", claim
         assert {e.source for e in claim.events if e.kind == "network_denied"} == {"guest"}
@@ -155,9 +155,9 @@ def test_repeated_network_denials_alert_a_webhook_with_the_run_but_not_its_code(
 def test_a_command_gets_the_alert_as_json_on_its_stdin(tmp_path: Path) -> None:
     script, out = writer(tmp_path)
     settings = AlertSettings(command=[str(script)], on=["import_blocked"], repeat_count=1)
-    with Sandbox(pool=False, profile="basic", alerts=settings) as sandbox:
+    with Sandbox(pool=False, profile="basic", options=Options(alerts=settings)) as sandbox:
         result = sandbox.run("import socket")
-        assert sandbox.alerter is not None and sandbox.alerter.flush(WAIT_S)
+        assert sandbox.host.alerter is not None and sandbox.host.alerter.flush(WAIT_S)
     assert result.status == "error"
     [line] = out.read_text().splitlines()
     alert = json.loads(line)
@@ -170,9 +170,11 @@ def test_a_command_gets_the_alert_as_json_on_its_stdin(tmp_path: Path) -> None:
 def test_degraded_isolation_and_a_status_alert(tmp_path: Path) -> None:
     script, out = writer(tmp_path)
     settings = AlertSettings(command=[str(script)], on=["degraded_isolation", "status:error"])
-    with Sandbox(pool=False, backend="landlock", allow_degraded=True, alerts=settings) as sandbox:
+    with Sandbox(
+        pool=False, backend="landlock", options=Options(allow_degraded=True, alerts=settings)
+    ) as sandbox:
         result = sandbox.run("1 / 0")
-        assert sandbox.alerter is not None and sandbox.alerter.flush(WAIT_S)
+        assert sandbox.host.alerter is not None and sandbox.host.alerter.flush(WAIT_S)
     alerts = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted(a["kind"] for a in alerts) == ["degraded_isolation", "status:error"]
     by_kind = {a["kind"]: a for a in alerts}
@@ -186,11 +188,11 @@ def test_a_high_validation_finding_alerts_whether_or_not_the_run_was_validated(
 ) -> None:
     code = "subclasses = ().__class__.__base__.__subclasses__()\nlen(subclasses)"
     settings = AlertSettings(webhook_url=receiver.url, on=["validation_high"])
-    with Sandbox(pool=False, alerts=settings) as sandbox:
+    with Sandbox(pool=False, options=Options(alerts=settings)) as sandbox:
         blocked = sandbox.run(code, strict=True)  # validated before: its events say so
         ran = sandbox.run(code)  # not validated: the alerter checks it off the run path
         harmless = sandbox.run("print(sum(range(10)))")
-        assert sandbox.alerter is not None and sandbox.alerter.flush(WAIT_S)
+        assert sandbox.host.alerter is not None and sandbox.host.alerter.flush(WAIT_S)
     assert blocked.status == "blocked" and ran.status == harmless.status == "ok"
     by_run = {str(b["execution_id"]): b for b in receiver.bodies}
     assert set(by_run) == {blocked.execution_id, ran.execution_id}
@@ -203,10 +205,16 @@ def test_over_the_rate_alerts_are_suppressed_recorded_and_counted_in_the_next(
     db = tmp_path / "audit.db"
     now = [1000.0]
     settings = AlertSettings(webhook_url=receiver.url, on=["status:error"], max_per_hour=1)
-    with Sandbox(pool=False, audit=db) as sandbox:
+    alerters: list[Alerter] = []
+
+    def observe(finished: Finished) -> None:
+        alerters[0](finished)  # made with the trail the host opened
+
+    options = Options(pool=False, audit=db).resolve()
+    with sandboxes.over(hosts.build(options, observers=(observe,))) as sandbox:
         assert sandbox.host.audit is not None
         alerter = Alerter(settings, store=sandbox.host.audit.store, clock=lambda: now[0])
-        sandbox.host.observers.append(alerter)
+        alerters.append(alerter)
         runs = [sandbox.run("1 / 0") for _ in range(3)]
         assert alerter.flush(WAIT_S)
         assert len(receiver.bodies) == 1
@@ -230,8 +238,8 @@ def test_a_hanging_webhook_holds_up_no_run(tmp_path: Path, receiver: Receiver) -
     db = tmp_path / "audit.db"
     receiver.hold.clear()
     settings = AlertSettings(webhook_url=receiver.url, on=["status:error"], timeout=WAIT_S)
-    with Sandbox(pool=False, audit=db, alerts=settings) as sandbox:
-        assert sandbox.alerter is not None
+    with Sandbox(pool=False, options=Options(audit=db, alerts=settings)) as sandbox:
+        assert sandbox.host.alerter is not None
         try:
             first = sandbox.run("1 / 0")
             assert receiver.arrived.wait(WAIT_S)  # its alert is at the hook, which hangs
@@ -242,7 +250,7 @@ def test_a_hanging_webhook_holds_up_no_run(tmp_path: Path, receiver: Receiver) -
             assert not receiver.hold.is_set() and alert_rows(db) == []
         finally:
             receiver.hold.set()
-        assert sandbox.alerter.flush(WAIT_S)
+        assert sandbox.host.alerter.flush(WAIT_S)
     assert first.status == second.status == "error"
     assert [(r[1], r[5]) for r in alert_rows(db)] == [
         (first.execution_id, "sent"),
@@ -260,9 +268,9 @@ def test_failing_hooks_are_recorded_as_failed_and_the_run_is_as_it_was(
         webhook_url=failing.url, command=[str(stuck)], on=["status:error"], timeout=1
     )
     try:
-        with Sandbox(pool=False, audit=db, alerts=settings) as sandbox:
+        with Sandbox(pool=False, options=Options(audit=db, alerts=settings)) as sandbox:
             result = sandbox.run("print('still here')\n1 / 0")
-            assert sandbox.alerter is not None and sandbox.alerter.flush(WAIT_S)
+            assert sandbox.host.alerter is not None and sandbox.host.alerter.flush(WAIT_S)
     finally:
         failing.close()
     assert result.status == "error" and result.stdout == "still here\n"
@@ -296,9 +304,9 @@ def test_a_full_queue_drops_alerts_and_the_next_one_sent_counts_them(
 def test_a_blocked_client_alerts_with_a_scrubbed_reason(tmp_path: Path, receiver: Receiver) -> None:
     db = tmp_path / "audit.db"
     settings = AlertSettings(webhook_url=receiver.url)  # client_blocked is on by default
-    with Sandbox(pool=False, audit=db, alerts=settings) as sandbox:
-        alerter = alerting.of(sandbox.host)
-        assert alerter is sandbox.alerter and alerter is not None
+    with Sandbox(pool=False, options=Options(audit=db, alerts=settings)) as sandbox:
+        alerter = sandbox.host.alerter
+        assert alerter is not None and alerter in sandbox.host.observers
         alerter.client_blocked("alice", "over 10 runs a minute; contact alice@example.com")
         assert alerter.flush(WAIT_S)
     [alert] = receiver.bodies
@@ -348,11 +356,13 @@ def test_alerts_without_a_hook_or_with_a_plain_http_webhook_are_refused(
     tmp_path: Path, clean_env: dict[str, str]
 ) -> None:
     with pytest.raises(ConfigError, match="no webhook_url or command"):
-        Sandbox(pool=False, alerts=True)
+        Sandbox(pool=False, options=Options(alerts=True))
     with pytest.raises(ConfigError, match="not an executable program"):
-        Sandbox(pool=False, alerts=AlertSettings(command=[str(tmp_path / "missing")]))
+        Sandbox(
+            pool=False, options=Options(alerts=AlertSettings(command=[str(tmp_path / "missing")]))
+        )
     config = tmp_path / "config.toml"
     config.write_text('[alerts]\nwebhook_url = "http://hooks.example.com/x"\n')
     config.chmod(0o600)
     with pytest.raises(ConfigError, match="loopback only"):
-        Sandbox(pool=False, config=config, alerts=True)
+        Sandbox(pool=False, config=config, options=Options(alerts=True))

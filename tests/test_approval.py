@@ -32,7 +32,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult, ElicitRequestParams, ElicitResult, ErrorData, TextContent
 
-from codecage import ApprovalRequest, ConfigError, ExecutionResult, Sandbox
+from codecage import ApprovalRequest, ConfigError, ExecutionResult, Options, Sandbox
 from codecage.bridge import broker as broker_module
 from codecage.bridge import upstreams
 from codecage.bridge.broker import Broker
@@ -191,7 +191,9 @@ def test_an_approved_run_runs_and_its_event_is_in_the_result_and_the_audit_recor
         asked.append(request)
         return True
 
-    with Sandbox(config=config(tmp_path), approve=approve, pool=False, audit=db) as sandbox:
+    with Sandbox(
+        config=config(tmp_path), approve=approve, pool=False, options=Options(audit=db)
+    ) as sandbox:
         result = sandbox.run(RISKY, workspace=lent)
         plain = sandbox.run(RISKY)  # the same code, granted nothing
     assert result.status == "ok" and result.return_value == 40
@@ -217,7 +219,10 @@ def test_a_denied_run_is_blocked_and_nothing_ran(tmp_path: Path, lent: Path) -> 
     code = "import ctypes\nopen('/workspace/ran', 'w')"
     db = tmp_path / "audit.db"
     with Sandbox(
-        config=config(tmp_path), approve=lambda request: False, pool=False, audit=db
+        config=config(tmp_path),
+        approve=lambda request: False,
+        pool=False,
+        options=Options(audit=db),
     ) as sandbox:
         result = sandbox.run(code, workspace=lent)
     assert result.status == "blocked" and result.usage.wall_ms == 0

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from codecage import ExecutionResult, Sandbox
+from codecage import ExecutionResult, Options, Sandbox
 from codecage.audit import Query, open_store
 from codecage.audit.record import (
     MAX_EVENTS,
@@ -54,7 +54,7 @@ print("x" * 2_000_000)
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ExecutionResult]:
     db = tmp_path_factory.mktemp("bounds") / "audit.db"
-    with Sandbox(audit=db, pool=False, import_policy=False) as sandbox:
+    with Sandbox(pool=False, options=Options(audit=db, import_policy=False)) as sandbox:
         result = sandbox.run(HOSTILE_CODE, limits={"max_output_bytes": 4096, "timeout": 120})
     return db, result
 
@@ -119,7 +119,7 @@ def test_the_record_says_what_was_left_out(hostile: tuple[Path, ExecutionResult]
 
 def test_a_record_within_its_bounds_is_kept_whole(tmp_path: Path) -> None:
     db = tmp_path / "audit.db"
-    with Sandbox(audit=db, pool=False) as sandbox:
+    with Sandbox(pool=False, options=Options(audit=db)) as sandbox:
         result = sandbox.run("open('/workspace/out.txt', 'w').write('hi'); print('ok')")
     record = stored(db)
     assert record.execution_id == result.execution_id

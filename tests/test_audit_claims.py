@@ -20,7 +20,9 @@ import psycopg
 import pytest
 from tests._postgres import postgres_server, postgres_url
 
-from codecage import ExecutionResult, Sandbox
+from codecage import ExecutionResult, Options
+from codecage import host as hosts
+from codecage import sandbox as sandboxes
 from codecage.audit import Query, open_store
 from codecage.audit.metrics import ServerMetrics
 from codecage.audit.schema import MIGRATIONS, SCHEMA_VERSION
@@ -58,8 +60,8 @@ class Forged:
 def forged(tmp_path_factory: pytest.TempPathFactory) -> Forged:
     db = tmp_path_factory.mktemp("claims") / "audit.db"
     metrics = ServerMetrics()
-    with Sandbox(audit=db, pool=False, import_policy=False) as sandbox:
-        sandbox.host.observers.append(metrics.observe)
+    options = Options(pool=False, audit=db, import_policy=False).resolve()
+    with sandboxes.over(hosts.build(options, observers=(metrics.observe,))) as sandbox:
         result = sandbox.run(FORGE_CODE)
     return Forged(db, result, metrics)
 

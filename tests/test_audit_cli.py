@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from tests._postgres import postgres_server, postgres_url
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.audit import Erasure, journal, open_store
 from test_server import CODECAGE, server_env
 
@@ -45,7 +45,7 @@ def cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def filled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Filled]:
     db = tmp_path_factory.mktemp("audit") / "audit.db"
-    with Sandbox(audit=db, pool=False, profile="basic") as sandbox:
+    with Sandbox(pool=False, profile="basic", options=Options(audit=db)) as sandbox:
         ok = sandbox.run(f"open('out.txt', 'w').write('{CANARY}')\nprint('fine')")
         error = sandbox.run("1 / 0")
         refused = sandbox.run("import socket")
@@ -131,7 +131,7 @@ def _file_bytes(db: Path) -> bytes:
 
 def test_erasing_a_client_leaves_no_trace_of_it_in_the_files(tmp_path: Path) -> None:
     db = tmp_path / "audit.db"
-    with Sandbox(audit=db, pool=False) as sandbox:
+    with Sandbox(pool=False, options=Options(audit=db)) as sandbox:
         sandbox.run(f"print('{CANARY}')")
         sandbox.run(f"x = '{CANARY}'")
     assert CANARY.encode() in _file_bytes(db)
@@ -146,7 +146,7 @@ def test_erasing_a_client_leaves_no_trace_of_it_in_the_files(tmp_path: Path) -> 
 def test_the_journal_of_a_killed_process_shows_in_the_list(tmp_path: Path) -> None:
     """A host killed before its writer wrote: the commands put its journal in first."""
     db = tmp_path / "audit.db"
-    with Sandbox(audit=db, pool=False) as sandbox:
+    with Sandbox(pool=False, options=Options(audit=db)) as sandbox:
         result = sandbox.run("print('journaled')")
     trail = open_store(db)
     record = trail.get(result.execution_id)
@@ -167,6 +167,6 @@ def _dead_pid() -> int:
 
 
 def test_list_reads_a_postgresql_store(postgres_url: str) -> None:
-    with Sandbox(audit=postgres_url, pool=False) as sandbox:
+    with Sandbox(pool=False, options=Options(audit=postgres_url)) as sandbox:
         result = sandbox.run("print('in postgres')")
     assert [e["execution_id"] for e in listed("--store", postgres_url)] == [result.execution_id]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from codecage import ExecutionResult, Sandbox
+from codecage import ExecutionResult, Options, Sandbox
 from codecage.audit import AuditTrail
 from codecage.audit import trail as trails
 from codecage.audit.record import Caller, Finished
@@ -33,7 +33,7 @@ VICTIM = b"a database page that must stay\n" * 8
 
 @pytest.fixture(scope="module")
 def a_result() -> ExecutionResult:
-    with Sandbox(pool=False, audit=False) as sandbox:
+    with Sandbox(pool=False, options=Options(audit=False)) as sandbox:
         return sandbox.run("print('hi')")
 
 

@@ -20,7 +20,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from tests._disk import big_code, fill, small_tmpfs
 
-from codecage import AuditError, Sandbox
+from codecage import AuditError, Options, Sandbox
 from codecage.audit import journal, open_store
 from codecage.mcp import health
 from test_server import CODECAGE, INITIALIZE, server_env, serving_http, structured
@@ -88,7 +88,7 @@ def test_a_full_disk_is_reported_and_the_records_are_written_once_there_is_room(
     small_disk: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     db = small_disk / "audit.db"
-    with Sandbox(audit=db, pool=False) as sandbox:
+    with Sandbox(pool=False, options=Options(audit=db)) as sandbox:
         trail = sandbox.host.audit
         assert trail is not None
         first = sandbox.run(big_code(0))
@@ -111,7 +111,7 @@ def test_a_required_trail_refuses_runs_while_its_store_fails(small_disk: Path) -
     config = small_disk.parent / "config.toml"
     config.write_text("[audit]\nrequired = true\n")
     db = small_disk / "audit.db"
-    with Sandbox(audit=db, pool=False, config=config) as sandbox:
+    with Sandbox(pool=False, config=config, options=Options(audit=db)) as sandbox:
         sandbox.run(big_code(0))
         filler = fill(small_disk)
         unrecorded = sandbox.run(big_code(1))  # this one's write fails: it ran already
@@ -126,7 +126,7 @@ def test_a_required_trail_refuses_runs_while_its_store_fails(small_disk: Path) -
 
 def test_a_locked_store_keeps_the_record_until_the_lock_is_gone(tmp_path: Path) -> None:
     db = tmp_path / "audit.db"
-    with Sandbox(audit=db, pool=False) as sandbox:
+    with Sandbox(pool=False, options=Options(audit=db)) as sandbox:
         holder = sqlite3.connect(db, isolation_level=None)
         holder.execute("BEGIN EXCLUSIVE")  # another process's long write transaction
         try:
@@ -176,7 +176,7 @@ def read_only_dir(tmp_path: Path) -> Iterator[Path]:
         pytest.skip("a read-only bind mount needs root")
     where = tmp_path / "state"
     where.mkdir()
-    with Sandbox(audit=where / "audit.db", pool=False) as sandbox:
+    with Sandbox(pool=False, options=Options(audit=where / "audit.db")) as sandbox:
         sandbox.run("1")
     subprocess.run(["mount", "--bind", str(where), str(where)], check=True)
     try:

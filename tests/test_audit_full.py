@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from tests._postgres import postgres_server, postgres_url
 
-from codecage import ExecutionResult, Sandbox
+from codecage import ExecutionResult, Options, Sandbox
 from codecage.audit import AuditTrail, Erasure, Query, open_store
 from codecage.audit.record import Caller, Finished, record_of
 from codecage.errors import AuditError
-from codecage.mcp.health import host_readiness, server_metrics
+from codecage.mcp.health import host_readiness, server_metrics, watch
 from codecage.models import AlertSettings, AuditSettings
 from test_alerts import WAIT_S, writer
 from test_metrics import samples, value
@@ -108,7 +108,7 @@ def test_a_required_trail_refuses_runs_while_full_and_serves_again_once_there_is
     db = tmp_path / "audit.db"
     config = tmp_path / "config.toml"
     config.write_text("[audit]\nmax_mb = 1\nrequired = true\n")
-    with Sandbox(config=config, audit=db, pool=False) as sandbox:
+    with Sandbox(config=config, pool=False, options=Options(audit=db)) as sandbox:
         trail = sandbox.host.audit
         assert trail is not None
         with pytest.raises(AuditError) as refused:
@@ -138,9 +138,9 @@ def test_a_full_store_that_is_not_required_alerts_and_says_so_on_readyz(tmp_path
     config.write_text("[audit]\nmax_mb = 1\n")
     script, out = writer(tmp_path)
     alerts = AlertSettings(command=[str(script)], on=["audit_full"])
-    with Sandbox(config=config, audit=db, pool=False, alerts=alerts) as sandbox:
+    with Sandbox(config=config, pool=False, options=Options(audit=db, alerts=alerts)) as sandbox:
         trail = sandbox.host.audit
-        assert trail is not None and sandbox.alerter is not None
+        assert trail is not None and sandbox.host.alerter is not None
         results = []
         for _ in range(40):
             results.append(sandbox.run(big_code() + "1"))
@@ -154,10 +154,12 @@ def test_a_full_store_that_is_not_required_alerts_and_says_so_on_readyz(tmp_path
             "full" in body["degraded"]
             and f"{trail.dropped} record(s) dropped" in (body["degraded"])
         )
-        found = samples(server_metrics(sandbox).exposition().decode())
+        metrics = server_metrics(sandbox.host.settings, sandbox.host.tools)
+        watch(metrics, sandbox.host)
+        found = samples(metrics.exposition().decode())
         assert value(found, "codecage_audit_store_full") == 1
         assert value(found, "codecage_audit_records_dropped_total") == trail.dropped
-        assert sandbox.alerter.flush(WAIT_S)
+        assert sandbox.host.alerter.flush(WAIT_S)
     [line] = out.read_text().splitlines()  # once, when it became full
     alert = json.loads(line)
     assert alert["kind"] == "audit_full" and "full" in alert["detail"]
@@ -177,7 +179,7 @@ def test_a_store_full_at_open_refuses_the_first_run_of_a_required_trail(
     config = tmp_path / "config.toml"
     config.write_text("[audit]\nmax_mb = 1\nrequired = true\n")
     with (
-        Sandbox(config=config, audit=db, pool=False) as sandbox,
+        Sandbox(config=config, pool=False, options=Options(audit=db)) as sandbox,
         pytest.raises(AuditError, match="full"),
     ):
         sandbox.run("print(1)")

@@ -20,7 +20,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.audit import AuditTrail, Query, open_store
 from codecage.audit.record import AuditRecord
 from codecage.audit.sqlite import SqliteStore
@@ -54,7 +54,7 @@ def a_record(template: AuditRecord) -> AuditRecord:
 
 def template_record(tmp_path: Path) -> AuditRecord:
     """A whole record as the trail writes one, read back from a store it was put in."""
-    with Sandbox(pool=False, audit=False) as sandbox:
+    with Sandbox(pool=False, options=Options(audit=False)) as sandbox:
         result = sandbox.run("print('hi')")
     seed = tmp_path / "seed.db"
     trail = AuditTrail.open(AuditSettings(store=str(seed)), scrub=str)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from tests._postgres import PostgresServer, postgres_server, postgres_url
 
-from codecage import AuditError, ConfigError, Sandbox
+from codecage import AuditError, ConfigError, Options, Sandbox
 from codecage.audit import AuditStore, Erasure, Query, open_store
 from codecage.audit.postgres import placeholders, without_password
 from codecage.audit.record import (
@@ -473,7 +473,7 @@ def test_question_mark_placeholders_become_psycopgs(sql: str, translated: str) -
 def test_a_sandbox_run_lands_in_postgresql(
     postgres_server: PostgresServer, postgres_url: str
 ) -> None:
-    with Sandbox(audit=postgres_url, pool=False) as sandbox:
+    with Sandbox(pool=False, options=Options(audit=postgres_url)) as sandbox:
         result = sandbox.run("open('out.txt', 'w').write('abc')\nprint('mail bob@example.com')")
     assert result.status == "ok"
     database = postgres_url.rsplit("/", 1)[1]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from tests._session_audit import SESSION_STORE
 
-from codecage import AuditError, Sandbox
+from codecage import AuditError, Options, Sandbox
 from codecage.audit import Query, open_store
 from test_server import CODECAGE, INITIALIZE, server_env
 
@@ -34,7 +34,7 @@ def test_a_library_run_is_on_record_with_its_caller_hash_files_and_scrubbed_code
     tmp_path: Path,
 ) -> None:
     db = tmp_path / "audit.db"
-    with Sandbox(audit=db, pool=False) as sandbox:
+    with Sandbox(pool=False, options=Options(audit=db)) as sandbox:
         result = sandbox.run(CODE)
     assert result.status == "error"
     store = open_store(db)
@@ -62,7 +62,7 @@ def test_keep_code_off_keeps_only_the_hash(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     config.write_text("[audit]\nkeep_code = false\n")
     db = tmp_path / "audit.db"
-    with Sandbox(audit=db, pool=False, config=config) as sandbox:
+    with Sandbox(pool=False, config=config, options=Options(audit=db)) as sandbox:
         result = sandbox.run("print('secret plan')")
     assert rows(db, "SELECT code, code_sha256 FROM executions") == [
         (None, hashlib.sha256(b"print('secret plan')").hexdigest())
@@ -74,7 +74,7 @@ def test_an_unopenable_store_is_a_clear_error(tmp_path: Path) -> None:
     target = tmp_path / "file-not-dir"
     target.write_text("x")
     with pytest.raises(AuditError, match="cannot be opened"):
-        Sandbox(audit=target / "audit.db", pool=False)
+        Sandbox(pool=False, options=Options(audit=target / "audit.db"))
 
 
 def test_the_cli_run_records_under_the_cli_caller(tmp_path: Path) -> None:
@@ -95,7 +95,7 @@ def test_a_test_run_writes_its_own_store_never_the_host_wide_default(tmp_path: P
     """The default store (/var/lib/codecage/audit.db for root) is every codecage's on the
     host: the tests' records go to this run's own (conftest), in this process (an MCP
     face's default trail) and in the codecage processes they start (`server_env`)."""
-    with Sandbox(pool=False, face="mcp") as sandbox:
+    with Sandbox(pool=False, options=Options(face="mcp")) as sandbox:
         assert sandbox.host.audit is not None
         assert sandbox.host.audit.store.location == str(SESSION_STORE)
     done = subprocess.run(
@@ -142,7 +142,7 @@ def test_an_mcp_call_is_on_record_with_the_client_it_named(tmp_path: Path) -> No
 
 def test_query_filters_by_status_caller_and_event_kind(tmp_path: Path) -> None:
     db = tmp_path / "audit.db"
-    with Sandbox(audit=db, pool=False, profile="basic") as sandbox:
+    with Sandbox(pool=False, profile="basic", options=Options(audit=db)) as sandbox:
         ok = sandbox.run("1")
         refused = sandbox.run("import socket")
     store = open_store(db)
@@ -189,11 +189,11 @@ def test_a_trimmed_mcp_reply_is_on_the_record_too(tmp_path: Path) -> None:
 
 def test_info_says_whether_runs_are_on_record_and_where(tmp_path: Path) -> None:
     db = tmp_path / "audit.db"
-    with Sandbox(audit=db, pool=False) as sandbox:
+    with Sandbox(pool=False, options=Options(audit=db)) as sandbox:
         state = sandbox.info().audit
     assert state is not None and state.enabled and state.store == str(db)
     assert state.failure is None
-    with Sandbox(audit=False, pool=False) as sandbox:
+    with Sandbox(pool=False, options=Options(audit=False)) as sandbox:
         off = sandbox.info().audit
     assert off is not None and not off.enabled
 

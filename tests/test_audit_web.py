@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.audit import Query, open_store
 from codecage.audit.web import CHART_FRAGMENT
 from test_server import CODECAGE, free_port, server_env
@@ -43,7 +43,7 @@ class Store:
 def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     """Real runs, and copies of one spread over the last day (a chart needs several hours)."""
     db = tmp_path_factory.mktemp("web") / "audit.db"
-    with Sandbox(audit=db, pool=False, profile="basic") as sandbox:
+    with Sandbox(pool=False, profile="basic", options=Options(audit=db)) as sandbox:
         runs = [sandbox.run("print('fine')"), sandbox.run("1 / 0"), sandbox.run("import socket")]
     trail = open_store(db)
     template = trail.query(Query(limit=1))[0]

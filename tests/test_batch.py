@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from _cli import codecage
-from codecage import ConfigError, ExecutionResult, Limits, Sandbox, SandboxError
+from codecage import ConfigError, ExecutionResult, Limits, Options, Sandbox, SandboxError
 from codecage.batch import BatchResult, Program, run_many
 from codecage.cli import batch as batch_cli
 
@@ -28,7 +28,9 @@ def audited(tmp_path: Path) -> Iterator[tuple[Sandbox, Path]]:
     """A Sandbox whose every run is recorded in a real SQLite audit trail: the record
     counts the runs that happened, independently of what `run_many` returns."""
     db = tmp_path / "audit.db"
-    with Sandbox(import_policy=False, scrub=False, pool=False, audit=db) as sandbox:
+    with Sandbox(
+        pool=False, options=Options(import_policy=False, scrub=False, audit=db)
+    ) as sandbox:
         yield sandbox, db
 
 
@@ -133,7 +135,7 @@ class _FailingSandbox:
             self.calls.append(code)
         if code == "fail":
             raise SandboxError("the sandbox failed to start: test", hint="run doctor")
-        with Sandbox(import_policy=False, pool=False) as real:
+        with Sandbox(pool=False, options=Options(import_policy=False)) as real:
             return real.run(code, limits=limits)
 
 

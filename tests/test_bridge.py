@@ -23,7 +23,7 @@ import pytest
 from tests._forking import in_forked_child
 from tests.containment._support import host_pids_with
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.bridge import upstreams
 from codecage.bridge.broker import Broker
 from codecage.bridge.channel import BridgeLimits
@@ -72,7 +72,9 @@ def broker(marker: str) -> Iterator[Broker]:
 
 @pytest.fixture(scope="module")
 def sandbox(broker: Broker) -> Iterator[Sandbox]:
-    with Sandbox(tools=broker, pool=False, scrub=False, allowed_imports=["os"]) as box:
+    with Sandbox(
+        tools=broker, pool=False, allowed_imports=["os"], options=Options(scrub=False)
+    ) as box:
         yield box
 
 
@@ -162,7 +164,7 @@ def test_unknown_servers_and_tools_are_clear_errors(sandbox: Sandbox) -> None:
 def test_the_servers_allow_list_refuses_other_tools(marker: str) -> None:
     with (
         make_broker(marker + "-allow", allow_tools=["echo"]) as narrow,
-        Sandbox(tools=narrow, pool=False, scrub=False) as box,
+        Sandbox(tools=narrow, pool=False, options=Options(scrub=False)) as box,
     ):
         refused, allowed = value(box, '[attempt("crash"), attempt("echo", text="x")]')
     assert refused[0] == "not_allowed"
@@ -171,7 +173,9 @@ def test_the_servers_allow_list_refuses_other_tools(marker: str) -> None:
 
 
 def test_the_runs_allow_list_narrows_the_servers(broker: Broker) -> None:
-    with Sandbox(tools=broker, allowed_tools=["flaky.e*"], pool=False, scrub=False) as box:
+    with Sandbox(
+        tools=broker, allowed_tools=["flaky.e*"], pool=False, options=Options(scrub=False)
+    ) as box:
         refused, allowed = value(box, '[attempt("fail", message="m"), attempt("echo", text="x")]')
     assert refused[0] == "not_allowed"
     assert "not among the tools this run may call (flaky.e*)" in refused[1]
@@ -180,7 +184,7 @@ def test_the_runs_allow_list_narrows_the_servers(broker: Broker) -> None:
 
 def test_calls_past_the_runs_budget_are_refused(broker: Broker) -> None:
     limits = BridgeLimits(max_calls=3)
-    with Sandbox(tools=broker, tool_limits=limits, pool=False, scrub=False) as box:
+    with Sandbox(tools=broker, pool=False, options=Options(tool_limits=limits, scrub=False)) as box:
         outcomes = value(box, '[attempt("echo", text=str(i))[0] for i in range(5)]')
         fresh = value(box, 'attempt("echo", text="next run")[0]')
     assert outcomes == ["ok", "ok", "ok", "limit", "limit"]
@@ -290,7 +294,7 @@ def test_closing_the_broker_ends_every_upstream_process(marker: str) -> None:
     mine = marker + "-close"
     with (
         make_broker(mine) as own,
-        Sandbox(tools=own, pool=False, scrub=False) as box,
+        Sandbox(tools=own, pool=False, options=Options(scrub=False)) as box,
     ):
         value(box, '[attempt("crash"), attempt("echo", text="restarted")]')
         assert len(host_pids_with(mine)) == 1
@@ -395,13 +399,13 @@ def test_a_forked_host_process_serves_its_own_bridges() -> None:
     """The watcher's thread does not survive fork(): a child process that runs sandboxes
     (a pre-forking server, multiprocessing) must get a watcher of its own."""
     code = "from codecage.runtime import scrub\nscrub('mail ana@example.com')"
-    with Sandbox(pool=False, scrub=False) as parent_box:
+    with Sandbox(pool=False, options=Options(scrub=False)) as parent_box:
         assert parent_box.run(code).return_value == "mail [EMAIL]"  # the parent's watcher
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: report what its run returned, then leave at once
         try:
-            with Sandbox(pool=False, scrub=False) as child_box:
+            with Sandbox(pool=False, options=Options(scrub=False)) as child_box:
                 result = child_box.run(code, limits={"timeout": 20})
             os.write(write_end, json.dumps([result.status, result.return_value]).encode())
         finally:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.engine import RUN_DIR_PREFIX
 from codecage.engine import workspace as workspaces
 
@@ -30,7 +30,7 @@ def _cancel_after(event: threading.Event, seconds: float) -> threading.Timer:
 
 @pytest.mark.parametrize("pool", [False, True], ids=["cold", "warm"])
 def test_setting_the_cancel_event_kills_the_run_and_says_so(pool: bool) -> None:
-    with Sandbox(pool=pool, import_policy=False) as sandbox:
+    with Sandbox(pool=pool, options=Options(import_policy=False)) as sandbox:
         if pool:
             assert sandbox.warm(60)
         cancel = threading.Event()
@@ -46,13 +46,15 @@ def test_setting_the_cancel_event_kills_the_run_and_says_so(pool: bool) -> None:
 
 
 def test_an_unset_cancel_event_changes_nothing() -> None:
-    r = Sandbox(pool=False, import_policy=False).run("6 * 7", cancel=threading.Event())
+    r = Sandbox(pool=False, options=Options(import_policy=False)).run(
+        "6 * 7", cancel=threading.Event()
+    )
     assert (r.status, r.return_value) == ("ok", 42)
     assert "cancelled" not in [e.kind for e in r.events]
 
 
 def test_cancelling_an_arun_task_kills_its_sandbox() -> None:
-    sandbox = Sandbox(pool=False, import_policy=False)
+    sandbox = Sandbox(pool=False, options=Options(import_policy=False))
     sandbox.run("1")  # a fork server's template (a run dir of its own) is up by now
     before = set(_own_run_dirs())
 

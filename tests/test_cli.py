@@ -193,3 +193,12 @@ def test_run_without_upstream_servers_does_not_load_the_mcp_sdk(tmp_path: Path) 
         [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_info_shows_profile_descriptions_whole_not_read_as_markup() -> None:
+    """The network profile's description names "the config's [network]": rich read the
+    brackets as a markup tag and printed "the config's );" until info escaped it."""
+    p = cli("info")
+    assert p.returncode == 0, p.stderr
+    line = next(ln for ln in p.stdout.splitlines() if ln.strip().lstrip("* ").startswith("network"))
+    assert "the config's [network]); without any" in line, line

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tests._cli import codecage
 
-from codecage import ConfigError, Sandbox
+from codecage import ConfigError, Options, Sandbox
 from codecage.config import load
 from codecage.models import PoolSizes
 from codecage.policy.scrub import CATEGORIES
@@ -202,14 +202,14 @@ def test_codecage_pool_turns_the_warm_pool_on_for_a_sandbox_that_does_not_choose
     no_pool_config: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = no_pool_config
-    assert Sandbox(config=path).pool is None
+    assert Sandbox(config=path).host.pool is None
     info = Sandbox(config=path).info()
     assert info.pool is not None and not info.pool.enabled and info.pool.keys == []
     monkeypatch.setenv("CODECAGE_POOL", "1")
     monkeypatch.setenv("CODECAGE_POOL_MIN_IDLE", "0")  # nothing needs to start here
-    assert Sandbox(config=path, pool=False).pool is None  # the argument wins
+    assert Sandbox(config=path, pool=False).host.pool is None  # the argument wins
     with Sandbox(config=path, profile="basic") as sandbox:
-        assert sandbox.pool is not None
+        assert sandbox.host.pool is not None
         info = sandbox.info()
         assert info.pool is not None and info.pool.enabled
         (key,) = info.pool.keys
@@ -361,7 +361,7 @@ def test_the_tools_table_bounds_each_runs_tool_calls(tmp_path: Path) -> None:
     (tmp_path / "generated").mkdir()  # no tree needed: the code calls by name
     setup = tooling.prepare(None, settings=load(config))
     try:
-        with Sandbox(pool=False, scrub=False, **setup.sandbox_arguments()) as box:
+        with Sandbox(pool=False, options=Options(scrub=False, **setup.sandbox_arguments())) as box:
             result = box.run(THREE_TOOL_CALLS, limits={"timeout": 60})
     finally:
         setup.close()

@@ -14,7 +14,7 @@ import pytest
 from mcp_types import ImageContent, TextContent
 from tests._cli import codecage, serve_stdio
 
-from codecage import Sandbox, displays
+from codecage import Options, Sandbox, displays
 from codecage.errors import ConfigError
 from codecage.guest import contract
 from codecage.models import DisplayOutput, ExecutionResult
@@ -187,7 +187,7 @@ def test_a_forked_process_displays_are_not_the_runs(sandbox: Sandbox) -> None:
 
 
 def test_display_text_is_scrubbed_and_images_are_not() -> None:
-    with Sandbox(import_policy=False, pool=False) as scrubbing:
+    with Sandbox(pool=False, options=Options(import_policy=False)) as scrubbing:
         code = (
             "class Contact:\n"
             "    def _repr_html_(self): return '<b>alice@example.com</b>'\n"

@@ -38,18 +38,28 @@ def config_file(tmp_path: Path, clean_env: dict[str, str]) -> Path:
     return path
 
 
+class _Spy:
+    """A Host (which cannot be changed once built) seen through: its `run` requests are
+    kept, every other attribute is the Host's own."""
+
+    def __init__(self, real: host.Host, requests: list[host.Request]) -> None:
+        self._real = real
+        self._requests = requests
+
+    def run(self, request: host.Request) -> Any:
+        self._requests.append(request)
+        return self._real.run(request)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
 class Recorded:
     """The `host.Request`s a Sandbox's host runtime was given (each still runs for real)."""
 
     def __init__(self, sandbox: Sandbox) -> None:
         self.requests: list[host.Request] = []
-        real = sandbox.host.run
-
-        def run(request: host.Request) -> Any:
-            self.requests.append(request)
-            return real(request)
-
-        sandbox.host.run = run  # type: ignore[method-assign]
+        sandbox.host = _Spy(sandbox.host, self.requests)  # type: ignore[assignment]
 
     def allowed(self) -> list[str]:
         egress = self.requests[-1].egress

@@ -28,7 +28,7 @@ import pytest
 from tests._certs import self_signed
 from tests._forking import in_forked_child
 
-from codecage import ExecutionResult, Sandbox
+from codecage import ExecutionResult, Options, Sandbox
 from codecage.engine import workspace as workspaces
 from codecage.errors import ConfigError
 
@@ -104,7 +104,9 @@ def _closed_after() -> Iterator[None]:
 
 
 def _allowing(config: Path, *hosts: str) -> Sandbox:
-    sandbox = Sandbox(config=config, allow_hosts=list(hosts), import_policy=False, scrub=False)
+    sandbox = Sandbox(
+        config=config, allow_hosts=list(hosts), options=Options(import_policy=False, scrub=False)
+    )
     _MADE.append(sandbox)
     return sandbox
 
@@ -147,7 +149,7 @@ def test_without_allowed_hosts_a_run_has_no_network_and_no_proxy(
     config: Path, servers: dict[str, _Server]
 ) -> None:
     api = servers["api"]
-    r = Sandbox(config=config, import_policy=False).run(
+    r = Sandbox(config=config, options=Options(import_policy=False)).run(
         "import os\nprint(sorted(k for k in os.environ if 'PROXY' in k.upper()))\n"
         + _get(f"http://127.0.0.1:{api.port}/")
     )
@@ -345,7 +347,9 @@ def _runsc_missing() -> str | None:
 def test_egress_works_the_same_under_gvisor(config: Path, servers: dict[str, _Server]) -> None:
     api, other = servers["api"], servers["other"]
     hosts = [f"api.test:{api.port}", f"127.0.0.1:{api.port}"]
-    with Sandbox(config=config, backend="gvisor", allow_hosts=hosts, import_policy=False) as sb:
+    with Sandbox(
+        config=config, backend="gvisor", allow_hosts=hosts, options=Options(import_policy=False)
+    ) as sb:
         r = sb.run(_get(f"http://api.test:{api.port}/g") + _get(f"http://other.test:{other.port}/"))
     assert r.backend == "gvisor"
     lines = [line for line in r.stdout.splitlines() if line]
@@ -356,7 +360,10 @@ def test_egress_works_the_same_under_gvisor(config: Path, servers: dict[str, _Se
 def test_the_landlock_fallback_refuses_egress_with_what_to_use(config: Path) -> None:
     with (
         Sandbox(
-            config=config, backend="landlock", allow_hosts=["api.test"], import_policy=False
+            config=config,
+            backend="landlock",
+            allow_hosts=["api.test"],
+            options=Options(import_policy=False),
         ) as sb,
         pytest.raises(ConfigError, match="own network namespace") as refused,
     ):
@@ -435,7 +442,7 @@ def test_pip_installs_from_an_allowed_index_into_the_run_s_own_place(
         "print(cc_hello.GREETING)\n"
     )
     hosts = [f"pypi.test:{package_index}", f"127.0.0.1:{package_index}"]
-    with Sandbox(config=config, allow_hosts=hosts, import_policy=False) as sb:
+    with Sandbox(config=config, allow_hosts=hosts, options=Options(import_policy=False)) as sb:
         r = sb.run(code, limits={"timeout": 120})
     assert r.status == "ok", r.stdout + r.stderr
     assert r.stdout.splitlines()[0].startswith("pip exit 0"), r.stdout
@@ -486,7 +493,9 @@ def test_a_warm_pool_keeps_egress_sandboxes_for_a_sandbox_allowed_hosts(
 ) -> None:
     api = servers["api"]
     hosts = [f"api.test:{api.port}", f"127.0.0.1:{api.port}"]
-    with Sandbox(config=config, allow_hosts=hosts, import_policy=False, pool=True) as sb:
+    with Sandbox(
+        config=config, allow_hosts=hosts, pool=True, options=Options(import_policy=False)
+    ) as sb:
         assert sb.warm(60)
         r = sb.run(_get(f"http://api.test:{api.port}/warm"))
         pool = sb.info().pool
@@ -601,7 +610,9 @@ def test_a_run_of_another_id_cannot_use_a_runs_egress_socket(
     reached through it."""
     api = servers["api"]
     a_sandbox = _allowing(config, f"api.test:{api.port}", f"127.0.0.1:{api.port}")
-    b_sandbox = Sandbox(config=config, backend="landlock", import_policy=False, scrub=False)
+    b_sandbox = Sandbox(
+        config=config, backend="landlock", options=Options(import_policy=False, scrub=False)
+    )
     _MADE.append(b_sandbox)
     token = "eg" + hashlib.sha256(os.urandom(8)).hexdigest()[:12]
     code_a = (

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from codecage import ConfigError, ExecutionResult, Sandbox
+from codecage import ConfigError, ExecutionResult, Options, Sandbox
 from codecage.models import STATUSES
 
 
@@ -266,7 +266,7 @@ def test_nothing_of_the_code_runs_after_its_report(pool: bool) -> None:
         time.sleep(0.1)  # a tick every 2 ms, were the thread still running
         seen.append((workspace / "ticks.txt").read_text())
 
-    with Sandbox(import_policy=False, scrub=False, pool=pool) as sandbox:
+    with Sandbox(pool=pool, options=Options(import_policy=False, scrub=False)) as sandbox:
         sandbox.warm(timeout=30)
         result = sandbox.run(DAEMON_KEEPS_WRITING, on_files=watch)
     assert result.status == "ok", result

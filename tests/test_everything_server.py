@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from tests._upstreams import generated, value
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.bridge.broker import Broker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +42,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Broker, Pa
 @pytest.fixture(scope="module")
 def sandbox(world: tuple[Broker, Path]) -> Iterator[Sandbox]:
     broker, servers = world
-    with Sandbox(tools=broker, servers_dir=servers, pool=False, scrub=False) as box:
+    with Sandbox(
+        tools=broker, pool=False, options=Options(servers_dir=servers, scrub=False)
+    ) as box:
         yield box
 
 
@@ -87,7 +89,7 @@ def test_a_server_that_echoes_its_credential_does_not_leak_it_in_the_result(
     world: tuple[Broker, Path],
 ) -> None:
     broker, servers = world
-    with Sandbox(tools=broker, servers_dir=servers, pool=False) as scrubbing:
+    with Sandbox(tools=broker, pool=False, options=Options(servers_dir=servers)) as scrubbing:
         result = scrubbing.run(
             "from servers.everything import get_env\nprint(get_env.call_sync())",
             limits={"timeout": 60},

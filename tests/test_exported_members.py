@@ -17,4 +17,5 @@ def test_public_api_is_pinned() -> None:
         "ErrorInfo", "Event", "ExecutionResult", "FileInfo", "HostError", "HostInfo",
         "LayerStatus", "Limits", "Sandbox", "SandboxError", "ScrubSettings", "Usage", "__version__",
         "DisplayOutput", "Session", "SessionError", "AuditError", "ApprovalRequest",
+        "Broker", "Options",
     }  # fmt: skip

@@ -17,7 +17,7 @@ from mcp import Client
 from mcp_types import BlobResourceContents, EmbeddedResource, TextContent
 from tests._cli import codecage, serve_stdio
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.errors import ConfigError
 from codecage.models import ExecutionResult
 
@@ -34,7 +34,7 @@ os.symlink("/etc/passwd", "link")
 
 @pytest.fixture(scope="module")
 def lib() -> Iterator[Sandbox]:
-    with Sandbox(pool=False, scrub=False) as sb:
+    with Sandbox(pool=False, options=Options(scrub=False)) as sb:
         yield sb
 
 
@@ -269,7 +269,9 @@ def _gvisor_usable() -> bool:
 def test_the_data_dir_is_readable_not_writable_and_its_links_stay_inside(
     data_dir: Path, backend: str
 ) -> None:
-    with Sandbox(pool=False, backend=backend, data_dir=data_dir, scrub=False) as sb:
+    with Sandbox(
+        pool=False, backend=backend, data_dir=data_dir, options=Options(scrub=False)
+    ) as sb:
         result = sb.run(_READS_DATA)
         assert sb.info().data_dir == str(data_dir)
     assert result.status == "ok", result.error

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.backends.base import load_backend
 from codecage.config import load as load_settings
 from codecage.engine import forkserver
@@ -31,7 +31,9 @@ def forked() -> Iterator[Sandbox]:
     why_not = forkserver.supported(load_backend("bwrap"))
     if why_not is not None:
         pytest.skip(f"no fork server here: {why_not}")
-    with Sandbox(backend="bwrap", import_policy=False, scrub=False, fork_server=True) as sb:
+    with Sandbox(
+        backend="bwrap", options=Options(import_policy=False, scrub=False, fork_server=True)
+    ) as sb:
         yield sb
 
 
@@ -145,11 +147,13 @@ def _recycling(max_runs: int) -> Sandbox:
     settings = load_settings(None)
     pool = settings.pool.model_copy(update={"template_max_runs": max_runs})
     sb = Sandbox(
-        config=dataclasses.replace(settings, pool=pool),
         backend="bwrap",
-        import_policy=False,
-        scrub=False,
-        fork_server=True,
+        options=Options(
+            config=dataclasses.replace(settings, pool=pool),
+            import_policy=False,
+            scrub=False,
+            fork_server=True,
+        ),
     )
     if sb.host.templates is None:
         sb.close()
@@ -188,7 +192,7 @@ def test_a_template_is_replaced_after_max_runs_and_its_forks_stop_sharing_its_se
 
 
 def test_close_stops_the_templates() -> None:
-    with Sandbox(backend="bwrap", import_policy=False, fork_server=True) as sb:
+    with Sandbox(backend="bwrap", options=Options(import_policy=False, fork_server=True)) as sb:
         if sb.host.templates is None:
             pytest.skip(f"no fork server here: {sb.host.fork_server_off}")
         sb.run("1")
@@ -204,7 +208,7 @@ def test_info_says_whether_sandboxes_are_forked(forked: Sandbox) -> None:
     assert pool is not None and pool.fork_server is not None
     assert pool.fork_server.enabled and pool.fork_server.forked >= 1
     assert pool.fork_server.templates and pool.fork_server.templates[0].rss_mb
-    with Sandbox(backend="bwrap", fork_server=False) as off:
+    with Sandbox(backend="bwrap", options=Options(fork_server=False)) as off:
         state = off.info().pool
         assert state is not None and state.fork_server is not None
         assert not state.fork_server.enabled and "turned off" in (state.fork_server.why_not or "")

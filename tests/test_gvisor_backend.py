@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.backends import gvisor
 from codecage.backends.base import LaunchSpec, load_backend
 from codecage.errors import HostError
@@ -41,7 +41,9 @@ needs_runsc = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def sandbox() -> Iterator[Sandbox]:
-    with Sandbox(backend="gvisor", import_policy=False, scrub=False, pool=False) as sb:
+    with Sandbox(
+        backend="gvisor", pool=False, options=Options(import_policy=False, scrub=False)
+    ) as sb:
         yield sb
 
 
@@ -154,7 +156,9 @@ def test_runsc_its_gofer_and_the_sentry_run_as_the_sandboxs_host_id_never_root(
 
     watcher = threading.Thread(target=watch)
     watcher.start()
-    with Sandbox(backend="gvisor", import_policy=False, scrub=False, pool=False) as sb:
+    with Sandbox(
+        backend="gvisor", pool=False, options=Options(import_policy=False, scrub=False)
+    ) as sb:
         r = sb.run(code, workspace=lent)
     watcher.join()
     assert r.status == "ok", r
@@ -259,7 +263,9 @@ def test_a_setuid_chmod_in_the_workspace_is_refused_by_the_sentry(sandbox: Sandb
 
 @needs_runsc
 def test_the_warm_pool_runs_on_gvisor() -> None:
-    with Sandbox(backend="gvisor", import_policy=False, scrub=False, pool=True) as sb:
+    with Sandbox(
+        backend="gvisor", pool=True, options=Options(import_policy=False, scrub=False)
+    ) as sb:
         sb.warm()
         results = [sb.run(f"{i} * 2") for i in range(3)]
     assert [(r.status, r.return_value) for r in results] == [("ok", 0), ("ok", 2), ("ok", 4)]

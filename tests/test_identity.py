@@ -17,14 +17,13 @@ from unittest import mock
 
 import pytest
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage import host as host_module
 from codecage.backends.base import Identity, load_backend
 from codecage.config import Settings, load
 from codecage.engine import selftest
 from codecage.engine.workspace import ownership
 from codecage.errors import ConfigError, HostError, SandboxError
-from codecage.host import Host
 from codecage.isolation import identity, staging
 from codecage.models import DoctorReport, ProbeResult
 
@@ -181,7 +180,7 @@ def test_a_lent_workspace_comes_back_owned_by_its_owner(tmp_path: Path) -> None:
         os.chown(path, owner_uid, owner_gid)
     tmp_path.chmod(0o700)  # the sandbox's id could not pass through: the bind brings it
 
-    r = Sandbox(pool=False, import_policy=False).run(
+    r = Sandbox(pool=False, options=Options(import_policy=False)).run(
         "open('input.csv', 'a').write('1,2\\n'); open('made.txt', 'w').write('hi')",
         workspace=lent,
     )
@@ -212,7 +211,7 @@ def test_auto_takes_the_configured_order_and_the_first_that_passes_its_selftest(
     tmp_path: Path,
 ) -> None:
     settings = _settings_with(tmp_path, '[sandbox]\nbackends = ["gvisor", "bwrap"]\n')
-    host = Host(settings, pool=False)
+    host = host_module.build(Options(pool=False).resolve(settings))
     assert host.backend.name == "gvisor"  # its self-test really ran (or its cache passed)
 
     # A failing self-test cannot be made for real here (every layer holds on this host):
@@ -225,13 +224,13 @@ def test_auto_takes_the_configured_order_and_the_first_that_passes_its_selftest(
         probes=[ProbeResult(layer="seccomp", passed=False, detail="pretend: not in force")],
     )
     with mock.patch.dict(host_module._PROCESS.verdicts, {key: failing}):
-        assert Host(settings, pool=False).backend.name == "bwrap"
+        assert host_module.build(Options(pool=False).resolve(settings)).backend.name == "bwrap"
 
 
 def test_an_unknown_backend_in_the_order_is_a_clear_error(tmp_path: Path) -> None:
     settings = _settings_with(tmp_path, '[sandbox]\nbackends = ["firecracker"]\n')
     with pytest.raises(ConfigError, match="firecracker") as caught:
-        Host(settings, pool=False)
+        host_module.build(Options(pool=False).resolve(settings))
     assert "bwrap" in (caught.value.hint or "")
 
 

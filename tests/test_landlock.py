@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.backends import landlock as backend
 from codecage.isolation import landlock
 
@@ -90,7 +90,7 @@ def test_auto_never_picks_landlock_where_user_namespaces_work() -> None:
 
 @pytest.fixture(scope="module")
 def fallback() -> Sandbox:
-    return Sandbox(backend="landlock", import_policy=False, scrub=False)
+    return Sandbox(backend="landlock", options=Options(import_policy=False, scrub=False))
 
 
 def _report(sb: Sandbox, code: str) -> object:
@@ -334,7 +334,7 @@ def test_landlock_alone_refuses_a_host_pathname_unix_socket(
     """The Landlock layer without the seccomp stand-in (a backend that believes its ABI
     has FS_RESOLVE_UNIX): refused only where the kernel has it."""
     monkeypatch.setattr(landlock, "ABI_RESOLVE_UNIX", 0)
-    alone = Sandbox(backend="landlock", import_policy=False, scrub=False)
+    alone = Sandbox(backend="landlock", options=Options(import_policy=False, scrub=False))
     got = _report(alone, _UNIX_PROBE.format(**host_unix_sockets.addresses))
     assert isinstance(got, dict)
     assert got["abstract"] == "EPERM"  # the scope (ABI 6) holds alone
@@ -360,7 +360,7 @@ def test_doctor_reports_the_namespaces_it_lacks_as_weak_never_pass() -> None:
     assert any(line.startswith("PASS privileges") for line in lines)
     assert "not in force by design: namespaces" in proc.stdout
     assert proc.returncode == 1  # not every layer holds; none fails that it provides
-    report = Sandbox(backend="landlock", selftest=False).doctor()
+    report = Sandbox(backend="landlock", options=Options(selftest=False)).doctor()
     namespaces = next(p for p in report.probes if p.layer == "namespaces")
     assert not namespaces.passed and namespaces.weak
     assert "pid" in namespaces.detail and "mnt" in namespaces.detail

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import codecage
-from codecage import ConfigError, Sandbox
+from codecage import ConfigError, Options, Sandbox
 from codecage.engine.workspace import private_parent
 from codecage.isolation import lending
 from codecage.isolation.rootfs import Mount
@@ -25,7 +25,7 @@ CODECAGE = [sys.executable, "-m", "codecage.cli"]
 
 @pytest.fixture(scope="module")
 def sandbox() -> Sandbox:
-    return Sandbox(backend="bwrap", pool=False, import_policy=False)
+    return Sandbox(backend="bwrap", pool=False, options=Options(import_policy=False))
 
 
 # --- refused as a workspace ---------------------------------------------------------------

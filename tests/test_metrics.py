@@ -367,7 +367,7 @@ def spans() -> Iterator[InMemorySpanExporter]:
 async def test_each_execute_code_call_is_a_span_with_the_runs_attributes(
     spans: InMemorySpanExporter,
 ) -> None:
-    server = build_server(Sandbox(pool=False))
+    server = build_server(Sandbox(pool=False).host)
     async with Client(server, read_timeout_seconds=60) as client:
         ran = structured(await client.call_tool("execute_code", {"code": "6 * 7"}))
         blocked = structured(

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from tests._forking import in_forked_child
 
-from codecage import ExecutionResult, Sandbox
+from codecage import ExecutionResult, Options, Sandbox
 from codecage.backends.base import load_backend
 from codecage.engine import RunRequest, SandboxSpec, StartedSandbox, run_in
 from codecage.engine import pool as pool_module
@@ -62,7 +62,7 @@ def make_pool() -> Iterator[MakePool]:
 
 
 def _warm_sandbox(make_pool: MakePool, min_idle: int = 1, **kwargs: Any) -> Sandbox:
-    sandbox = Sandbox(pool=make_pool(min_idle), **kwargs)
+    sandbox = Sandbox(options=Options(pool=make_pool(min_idle), **kwargs))
     assert sandbox.warm(60), "the pool did not get ready"
     return sandbox
 
@@ -75,9 +75,9 @@ def _key(sandbox: Sandbox) -> PoolKeyState:
 
 
 def _idle(sandbox: Sandbox) -> list[StartedSandbox]:
-    assert sandbox.pool is not None
-    with sandbox.pool._cond:
-        return [s for key in sandbox.pool._plan.keys.values() for s in key.idle]
+    assert sandbox.host.pool is not None
+    with sandbox.host.pool._cond:
+        return [s for key in sandbox.host.pool._plan.keys.values() for s in key.idle]
 
 
 def _warm_run(sandbox: Sandbox, code: str, **limits: Any) -> ExecutionResult:
@@ -334,7 +334,7 @@ def test_closing_a_sandbox_kills_its_own_pool_and_removes_everything(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("CODECAGE_POOL_MIN_IDLE", "2")
-    with Sandbox(pool=True, import_policy=False) as sandbox:
+    with Sandbox(pool=True, options=Options(import_policy=False)) as sandbox:
         assert sandbox.warm(30)
         key = _key(sandbox)
         assert (key.min_idle, key.idle) == (2, 2)
@@ -361,7 +361,7 @@ def test_a_full_graveyard_makes_the_releaser_destroy_its_sandbox(
     """Runs that come faster than the reaper tears sandboxes down do not pile them up:
     past the bound, the sandbox is destroyed before `release` returns."""
     sandbox = _warm_sandbox(make_pool)
-    pool = sandbox.pool
+    pool = sandbox.host.pool
     assert pool is not None
     (member,) = _idle(sandbox)
     taken = pool.take(member.spec)
@@ -374,7 +374,7 @@ def test_a_full_graveyard_makes_the_releaser_destroy_its_sandbox(
 
 def test_closing_the_pool_lets_a_run_in_progress_finish(make_pool: MakePool) -> None:
     pool = make_pool(1)
-    sandbox = Sandbox(pool=pool, import_policy=False)
+    sandbox = Sandbox(options=Options(pool=pool, import_policy=False))
     assert sandbox.warm(30)
     (member,) = _idle(sandbox)
     results: list[ExecutionResult] = []
@@ -408,10 +408,10 @@ def test_a_sandbox_handed_back_after_the_pool_closed_is_still_destroyed(
 
 def test_closing_a_sandbox_leaves_a_shared_pool_running(make_pool: MakePool) -> None:
     pool = make_pool(1)
-    first = Sandbox(pool=pool, import_policy=False)
+    first = Sandbox(options=Options(pool=pool, import_policy=False))
     assert first.warm(30)
     first.close()
-    second = Sandbox(pool=pool, import_policy=False)
+    second = Sandbox(options=Options(pool=pool, import_policy=False))
     r = _warm_run(second, "6 * 7")
     assert (r.status, r.return_value) == ("ok", 42), r.model_dump_json()
 
@@ -446,7 +446,7 @@ def test_a_run_with_another_workspace_size_runs_cold_with_that_size(make_pool: M
 
 
 def test_a_pool_with_nothing_idle_counts_a_miss_runs_cold_and_grows(make_pool: MakePool) -> None:
-    sandbox = Sandbox(pool=make_pool(min_idle=0, max_idle=1), import_policy=False)
+    sandbox = Sandbox(options=Options(pool=make_pool(min_idle=0, max_idle=1), import_policy=False))
     assert sandbox.warm(5)  # nothing to wait for
     r = sandbox.run("6 * 7")
     assert (r.status, r.return_value) == ("ok", 42)
@@ -493,7 +493,9 @@ def test_fifty_pooled_runs_and_a_close_leave_nothing_behind() -> None:
     config = PoolConfig(enabled=True, sizes=PoolSizes(min_idle=2, max_idle=2))
     with (
         Pool(load_backend("auto"), config, Limits()) as pool,
-        Sandbox(pool=pool, import_policy=False) as sandbox,  # its fork server closed too
+        Sandbox(
+            options=Options(pool=pool, import_policy=False)
+        ) as sandbox,  # its fork server closed too
     ):
         assert sandbox.warm(30)
         results = [sandbox.run(f"print({i})\n{i}") for i in range(50)]
@@ -515,7 +517,7 @@ def test_a_forked_child_runs_cold_and_leaves_the_parents_warm_sandboxes_alone(
     server, multiprocessing) must not take one of the parent's, which the parent would take
     as well; nor may it close the parent's pool."""
     sandbox = _warm_sandbox(make_pool)
-    pool = sandbox.pool
+    pool = sandbox.host.pool
     assert pool is not None
     idle = {s.execution_id for s in _idle(sandbox)}
     # The pool's threads take its lock all the time: the fork happens while one holds it,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from codecage import ConfigError, Sandbox
+from codecage import ConfigError, Options, Sandbox
 from codecage.guest.imports import allowed as module_allowed
 from codecage.policy.profiles import BUILTIN_PROFILES, resolve
 
@@ -59,7 +59,7 @@ def test_allowed_modules_keep_their_own_internal_imports(basic: Sandbox) -> None
 def test_allowed_imports_extend_and_can_replace_the_profile() -> None:
     r = Sandbox(profile="basic", allowed_imports=["os"]).run("import os, json\nos.getcwd()")
     assert (r.status, r.return_value) == ("ok", "/workspace")
-    only = Sandbox(allowed_imports=["json"], replace_imports=True)
+    only = Sandbox(allowed_imports=["json"], options=Options(replace_imports=True))
     assert only.run("import json").status == "ok"
     assert only.run("import math").status == "error"
 
@@ -79,7 +79,7 @@ def test_unknown_profiles_and_bad_module_names_are_refused_before_anything_runs(
 
 def test_the_policy_is_not_the_boundary_the_os_still_holds() -> None:
     """With the policy defeated (off), the OS layers still refuse: see tests/containment."""
-    r = Sandbox(import_policy=False).run(
+    r = Sandbox(options=Options(import_policy=False)).run(
         "import socket\ntry:\n    socket.socket()\n    outcome = 'created'\n"
         "except PermissionError:\n    outcome = 'refused'\noutcome"
     )
@@ -104,7 +104,7 @@ def test_info_lists_the_profiles_and_says_what_is_not_importable() -> None:
     assert "json" in by_name["basic"].modules
     assert by_name["data_science"].packages_importable["numpy"] is True  # the data extra
     assert by_name["standard"].packages_importable["pandas"] is True
-    assert Sandbox(import_policy=False).info().import_policy is None
+    assert Sandbox(options=Options(import_policy=False)).info().import_policy is None
 
 
 def test_strict_runs_refuse_before_running_with_status_blocked() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from tests._upstreams import generated, value
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 
 VENV_BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.skipif(
@@ -60,7 +60,7 @@ def sandbox(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sa
     servers = tmp_path_factory.mktemp("tree") / "servers"
     with (
         generated(config, ["time", "git"], servers) as broker,
-        Sandbox(tools=broker, servers_dir=servers, pool=False, scrub=False) as box,
+        Sandbox(tools=broker, pool=False, options=Options(servers_dir=servers, scrub=False)) as box,
     ):
         yield box
 

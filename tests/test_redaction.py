@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 import pytest
 
-from codecage import Sandbox, ScrubSettings
+from codecage import Options, Sandbox, ScrubSettings
 from codecage.bridge.broker import Broker
 from codecage.bridge.upstreams import parse
 from codecage.models import ExecutionResult
@@ -49,7 +49,7 @@ VALUES = {
 @pytest.fixture(scope="module")
 def scrubbing() -> Sandbox:
     """The default: scrubbing on, every category, plus one configured secret."""
-    return Sandbox(import_policy=False, scrub=ScrubSettings(secrets=[SECRET]))
+    return Sandbox(options=Options(import_policy=False, scrub=ScrubSettings(secrets=[SECRET])))
 
 
 def everything_said(result: ExecutionResult) -> str:
@@ -228,7 +228,7 @@ try:
 except ImportError:
     pass
 """
-    sandbox = Sandbox(profile="basic", scrub=True)
+    sandbox = Sandbox(profile="basic", options=Options(scrub=True))
     result = sandbox.run(code)
     assert result.status == "ok", result.error
     kinds = [e.kind for e in result.events]
@@ -250,7 +250,7 @@ for name in ("out/4111111111111111.txt", "card_5555555555554444.csv",
     os.makedirs(os.path.dirname(name) or ".", exist_ok=True)
     open(name, "w").write("x")
 """
-    result = Sandbox(profile="standard", scrub=True).run(code)
+    result = Sandbox(profile="standard", options=Options(scrub=True)).run(code)
     assert result.status == "ok", result.error
     assert sorted(f.path for f in result.files) == [
         "card_[CREDIT_CARD].csv",
@@ -290,7 +290,9 @@ def test_secrets_named_by_environment_variable_are_redacted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("CODECAGE_TEST_DB_PASSWORD", "pg-Very-Private-42")
-    sandbox = Sandbox(scrub=ScrubSettings(secrets_env=["CODECAGE_TEST_DB_PASSWORD", "UNSET_X"]))
+    sandbox = Sandbox(
+        options=Options(scrub=ScrubSettings(secrets_env=["CODECAGE_TEST_DB_PASSWORD", "UNSET_X"]))
+    )
     result = sandbox.run("print('pg-Very-Private-42')")
     assert result.stdout == "[SECRET]\n"
     assert sandbox.info().scrub is not None
@@ -318,7 +320,7 @@ def test_the_upstream_servers_credentials_are_redacted(tmp_path: Path) -> None:
 
 
 def test_turning_scrubbing_off_really_turns_it_off() -> None:
-    sandbox = Sandbox(scrub=False)
+    sandbox = Sandbox(options=Options(scrub=False))
     code = f"print({EMAIL!r}, {CARD!r}, {GITHUB_TOKEN!r})\n{{'who': {EMAIL!r}}}"
     result = sandbox.run(code)
     assert result.stdout == f"{EMAIL} {CARD} {GITHUB_TOKEN}\n"
@@ -329,7 +331,7 @@ def test_turning_scrubbing_off_really_turns_it_off() -> None:
 
 
 def test_a_category_switched_off_passes_while_the_others_are_redacted() -> None:
-    sandbox = Sandbox(scrub=ScrubSettings(ip=False, phone=False))
+    sandbox = Sandbox(options=Options(scrub=ScrubSettings(ip=False, phone=False)))
     result = sandbox.run(f"print({IP!r}, {PHONE!r}, {EMAIL!r})")
     assert result.stdout == f"{IP} {PHONE} [EMAIL]\n"
     assert result.redactions == {"email": 1}
@@ -339,8 +341,8 @@ def test_warm_sandboxes_are_scrubbed_like_cold_ones() -> None:
     with Sandbox(pool=True) as sandbox:
         assert sandbox.warm(30)
         result = sandbox.run(f"print({EMAIL!r})")
-        assert sandbox.pool is not None
-        assert sum(k.hits for k in sandbox.pool.state().keys) == 1  # it ran warm
+        assert sandbox.host.pool is not None
+        assert sum(k.hits for k in sandbox.host.pool.state().keys) == 1  # it ran warm
     assert result.stdout == "[EMAIL]\n"
     assert result.redactions == {"email": 1}
 

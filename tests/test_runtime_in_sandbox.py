@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from tests._cli import codecage
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.bridge import tooling, upstreams
 from codecage.bridge.broker import Broker
 
@@ -49,7 +49,7 @@ def memory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sandbox, 
     tooling.generate(broker, ["memory"], servers)
     try:
         with Sandbox(
-            tools=broker, servers_dir=servers, pool=False, allowed_imports=["sys"]
+            tools=broker, pool=False, allowed_imports=["sys"], options=Options(servers_dir=servers)
         ) as sandbox:
             yield sandbox, servers
     finally:

@@ -37,15 +37,15 @@ def test_explicit_limits_win_over_the_environment(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("CODECAGE_MEMORY_MB", "64")
     sandbox = Sandbox(limits=Limits(memory_mb=128))
     assert sandbox.limits.memory_mb == 128
-    assert sandbox.limit_sources["memory_mb"] == "argument"
+    assert sandbox.host.limit_sources["memory_mb"] == "argument"
 
 
 def test_limits_may_be_a_dict_of_overrides_and_anything_else_is_refused_at_once() -> None:
     """Issue 25's faults suite: a dict was taken and the first run failed with AttributeError."""
     sandbox = Sandbox(limits={"timeout": 3}, pool=False)
     assert (sandbox.limits.timeout, sandbox.limits.memory_mb) == (3, Limits().memory_mb)
-    assert sandbox.limit_sources["timeout"] == "argument"
-    assert sandbox.limit_sources["memory_mb"] != "argument"
+    assert sandbox.host.limit_sources["timeout"] == "argument"
+    assert sandbox.host.limit_sources["memory_mb"] != "argument"
     assert sandbox.run("6 * 7").return_value == 42
     sandbox.close()
     for bad, said in (({"timeout": -1}, "timeout"), ({"nope": 1}, "nope"), (5, "int")):

@@ -21,7 +21,9 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from tests._forking import in_forked_child
 
-from codecage import ConfigError, Sandbox, SessionError
+from codecage import ConfigError, Options, Sandbox, SessionError
+from codecage import host as hosts
+from codecage import sandbox as sandboxes
 from codecage.engine.session import Sessions, SessionTerms
 from codecage.models import Limits, SessionSettings
 
@@ -271,19 +273,14 @@ def test_the_idle_ttl_closes_an_unused_session(sandbox: Sandbox) -> None:
 def test_the_session_cpu_budget_holds_across_runs() -> None:
     settings = SessionSettings(cpu_seconds=2)
     registry = Sessions(settings)
-    with Sandbox(pool=False) as box:
-        box.host.sessions = registry
-        with box.session() as session:
-            burn = (
-                "import time\nend = time.process_time() + 1.5\n"
-                "while time.process_time() < end: pass"
-            )
-            first = session.run(burn)
-            second = session.run(burn)
-            assert first.status == "ok", first
-            assert second.status == "cpu_limit", second
-            with pytest.raises(SessionError):
-                session.run("1")
+    with _over_registry(registry) as box, box.session() as session:
+        burn = "import time\nend = time.process_time() + 1.5\nwhile time.process_time() < end: pass"
+        first = session.run(burn)
+        second = session.run(burn)
+        assert first.status == "ok", first
+        assert second.status == "cpu_limit", second
+        with pytest.raises(SessionError):
+            session.run("1")
 
 
 def test_the_session_cpu_budget_holds_while_no_run_is_going() -> None:
@@ -291,8 +288,7 @@ def test_the_session_cpu_budget_holds_while_no_run_is_going() -> None:
     (the reaper reads the session's cgroup), the session ends with its processes killed,
     and the next call says why. Before, it was checked only when the next run started."""
     registry = Sessions(SessionSettings(cpu_seconds=3))
-    with Sandbox(pool=False) as box:
-        box.host.sessions = registry
+    with _over_registry(registry) as box:
         before = _bwrap_children()
         session = box.session()
         left = session.run(
@@ -381,8 +377,7 @@ def test_a_run_may_not_change_the_sessions_own_limits(sandbox: Sandbox) -> None:
 
 def test_too_many_sessions_are_refused_and_nothing_leaks() -> None:
     registry = Sessions(SessionSettings(max_per_client=2, max_total=3))
-    with Sandbox(pool=False) as box:
-        box.host.sessions = registry
+    with _over_registry(registry) as box:
         before = _bwrap_children()
         opened = [box.session(), box.session()]
         refusals = 0
@@ -409,8 +404,7 @@ def test_an_absurd_ttl_is_refused(sandbox: Sandbox) -> None:
 def test_a_session_belongs_to_the_client_that_opened_it() -> None:
     registry = Sessions(SessionSettings())
     try:
-        with Sandbox(pool=False) as box:
-            box.host.sessions = registry
+        with _over_registry(registry) as box:
             limits = box.limits
             terms = SessionTerms(limits=limits, owner="alice")
             session = registry.open(terms, lambda: box.host._session_sandbox(terms))
@@ -528,3 +522,8 @@ def test_info_reports_the_session_bounds_and_how_many_are_open(sandbox: Sandbox)
         info = sandbox.info()
     assert info.open_sessions == before + 1
     assert info.sessions is not None and info.sessions.max_per_client == 4
+
+
+def _over_registry(registry: Sessions) -> Sandbox:
+    """A Sandbox (no pool) whose host keeps its sessions in `registry`."""
+    return sandboxes.over(hosts.build(Options(pool=False).resolve(), sessions=registry))

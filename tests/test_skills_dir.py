@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tests._cli import codecage
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.errors import ConfigError
 
 HELPERS = '''"""Reusable helpers for agent code."""
@@ -39,7 +39,9 @@ def skills(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def sandbox(skills: Path) -> Iterator[Sandbox]:
-    with Sandbox(skills_dir=skills, pool=False, scrub=False, allowed_imports=["pathlib"]) as box:
+    with Sandbox(
+        pool=False, allowed_imports=["pathlib"], options=Options(skills_dir=skills, scrub=False)
+    ) as box:
         yield box
 
 
@@ -75,7 +77,7 @@ def test_the_code_cannot_change_a_skill(sandbox: Sandbox, skills: Path, path: st
 
 
 def test_without_a_skills_dir_there_is_no_skills_package() -> None:
-    with Sandbox(pool=False, scrub=False) as plain:
+    with Sandbox(pool=False, options=Options(scrub=False)) as plain:
         result = plain.run("import skills.helpers")
     assert result.status == "error"
     assert result.error is not None and result.error.type == "ModuleNotFoundError"
@@ -83,7 +85,7 @@ def test_without_a_skills_dir_there_is_no_skills_package() -> None:
 
 def test_a_missing_skills_dir_is_a_clear_error(tmp_path: Path) -> None:
     with (
-        Sandbox(skills_dir=tmp_path / "nope", pool=False) as box,
+        Sandbox(pool=False, options=Options(skills_dir=tmp_path / "nope")) as box,
         pytest.raises(ConfigError, match="does not exist"),
     ):
         box.run("1")

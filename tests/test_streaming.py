@@ -23,7 +23,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import LoggingMessageNotificationParams, TextContent
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.engine.stream import OutputStream
 from codecage.mcp.progress import MAX_LOG_LINES
 from codecage.policy.scrub import Scrubber
@@ -150,7 +150,7 @@ def test_an_unfinished_line_is_flushed_scrubbed_without_waiting_for_the_run_end(
 @pytest.fixture(scope="module")
 def scrubbing() -> Iterator[Sandbox]:
     """A Sandbox that scrubs results (the session's `sandbox` does not)."""
-    with Sandbox(import_policy=False, scrub=True, pool=False) as sandbox:
+    with Sandbox(pool=False, options=Options(import_policy=False, scrub=True)) as sandbox:
         yield sandbox
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.bridge import upstreams
 from codecage.bridge.broker import Broker
 
@@ -74,7 +74,7 @@ def world(tmp_path: Path) -> Iterator[tuple[Broker, Path, Path]]:
 
 
 def run_agent(broker: Broker, data: Path, *, tokenize: bool) -> tuple[str, object]:
-    with Sandbox(tools=broker, tokenize=tokenize, pool=False) as sandbox:
+    with Sandbox(tools=broker, pool=False, options=Options(tokenize=tokenize)) as sandbox:
         result = sandbox.run(f"DATA = {str(data)!r}\n" + AGENT, limits={"timeout": 60})
     assert result.status == "ok", (result.error, result.stderr, result.events)
     return result.stdout, result.return_value
@@ -125,7 +125,7 @@ from codecage.runtime import call_tool
 await call_tool("memory", "create_entities", {"entities": [
     {"name": "guess", "entityType": "probe", "observations": ["[EMAIL_7]"]}]})
 """
-    with Sandbox(tools=broker, tokenize=True, pool=False) as sandbox:
+    with Sandbox(tools=broker, pool=False, options=Options(tokenize=True)) as sandbox:
         result = sandbox.run(code, limits={"timeout": 60})
     assert result.status == "ok", result.error
     assert '"[EMAIL_7]"' in memory_file.read_text(encoding="utf-8")
@@ -140,7 +140,7 @@ from codecage.runtime import call_tool
 await call_tool("memory", "add_observations", {"observations": [
     {"entityName": "Ana Lima", "contents": ["again [EMAIL_1]"]}]})
 """
-    with Sandbox(tools=broker, tokenize=True, pool=False) as sandbox:
+    with Sandbox(tools=broker, pool=False, options=Options(tokenize=True)) as sandbox:
         result = sandbox.run(code, limits={"timeout": 60})
     assert result.status == "ok", result.error
     stored = memory_file.read_text(encoding="utf-8")

@@ -5,6 +5,8 @@ The public API is `__all__`; everything else is internal.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from codecage.errors import (
     AuditError,
     BridgeError,
@@ -28,8 +30,12 @@ from codecage.models import (
     ScrubSettings,
     Usage,
 )
+from codecage.options import Options
 from codecage.sandbox import Sandbox
 from codecage.session import Session
+
+if TYPE_CHECKING:
+    from codecage.bridge.broker import Broker as Broker
 
 __version__ = "0.1.0"
 
@@ -37,6 +43,7 @@ __all__ = [
     "ApprovalRequest",
     "AuditError",
     "BridgeError",
+    "Broker",
     "CodecageError",
     "ConfigError",
     "DisplayOutput",
@@ -49,6 +56,7 @@ __all__ = [
     "HostInfo",
     "LayerStatus",
     "Limits",
+    "Options",
     "Sandbox",
     "SandboxError",
     "ScrubSettings",
@@ -57,3 +65,12 @@ __all__ = [
     "Usage",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """`Broker` on first use: it loads the MCP SDK (~0.5 s), which a plain run never needs."""
+    if name == "Broker":
+        from codecage.bridge.broker import Broker
+
+        return Broker
+    raise AttributeError(f"module 'codecage' has no attribute {name!r}")

@@ -1,12 +1,14 @@
 """The host runtime: what a codecage process holds once, whichever face asks it to run.
 
-A face (the library's `Sandbox`, the CLI through it, the MCP server) builds one `Host` from
-settings it loaded once, then hands it one `Request` per run. The split follows what can
-change between two runs and what cannot:
+A face (the library's `Sandbox`, the CLI through it, the MCP server) resolves its options
+once (`codecage.options`), has `build` make its one complete `Host` from them, then hands it
+one `Request` per run. Nothing is set on a Host after it is built. The split follows what
+can change between two runs and what cannot:
 
-- host-wide, in `Host`: the settings and their origins, the default limits, the backend,
-  the warm pool, the scrubber(s), the broker of upstream tools and the bounds of their calls,
-  the tool trees and the packages directory, the self-test verdict;
+- host-wide, in `Host`: the resolved options and their origins, the default limits, the
+  backend, the warm pool, the scrubber(s), the audit trail, alerter and observers, the
+  broker of upstream tools and the bounds of their calls, the tool trees and the packages
+  directory, the self-test verdict, and the `engine.HostContext` every run shares;
 - per run, in `Request`: the code, its limits, its import policy (a profile plus imports,
   resolved by `Host.policy`), input files or a workspace directory, the tools it may call,
   a cancel event, `strict`, and the face whose terms its hints use.
@@ -28,11 +30,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from codecage import config as configuration
 from codecage import engine, forks, offline, packages
 from codecage.audit import AuditTrail, Caller, Finished
+from codecage.audit import alerts as alerting
 from codecage.audit import store as audit_store
 from codecage.audit.record import utc_now
 from codecage.backends.base import (
@@ -74,6 +77,7 @@ from codecage.models import (
     ToolsState,
     ValidationReport,
 )
+from codecage.options import Resolved, resolve_policy
 from codecage.policy import approval as approvals
 from codecage.policy import profiles
 from codecage.policy import scrub as scrubbing
@@ -82,7 +86,7 @@ from codecage.policy.profiles import ImportPolicy
 from codecage.policy.scrub import apply as redaction
 
 if TYPE_CHECKING:
-    from codecage.bridge.broker import Broker, RunTools
+    from codecage.bridge.broker import RunTools
     from codecage.egress.setup import EgressSetup
 
 log = logging.getLogger(__name__)
@@ -181,106 +185,83 @@ _PROCESS = _ProcessWide()
 
 
 class Host:
-    """The host runtime of one face: built once, then `run` per `Request`.
+    """The host runtime of one face: built complete by `build`, then `run` per `Request`.
 
-    Args:
-        settings: loaded once by the face (`codecage.config.load`).
-        limits: the default limits of runs (None: the settings'); the pool starts its
-            sandboxes with their sizes.
-        pool: True: a pool of this Host's own; a `Pool`: share that one; False: none;
-            None: as the settings say. `close()` stops an own pool only.
-        scrub: None: the settings' [scrub]; a bool turns it on or off; `ScrubSettings`:
-            exactly those.
-        The rest as `codecage.Sandbox` documents them.
-
-    Raises:
-        ConfigError: no backend of that name.
-        HostError: no backend can run on this host.
+    Every part is an argument of the constructor (the factory `build` makes them from
+    `Resolved` options in the order that refuses early: grants, backend, audit trail,
+    alerter, then the pool); nothing is set on a Host after it is built (assigning an
+    attribute raises), so what a face reads of it is what it was built with.
     """
 
     def __init__(
         self,
-        settings: Settings,
+        options: Resolved,
         *,
-        limits: Limits | None = None,
-        backend: str = "auto",
-        allow_degraded: bool = False,
-        selftest: bool = True,
-        pool: bool | Pool | None = None,
-        fork_server: bool | None = None,
-        tools: Broker | None = None,
-        tool_limits: bridge.BridgeLimits | None = None,
-        tokenize: bool | None = None,
-        servers_dir: Path | None = None,
-        skills_dir: Path | None = None,
-        packages_dir: str | Path | None = None,
-        scrub: bool | ScrubSettings | None = None,
-        data_dir: str | Path | None = None,
-        allow_hosts: Iterable[str] = (),
-        audit: AuditTrail | None = None,
+        backend: Backend,
+        identity: identities.IdentityPlan,
+        grants: egress_grants.Grants,
+        scrubbers: Scrubbers,
+        audit: AuditTrail | None,
+        alerter: alerting.Alerter | None,
+        observers: tuple[Callable[[Finished], None], ...],
+        templates: tuple[forkserver.Templates | None, str | None],
+        pool: tuple[Pool | None, bool],
+        places: tuple[Path, Path | None],
+        sessions: sessions_engine.Sessions,
+        egress: EgressCell,
     ) -> None:
+        settings = options.settings
+        self.options = options
         self.settings = settings
-        self.audit = audit  # the caller's: closed by whoever opened it
+        self.audit = audit  # closed by `close` (the alerter first, which records in it)
+        self.alerter = alerter
         # Told of every finished run after the audit trail (metrics, alerts); one that
         # raises is logged and never fails the run.
-        self.observers: list[Callable[[Finished], None]] = []
-        # The operator's grants with the config's [network]: refused before a pool starts.
-        self.grants = egress_grants.Grants.of(settings.network, allow_hosts, face="library")
-        self.limits = limits or settings.limits
-        self.limit_sources = dict(settings.sources)
-        if limits is not None:
-            self.limit_sources.update(dict.fromkeys(Limits.model_fields, "argument"))
-        self.identity = identities.plan(
-            settings.sandbox.uid,
-            settings.sandbox.gid,
-            id_base=settings.sandbox.id_base,
-            id_count=settings.sandbox.id_count,
-        )
-        self.allow_degraded = allow_degraded
-        self._selftest = selftest
-        self.backend: Backend = self._choose_backend(backend)
-        self.tools = tools
-        self.tool_limits = tool_limits or tooling.bridge_limits(settings.tools)
-        self.tokenize = tokenize
-        self.servers_dir = servers_dir
-        self.skills_dir = skills_dir
-        self.packages_dir = packages.location(packages_dir, settings)[0]
-        self.data_dir = (
-            datadir.check(data_dir, self._state_dirs(), self.identity.identity)
-            if data_dir is not None
-            else None
-        )
-        _PROCESS.sweep_once()
-        guardian.ensure()  # what this process leaves if it is killed is swept then
-        self.scrub_settings, self._scrub_source = _scrub_settings(settings, scrub)
-        self.scrubber = redaction.build_scrubber(
-            self.scrub_settings, extra_secrets=tools.secrets() if tools is not None else ()
-        )
-        # What the code's own `codecage.runtime.scrub(text)` uses: it asked, so it gets the
-        # default detectors even when results are not scrubbed.
-        self._asked_scrubber = self.scrubber or scrubbing.Scrubber()
-        self.templates, self.fork_server_off = self._templates(fork_server)
-        self.pool, self._owns_pool = self._pool(pool)
+        self.observers = observers
+        self.grants = grants  # the operator's with the config's [network]
+        self.limits = options.limits
+        self.limit_sources = options.limit_sources
+        self.identity = identity
+        self.allow_degraded = options.options.allow_degraded
+        self._selftest = options.options.selftest
+        self.backend: Backend = backend
+        self.tools = options.options.tools
+        self.tool_limits = options.options.tool_limits or tooling.bridge_limits(settings.tools)
+        self.tokenize = options.options.tokenize
+        self.servers_dir = _resolved_dir(options.options.servers_dir)
+        self.skills_dir = _resolved_dir(options.options.skills_dir)
+        self.packages_dir, self.data_dir = places
+        self.scrub_settings = scrubbers.settings
+        self._scrub_source = scrubbers.source
+        self.scrubber = scrubbers.scrubber
+        self._scrubbers = scrubbers
+        self.templates, self.fork_server_off = templates
+        self.pool, self._owns_pool = pool
         self._other_backends: dict[str, Backend] = {}
         self._other_backends_lock = threading.Lock()
-        self.sessions = sessions_engine.Sessions(settings.sessions)
-        self._egress: EgressSetup | None = None  # made at the first egress run
-        self._egress_made_here = forks.ForkGuard()  # whose process made `_egress`
-        self._egress_lock = threading.Lock()
+        self.sessions = sessions
+        self._egress = egress  # the host proxy, made at the first egress run
+        # What every run's engine request shares, made once here (not copied per run).
+        self._context = engine.HostContext(
+            tool_limits=self.tool_limits,
+            servers_dir=self.servers_dir,
+            skills_dir=self.skills_dir,
+            packages_dir=self.packages_dir,
+            data_dir=self.data_dir,
+            identity=identity,
+            wider_profile=self.wider_profile,
+            network_limits=settings.network.limits,
+        )
+        self._built = True
 
-    def _state_dirs(self) -> list[Path]:
-        """codecage's own places, which a data directory must neither be in nor hold."""
-        # The config file and the places one is looked for (files: a data directory must not
-        # hold them); not the directories above them, which hold everything (/ among them).
-        config_files = [self.settings.config_file] if self.settings.config_file else []
-        places = [
-            private_parent(),
-            staging.STAGE_ROOT,
-            rootfs.cache_dir(),
-            *config_files,
-            *self.settings.config_searched,
-        ]
-        return places + ([self.packages_dir] if self.packages_dir is not None else [])
+    def __setattr__(self, name: str, value: object) -> None:
+        """Refuse to set anything once built: the factory made the Host complete."""
+        if getattr(self, "_built", False):
+            raise AttributeError(
+                f"Host.{name} cannot be set after the Host is built: pass it to "
+                "codecage.host.build (or Options) instead"
+            )
+        object.__setattr__(self, name, value)
 
     def _own_places(self) -> tuple[lending.Place, ...]:
         """What a lent directory must neither be, hold nor lie in (`isolation.lending`):
@@ -338,72 +319,11 @@ class Host:
                 self._other_backends[name] = backend
             return self._other_backends[name]
 
-    def _choose_backend(self, name: str) -> Backend:
-        """`name`, or for "auto" the first of the candidates (in the order the config's
-        sandbox table gives, else `AUTO_ORDER`) whose self-test passes here; with the
-        self-test off, the first that loads. When none passes, the first: its run then
-        fails with what is missing (or runs degraded, when allowed).
-
-        Raises:
-            ConfigError: no backend has that name.
-            HostError: no backend can run on this host.
-        """
-        order = self.settings.sandbox.backends
-        if name != "auto":
-            return load_backend(name, allow_degraded=self.allow_degraded)
-        candidates = auto_candidates(
-            tuple(order) if order is not None else None, allow_degraded=self.allow_degraded
-        )
-        if not self._selftest:
-            return candidates[0]
-        for candidate in candidates:
-            if not self._failed_layers(candidate):
-                return candidate
-            log.warning("sandbox.backend_failed_selftest", extra={"backend": candidate.name})
-        return candidates[0]
-
     def _failed_layers(self, backend: Backend) -> tuple[str, ...]:
-        """The layers `backend`'s self-test finds missing here, less its gaps by design
-        (the Landlock fallback's: accepted by choosing it, and named in each result by
-        `backends.base.lost_layers`)."""
-        gaps = selftest_gaps(backend)
-        return tuple(
-            layer for layer in self._verdict_of(backend).failed_layers() if layer not in gaps
-        )
+        return failed_layers(backend, self.identity)
 
     def _verdict_of(self, backend: Backend) -> DoctorReport:
-        """`backend`'s self-test verdict for this host's sandbox ids: once per process, and
-        from the disk cache while it passes."""
-
-        def prove() -> DoctorReport:
-            log.info("sandbox.selftest", extra={"backend": backend.name})
-            return selftest.run_probes(backend, self.identity)
-
-        return _PROCESS.verdict(selftest.cache_key(backend, self.identity.identity), prove)
-
-    def _pool(self, pool: bool | Pool | None) -> tuple[Pool | None, bool]:
-        if isinstance(pool, Pool):
-            return pool, False
-        if pool is False or (pool is None and not self.settings.pool.enabled):
-            return None, False
-        config = self.settings.pool.model_copy(update={"enabled": True})
-        return Pool(self.backend, config, self.limits, templates=self.templates), True
-
-    def _templates(self, wanted: bool | None) -> tuple[forkserver.Templates | None, str | None]:
-        """The fork server of this Host's runs, or None and why not (engine/forkserver.py)."""
-        if not (self.settings.pool.fork_server if wanted is None else wanted):
-            return None, "turned off ([pool] fork_server, CODECAGE_FORK_SERVER, fork_server=)"
-        why_not = forkserver.supported(self.backend)
-        if why_not is not None:
-            return None, why_not
-        pool = self.settings.pool
-        templates = forkserver.Templates(
-            self.backend,
-            self.limits,
-            max_runs=pool.template_max_runs,
-            max_age_s=pool.template_max_age,
-        )
-        return templates, None
+        return verdict_of(backend, self.identity)
 
     # --- policy ----------------------------------------------------------------------------
 
@@ -655,7 +575,7 @@ class Host:
             return None
         return self.tools.for_run(
             allowed_tools=request.allowed_tools,
-            scrubber=self._asked_scrubber,
+            scrubber=self._scrubbers.asked,
             tokenize=self.tokenize,
             judged=request.judged_tools,
         )
@@ -697,41 +617,18 @@ class Host:
             policy=request.policy,
             cancel=request.cancel,
             on_files=request.on_files,
-            identity=self.identity,
             tools=tools or bridge.NoServers(self._scrub_asked),
-            tool_limits=self.tool_limits,
-            servers_dir=self.servers_dir,
-            skills_dir=self.skills_dir,
-            packages_dir=self.packages_dir,
-            data_dir=self.data_dir,
             face=request.face,
-            wider_profile=self.wider_profile,
             on_output=request.on_output,
             scrub_output=self._stream_scrub() if request.on_output is not None else None,
             egress=request.egress,
             egress_setup=self._egress_setup() if request.egress is not None else None,
-            network_limits=self.settings.network.limits,
+            context=self._context,
         )
 
     def _egress_setup(self) -> EgressSetup:
-        """The host proxy of this Host's runs, started at the first run allowed egress
-        (imported then too: most runs have no network, and the proxy needs asyncio, h11)."""
-        from codecage.egress import setup as egress_setup
-
-        with self._egress_lock:
-            if self._egress is not None and not self._egress_made_here.owned_here():
-                # A forked child has the parent's proxy but not its loop thread: leave it
-                # (the parent's to close) and make one of its own.
-                self._egress = None
-            if self._egress is None:
-                self._egress_made_here = forks.ForkGuard()
-                config_file = self.settings.config_file
-                self._egress = egress_setup.build(
-                    self.settings.network,
-                    base_dir=config_file.parent if config_file is not None else None,
-                    ca_dir=self.settings.config_relative(self.settings.network.ca_dir),
-                )
-            return self._egress
+        """The host proxy of this Host's runs, started at the first run allowed egress."""
+        return self._egress.get(self.settings)
 
     # --- sessions ----------------------------------------------------------------------------
 
@@ -808,11 +705,11 @@ class Host:
     def audit_scrub(self, text: str) -> str:
         """What the audit trail keeps of a run's code: scrubbed as results are (the
         default detectors when results are not scrubbed: a record holds nothing in clear)."""
-        return self._asked_scrubber.scrub(text).text
+        return self._scrubbers.audit(text)
 
     def _scrub_asked(self, text: str) -> str:
         # Detectors only: the configured secrets would make it an oracle on them.
-        return self._asked_scrubber.without_secrets().scrub(text).text
+        return self._scrubbers.asked.without_secrets().scrub(text).text
 
     def _run_warm(
         self, pool: Pool, request: engine.RunRequest
@@ -909,12 +806,18 @@ class Host:
     def info(
         self,
         *,
-        policy: ImportPolicy | None,
-        allowed_tools: tuple[str, ...] | None,
-        limit_sources: Mapping[str, str],
+        policy: ImportPolicy | Literal["default"] | None = "default",
+        allowed_tools: tuple[str, ...] | Literal["default"] | None = "default",
+        limit_sources: Mapping[str, str] | None = None,
     ) -> HostInfo:
         """What this host provides: backend, layers really in force, defaults (those of a
-        run with `policy` and `allowed_tools`), ceilings."""
+        run with `policy` and `allowed_tools`; "default": the face's own), ceilings."""
+        if policy == "default":
+            policy = self.options.policy
+        if allowed_tools == "default":
+            allowed_tools = self.options.allowed_tools
+        if limit_sources is None:
+            limit_sources = self.limit_sources
         layers: list[LayerStatus] = [
             *self.backend.probe(),
             identities.probe(self.identity),
@@ -1024,16 +927,17 @@ class Host:
 
     def close(self) -> None:
         """Close every session, then stop this Host's own pool, killing its idle sandboxes
-        (a shared one stays)."""
+        (a shared one stays), its egress proxy, its alerter and its audit trail."""
         self.sessions.close_all()
         if self.pool is not None and self._owns_pool:
             self.pool.close()
         if self.templates is not None:
             self.templates.close()
-        with self._egress_lock:
-            if self._egress is not None and self._egress_made_here.owned_here():
-                self._egress.proxy.close()
-                self._egress = None
+        self._egress.close()
+        if self.alerter is not None:  # before the audit trail it records in
+            self.alerter.close()
+        if self.audit is not None:
+            self.audit.close()
 
 
 _SESSION_START_TIMEOUT_S = 60.0
@@ -1063,46 +967,6 @@ def _above(limits: Limits, defaults: Limits) -> tuple[str, ...]:
         if isinstance(value, int | float) and isinstance(default, int | float) and value > default:
             found.append(f"{name} {value:g} (default {default:g})")
     return tuple(found)
-
-
-def resolve_policy(
-    settings: Settings,
-    profile: str | None,
-    allowed_imports: Iterable[str] = (),
-    replace: bool = False,
-) -> ImportPolicy:
-    """The import policy of `profile` (None: the settings' default) with the settings' and
-    the caller's `allowed_imports` added (or, with `replace`, instead).
-
-    Raises:
-        ConfigError: a profile is unknown, or not among the operator's enabled ones.
-    """
-    names = [p.strip() for p in (profile or settings.profile).split(",") if p.strip()]
-    enabled = settings.enabled_profiles
-    refused = [n for n in names if enabled is not None and n not in enabled]
-    if refused:
-        raise ConfigError(
-            f"profile {', '.join(map(repr, refused))} is not enabled on this host",
-            hint=f"pass one of the enabled profiles as {{profile}}: "
-            f"{', '.join(enabled or ())} (the operator's config enables them)",
-        )
-    return profiles.resolve(
-        names,
-        allowed_imports=[*settings.allowed_imports, *allowed_imports],
-        replace=replace,
-        custom=settings.custom_profiles,
-    )
-
-
-def _scrub_settings(
-    settings: Settings, scrub: bool | ScrubSettings | None
-) -> tuple[ScrubSettings, str]:
-    """The scrub settings in force, and where they came from."""
-    if isinstance(scrub, ScrubSettings):
-        return scrub, "argument"
-    if scrub is None:
-        return settings.scrub, settings.sources.get("scrub", "default")
-    return settings.scrub.model_copy(update={"enabled": scrub}), "argument"
 
 
 def _cache_file(key: str) -> Path:
@@ -1136,3 +1000,272 @@ def _with_wait(result: ExecutionResult, waited_ms: int) -> ExecutionResult:
     return result.model_copy(
         update={"usage": result.usage.model_copy(update={"waited_ms": waited_ms})}
     )
+
+
+# --- the factory -----------------------------------------------------------------------------
+
+
+def build(
+    options: Resolved,
+    *,
+    observers: Iterable[Callable[[Finished], None]] = (),
+    sessions: sessions_engine.Sessions | None = None,
+) -> Host:
+    """The complete Host of `options`: its grants and identity, its backend (proven by the
+    self-test), its scrubbers, audit trail and alerter, its fork server and pool, keeping
+    the face's default spec warm. What could be refused is refused before the pool starts.
+
+    Args:
+        options: resolved once by the face (`Options.resolve`).
+        observers: told of every finished run after the audit trail and the alerter (the
+            MCP server's metrics).
+        sessions: the session registry (None: one of the settings' [sessions]).
+
+    Raises:
+        ConfigError: a malformed tool pattern or network rule, no backend of that name, a
+            bad data directory or alert command.
+        HostError: no backend can run on this host.
+        AuditError: the audit store cannot be opened.
+    """
+    settings, asked = options.settings, options.options
+    tooling.allow_patterns(options.allowed_tools)  # a malformed one fails here, not in a run
+    grants = egress_grants.Grants.of(settings.network, asked.allow_hosts, face="library")
+    identity = identities.plan(
+        settings.sandbox.uid,
+        settings.sandbox.gid,
+        id_base=settings.sandbox.id_base,
+        id_count=settings.sandbox.id_count,
+    )
+    backend = choose_backend(options, identity)
+    packages_dir = packages.location(asked.packages_dir, settings)[0]
+    data_dir = (
+        datadir.check(asked.data_dir, _state_dirs(settings, packages_dir), identity.identity)
+        if asked.data_dir is not None
+        else None
+    )
+    _PROCESS.sweep_once()
+    guardian.ensure()  # what this process leaves if it is killed is swept then
+    scrubbers = Scrubbers.of(options)
+    with contextlib.ExitStack() as undo:  # what is open closes when a later part is refused
+        trail = AuditTrail.open(options.audit, scrubbers.audit) if options.audit else None
+        if trail is not None:
+            undo.callback(trail.close)
+        alerter = _alerter(options, trail, scrubbers)
+        if alerter is not None:
+            undo.callback(alerter.close)
+        templates = _templates(options, backend)
+        pool = _pool(options, backend, templates[0])
+        built = Host(
+            options,
+            backend=backend,
+            identity=identity,
+            grants=grants,
+            scrubbers=scrubbers,
+            audit=trail,
+            alerter=alerter,
+            observers=(*((alerter,) if alerter is not None else ()), *observers),
+            templates=templates,
+            pool=pool,
+            places=(packages_dir, data_dir),
+            sessions=sessions or sessions_engine.Sessions(settings.sessions),
+            egress=EgressCell(),
+        )
+        undo.callback(built.close)
+        # Runs with egress import the network modules too and need sandboxes made for
+        # egress: keep that kind warm.
+        egress, warm_policy = built.network_for(options.policy, None, options.face)
+        built.keep_warm(warm_policy, egress=egress is not None)
+        undo.pop_all()
+    return built
+
+
+def _resolved_dir(path: str | Path | None) -> Path | None:
+    return Path(path).resolve() if path is not None else None
+
+
+def _state_dirs(settings: Settings, packages_dir: Path | None) -> list[Path]:
+    """codecage's own places, which a data directory must neither be in nor hold."""
+    # The config file and the places one is looked for (files: a data directory must not
+    # hold them); not the directories above them, which hold everything (/ among them).
+    config_files = [settings.config_file] if settings.config_file else []
+    places = [
+        private_parent(),
+        staging.STAGE_ROOT,
+        rootfs.cache_dir(),
+        *config_files,
+        *settings.config_searched,
+    ]
+    return places + ([packages_dir] if packages_dir is not None else [])
+
+
+def choose_backend(options: Resolved, identity: identities.IdentityPlan) -> Backend:
+    """The backend asked for, or for "auto" the first of the candidates (in the order the
+    config's sandbox table gives, else `AUTO_ORDER`) whose self-test passes here; with the
+    self-test off, the first that loads. When none passes, the first: its run then fails
+    with what is missing (or runs degraded, when allowed).
+
+    Raises:
+        ConfigError: no backend has that name.
+        HostError: no backend can run on this host.
+    """
+    asked = options.options
+    if asked.backend != "auto":
+        return load_backend(asked.backend, allow_degraded=asked.allow_degraded)
+    order = options.settings.sandbox.backends
+    candidates = auto_candidates(
+        tuple(order) if order is not None else None, allow_degraded=asked.allow_degraded
+    )
+    if not asked.selftest:
+        return candidates[0]
+    for candidate in candidates:
+        if not failed_layers(candidate, identity):
+            return candidate
+        log.warning("sandbox.backend_failed_selftest", extra={"backend": candidate.name})
+    return candidates[0]
+
+
+def failed_layers(backend: Backend, identity: identities.IdentityPlan) -> tuple[str, ...]:
+    """The layers `backend`'s self-test finds missing here, less its gaps by design
+    (the Landlock fallback's: accepted by choosing it, and named in each result by
+    `backends.base.lost_layers`)."""
+    gaps = selftest_gaps(backend)
+    return tuple(
+        layer for layer in verdict_of(backend, identity).failed_layers() if layer not in gaps
+    )
+
+
+def verdict_of(backend: Backend, identity: identities.IdentityPlan) -> DoctorReport:
+    """`backend`'s self-test verdict for these sandbox ids: once per process, and from the
+    disk cache while it passes."""
+
+    def prove() -> DoctorReport:
+        log.info("sandbox.selftest", extra={"backend": backend.name})
+        return selftest.run_probes(backend, identity)
+
+    return _PROCESS.verdict(selftest.cache_key(backend, identity.identity), prove)
+
+
+def _templates(
+    options: Resolved, backend: Backend
+) -> tuple[forkserver.Templates | None, str | None]:
+    """The fork server of the Host's runs, or None and why not (engine/forkserver.py)."""
+    pool = options.settings.pool
+    wanted = options.options.fork_server
+    if not (pool.fork_server if wanted is None else wanted):
+        return None, "turned off ([pool] fork_server, CODECAGE_FORK_SERVER, fork_server=)"
+    why_not = forkserver.supported(backend)
+    if why_not is not None:
+        return None, why_not
+    templates = forkserver.Templates(
+        backend,
+        options.limits,
+        max_runs=pool.template_max_runs,
+        max_age_s=pool.template_max_age,
+    )
+    return templates, None
+
+
+def _pool(
+    options: Resolved, backend: Backend, templates: forkserver.Templates | None
+) -> tuple[Pool | None, bool]:
+    """The Host's pool and whether it is its own (which `close` stops)."""
+    pool, settings = options.options.pool, options.settings
+    if isinstance(pool, Pool):
+        return pool, False
+    if pool is False or (pool is None and not settings.pool.enabled):
+        return None, False
+    config = settings.pool.model_copy(update={"enabled": True})
+    return Pool(backend, config, options.limits, templates=templates), True
+
+
+def _alerter(
+    options: Resolved, trail: AuditTrail | None, scrubbers: Scrubbers
+) -> alerting.Alerter | None:
+    """The alerter `options` ask for, recording in `trail`.
+
+    Raises:
+        ConfigError: the command is not an executable program.
+    """
+    if options.alerts is None:
+        return None
+    asked = options.options
+    given = {"servers": _resolved_dir(asked.servers_dir), "skills": _resolved_dir(asked.skills_dir)}
+    tool_packages = [name for name, path in given.items() if path is not None]
+
+    def validate(code: str) -> ValidationReport:
+        return validation.validate(
+            code, allowed_modules=None, profile_name="none", strict=True,
+            tool_packages=tool_packages,
+        )  # fmt: skip
+
+    return alerting.start(options.alerts, trail, scrubbers.audit, validate)
+
+
+@dataclass(frozen=True, slots=True)
+class Scrubbers:
+    """What a Host scrubs with: results' (None: not scrubbed), and the one code asks for
+    (`codecage.runtime.scrub`), which has the default detectors even when results are not
+    scrubbed; the audit trail keeps code scrubbed by the latter."""
+
+    settings: ScrubSettings
+    source: str
+    scrubber: scrubbing.Scrubber | None
+    asked: scrubbing.Scrubber
+
+    @classmethod
+    def of(cls, options: Resolved) -> Scrubbers:
+        tools = options.options.tools
+        scrubber = redaction.build_scrubber(
+            options.scrub, extra_secrets=tools.secrets() if tools is not None else ()
+        )
+        return cls(
+            options.scrub, options.origin("scrub"), scrubber, scrubber or scrubbing.Scrubber()
+        )
+
+    def audit(self, text: str) -> str:
+        """What the audit trail keeps of a run's code: nothing in clear."""
+        return self.asked.scrub(text).text
+
+
+class EgressCell:
+    """The host proxy of a Host's runs, started at the first run allowed egress (imported
+    then too: most runs have no network, and the proxy needs asyncio, h11)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._setup: EgressSetup | None = None
+        self._made_here = forks.ForkGuard()  # whose process made `_setup`
+
+    def get(self, settings: Settings) -> EgressSetup:
+        from codecage.egress import setup as egress_setup
+
+        with self._lock:
+            if self._setup is not None and not self._made_here.owned_here():
+                # A forked child has the parent's proxy but not its loop thread: leave it
+                # (the parent's to close) and make one of its own.
+                self._setup = None
+            if self._setup is None:
+                self._made_here = forks.ForkGuard()
+                config_file = settings.config_file
+                self._setup = egress_setup.build(
+                    settings.network,
+                    base_dir=config_file.parent if config_file is not None else None,
+                    ca_dir=settings.config_relative(settings.network.ca_dir),
+                )
+            return self._setup
+
+    def close(self) -> None:
+        with self._lock:
+            if self._setup is not None and self._made_here.owned_here():
+                self._setup.proxy.close()
+                self._setup = None
+
+
+def input_files(files: Mapping[str, bytes | str] | None) -> dict[str, bytes] | None:
+    """A face's input files as a `Request` takes them: bytes (str as UTF-8)."""
+    if not files:
+        return None
+    return {
+        name: data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+        for name, data in files.items()
+    }

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from codecage.errors import ConfigError
+from codecage.fdio import write_all
 from codecage.output import neutralise_line
 
 DEFAULT_KEEP_FILES_MB = 64
@@ -53,7 +54,7 @@ class KeptFiles:
         if name in self.not_kept:
             raise ConfigError(
                 f"'{shown}' was not kept: {self.not_kept[name]}",
-                hint="pass a larger {keep_files_mb} to Sandbox() or run(), or read it "
+                hint="pass a larger {keep_files_mb} to run() or Options(), or read it "
                 "in an `on_files` callback while the workspace exists",
             )
         raise ConfigError(
@@ -178,9 +179,7 @@ def _save_one(root_fd: int, directory: Path, name: str, data: bytes, *, overwrit
         except OSError as exc:
             raise _save_refusal(directory, name, exc) from exc
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, data)
         finally:
             os.close(fd)
     finally:

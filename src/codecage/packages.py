@@ -6,7 +6,7 @@ a directory codecage owns, never into codecage's own environment:
 
 - **where**: the packages directory, one name in four spellings: `--packages-dir` (the
   `packages` commands), `CODECAGE_PACKAGES_DIR`, the config file's `[packages] dir`,
-  `Sandbox(packages_dir=...)`. By default `/var/lib/codecage/packages` for root, else
+  `Options(packages_dir=...)`. By default `/var/lib/codecage/packages` for root, else
   `$XDG_DATA_HOME/codecage/packages` (`~/.local/share/...`); a user without packages of
   their own uses root's, when it exists. It must be trusted as the config file is (owned by
   this user or root, not writable by group or others, nor any directory above it): what is
@@ -34,7 +34,6 @@ reach it (the sandbox has no network, and the tree is read-only there).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import json
 import logging
@@ -46,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -55,6 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from codecage.config import trusted_directory, untrusted_reason
 from codecage.errors import ConfigError, HostError
+from codecage.fdio import locked
 from codecage.guest.bootstrap import DISTRIBUTIONS
 from codecage.guest.contract import PACKAGES_DIR
 from codecage.isolation import rootfs
@@ -329,7 +329,7 @@ def add(
     if not wanted:
         raise ConfigError("name at least one package", hint="codecage packages add tabulate")
     real = _prepare(directory)
-    with _locked(real):
+    with locked(real / _LOCK_NAME):
         before = read_record(real)
         keep = {canonical(e.name): e.requirement or e.name for e in before.requested()}
         keep.update(wanted)
@@ -360,7 +360,7 @@ def remove(
     if not names:
         raise ConfigError("name at least one package", hint="`codecage packages list` shows them")
     real = check_trusted(directory)
-    with _locked(real):
+    with locked(real / _LOCK_NAME):
         before = read_record(real)
         requested = {canonical(e.name): e for e in before.requested()}
         every = {canonical(e.name) for e in before.packages}
@@ -427,17 +427,6 @@ def _prepare(directory: Path) -> Path:
                 f"another with --packages-dir / {ENV_DIR}",
             ) from exc
     return check_trusted(directory)
-
-
-@contextlib.contextmanager
-def _locked(directory: Path) -> Iterator[None]:
-    """One `add` or `remove` at a time per directory."""
-    fd = os.open(directory / _LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _build(

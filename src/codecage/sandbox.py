@@ -9,6 +9,7 @@ turns its arguments into a typed `host.Request` (or call) for the Host.
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import inspect
 import logging
@@ -18,39 +19,27 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from pydantic import ValidationError
-
-from codecage import batch, config, host
+from codecage import batch, host
 from codecage import kept as kept_files
-from codecage.audit import AuditTrail
-from codecage.audit import alerts as alerting
 from codecage.audit import record as audit_record
-from codecage.bridge import channel as bridge
-from codecage.bridge import tooling
-from codecage.config import Settings
 from codecage.engine import workspace as workspaces
-from codecage.engine.pool import Pool
 from codecage.errors import ConfigError, Face
 from codecage.models import (
-    AlertSettings,
+    ApprovalRequest,
     DoctorReport,
     ExecutionResult,
     FileInfo,
     HostInfo,
     Limits,
-    ScrubSettings,
     ValidationReport,
 )
+from codecage.options import Options, check_keep_files_mb, limits_over
 from codecage.policy import approval as approvals
 from codecage.policy.profiles import ImportPolicy
 from codecage.session import Session, open_session
 
 if TYPE_CHECKING:
-    import asyncio
-
-    from codecage.backends.base import Backend
     from codecage.bridge.broker import Broker
-    from codecage.policy.scrub import Scrubber
 
 log = logging.getLogger(__name__)
 
@@ -70,34 +59,23 @@ class Sandbox:
         limits: default limits of this Sandbox's runs (each run may override them): a full
             `Limits`, or a dict of fields overriding the configuration's.
         backend: "auto" (the strongest available) or a backend name ("bwrap", "gvisor").
-        allow_degraded: run even when the self-test finds a promised layer missing; each
-            result then carries a `degraded_isolation` event naming the missing layer.
         profile: capability profile(s) for imports: "standard" (the default unless the
             config names another: the whole standard library and every installed data
             package, nothing refused) or curated ones such as "basic" or
             "data_science,filesystem".
-        allowed_imports: modules added to the profile's set (or replacing it, see below).
-        replace_imports: `allowed_imports` replaces the profile's set instead of extending it.
-        import_policy: False turns the import policy off (the OS layers still hold); the
-            installed data packages are importable as under "standard".
+        allowed_imports: modules added to the profile's set (or replacing it:
+            `Options(replace_imports=True)`).
         config: a TOML config file; by default the first found (see `codecage.config`:
             $CODECAGE_CONFIG, the user's, the system's; never the current directory).
-            Refused unless owned by you or root and not writable by others. Or the
-            `Settings` that `codecage.config.load()` returned, to use them as they are.
+            Refused unless owned by you or root and not writable by others. (The
+            `Settings` that `codecage.config.load()` returned go in `Options(config=)`.)
             Precedence: these arguments > CODECAGE_* variables > the file > built-ins.
-        selftest: run the self-test before the first run (cached per boot); turning it off
-            is for codecage's own tests of the self-test, not for production.
         pool: run requests in warm, single-use sandboxes started ahead of time (same
             isolation, ~1 ms instead of ~50 ms to start). True: a pool of this Sandbox's
-            own, sized by the config's [pool] table; a `Pool`: share that one; False: cold
-            starts only; None (default): as the config says (`[pool] enabled`, or
-            CODECAGE_POOL). Close the Sandbox (or use it in a `with`) to stop its pool.
-        fork_server: fork each sandbox from a warm template of its profile instead of
-            starting bwrap and an interpreter anew (same isolation per run: namespaces,
-            workspace, cgroup, filter; docs/security-model.md#the-fork-server). None
-            (default): as the config says (`[pool] fork_server`, on; CODECAGE_FORK_SERVER).
-            Where it cannot be used (not bwrap, not root) sandboxes start anew; `info()`
-            says which. Its templates live until the Sandbox is closed.
+            own, sized by the config's [pool] table (`Options(pool=a_pool)` shares
+            another's); False: cold starts only; None (default): as the config says
+            (`[pool] enabled`, or CODECAGE_POOL). Close the Sandbox (or use it in a
+            `with`) to stop its pool.
         tools: a `Broker` holding sessions to upstream MCP servers: the code's tool calls
             (`codecage.runtime.call_tool`, `servers.<server>.<tool>.call`) go to it over the
             sandbox's private bridge (docs/tool-bridge.md). None: tool calls fail clearly.
@@ -105,35 +83,6 @@ class Sandbox:
             matched per half (`*` wildcards match only plain names, see
             `codecage.bridge.tooling`); None: all that the servers' own allow-lists permit.
             Raises ConfigError for a pattern without a dot.
-        tool_limits: bounds of each run's tool calls (count, in flight, result size);
-            by default 200 calls, 16 at once, 4 MiB per result.
-        servers_dir: the tree `codecage gen` wrote, mounted read-only at /servers and
-            importable as `servers.<server>.<tool>`.
-        skills_dir: a directory of reusable functions, read-only at /skills, importable as
-            `skills.<module>`.
-        packages_dir: the packages the operator added (`codecage packages add`), bound
-            read-only at /opt/packages for profiles that allow them; default: the
-            CODECAGE_PACKAGES_DIR variable, the config's `[packages] dir`, else
-            /var/lib/codecage/packages (root) or $XDG_DATA_HOME/codecage/packages.
-        tokenize: replace personal data (emails, phones, ...) in tool results with tokens
-            such as [EMAIL_1] before the code sees them, and put the real values back when
-            the code passes the tokens to another tool; the values stay in the host, per
-            run. None: as each server's `tokenize` setting says (default off).
-        scrub: redact personal data and secrets from everything a run returns (stdout,
-            stderr, error, return value, events, file names) in the host, counting them in
-            `redactions`. None (default): as the config's [scrub] table says (on unless
-            turned off); True/False: on (with the config's categories) or off; a
-            `ScrubSettings`: exactly that. The upstream servers' credentials (`tools`) are
-            always among the secrets redacted.
-        face: who makes the calls, for the wording of hints in results (an import
-            refusal says how to allow the module): "library" (default: keyword
-            arguments), "cli" (flags) or "mcp" (the execute_code tool's arguments).
-        keep_files_mb: MiB of the files a run leaves that its result keeps for
-            `result.read_file` / `result.save_files` (all files together; default 64; 0
-            keeps none). A file past it is listed in `files` but not kept.
-        data_dir: a host directory mounted read-only at /data in every sandbox (absolute,
-            an existing directory, not / nor codecage's own state); symlinks in it resolve
-            inside the sandbox, never to the host's files.
         allow_hosts: hosts every run of this Sandbox may reach, as HOST[:PORT] rules
             ("api.example.com", "*.example.com", "api.example.com:8443", "203.0.113.7";
             port 443 and 80 when omitted), on top of the config's `[network] allow` and
@@ -141,12 +90,9 @@ class Sandbox:
             ceiling` with `run(allow_hosts=...)`. Empty (default): no network unless the
             config allows some. Raises ConfigError for a malformed rule or one the
             config's `[network] deny` covers.
-        audit: keep a record of every run in the audit trail (docs/audit.md). None
-            (default): as the config's `[audit] enabled` says, else on for face "mcp"
-            (`codecage serve`) and off otherwise; True: on, in the config's `[audit] store`
-            (default: audit.db in codecage's state directory); a path or a
-            postgresql:// URL: on, there; False (or "off"): off. Raises AuditError when
-            the store cannot be opened.
+        data_dir: a host directory mounted read-only at /data in every sandbox (absolute,
+            an existing directory, not / nor codecage's own state); symlinks in it resolve
+            inside the sandbox, never to the host's files.
         approve: how a person approves a run before it starts, when the config's
             `[approval] require` asks for it by what the run is granted (network, tools
             with side effects, a lent workspace, ...; docs/configuration.md): called with
@@ -156,11 +102,11 @@ class Sandbox:
             result is `blocked` with an `approval` event. A coroutine function is awaited on
             the caller's loop under `arun`. Required when `[approval] require` is set
             (ConfigError without it).
-        alerts: tell a webhook or a command when chosen things happen in runs
-            (docs/configuration.md, `[alerts]`): False (default): no alerts; True: as the
-            config's `[alerts]` says; an `AlertSettings`: those. Alerts are recorded in the
-            audit trail when there is one. Raises ConfigError when there is no hook to send
-            to, or the command is not an executable program.
+        options: the rest, as an `Options` (`codecage.options`): allow_degraded,
+            replace_imports, import_policy, selftest, fork_server, tool_limits, servers_dir,
+            skills_dir, packages_dir, tokenize, scrub, face, keep_files_mb, audit, alerts.
+            The keywords above, when given, take precedence over the same fields of
+            `options`; `Options` documents each field.
 
     >>> with Sandbox(pool=True) as sandbox:
     ...     sandbox.warm()                      # optional: wait until the pool is ready
@@ -171,133 +117,48 @@ class Sandbox:
         self,
         *,
         limits: Limits | dict[str, Any] | None = None,
-        backend: str = "auto",
-        allow_degraded: bool = False,
-        selftest: bool = True,
+        backend: str | None = None,
         profile: str | None = None,
-        allowed_imports: tuple[str, ...] | list[str] = (),
-        replace_imports: bool = False,
-        import_policy: bool = True,
-        config: str | Path | Settings | None = None,
-        pool: bool | Pool | None = None,
-        fork_server: bool | None = None,
+        allowed_imports: Iterable[str] = (),
+        config: str | Path | None = None,
+        pool: bool | None = None,
         tools: Broker | None = None,
         allowed_tools: Iterable[str] | None = None,
-        tool_limits: bridge.BridgeLimits | None = None,
-        servers_dir: str | Path | None = None,
-        skills_dir: str | Path | None = None,
-        packages_dir: str | Path | None = None,
-        tokenize: bool | None = None,
-        scrub: bool | ScrubSettings | None = None,
-        face: Face = "library",
-        keep_files_mb: int = kept_files.DEFAULT_KEEP_FILES_MB,
-        data_dir: str | Path | None = None,
         allow_hosts: Iterable[str] = (),
-        audit: bool | str | Path | None = None,
-        approve: approvals.Callback | None = None,
-        alerts: bool | AlertSettings = False,
+        data_dir: str | Path | None = None,
+        approve: Callable[[ApprovalRequest], bool | Awaitable[bool]] | None = None,
+        options: Options | None = None,
     ) -> None:
-        settings = config if isinstance(config, Settings) else load_settings(config)
-        alert_settings = alerting.chosen(alerts, settings.alerts)
-        # How this Sandbox's runs ask a person (the CLI puts its terminal prompt here).
-        self.approver = _approver(settings, approve, face)
-        self.allowed_tools = tuple(allowed_tools) if allowed_tools is not None else None
-        tooling.allow_patterns(self.allowed_tools)  # a malformed one fails here, not in a run
-        # Refused before the Host starts a pool that a refusal would leave running.
-        self.policy: ImportPolicy | None = (
-            host.resolve_policy(settings, profile, allowed_imports, replace_imports)
-            if import_policy
-            else None
-        )
-        self.host = runtime = host.Host(
-            settings,
-            limits=_limits_over(settings.limits, limits) if limits is not None else None,
+        resolved = _options(
+            options or Options(),
+            limits=limits,
             backend=backend,
-            allow_degraded=allow_degraded,
-            selftest=selftest,
+            profile=profile,
+            allowed_imports=tuple(allowed_imports),
+            config=config,
             pool=pool,
-            fork_server=fork_server,
             tools=tools,
-            tool_limits=tool_limits,
-            tokenize=tokenize,
-            servers_dir=Path(servers_dir).resolve() if servers_dir is not None else None,
-            skills_dir=Path(skills_dir).resolve() if skills_dir is not None else None,
-            packages_dir=packages_dir,
-            scrub=scrub,
+            allowed_tools=allowed_tools,
+            allow_hosts=tuple(allow_hosts),
             data_dir=data_dir,
-            allow_hosts=allow_hosts,
-        )
-        if isinstance(limits, dict):  # only the fields given are the argument's
-            runtime.limit_sources = {
-                **settings.sources,
-                **{name: "argument" for name, value in limits.items() if value is not None},
-            }
-        self.settings = settings
+            approve=approve,
+        ).resolve()
+        self._hold(host.build(resolved))
+
+    def _hold(self, runtime: host.Host) -> None:
+        """Hold `runtime`, with its face's defaults as this Sandbox's."""
+        resolved = runtime.options
+        self.host = runtime
+        self.limits = resolved.limits  # the defaults of its runs (`run_many` reads them)
+        self.policy: ImportPolicy | None = resolved.policy
+        self.allowed_tools = resolved.allowed_tools
+        self.face: Face = resolved.face
+        self.keep_files_mb = resolved.keep_files_mb
+        # How this Sandbox's runs ask a person (the CLI puts its terminal prompt here).
+        self.approver = resolved.approver
         self.caller = audit_record.Caller(
-            "cli" if face == "cli" else "library", name=_login_name()
+            "cli" if self.face == "cli" else "library", name=_login_name()
         )  # the MCP server names each call's caller itself
-        try:
-            runtime.audit = _audit_trail(settings, audit, face, runtime.audit_scrub)
-        except BaseException:
-            runtime.close()  # its pool is running already
-            raise
-        self.alerter = alerting.attach(runtime, alert_settings) if alert_settings else None
-        self.limit_sources = dict(runtime.limit_sources)
-        if profile is not None:
-            self.limit_sources["profile"] = "argument"
-        self.face: Face = face
-        self.keep_files_mb = _check_keep_files_mb(keep_files_mb)
-        # Runs with egress import the network modules too and need sandboxes made for
-        # egress: keep that kind warm.
-        egress, warm_policy = runtime.network_for(self.policy, None, face)
-        runtime.keep_warm(warm_policy, egress=egress is not None)
-
-    # What callers read of the host runtime (info, tests, the MCP server's notes): its own
-    # values, not copies that could drift from them.
-
-    @property
-    def limits(self) -> Limits:
-        return self.host.limits
-
-    @property
-    def backend(self) -> Backend:
-        return self.host.backend
-
-    @property
-    def pool(self) -> Pool | None:
-        return self.host.pool
-
-    @property
-    def tools(self) -> Broker | None:
-        return self.host.tools
-
-    @property
-    def tool_limits(self) -> bridge.BridgeLimits:
-        return self.host.tool_limits
-
-    @property
-    def scrub_settings(self) -> ScrubSettings:
-        return self.host.scrub_settings
-
-    @property
-    def scrubber(self) -> Scrubber | None:
-        return self.host.scrubber
-
-    @property
-    def servers_dir(self) -> Path | None:
-        return self.host.servers_dir
-
-    @property
-    def skills_dir(self) -> Path | None:
-        return self.host.skills_dir
-
-    @property
-    def packages_dir(self) -> Path | None:
-        return self.host.packages_dir
-
-    @property
-    def tokenize(self) -> bool | None:
-        return self.host.tokenize
 
     def run(
         self,
@@ -366,7 +227,7 @@ class Sandbox:
             SandboxError: the sandbox itself failed.
         """
         egress, policy = self.host.network_for(self.policy, allow_hosts, self.face)
-        keep_mb = _check_keep_files_mb(
+        keep_mb = check_keep_files_mb(
             self.keep_files_mb if keep_files_mb is None else keep_files_mb
         )
         collected: list[kept_files.KeptFiles] = []
@@ -383,7 +244,7 @@ class Sandbox:
             limits=self._limits_for(limits),
             policy=policy,
             filename=filename,
-            files=_input_files(files),
+            files=host.input_files(files),
             workspace=Path(workspace) if workspace is not None else None,
             allowed_tools=self.allowed_tools,
             cancel=cancel,
@@ -431,7 +292,11 @@ class Sandbox:
                     hint=f"pass {name}=600 for ten minutes",
                 )
         return open_session(
-            self,
+            self.host,
+            policy=self.policy,
+            allowed_tools=self.allowed_tools,
+            face=self.face,
+            approver=self.approver,
             ttl=ttl,
             lifetime=lifetime,
             limits=self._limits_for(limits),
@@ -444,12 +309,8 @@ class Sandbox:
 
     def close(self) -> None:
         """Stop this Sandbox's own pool, killing its idle sandboxes (a shared one stays),
-        and close its audit trail."""
+        and close its alerter and audit trail."""
         self.host.close()
-        if self.alerter is not None:  # before the audit trail it records in
-            self.alerter.close()
-        if self.host.audit is not None:
-            self.host.audit.close()
 
     def __enter__(self) -> Sandbox:
         return self
@@ -595,9 +456,7 @@ class Sandbox:
 
     def info(self) -> HostInfo:
         """What this host provides: backend, layers really in force, defaults, ceilings."""
-        return self.host.info(
-            policy=self.policy, allowed_tools=self.allowed_tools, limit_sources=self.limit_sources
-        )
+        return self.host.info(policy=self.policy, allowed_tools=self.allowed_tools)
 
     def doctor(self) -> DoctorReport:
         """Prove each layer by running probes in a real sandbox (never cached).
@@ -615,43 +474,22 @@ class Sandbox:
         Raises:
             ConfigError: an override is out of its bounds.
         """
-        return _limits_over(self.limits, limits)
+        return limits_over(self.host.limits, limits)
 
 
-def _limits_over(defaults: Limits, limits: Limits | dict[str, Any] | None) -> Limits:
-    """`limits` whole, or `defaults` with the dict's non-None fields applied.
-
-    Raises:
-        ConfigError: an override is unknown or out of its bounds, or `limits` is neither.
-    """
-    if isinstance(limits, Limits):
-        return limits
-    if limits is not None and not isinstance(limits, dict):
-        raise ConfigError(
-            f"limits must be a Limits or a dict of its fields, not {type(limits).__name__}",
-            hint="e.g. limits={'timeout': 5, 'memory_mb': 512}",
-        )
-    overrides = {name: value for name, value in (limits or {}).items() if value is not None}
-    if not overrides:
-        return defaults
-    try:
-        return defaults.merged(overrides)
-    except ValidationError as exc:
-        raise ConfigError(_describe_validation(exc), hint=_limits_hint(exc)) from exc
+def over(runtime: host.Host) -> Sandbox:
+    """A Sandbox over a Host built elsewhere (`host.build`, e.g. with observers of its
+    own); closing the Sandbox closes the Host."""
+    sandbox = Sandbox.__new__(Sandbox)
+    sandbox._hold(runtime)
+    return sandbox
 
 
-def _check_keep_files_mb(value: int) -> int:
-    """Refuse a `keep_files_mb` that is not a whole number of MiB from 0 to 4096.
-
-    Raises:
-        ConfigError: it is not.
-    """
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 4096:
-        raise ConfigError(
-            f"keep_files_mb={value!r} is not a whole number from 0 to 4096",
-            hint="pass {keep_files_mb=64} (MiB of a run's files its result keeps; 0: none)",
-        )
-    return value
+def _options(options: Options, **arguments: Any) -> Options:
+    """`options` with the keywords given to `Sandbox` (those not at their defaults) over
+    them: the Sandbox's own keywords are the everyday ones of `Options`."""
+    given = {name: v for name, v in arguments.items() if v is not None and v != ()}
+    return dataclasses.replace(options, **given)
 
 
 class _LoopRelay:
@@ -693,80 +531,6 @@ class _LoopRelay:
 
     def cancel(self) -> None:
         self._task.cancel()
-
-
-def _input_files(files: Mapping[str, bytes | str] | None) -> dict[str, bytes] | None:
-    """`run`'s `files`, as bytes (str as UTF-8)."""
-    if not files:
-        return None
-    return {
-        name: data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
-        for name, data in files.items()
-    }
-
-
-def load_settings(path: str | Path | None) -> Settings:
-    """The effective defaults (config file, then environment) for a new Sandbox.
-
-    Raises:
-        ConfigError: the config file or an environment variable is invalid.
-    """
-    return config.load(Path(path) if path is not None else None)
-
-
-def _limits_hint(exc: ValidationError) -> str:
-    """Name the first bad limit the way the reader's face spells it (errors.render_hint)."""
-    fields = [str(err["loc"][0]) for err in exc.errors() if err["loc"]]
-    named = next((f for f in fields if f in Limits.model_fields), None)
-    if named is None:
-        return "{info} lists the limits, their defaults and bounds"
-    return f"pass {{{named}}} within its bounds; {{info}} lists the defaults and bounds"
-
-
-def _describe_validation(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"])
-        parts.append(f"{field}={err.get('input')!r}: {err['msg']}")
-    return "invalid limits: " + "; ".join(parts)
-
-
-def _audit_trail(
-    settings: Settings, audit: bool | str | Path | None, face: Face, scrub: Callable[[str], str]
-) -> AuditTrail | None:
-    """The trail `audit` asks for (see `Sandbox`), opened; None when off."""
-    if isinstance(audit, str) and audit.lower() in ("on", "off"):  # as the CLI spells it
-        audit = audit.lower() == "on"
-    wanted = settings.audit.enabled if audit is None else audit is not False
-    if wanted is None:
-        wanted = face == "mcp"
-    if not wanted:
-        return None
-    audit_settings = settings.audit
-    if isinstance(audit, str | Path):
-        audit_settings = audit_settings.model_copy(update={"store": str(audit)})
-    return AuditTrail.open(audit_settings, scrub)
-
-
-def _approver(
-    settings: Settings, approve: approvals.Callback | None, face: Face
-) -> approvals.Approver | None:
-    """The library's approver from `approve`; refused when the config requires approval and
-    a library caller gave no callback (the CLI and the MCP server ask in their own way).
-
-    Raises:
-        ConfigError: approval is required and there is no callback.
-    """
-    if approve is not None:
-        return approvals.from_callback(approve)
-    if settings.approval.require is not None and face == "library":
-        raise ConfigError(
-            f"the config's [approval] require = '{settings.approval.require}': a run granted "
-            "what it lists waits for a person, and no one can be asked",
-            hint="pass Sandbox(approve=callback), a function that shows an ApprovalRequest "
-            "to a person and returns True to run the code",
-        )
-    return None
 
 
 def _login_name() -> str:

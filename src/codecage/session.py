@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
 from codecage import host
 from codecage.engine import session as sessions_engine
-from codecage.errors import ConfigError
+from codecage.errors import ConfigError, Face
 from codecage.models import ExecutionResult, Limits
-
-if TYPE_CHECKING:
-    from codecage.sandbox import Sandbox
+from codecage.options import describe_validation, limits_hint
+from codecage.policy import approval as approvals
+from codecage.policy.profiles import ImportPolicy
 
 
 class Session:
@@ -36,9 +36,20 @@ class Session:
     `run` raises SessionError saying why.
     """
 
-    def __init__(self, sandbox: Sandbox, opened: sessions_engine.Session) -> None:
-        self._sandbox = sandbox
+    def __init__(
+        self,
+        runtime: host.Host,
+        opened: sessions_engine.Session,
+        *,
+        allowed_tools: tuple[str, ...] | None,
+        face: Face,
+        approver: approvals.Approver | None,
+    ) -> None:
+        self._host = runtime
         self._session = opened
+        self._allowed_tools = allowed_tools
+        self._face: Face = face
+        self._approver = approver
 
     @property
     def id(self) -> str:
@@ -83,21 +94,19 @@ class Session:
             ConfigError: the request was refused before anything ran.
             SandboxError: the sandbox broke down.
         """
-        from codecage.sandbox import _input_files  # the Sandbox's (which imports this module)
-
         request = host.Request(
             code=code,
             limits=self._run_limits(limits),
             policy=self._session.terms.policy,
-            files=_input_files(files),
-            allowed_tools=self._sandbox.allowed_tools,
+            files=host.input_files(files),
+            allowed_tools=self._allowed_tools,
             cancel=cancel,
-            face=self._sandbox.face,
+            face=self._face,
             session_id=self.id,
             on_output=on_output,
-            approve=self._sandbox.approver,
+            approve=self._approver,
         )
-        return self._sandbox.host.run(request)
+        return self._host.run(request)
 
     async def arun(
         self,
@@ -139,7 +148,7 @@ class Session:
     def close(self) -> None:
         """End the session and destroy its sandbox; closing twice does nothing."""
         if self._session.ended is None:
-            self._sandbox.host.sessions.close(self.id, self._session.terms.owner)
+            self._host.sessions.close(self.id, self._session.terms.owner)
 
     def __enter__(self) -> Session:
         return self
@@ -164,38 +173,41 @@ class Session:
         chosen = {name: value for name, value in (overrides or {}).items() if value is not None}
         if not chosen:
             return self.limits
-        from codecage.sandbox import _describe_validation, _limits_hint
-
         try:
             return self.limits.merged(chosen)
         except ValidationError as exc:
-            raise ConfigError(_describe_validation(exc), hint=_limits_hint(exc)) from exc
+            raise ConfigError(describe_validation(exc), hint=limits_hint(exc)) from exc
 
 
 def open_session(
-    sandbox: Sandbox,
+    runtime: host.Host,
     *,
+    policy: ImportPolicy | None,
+    allowed_tools: tuple[str, ...] | None,
+    face: Face,
+    approver: approvals.Approver | None,
     ttl: float | None,
     lifetime: float | None,
     limits: Limits,
     allow_hosts: Iterable[str] | None = None,
 ) -> Session:
-    """Open a session of `sandbox` (see `Sandbox.session`).
+    """Open a session on `runtime` for a face whose runs have `policy`, `allowed_tools` and
+    `approver` (see `Sandbox.session`).
 
     Raises:
         SessionError: as many sessions are open as allowed.
         ConfigError: a host asked for is outside what the operator permits.
         HostError, SandboxError: no sandbox could be made.
     """
-    egress, policy = sandbox.host.network_for(sandbox.policy, allow_hosts, sandbox.face)
-    opened = sandbox.host.open_session(
+    egress, run_policy = runtime.network_for(policy, allow_hosts, face)
+    opened = runtime.open_session(
         host.SessionRequest(
             limits=limits,
-            policy=policy,
+            policy=run_policy,
             idle_ttl=ttl,
             lifetime=lifetime,
-            face=sandbox.face,
+            face=face,
             egress=egress,
         )
     )
-    return Session(sandbox, opened)
+    return Session(runtime, opened, allowed_tools=allowed_tools, face=face, approver=approver)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.errors import CodecageError
 from codecage.isolation import cgroups, tmpfs
 from conftest import _run_sandboxed, _run_unsandboxed
@@ -44,9 +44,7 @@ def sandbox_on(backend: str) -> Sandbox:
         try:
             _sandboxes[backend] = made = Sandbox(
                 backend="bwrap" if forked else backend,
-                import_policy=False,
-                scrub=False,
-                fork_server=forked,
+                options=Options(import_policy=False, scrub=False, fork_server=forked),
             )
             if forked and made.host.templates is None:
                 _sandboxes[backend] = f"no fork server here: {made.host.fork_server_off}"

@@ -115,7 +115,7 @@ def test_the_sandbox_is_not_host_root(sandbox: Sandbox) -> None:
         seen["processes"] = {
             pid: _host_ids(pid)
             for pid in _descendants(os.getpid())
-            if _runs_code(pid, sandbox.backend.name)
+            if _runs_code(pid, sandbox.host.backend.name)
         }
 
     r = sandbox.run(

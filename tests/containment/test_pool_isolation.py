@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import pytest
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.backends.base import load_backend
 from codecage.engine import RunRequest, SandboxSpec, forkserver, run_in
 from codecage.engine.pool import Pool
@@ -97,7 +97,7 @@ class PooledRunner(Protocol):
 
 class _PoolRunner:
     def __init__(self, pool: Pool) -> None:
-        self.sandbox = Sandbox(pool=pool, import_policy=False, scrub=False)
+        self.sandbox = Sandbox(options=Options(pool=pool, import_policy=False, scrub=False))
         assert self.sandbox.warm(30), "the pool did not get ready"
 
     def __call__(self, code: str, **limits: Any) -> Outcome:

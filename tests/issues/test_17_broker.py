@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 import codecage
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.bridge import upstreams
 from codecage.bridge.broker import Broker
 from codecage.bridge.channel import CallFailed
@@ -272,7 +272,7 @@ def test_a_tools_error_and_a_crashed_servers_last_words_reach_the_code_tokenized
 who = text(attempt("lookup")[1]).split()[-1]
 [who, attempt("find", email=who), attempt("crash_with", word=who)]
 """
-    with Sandbox(tools=broker, tokenize=True, pool=False, scrub=False) as sandbox:
+    with Sandbox(tools=broker, pool=False, options=Options(tokenize=True, scrub=False)) as sandbox:
         result = sandbox.run(ATTEMPT + code, limits={"timeout": 60})
     assert result.status == "ok", (result.error, result.stderr)
     who, found, crashed = result.return_value
@@ -404,8 +404,8 @@ seen = scrub(" ".join(guesses) + " mail ana.lima@example.com").split()
 
 
 def test_the_codes_scrub_does_not_confirm_a_guessed_upstream_credential(broker: Broker) -> None:
-    with Sandbox(tools=broker, pool=False, scrub=True) as sandbox:
-        assert CREDENTIAL in sandbox.scrubber.config.secrets  # type: ignore[union-attr]
+    with Sandbox(tools=broker, pool=False, options=Options(scrub=True)) as sandbox:
+        assert CREDENTIAL in sandbox.host.scrubber.config.secrets  # type: ignore[union-attr]
         result = sandbox.run(ORACLE, limits={"timeout": 60})
     assert result.status == "ok", (result.error, result.stderr)
     assert result.return_value == [[], "[EMAIL]"]  # detectors work; no guess confirmed
@@ -415,7 +415,7 @@ def test_the_codes_scrub_without_servers_does_not_confirm_a_configured_secret() 
     from codecage.models import ScrubSettings
 
     settings = ScrubSettings(secrets=[CREDENTIAL])
-    with Sandbox(pool=False, scrub=settings) as sandbox:
+    with Sandbox(pool=False, options=Options(scrub=settings)) as sandbox:
         result = sandbox.run(f"print({CREDENTIAL!r})\n" + ORACLE, limits={"timeout": 60})
     assert result.status == "ok", (result.error, result.stderr)
     assert result.return_value == [[], "[EMAIL]"]
@@ -443,7 +443,7 @@ from codecage.runtime import call_tool
 tasks = [asyncio.ensure_future(call_tool("py", "slow", {"tag": f"run{i}"})) for i in range(3)]
 await asyncio.sleep(0)
 """
-    with Sandbox(tools=broker, pool=False, scrub=False) as sandbox:
+    with Sandbox(tools=broker, pool=False, options=Options(scrub=False)) as sandbox:
         sandbox.run(code + "\nawait asyncio.wait(tasks, timeout=2)", limits={"timeout": 30})
     assert wait_for(lambda: all((marks / f"run{i}.started").exists() for i in range(3)))
     assert wait_for(lambda: all((marks / f"run{i}.cancelled").exists() for i in range(3)))

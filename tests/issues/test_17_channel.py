@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.bridge.channel import BridgeLimits, Channel, ToolAnswer
 from codecage.models import ExecutionResult
 
@@ -67,7 +67,9 @@ def _host_cpu_s() -> float:
 def box() -> Iterator[Sandbox]:
     # A budget of calls no flood reaches: what bounds the host here is the buffer.
     limits = BridgeLimits(max_calls=10**9)
-    with Sandbox(pool=False, scrub=False, allowed_imports=["os"], tool_limits=limits) as sandbox:
+    with Sandbox(
+        pool=False, allowed_imports=["os"], options=Options(scrub=False, tool_limits=limits)
+    ) as sandbox:
         yield sandbox
 
 
@@ -114,7 +116,9 @@ def test_answers_the_code_never_reads_do_not_grow_the_host(box: Sandbox, request
 
 def test_a_flood_of_refused_requests_is_bounded_by_the_calls_budget() -> None:
     limits = BridgeLimits(max_calls=50)
-    with Sandbox(pool=False, scrub=False, allowed_imports=["os"], tool_limits=limits) as sandbox:
+    with Sandbox(
+        pool=False, allowed_imports=["os"], options=Options(scrub=False, tool_limits=limits)
+    ) as sandbox:
         code = (
             FLOOD.format(seconds=4, request=NO_VERSION)
             + """
@@ -155,7 +159,7 @@ while time.monotonic() < deadline:
 
 
 def test_scrub_is_metered_by_the_runs_cpu_budget() -> None:
-    with Sandbox(pool=False, scrub=False) as sandbox:
+    with Sandbox(pool=False, options=Options(scrub=False)) as sandbox:
         sandbox.run("1")
         before = _host_cpu_s()
         started = time.monotonic()
@@ -173,7 +177,7 @@ def test_scrub_is_metered_by_the_runs_cpu_budget() -> None:
 
 
 def test_scrub_text_is_bounded() -> None:
-    with Sandbox(pool=False, scrub=False) as sandbox:
+    with Sandbox(pool=False, options=Options(scrub=False)) as sandbox:
         result = sandbox.run(
             "from codecage.runtime import ToolCallError, scrub\n"
             "try:\n    scrub('a' * (2 * 1024 * 1024))\n    out = 'ok'\n"
@@ -203,7 +207,7 @@ except ToolCallError as exc:
 
 
 def test_a_deeply_nested_request_closes_the_channel_and_later_calls_fail_at_once() -> None:
-    with Sandbox(pool=False, scrub=False, allowed_imports=["os"]) as sandbox:
+    with Sandbox(pool=False, allowed_imports=["os"], options=Options(scrub=False)) as sandbox:
         result = sandbox.run(DEEP, limits={"timeout": 20})
         after = sandbox.run("from codecage.runtime import scrub\nscrub('z@example.com')")
     # Without the fix the host's reader died of RecursionError: the call hung until timeout.
@@ -229,7 +233,7 @@ except ToolCallError as exc:
     outcome = [exc.kind, exc.message]
 [outcome, scrub("w@example.com")]
 """
-    with Sandbox(pool=False, scrub=False) as sandbox:
+    with Sandbox(pool=False, options=Options(scrub=False)) as sandbox:
         result = sandbox.run(code, limits={"timeout": 20})
     assert result.status == "ok", (result.error, result.stderr)
     (kind, message), after = result.return_value  # type: ignore[misc]

@@ -86,9 +86,9 @@ def test_a_sandbox_does_not_load_a_codecage_toml_in_the_current_directory(
     (project / "codecage.toml").write_text(evil_config(tmp_path / "m"), encoding="utf-8")
     monkeypatch.chdir(project)
     with Sandbox(pool=False) as sandbox:
-        assert sandbox.settings.config_file is None
-        assert sandbox.settings.mcp_servers == {}
-        assert sandbox.scrub_settings.enabled
+        assert sandbox.host.settings.config_file is None
+        assert sandbox.host.settings.mcp_servers == {}
+        assert sandbox.host.scrub_settings.enabled
         assert sandbox.run("1").limits.timeout != 7
     assert load().config_file is None
 

@@ -26,7 +26,7 @@ import pytest
 from mcp import Client
 from mcp_types import CallToolResult, TextContent
 
-from codecage import Sandbox, engine
+from codecage import Options, Sandbox, engine
 from codecage.engine import owner, workspace
 from codecage.engine.workspace import lifecycle
 from codecage.isolation import tmpfs
@@ -85,7 +85,7 @@ def anyio_backend() -> str:
 @needs_tmpfs
 @pytest.mark.anyio
 async def test_an_upload_run_stops_at_the_workspace_quota() -> None:
-    server = build_server(Sandbox(pool=False, limits=Limits(workspace_mb=16)))
+    server = build_server(Sandbox(pool=False, limits=Limits(workspace_mb=16)).host)
     async with Client(server, read_timeout_seconds=120) as client:
         result = await client.call_tool(
             "execute_code", {"code": FILL, "files": {"in/note.txt": "hello"}, "timeout": 60}
@@ -103,7 +103,7 @@ async def test_an_upload_run_stops_at_the_workspace_quota() -> None:
 
 @pytest.mark.anyio
 async def test_an_upload_larger_than_the_workspace_is_refused_clearly() -> None:
-    server = build_server(Sandbox(pool=False, limits=Limits(workspace_mb=1)))
+    server = build_server(Sandbox(pool=False, limits=Limits(workspace_mb=1)).host)
     async with Client(server, read_timeout_seconds=120) as client:
         result = await client.call_tool(
             "execute_code", {"code": "print('ran')", "files": {"big.bin": "x" * (2 * 2**20)}}
@@ -122,7 +122,7 @@ def test_library_files_go_into_the_tmpfs_workspace_warm_or_cold() -> None:
     code = "print(open('a/b.txt').read(), open('c.bin', 'rb').read())"
     files: dict[str, bytes | str] = {"a/b.txt": "text", "c.bin": b"\x00\x01"}
     for pool in (False, True):
-        with Sandbox(import_policy=False, pool=pool) as sandbox:
+        with Sandbox(pool=pool, options=Options(import_policy=False)) as sandbox:
             sandbox.warm(60)
             result = sandbox.run(code, files=files, on_files=look)
         assert result.status == "ok", result

@@ -33,7 +33,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult, TextContent
 
-from codecage import Sandbox, config
+from codecage import Options, Sandbox, config
 from codecage.isolation import rootfs
 from codecage.mcp import reply as reply_text
 from codecage.mcp.server import build_server
@@ -260,7 +260,9 @@ def test_the_cli_and_the_server_run_under_the_standard_profile_by_default(
     assert json.loads(p.stdout)["import_policy"] == "standard", p.stderr
 
     async def main() -> dict[str, Any]:
-        async with Client(build_server(Sandbox(pool=False)), read_timeout_seconds=60) as client:
+        async with Client(
+            build_server(Sandbox(pool=False).host), read_timeout_seconds=60
+        ) as client:
             reply = await client.call_tool("get_sandbox_info", {})
         return reply.structured_content or {}
 
@@ -277,7 +279,7 @@ def test_every_installed_data_package_imports_under_the_default_and_with_no_poli
         f"importlib.import_module({top!r})\n" for top in installed
     )
     code += "import pandas as pd\nint(pd.DataFrame({'a': [1, 2, 3]})['a'].sum())"
-    r = Sandbox(import_policy=import_policy).run(code, limits={"timeout": 120})
+    r = Sandbox(options=Options(import_policy=import_policy)).run(code, limits={"timeout": 120})
     assert (r.status, r.return_value) == ("ok", 6), (r.error, r.stderr[-2000:])
 
 
@@ -351,7 +353,9 @@ def test_a_refusal_over_the_cli_names_the_flags(clean_env: dict[str, str]) -> No
 
 def test_a_refusal_over_mcp_names_the_tools_arguments(clean_env: dict[str, str]) -> None:
     async def main() -> dict[str, Any]:
-        async with Client(build_server(Sandbox(pool=False)), read_timeout_seconds=60) as client:
+        async with Client(
+            build_server(Sandbox(pool=False).host), read_timeout_seconds=60
+        ) as client:
             reply = await client.call_tool(
                 "execute_code", {"code": "import os", "profile": "basic"}
             )

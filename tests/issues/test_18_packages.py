@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from codecage import ConfigError, Sandbox
+from codecage import ConfigError, Options, Sandbox
 from codecage import packages as added
 from codecage.guest import bootstrap
 
@@ -91,7 +91,7 @@ def test_an_added_package_is_importable_and_read_only_in_the_sandbox(private_tmp
         "except OSError as exc:\n"
         "    print('mkdir refused', exc.errno)\n"
     )
-    r = Sandbox(packages_dir=directory, import_policy=False, scrub=False).run(code)
+    r = Sandbox(options=Options(packages_dir=directory, import_policy=False, scrub=False)).run(code)
     assert r.status == "ok", r.error
     assert "1.2.3 /opt/packages/cc_added_pkg/__init__.py" in r.stdout
     assert "write refused 30" in r.stdout  # EROFS
@@ -101,18 +101,20 @@ def test_an_added_package_is_importable_and_read_only_in_the_sandbox(private_tmp
 
 def test_the_profile_decides_whether_an_added_package_may_be_imported(private_tmp: Path) -> None:
     directory = handmade_dir(private_tmp)
-    allowed = Sandbox(packages_dir=directory, allowed_imports=["cc_added_pkg"])
+    allowed = Sandbox(allowed_imports=["cc_added_pkg"], options=Options(packages_dir=directory))
     r = allowed.run("import cc_added_pkg\ncc_added_pkg.__version__")
     assert r.status == "ok", r.error
     assert r.return_value == "1.2.3"
 
-    refused = Sandbox(packages_dir=directory, profile="basic").run("import cc_added_pkg")
+    refused = Sandbox(profile="basic", options=Options(packages_dir=directory)).run(
+        "import cc_added_pkg"
+    )
     assert refused.error is not None
     # The import policy's refusal, not "not installed": it is installed, just not allowed.
     assert refused.error.type == "ImportError"
     assert "not allowed by the profile" in refused.error.message
     # And a profile that allows none of the packages does not even get them bound.
-    probe = Sandbox(packages_dir=directory, profile="basic").run(
+    probe = Sandbox(profile="basic", options=Options(packages_dir=directory)).run(
         "try:\n    open('/opt/packages/cc_added_pkg/__init__.py')\n    seen = 'bound'\n"
         "except OSError:\n    seen = 'absent'\nseen"
     )
@@ -120,7 +122,7 @@ def test_the_profile_decides_whether_an_added_package_may_be_imported(private_tm
 
 
 def test_a_missing_module_says_it_is_not_installed_and_how_the_operator_adds_it() -> None:
-    sandbox = Sandbox(import_policy=False, scrub=False)
+    sandbox = Sandbox(options=Options(import_policy=False, scrub=False))
     r = sandbox.run("import sklearn.linear_model")
     assert r.error is not None and r.error.type == "ModuleNotFoundError"
     message = r.error.message
@@ -128,7 +130,7 @@ def test_a_missing_module_says_it_is_not_installed_and_how_the_operator_adds_it(
     assert "the operator can add it with `codecage packages add scikit-learn`" in message
     assert "cannot install" in message  # so the agent does not try pip itself
     # Under a curated profile that names it (data_science), the same explanation.
-    r = Sandbox(profile="data_science", scrub=False).run("import sklearn")
+    r = Sandbox(profile="data_science", options=Options(scrub=False)).run("import sklearn")
     assert r.error is not None and "codecage packages add scikit-learn" in r.error.message
     # Unknown names are suggested as themselves; `e.name` stays the module's name.
     r = sandbox.run(
@@ -146,7 +148,7 @@ def test_a_group_writable_packages_dir_is_refused(private_tmp: Path) -> None:
     directory = handmade_dir(private_tmp)
     directory.chmod(0o775)
     with pytest.raises(ConfigError, match=r"not trusted: .*writable by group"):
-        Sandbox(packages_dir=directory, import_policy=False).run("1")
+        Sandbox(options=Options(packages_dir=directory, import_policy=False)).run("1")
     p = cli("packages", "list", "--packages-dir", str(directory), "--json")
     assert p.returncode == 2
     assert "writable by group" in json.loads(p.stdout)["error"]["message"]
@@ -158,7 +160,7 @@ def test_a_group_writable_packages_dir_is_refused(private_tmp: Path) -> None:
     directory.chmod(0o755)
     private_tmp.chmod(0o777)
     with pytest.raises(ConfigError, match="not trusted"):
-        Sandbox(packages_dir=directory, import_policy=False).run("1")
+        Sandbox(options=Options(packages_dir=directory, import_policy=False)).run("1")
     private_tmp.chmod(0o755)
 
 
@@ -173,12 +175,12 @@ def test_a_record_others_may_write_or_pointing_elsewhere_is_refused(private_tmp:
     data["tree"] = "../../etc"
     record.write_text(json.dumps(data))
     with pytest.raises(ConfigError, match="bad tree id"):
-        Sandbox(packages_dir=directory, import_policy=False).run("1")
+        Sandbox(options=Options(packages_dir=directory, import_policy=False)).run("1")
 
 
 def test_info_lists_the_added_packages(private_tmp: Path) -> None:
     directory = handmade_dir(private_tmp)
-    report = Sandbox(packages_dir=directory).info()
+    report = Sandbox(options=Options(packages_dir=directory)).info()
     assert [(p.name, p.version) for p in report.packages] == [("cc-added-pkg", "1.2.3")]
     p = cli("info", env={added.ENV_DIR: str(directory)})
     assert p.returncode == 0, p.stderr
@@ -195,8 +197,8 @@ def test_the_directory_has_one_name_in_four_spellings(private_tmp: Path) -> None
     env = {added.ENV_DIR: str(private_tmp / "from-env")}
     assert added.location(None, settings, env)[0] == private_tmp / "from-env"
     assert added.location(private_tmp / "arg", settings, env)[0] == private_tmp / "arg"
-    sandbox = Sandbox(packages_dir=private_tmp / "lib", config=settings)
-    assert sandbox.packages_dir == private_tmp / "lib"
+    sandbox = Sandbox(options=Options(packages_dir=private_tmp / "lib", config=settings))
+    assert sandbox.host.packages_dir == private_tmp / "lib"
 
 
 def test_import_names_are_mapped_to_their_distributions() -> None:
@@ -258,7 +260,9 @@ def test_add_list_replace_remove_from_the_registry(registry: None, private_tmp: 
         "import tabulate\nprint(tabulate.tabulate([[1, 2]]))\n"
         "(tabulate.__version__, tabulate.__file__)"
     )
-    r = Sandbox(packages_dir=directory, allowed_imports=["tabulate"], scrub=False).run(code)
+    r = Sandbox(
+        allowed_imports=["tabulate"], options=Options(packages_dir=directory, scrub=False)
+    ).run(code)
     assert r.status == "ok", r.error
     version, path = r.return_value
     assert version == "0.9.0" and path.startswith("/opt/packages/tabulate")
@@ -269,7 +273,7 @@ def test_add_list_replace_remove_from_the_registry(registry: None, private_tmp: 
     assert json.loads(p.stdout)["changed"] == ["tabulate==0.9.0 -> 0.10.0"]
     record = added.installed(directory)
     assert [(e.name, e.version) for e in record.packages] == [("tabulate", "0.10.0")]
-    r = Sandbox(packages_dir=directory, import_policy=False).run(
+    r = Sandbox(options=Options(packages_dir=directory, import_policy=False)).run(
         "import tabulate\ntabulate.__version__"
     )
     assert r.return_value == "0.10.0"
@@ -282,7 +286,7 @@ def test_add_list_replace_remove_from_the_registry(registry: None, private_tmp: 
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["removed"] == ["tabulate==0.10.0"]
     assert added.installed(directory).packages == []
-    r = Sandbox(packages_dir=directory, import_policy=False).run("import tabulate")
+    r = Sandbox(options=Options(packages_dir=directory, import_policy=False)).run("import tabulate")
     assert r.error is not None
     assert "`codecage packages add tabulate`" in r.error.message
 
@@ -291,7 +295,7 @@ def test_a_workspace_overlapping_the_packages_dir_is_refused(private_tmp: Path) 
     """Code writes its workspace as this user, so a module it planted in the packages tree
     would pass the trust check and run in every later sandbox that imports it."""
     directory = handmade_dir(private_tmp)
-    sandbox = Sandbox(packages_dir=directory, import_policy=False)
+    sandbox = Sandbox(options=Options(packages_dir=directory, import_policy=False))
     plant = f"open('trees/{TREE_ID}/cc_added_pkg/__init__.py', 'w').write('planted = 1')"
     with pytest.raises(ConfigError, match="overlap"):
         sandbox.run(plant, workspace=directory)

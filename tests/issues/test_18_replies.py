@@ -29,6 +29,7 @@ from codecage import config, errors
 from codecage.errors import ConfigError
 from codecage.mcp.server import ServerLimits, build_server
 from codecage.models import Limits
+from codecage.options import Options
 from codecage.output import CappedBuffer
 from codecage.sandbox import Sandbox
 
@@ -75,7 +76,7 @@ def _settings(directory: Path) -> config.Settings:
 @pytest.fixture(scope="module")
 async def client(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]:
     settings = _settings(tmp_path_factory.mktemp("cfg"))
-    server = build_server(Sandbox(pool=False, config=settings))
+    server = build_server(Sandbox(pool=False, options=Options(config=settings)).host)
     async with Client(server, read_timeout_seconds=180) as c:
         yield c
 
@@ -85,7 +86,8 @@ async def small_client(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterato
     """A server whose operator set a small budget (4,000 tokens)."""
     settings = _settings(tmp_path_factory.mktemp("cfg"))
     server = build_server(
-        Sandbox(pool=False, config=settings), limits=ServerLimits(reply_max_tokens=4000)
+        Sandbox(pool=False, options=Options(config=settings)).host,
+        limits=ServerLimits(reply_max_tokens=4000),
     )
     async with Client(server, read_timeout_seconds=180) as c:
         yield c
@@ -235,7 +237,7 @@ async def test_validate_code_of_huge_code_stays_within_the_budget(small_client: 
 
 
 async def test_a_2000_token_budget_holds_for_the_other_tools_too() -> None:
-    server = build_server(Sandbox(pool=False), limits=ServerLimits(reply_max_tokens=2000))
+    server = build_server(Sandbox(pool=False).host, limits=ServerLimits(reply_max_tokens=2000))
     risky = "\n".join(f"import subprocess\nsubprocess.run('x{i}', shell=True)" for i in range(500))
     async with Client(server, read_timeout_seconds=120) as c:
         tools = {t.name: t for t in (await c.list_tools()).tools}
@@ -269,7 +271,7 @@ def config_file(tmp_path: Path) -> Path:
 
 async def test_get_sandbox_info_is_short_and_shows_no_host_paths(config_file: Path) -> None:
     settings = config.load(config_file, environ={})
-    server = build_server(Sandbox(pool=False, config=settings))
+    server = build_server(Sandbox(pool=False, options=Options(config=settings)).host)
     async with Client(server, read_timeout_seconds=120) as c:
         short = await c.call_tool("get_sandbox_info", {})
         detail = await c.call_tool("get_sandbox_info", {"detail": True})
@@ -329,7 +331,7 @@ async def test_mcp_refusals_name_the_tools_arguments_not_cli_flags(client: Clien
 
 
 async def test_an_upload_over_the_workspace_asks_the_operator_over_mcp() -> None:
-    server = build_server(Sandbox(pool=False, limits=Limits(workspace_mb=1)))
+    server = build_server(Sandbox(pool=False, limits=Limits(workspace_mb=1)).host)
     async with Client(server, read_timeout_seconds=120) as c:
         result = await c.call_tool("execute_code", {"code": "1", "files": {"a": "x" * 2**21}})
     assert result.is_error
@@ -342,7 +344,9 @@ async def test_a_profile_not_enabled_is_refused_in_the_tools_terms(tmp_path: Pat
     path.write_text('[policy]\nprofile = "basic"\nenabled_profiles = ["basic"]\n', encoding="utf-8")
     path.chmod(0o600)
     tmp_path.chmod(0o700)
-    server = build_server(Sandbox(pool=False, config=config.load(path, environ={})))
+    server = build_server(
+        Sandbox(pool=False, options=Options(config=config.load(path, environ={}))).host
+    )
     async with Client(server, read_timeout_seconds=120) as c:
         result = await c.call_tool("execute_code", {"code": "1", "profile": "filesystem"})
     assert result.is_error

@@ -29,6 +29,7 @@ from tests._cli import serve_stdio
 from codecage import host
 from codecage.config import load
 from codecage.mcp.server import build_server
+from codecage.options import Options
 from codecage.sandbox import Sandbox
 
 CODECAGE = str(Path(sys.executable).with_name("codecage"))
@@ -104,7 +105,7 @@ def text_of(result: CallToolResult) -> str:
 def test_the_server_runs_calls_with_imports_or_a_profile_without_building_a_sandbox(
     clean_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    server = build_server(Sandbox(pool=False, config=load(environ={})))
+    server = build_server(Sandbox(pool=False, options=Options(config=load(environ={}))).host)
     built: list[dict[str, Any]] = []
     real_init = Sandbox.__init__
 

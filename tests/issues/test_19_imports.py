@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from tests._cli import codecage
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.guest import bootstrap, imports
 from codecage.policy import profiles
 from codecage.policy import validate as validation
@@ -189,7 +189,9 @@ def test_servers_and_skills_import_under_basic_with_their_dirs(
     """The packages' own imports (json, os: outside `basic`, and a relative one) are not
     the user's, at run time and in validate alike."""
     servers, skills = tool_dirs
-    sandbox = Sandbox(profile="basic", servers_dir=servers, skills_dir=skills, pool=False)
+    sandbox = Sandbox(
+        profile="basic", pool=False, options=Options(servers_dir=servers, skills_dir=skills)
+    )
     result = sandbox.run(TOOL_CODE)
     assert result.status == "ok", result.error
     assert result.return_value == ['{"nodes": 1}', "A/"]

@@ -18,7 +18,7 @@ import pytest
 from tests._cli import CODECAGE, codecage
 from tests.issues.test_18_packages import handmade_dir
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -174,7 +174,7 @@ def test_a_missing_data_package_names_the_data_extra(tmp_path: Path) -> None:
     own sys.path, so that the import fails as on a host without them, through the guest's
     real import hook."""
     hide = "import sys\nsys.path[:] = [p for p in sys.path if 'site-packages' not in p]\n"
-    with Sandbox(pool=False, import_policy=False) as sandbox:
+    with Sandbox(pool=False, options=Options(import_policy=False)) as sandbox:
         pandas = sandbox.run(hide + "import pandas")
         other = sandbox.run(hide + "import tabulate")
     assert pandas.error is not None and pandas.error.type == "ModuleNotFoundError"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.errors import CodecageError
 from containment._backends import BACKENDS_UNDER_TEST, NEEDS_ROOT
 
@@ -48,15 +48,13 @@ class BackendSandboxes:
         try:
             made = Sandbox(
                 backend="bwrap" if forked else backend,
-                import_policy=False,
-                scrub=False,
-                fork_server=forked,
-                # The Landlock fallback's self-test forks under RLIMIT_NPROC, which counts
-                # every process of the sandbox's host uid (no user namespace): other
-                # sandboxes running on a shared machine fail it with EAGAIN. What is
-                # tested here is the host's reading, not that layer (test_landlock.py is).
-                allow_degraded=backend == "landlock",
                 **options,
+                options=Options(
+                    import_policy=False,
+                    scrub=False,
+                    fork_server=forked,
+                    allow_degraded=backend == "landlock",
+                ),
             )
         except CodecageError as exc:
             return f"backend {backend!r} is not available here: {exc}"

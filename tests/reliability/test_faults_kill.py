@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.bridge import upstreams
 from codecage.bridge.broker import Broker
 from codecage.models import ExecutionResult
@@ -77,7 +77,7 @@ def test_a_sigkilled_sandbox_process_ends_its_run_as_killed_and_the_next_run_wor
     bwrap starts each sandbox anew. The Sandbox is closed before the leftovers are counted
     (its pool and templates are its own, not the fault's)."""
     before = leak_snapshot()
-    with Sandbox(allowed_imports=SLEEPER_IMPORTS, fork_server=forked) as sandbox:
+    with Sandbox(allowed_imports=SLEEPER_IMPORTS, options=Options(fork_server=forked)) as sandbox:
         _kill_mid_run(sandbox, which)
     assert not new_leaks(before)
 
@@ -132,7 +132,7 @@ def flaky(tmp_path: Path) -> Iterator[Broker]:
 def test_an_upstream_server_sigkilled_mid_call_is_an_upstream_error_and_is_restarted(
     flaky: Broker,
 ) -> None:
-    with Sandbox(tools=flaky, pool=False, scrub=False) as sandbox:
+    with Sandbox(tools=flaky, pool=False, options=Options(scrub=False)) as sandbox:
         first = sandbox.run(ATTEMPT + 'attempt("echo", text="up")')
         assert first.status == "ok", first.error
         pid = int(str(first.return_value[1]).rsplit("pid ", 1)[1].split(")")[0])

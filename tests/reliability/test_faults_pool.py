@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from codecage import Sandbox, SandboxError
+from codecage import Options, Sandbox, SandboxError
 from conftest import leak_snapshot
 from reliability._faults import comm, new_leaks
 
@@ -142,7 +142,7 @@ def no_leaks() -> Iterator[None]:
 def test_a_pool_that_cannot_start_sandboxes_answers_clearly_and_refills_after(
     shim: Shim,
 ) -> None:
-    with Sandbox(pool=True, fork_server=False) as sandbox:
+    with Sandbox(pool=True, options=Options(fork_server=False)) as sandbox:
         assert sandbox.run("1").status == "ok"
         refilled_within(sandbox, 30)
         outage = through_outage(sandbox, shim, kill_templates=False)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from tests._disk import big_code, fill, small_tmpfs
 
-from codecage import Limits, Sandbox
+from codecage import Limits, Options, Sandbox
 from conftest import leak_snapshot
 from reliability._faults import (
     call,
@@ -64,7 +64,7 @@ made
 @pytest.fixture(scope="module", params=[True, False], ids=["forked", "started"])
 def sandbox(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
     limits = Limits(workspace_mb=4, max_file_size_mb=64, timeout=60)
-    with Sandbox(limits=limits, fork_server=request.param, scrub=False) as box:
+    with Sandbox(limits=limits, options=Options(fork_server=request.param, scrub=False)) as box:
         yield box
 
 

@@ -36,7 +36,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.bridge.channel import BridgeLimits
 from codecage.bridge.tooling import ToolPattern, name_matches
 from codecage.errors import CodecageError, ConfigError
@@ -260,7 +260,9 @@ def test_a_run_whose_workspace_holds_the_config_in_use_is_refused(
     path.chmod(0o600)
     name = "bwrap" if backend == "bwrap-fork" else backend
     with Sandbox(
-        config=path, backend=name, import_policy=False, allow_degraded=backend == "landlock"
+        config=path,
+        backend=name,
+        options=Options(import_policy=False, allow_degraded=backend == "landlock"),
     ) as sandbox:
         lent = project / "conf" if place == "file" else project
         with pytest.raises(ConfigError, match="workspace"):
@@ -325,7 +327,9 @@ def test_processes_of_the_sandbox_uid_elsewhere_do_not_count_against_a_run(
     path.write_text(f"[sandbox]\nuid = {uid}\ngid = {gid}\n")
     path.chmod(0o600)
     limits = {"max_processes": 16, "timeout": 60}
-    with Sandbox(config=path, backend=backend, import_policy=False, allow_degraded=True) as box:
+    with Sandbox(
+        config=path, backend=backend, options=Options(import_policy=False, allow_degraded=True)
+    ) as box:
         assert box.run("1").status == "ok"  # started (and self-tested) before the sleepers
         sleepers = [
             subprocess.Popen(["sleep", "60"], user=uid, group=gid, cwd="/") for _ in range(40)

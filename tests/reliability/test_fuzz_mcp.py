@@ -150,7 +150,7 @@ def in_process() -> Iterator[InProcess]:
     sandbox = Sandbox(pool=False)
     try:
         with start_blocking_portal("asyncio") as portal:
-            server = build_server(sandbox)
+            server = build_server(sandbox.host)
             client_cm = Client(server, read_timeout_seconds=60)
             with portal.wrap_async_context_manager(client_cm) as client:
                 yield InProcess(portal, client, crashes)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.backends.base import load_backend
 from codecage.engine import forkserver
 from codecage.engine.pool import _GRAVEYARD_MAX
@@ -78,7 +78,9 @@ def test_pooled_runs_from_four_threads_leave_no_zombie_batch(forked: bool) -> No
         pytest.skip(f"no fork server here: {why}")
     before = _children()
     sandbox = Sandbox(
-        backend="bwrap", pool=True, fork_server=forked, import_policy=False, scrub=False
+        backend="bwrap",
+        pool=True,
+        options=Options(fork_server=forked, import_policy=False, scrub=False),
     )
     with _peak_zombies() as peak:
         with ThreadPoolExecutor(THREADS) as calls:

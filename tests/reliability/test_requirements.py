@@ -25,7 +25,7 @@ from tests.reliability._requirements import (
     flood,
 )
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.bridge import upstreams
 from codecage.bridge.broker import Broker
 
@@ -36,7 +36,7 @@ CODECAGE = str(Path(sys.executable).with_name("codecage"))
 @pytest.fixture(scope="module")
 def box() -> Iterator[Sandbox]:
     """A real sandbox, no import policy and no scrubbing: the caps are what is looked at."""
-    with Sandbox(import_policy=False, scrub=False, pool=False) as sandbox:
+    with Sandbox(pool=False, options=Options(import_policy=False, scrub=False)) as sandbox:
         yield sandbox
 
 
@@ -75,7 +75,7 @@ def test_stderr_flooded_past_the_documented_default_is_held_to_it(box: Sandbox) 
 
 @pytest.fixture(scope="module")
 def basic_box() -> Iterator[Sandbox]:
-    with Sandbox(profile="basic", scrub=False, pool=False) as sandbox:
+    with Sandbox(profile="basic", pool=False, options=Options(scrub=False)) as sandbox:
         yield sandbox
 
 
@@ -139,7 +139,9 @@ def echo_only_broker() -> Iterator[Broker]:
 def test_a_runs_allow_list_never_widens_the_servers(
     echo_only_broker: Broker, run_allows: list[str]
 ) -> None:
-    with Sandbox(tools=echo_only_broker, allowed_tools=run_allows, pool=False, scrub=False) as sb:
+    with Sandbox(
+        tools=echo_only_broker, allowed_tools=run_allows, pool=False, options=Options(scrub=False)
+    ) as sb:
         result = sb.run(ATTEMPT + 'attempt("fail", message="m")', limits={"timeout": 60})
     assert result.status == "ok", (result.error, result.stderr[-500:])
     kind, message = result.return_value
@@ -149,7 +151,9 @@ def test_a_runs_allow_list_never_widens_the_servers(
 
 def test_a_tool_both_allow_lists_permit_is_called(echo_only_broker: Broker) -> None:
     # The refusal above is the allow-list's, not a broken bridge.
-    with Sandbox(tools=echo_only_broker, allowed_tools=["flaky.*"], pool=False, scrub=False) as sb:
+    with Sandbox(
+        tools=echo_only_broker, allowed_tools=["flaky.*"], pool=False, options=Options(scrub=False)
+    ) as sb:
         result = sb.run(ATTEMPT + 'attempt("echo", text="hi")', limits={"timeout": 60})
     assert result.status == "ok", (result.error, result.stderr[-500:])
     assert result.return_value[0] == "ok", result.return_value

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.isolation import cgroups
 from codecage.isolation.rlimits import guest_limits
 from codecage.models import Limits
@@ -53,7 +53,7 @@ seen
 
 @pytest.fixture(scope="module")
 def seen() -> Iterator[dict[str, Any]]:
-    with Sandbox(import_policy=False, scrub=False, pool=False) as box:
+    with Sandbox(pool=False, options=Options(import_policy=False, scrub=False)) as box:
         result = box.run(GUEST, limits=ASKED)
     assert result.status == "ok", (result.error, result.stderr[-500:])
     yield result.return_value

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from codecage import Sandbox
+from codecage import Options, Sandbox
 from codecage.isolation.seccomp import SeccompPlan, plan
 
 # name -> (x86_64 number, why a contained guest must not have it)
@@ -135,7 +135,7 @@ def guest_answers() -> Iterator[dict[str, Any]]:
     if platform.machine() != "x86_64":
         pytest.skip("the syscall numbers written here are x86_64's; the plan check stands")
     numbers = {name: number for name, (number, _) in MUST_BE_DENIED.items()}
-    with Sandbox(import_policy=False, scrub=False, pool=False) as box:
+    with Sandbox(pool=False, options=Options(import_policy=False, scrub=False)) as box:
         result = box.run(f"NUMBERS = {numbers!r}\n{GUEST}", limits={"timeout": 60})
     assert result.status == "ok", (result.error, result.stderr)
     answers: dict[str, Any] = result.return_value

@@ -37,17 +37,14 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from codecage.audit.record import AlertRecord, Caller, Finished, utc_now
 from codecage.audit.store import AuditStore
-from codecage.audit.trail import StoreFull
+from codecage.audit.trail import AuditTrail, StoreFull
 from codecage.errors import AuditError, ConfigError
 from codecage.models import AlertSettings, Event, EventSource, ValidationReport
 from codecage.models.settings import webhook_host
-
-if TYPE_CHECKING:
-    from codecage.host import Host
 
 log = logging.getLogger(__name__)
 
@@ -548,52 +545,31 @@ def _ids(finished: Finished) -> dict[str, str]:
     return {"execution_id": finished.result.execution_id, "caller": finished.caller.label}
 
 
-def attach(host: Host, settings: AlertSettings) -> Alerter:
-    """An `Alerter` for `host`'s runs: told of each, recording in its audit trail (if it
-    has one) and scrubbing with its scrubber. Close it before the audit trail.
+def start(
+    settings: AlertSettings,
+    trail: AuditTrail | None,
+    scrub: Callable[[str], str],
+    validate: Callable[[str], ValidationReport],
+) -> Alerter:
+    """An `Alerter` for a host's runs (the host factory passes it among its observers):
+    recording in `trail` (if there is one) and scrubbing with `scrub`. Close it before the
+    audit trail.
 
     Raises:
         ConfigError: the command is not an executable program.
     """
     alerter = Alerter(
         settings,
-        store=host.audit.store if host.audit is not None else None,
-        scrub=host.audit_scrub,
-        validate=lambda code: host.validate(code, None, strict=True),
+        store=trail.store if trail is not None else None,
+        scrub=scrub,
+        validate=validate,
     )
-    host.observers.append(alerter)
-    if host.audit is not None:
-        host.audit.on_full.append(alerter.audit_full)
-        if host.audit.full is not None:  # full already when it opened
-            alerter.audit_full(host.audit.full)
+    if trail is not None:
+        trail.on_full.append(alerter.audit_full)
+        if trail.full is not None:  # full already when it opened
+            alerter.audit_full(trail.full)
     log.info(
         "alerts.start",
         extra={"targets": [h.target for h in alerter.hooks], "on": sorted(settings.on)},
     )
     return alerter
-
-
-def of(host: Host) -> Alerter | None:
-    """The alerter told of `host`'s runs, if any (for `client_blocked` by other code)."""
-    return next((o for o in host.observers if isinstance(o, Alerter)), None)
-
-
-def chosen(asked: bool | AlertSettings, configured: AlertSettings) -> AlertSettings | None:
-    """The alert settings `Sandbox(alerts=)` asks for: False: none; True: the config's
-    `[alerts]`; `AlertSettings`: those. Checked here, before anything starts.
-
-    Raises:
-        ConfigError: True with no webhook_url or command in the config, or a command
-            that is not an executable program.
-    """
-    if asked is False:
-        return None
-    settings = configured if asked is True else asked
-    if not settings.active:
-        raise ConfigError(
-            "alerts were asked for, but no webhook_url or command is set",
-            hint="set webhook_url or command in the config's [alerts] table, or pass "
-            "alerts=AlertSettings(webhook_url=...)",
-        )
-    hooks_of(settings)
-    return settings

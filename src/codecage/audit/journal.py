@@ -35,6 +35,7 @@ from pydantic import ValidationError
 from codecage.audit.record import AuditRecord
 from codecage.audit.store import AuditStore, default_location
 from codecage.errors import AuditError
+from codecage.fdio import lock_if_unheld
 
 log = logging.getLogger(__name__)
 
@@ -181,14 +182,7 @@ def _lock_if_dead(journal: Path) -> int | None:
         fd = os.open(journal, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if os.fstat(fd).st_nlink > 0:
-            return fd
-    except OSError:
-        pass  # held: its writer is alive
-    os.close(fd)
-    return None
+    return lock_if_unheld(fd)
 
 
 def _read(journal: Path) -> list[AuditRecord]:

@@ -147,12 +147,21 @@ class ServerMetrics:
             "Bytes sent through the egress proxy to allowed hosts.",
             registry=r,
         )
-        if pool is not None:
-            r.register(PoolCollector(pool, self.profile_label))
-        if audit is not None:
-            r.register(AuditCollector(audit))
+        self.watch_host(pool, audit)
 
     # --- feeding ------------------------------------------------------------------------------
+
+    def watch_host(
+        self,
+        pool: Callable[[], PoolState] | None,
+        audit: Callable[[], AuditState] | None,
+    ) -> None:
+        """Read the pool's and the audit trail's state at each scrape (the host is built
+        after its observers, these among them: it is watched once built)."""
+        if pool is not None:
+            self.registry.register(PoolCollector(pool, self.profile_label))
+        if audit is not None:
+            self.registry.register(AuditCollector(audit))
 
     def watch_queue(self, waiting: Callable[[], int], in_flight: Callable[[], int]) -> None:
         """Read the queue's depth and the runs in flight from the runner's limiter when

@@ -140,7 +140,7 @@ def migrations_after(found: int, location: str) -> list[str]:
     return [sql for version, statements in MIGRATIONS if version > found for sql in statements]
 
 
-EXECUTION_COLUMNS: Final = (
+RUN_COLUMNS: Final = (
     "execution_id",
     "started_at",
     "finished_at",
@@ -151,12 +151,9 @@ EXECUTION_COLUMNS: Final = (
     "session_id",
     "backend",
     "profile",
-    "allowed_imports",
-    "limits",
-    "code_sha256",
-    "code_bytes",
-    "code",
-    "code_truncated",
+)
+"""Which run, whose, where: the first columns of `executions` and of the CSV export."""
+OUTCOME_COLUMNS: Final = (
     "status",
     "exit_code",
     "signal",
@@ -165,6 +162,17 @@ EXECUTION_COLUMNS: Final = (
     "cpu_ms",
     "peak_memory_mb",
     "bytes_written",
+)
+"""How it ended and what it used, in `executions` and in the CSV export."""
+EXECUTION_COLUMNS: Final = (
+    *RUN_COLUMNS,
+    "allowed_imports",
+    "limits",
+    "code_sha256",
+    "code_bytes",
+    "code",
+    "code_truncated",
+    *OUTCOME_COLUMNS,
     "redactions",
     "truncated",
     "omitted",

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from pydantic import BaseModel, ConfigDict, Field
 
 from codecage.audit.record import AuditRecord
+from codecage.audit.schema import OUTCOME_COLUMNS, RUN_COLUMNS
 from codecage.audit.store import AuditStore, Query, query_where
 from codecage.errors import ConfigError
 
@@ -199,24 +200,8 @@ def matching(store: AuditStore, query: Query) -> Iterator[AuditRecord]:
 
 
 CSV_COLUMNS = (
-    "execution_id",
-    "started_at",
-    "finished_at",
-    "caller_kind",
-    "caller_name",
-    "caller_version",
-    "face",
-    "session_id",
-    "backend",
-    "profile",
-    "status",
-    "exit_code",
-    "signal",
-    "error_type",
-    "wall_ms",
-    "cpu_ms",
-    "peak_memory_mb",
-    "bytes_written",
+    *RUN_COLUMNS,
+    *OUTCOME_COLUMNS,
     "code_sha256",
     "code_bytes",
     "events",

@@ -31,8 +31,8 @@ log = logging.getLogger(__name__)
 app = typer.Typer(
     help="The audit trail: one record per execution (who asked, the code's hash, the policy, "
     "status, usage, events, tool calls, files). `codecage serve` keeps one by default; "
-    "`run --audit` and Sandbox(audit=...) on request. See docs/audit.md.",
-    short_help="The audit trail (the operator's): list, show, export, stats, erase.",
+    "`run --audit` and Sandbox(options=Options(audit=...)) on request. See docs/audit.md.",
+    short_help="The audit trail (the operator's): list, show, export, stats, erase, web.",
     no_args_is_help=True,
 )
 

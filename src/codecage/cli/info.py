@@ -12,6 +12,7 @@ from codecage.cli.render import fail, progress, render_doctor, render_info, show
 from codecage.cli.setup import load_config
 from codecage.errors import CodecageError
 from codecage.isolation import userns
+from codecage.options import Options
 from codecage.sandbox import Sandbox
 
 
@@ -41,10 +42,10 @@ def info(
     configure_logging(verbose)
     try:
         settings = load_config(config_file)
-        with Sandbox(backend=backend, config=settings, pool=pool) as sb:
+        with Sandbox(backend=backend, pool=pool, options=Options(config=settings)) as sb:
             if pool:
                 with progress("warming the pool", enabled=not as_json):
-                    sb.warm(timeout=sb.settings.pool.ready_timeout)
+                    sb.warm(timeout=settings.pool.ready_timeout)
             report = sb.info()
     except CodecageError as exc:
         fail(exc, as_json=as_json, verbose=verbose)
@@ -67,7 +68,7 @@ def doctor(
     configure_logging(verbose)
     try:
         with progress("probing every layer in a real sandbox", enabled=not as_json):
-            report = Sandbox(backend=backend, selftest=False).doctor()
+            report = Sandbox(backend=backend, options=Options(selftest=False)).doctor()
     except CodecageError as exc:
         fail(exc, as_json=as_json, verbose=verbose)
     show(report, render_doctor, as_json=as_json)

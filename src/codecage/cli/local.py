@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import secrets
 import signal
@@ -35,12 +34,12 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from codecage import config
 from codecage.errors import CodecageError, ConfigError
+from codecage.fdio import locked
 
 START_TIMEOUT_S = 120.0
 """How long a command waits for the server it started to listen (it builds the sandbox
@@ -107,7 +106,7 @@ def ensure(idle_exit: float | None = None) -> Local:
     found = _found(home)
     if found is not None:
         return found
-    with _locked(home / LOCK):
+    with locked(home / LOCK):  # held at most for a start
         found = _found(home)  # another command may have started it while this one waited
         if found is not None:
             return found
@@ -121,7 +120,7 @@ def stop() -> bool:
         CodecageError: it did not end in time.
     """
     home = runtime_dir()
-    with _locked(home / LOCK):
+    with locked(home / LOCK):  # held at most for a start
         pid = _server_pid(home)
         if pid is None:
             with contextlib.suppress(FileNotFoundError):
@@ -162,16 +161,6 @@ def _answers(path: Path) -> bool:
         except OSError:
             return False
     return True
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # held at most for a start: bounded by its timeout
-        yield
-    finally:
-        os.close(fd)
 
 
 def _start(home: Path, idle_exit: float | None) -> Local:

@@ -244,7 +244,9 @@ def render_info(report: HostInfo) -> None:
         missing = [name for name, ok in profile.packages_importable.items() if not ok]
         note = f" (not importable yet: {', '.join(missing)})" if missing else ""
         mark = "*" if profile.default else " "
-        out.print(f" {mark} {profile.name:<13} {profile.description}{note}")
+        # Plain text ("the config's [network]") that rich would read as markup and drop.
+        text = f"{profile.name:<13} {profile.description}{note}"
+        out.print(f" {mark} {escape(text)}")
     if report.pool is not None:
         _render_pool(out, report.pool)
     if report.scrub is not None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from codecage.audit import alerts as alerting
+from codecage import host as hosts
 from codecage.cli.groups import FlagGroup, takes_groups
 from codecage.cli.logs import configure_logging
 from codecage.cli.options import (
@@ -25,7 +25,7 @@ from codecage.cli.options import (
 )
 from codecage.cli.render import fail, stderr
 from codecage.cli.setup import (
-    build_sandbox,
+    host_options,
     load_config,
     scrub_option,
     servers_of_hosts,
@@ -33,10 +33,12 @@ from codecage.cli.setup import (
 )
 from codecage.config import Settings
 from codecage.errors import CodecageError
-from codecage.models import AlertSettings
-from codecage.sandbox import Sandbox
+from codecage.host import Host
+from codecage.options import Resolved
 
 if TYPE_CHECKING:
+    from codecage.audit.metrics import ServerMetrics
+    from codecage.bridge.tooling import ToolSetup
     from codecage.mcp.server import ServerLimits
 
 
@@ -197,23 +199,22 @@ def serve(
     limits = calls.server_limits(reply_max_tokens)
     try:
         settings = load_config(config_file)
-        # [alerts] checked (its command found), and the HTTP tokens ([serve.clients.NAME]'s
-        # variables), before the pool starts: a refusal then has nothing to stop.
-        alert_settings = alerting.chosen(settings.alerts.active, settings.alerts)
+        # The HTTP tokens ([serve.clients.NAME]'s variables) checked before the pool starts:
+        # a refusal then has nothing to stop.
         _check_tokens(listen, settings)
-        sandbox = _sandbox(settings, tools, network, audit, output, no_pool=no_pool, data=data)
+        toolset = _tools(settings, tools)
+        options = _options(settings, toolset, network, audit, output, no_pool=no_pool, data=data)
+        runtime, metrics = _host(options, settings, toolset, http=listen.http)
         try:
-            asgi = _serve_stdio_or_app(
-                sandbox, listen, limits, settings, alert_settings, metrics_public
-            )
+            asgi = _serve_stdio_or_app(runtime, listen, limits, settings, metrics, metrics_public)
         except CodecageError:
             # Stopped (its pool's threads joined) here, not left to the exit hooks.
-            sandbox.close()
+            runtime.close()
             raise
     except CodecageError as exc:
         fail(exc, as_json=False, verbose=verbose)
     if asgi is not None:
-        _serve_http(asgi, listen, sandbox, verbose=verbose)
+        _serve_http(asgi, listen, runtime, verbose=verbose)
 
 
 def _log_calls(verbose: bool) -> None:
@@ -242,17 +243,8 @@ def _check_tokens(listen: ListenFlags, settings: Settings) -> None:
         )
 
 
-def _sandbox(
-    settings: Settings,
-    tools: ToolFlags,
-    network: NetworkFlags,
-    audit: AuditFlags,
-    output: OutputFlags,
-    *,
-    no_pool: bool,
-    data: Path | None,
-) -> Sandbox:
-    """The one Sandbox every call of the server runs in (its tools closed at exit)."""
+def _tools(settings: Settings, tools: ToolFlags) -> ToolSetup:
+    """The upstream tools of every call (closed at exit)."""
     host_servers, _ = servers_of_hosts(tools.mcp_host, tools.mcp_config)
     toolset = tool_setup(
         tools.mcp_config,
@@ -265,38 +257,63 @@ def _sandbox(
         host_servers=host_servers,
     )
     atexit.register(toolset.close)
-    # Every call of the server runs in this one Sandbox's host runtime, with the
-    # settings loaded and logged now, not a file read again later.
-    return build_sandbox(
+    return toolset
+
+
+def _options(
+    settings: Settings,
+    tools: ToolSetup,
+    network: NetworkFlags,
+    audit: AuditFlags,
+    output: OutputFlags,
+    *,
+    no_pool: bool,
+    data: Path | None,
+) -> Resolved:
+    """The options of the one host every call of the server runs in."""
+    # Every call of the server runs in this one host, with the settings loaded and
+    # logged now, not a file read again later; its alerts as the config's [alerts].
+    return host_options(
         settings,
-        toolset,
+        tools,
         scrub=scrub_option(output.no_scrub, output.scrub_categories, settings),
         pool=not no_pool,
         face="mcp",
         data_dir=_data_dir(data, settings),
         allow_host=network.allow_host,
         audit=audit.audit,
-    )
+        alerts=settings.alerts.active,
+    ).resolve(settings)
+
+
+def _host(
+    options: Resolved, settings: Settings, tools: ToolSetup, *, http: bool
+) -> tuple[Host, ServerMetrics | None]:
+    """The server's host, and over HTTP the metrics that observe it."""
+    from codecage.mcp import health
+
+    metrics = health.server_metrics(settings, tools.broker) if http else None
+    runtime = hosts.build(options, observers=(metrics.observe,) if metrics else ())
+    if runtime.alerter is not None:  # sends what is queued at exit
+        atexit.register(runtime.alerter.close)
+    return runtime, metrics
 
 
 def _serve_stdio_or_app(
-    sandbox: Sandbox,
+    runtime: Host,
     listen: ListenFlags,
     limits: ServerLimits,
     settings: Settings,
-    alert_settings: AlertSettings | None,
+    metrics: ServerMetrics | None,
     metrics_public: bool,
 ) -> Any:
     """Serve stdio until the client hangs up (None), or the HTTP app to serve."""
     from codecage.mcp import health, stdio
     from codecage.mcp import server as mcp_server
 
-    if alert_settings is not None:
-        # The sandbox's own: its close closes it before the audit trail.
-        sandbox.alerter = alerting.attach(sandbox.host, alert_settings)
-        atexit.register(sandbox.alerter.close)
-    metrics = health.server_metrics(sandbox) if listen.http else None
-    app_server = mcp_server.build_server(sandbox, limits=limits, metrics=metrics)
+    if metrics is not None:
+        health.watch(metrics, runtime)
+    app_server = mcp_server.build_server(runtime, limits=limits, metrics=metrics)
     if not listen.http:
         stdio.serve(app_server)
         _ignore_sigterm()  # the client hung up: what is left is cleanup
@@ -306,20 +323,20 @@ def _serve_stdio_or_app(
         host="localhost" if listen.uds is not None else listen.host,
         token=listen.token,
         insecure_no_token=listen.insecure_no_token,
-        sandbox=sandbox,
+        runtime=runtime,
         metrics=metrics,
         metrics_public=metrics_public,
         clients=settings.serve.clients,
     )
 
 
-def _serve_http(asgi: Any, listen: ListenFlags, sandbox: Sandbox, *, verbose: bool) -> None:
+def _serve_http(asgi: Any, listen: ListenFlags, runtime: Host, *, verbose: bool) -> None:
     """Serve the HTTP app until stopped, or until idle for --idle-exit seconds."""
     from codecage.mcp import http as http_serving
 
     idle = None
     if listen.idle_exit is not None:
-        idle = http_serving.IdleExit(listen.idle_exit, sandbox.host.sessions.open_count, listen.uds)
+        idle = http_serving.IdleExit(listen.idle_exit, runtime.sessions.open_count, listen.uds)
         asgi = idle.gate(asgi)
     host, port, uds = listen.host, listen.port, listen.uds
     where = f"unix socket {uds}" if uds is not None else f"http://{host}:{port}/mcp"

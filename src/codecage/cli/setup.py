@@ -19,6 +19,7 @@ from codecage.egress import grants
 from codecage.errors import ConfigError, Face
 from codecage.kept import check_relpath
 from codecage.models import ScrubSettings
+from codecage.options import Options
 from codecage.output import neutralise_line
 from codecage.sandbox import Sandbox
 
@@ -168,7 +169,7 @@ def tool_setup(
 def scrub_option(
     no_scrub: bool, categories: str | None, settings: config.Settings
 ) -> bool | ScrubSettings | None:
-    """`Sandbox(scrub=...)` for the flags: None leaves it to the config.
+    """`Options(scrub=...)` for the flags: None leaves it to the config.
 
     Raises:
         ConfigError: an unknown category, or --no-scrub with --scrub-categories.
@@ -205,17 +206,62 @@ def build_sandbox(
     allow_host: list[str] | None = None,
     audit: str | None = None,
 ) -> Sandbox:
-    """The one Sandbox of `run`, `validate` and `serve` (face "mcp"), so all judge code
-    under the same policy (enabled profiles included) and tool directories.
+    """The one Sandbox of `run` and `validate`, over the host `host_options` describe, so
+    all judge code under the same policy (enabled profiles included) and tool directories.
 
     Raises:
         ConfigError: a profile not enabled here, an unknown one, a bad module name, an
             --allow-host rule that is malformed or denied by the config.
         HostError: no backend can run on this host.
     """
+    return Sandbox(
+        options=host_options(
+            settings,
+            tools,
+            profile=profile,
+            allow_import=allow_import,
+            backend=backend,
+            allow_degraded=allow_degraded,
+            replace_imports=replace_imports,
+            import_policy=import_policy,
+            scrub=scrub,
+            pool=pool,
+            fork_server=fork_server,
+            face=face,
+            data_dir=data_dir,
+            allow_host=allow_host,
+            audit=audit,
+        )
+    )
+
+
+def host_options(
+    settings: config.Settings,
+    tools: ToolSetup,
+    *,
+    profile: str | None = None,
+    allow_import: list[str] | None = None,
+    backend: str = "auto",
+    allow_degraded: bool = False,
+    replace_imports: bool = False,
+    import_policy: bool = True,
+    scrub: bool | ScrubSettings | None = None,
+    pool: bool | None = None,
+    fork_server: bool | None = None,
+    face: Face = "cli",
+    data_dir: Path | None = None,
+    allow_host: list[str] | None = None,
+    audit: str | None = None,
+    alerts: bool = False,
+) -> Options:
+    """The options of a command's host, from its flags (`serve` builds the host itself).
+
+    Raises:
+        ConfigError: an --allow-host rule that is malformed or denied by the config.
+    """
     hosts = allowed_hosts(allow_host)
     grants.Grants.of(settings.network, hosts, face="cli")  # refused in --allow-host's terms
-    return Sandbox(
+    return Options(
         backend=backend,
         allow_degraded=allow_degraded,
         profile=profile,
@@ -230,6 +276,7 @@ def build_sandbox(
         data_dir=data_dir,
         allow_hosts=hosts,
         audit=audit_argument(audit),
+        alerts=alerts,
         **tools.sandbox_arguments(),
     )
 
@@ -269,7 +316,7 @@ def sandbox_of(
 
 
 def audit_argument(flag: str | None) -> bool | str | None:
-    """--audit as `Sandbox(audit=)` takes it: on/off, a store, or None (the config's)."""
+    """--audit as `Options(audit=)` takes it: on/off, a store, or None (the config's)."""
     if flag is None:
         return None
     if flag.lower() in ("on", "1", "true", "yes"):

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import fcntl
 import ipaddress
 import logging
 import os
@@ -37,7 +36,7 @@ import stat
 import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +47,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from codecage.config import trusted_directory, untrusted_reason
 from codecage.errors import ConfigError
+from codecage.fdio import locked
 from codecage.packages import user_data_dir
 
 log = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ class CertificateAuthority:
         """
         place = default_directory() if directory is None else Path(directory).absolute()
         real = _prepare(place)
-        with _locked(real):
+        with locked(real / _LOCK_NAME):
             if not os.path.lexists(real / CERT_NAME) and not os.path.lexists(real / KEY_NAME):
                 _create(real)
                 log.info("egress_ca_created", extra={"directory": str(real)})
@@ -239,17 +239,6 @@ def check_trusted(directory: Path) -> Path:
         ConfigError: it does not exist, is not a directory, or is not trusted.
     """
     return trusted_directory(directory, "the egress CA directory", hint=_HINT_ROTATE)
-
-
-@contextlib.contextmanager
-def _locked(directory: Path) -> Iterator[None]:
-    """One process makes the CA; the others wait, then load it."""
-    fd = os.open(directory / _LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _create(directory: Path) -> None:

@@ -7,6 +7,7 @@ What the layers above use is named here; the modules hold the rest."""
 
 from codecage.engine.launch import RUN_DIR_PREFIX, sweep_stale_runs
 from codecage.engine.run import (
+    HostContext,
     LimitsNotApplicable,
     RunRequest,
     SandboxSpec,
@@ -23,6 +24,7 @@ from codecage.engine.run import (
 
 __all__ = [
     "RUN_DIR_PREFIX",
+    "HostContext",
     "LimitsNotApplicable",
     "RunRequest",
     "SandboxSpec",

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from codecage import forks
 from codecage.engine import workspace as workspaces
 from codecage.errors import HostError
+from codecage.fdio import lock_if_unheld
 
 log = logging.getLogger(__name__)
 
@@ -176,13 +177,8 @@ def _lock_if_dead(parent_fd: int, name: str) -> int | None:
         if exc.errno not in (errno.ENOENT, errno.ELOOP):
             log.warning("owner.file_unreadable", extra={"file": name, "error": exc.strerror})
         return None
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.fstat(fd).st_nlink > 0:
-                return fd
-    except OSError:
-        pass  # held: its owner is alive
-    os.close(fd)
-    return None
+    st = os.fstat(fd)
+    if not (stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()):
+        os.close(fd)
+        return None
+    return lock_if_unheld(fd)

@@ -87,7 +87,8 @@ _CONTROL_CAP_BYTES = (
 
 @dataclass(frozen=True, slots=True)
 class RunRequest:
-    """One validated request to run code."""
+    """One validated request to run code: what this run asked for. What every run of its
+    host shares is `context`, built once by the host (not copied into each request)."""
 
     code: str
     filename: str
@@ -103,14 +104,7 @@ class RunRequest:
     on_files: Callable[[Path, list[FileInfo]], None] | None = None
     # Answers the code's tool calls (docs/tool-bridge.md); None: no upstream servers.
     tools: bridge.Responder | None = None
-    tool_limits: bridge.BridgeLimits = field(default_factory=bridge.BridgeLimits)
-    servers_dir: Path | None = None  # see SandboxSpec
-    skills_dir: Path | None = None
-    packages_dir: Path | None = None
-    data_dir: Path | None = None  # see SandboxSpec
     face: Face = "library"  # who asked: an import refusal's hint is worded for it
-    wider_profile: str | None = None  # an enabled profile that refuses nothing, for hints
-    identity: Identity | IdentityPlan | None = None  # see SandboxSpec
     # Called with ("stdout" | "stderr", text) as the program writes (engine/stream.py).
     on_output: streaming.OutputCallback | None = None
     # Scrubs streamed text first (text, cut) -> text; None: streamed as written.
@@ -119,6 +113,20 @@ class RunRequest:
     # network at all. `egress_setup` is how its sandbox reaches the proxy.
     egress: EgressPolicy | None = None
     egress_setup: EgressSetup | None = None
+    context: HostContext = field(default_factory=lambda: HostContext())
+
+
+@dataclass(frozen=True, slots=True)
+class HostContext:
+    """What every run of one host shares: built once, when the host is."""
+
+    tool_limits: bridge.BridgeLimits = field(default_factory=bridge.BridgeLimits)
+    servers_dir: Path | None = None  # see SandboxSpec
+    skills_dir: Path | None = None
+    packages_dir: Path | None = None
+    data_dir: Path | None = None  # see SandboxSpec
+    identity: Identity | IdentityPlan | None = None  # see SandboxSpec
+    wider_profile: str | None = None  # an enabled profile that refuses nothing, for hints
     network_limits: NetworkLimits = field(default_factory=NetworkLimits)
 
 
@@ -211,11 +219,11 @@ class SandboxSpec:
             policy=request.policy,
             workspace_mb=request.limits.workspace_mb,
             tmp_mb=request.limits.tmp_mb,
-            servers_dir=request.servers_dir,
-            skills_dir=request.skills_dir,
-            packages_dir=request.packages_dir,
-            data_dir=request.data_dir,
-            identity=request.identity,
+            servers_dir=request.context.servers_dir,
+            skills_dir=request.context.skills_dir,
+            packages_dir=request.context.packages_dir,
+            data_dir=request.context.data_dir,
+            identity=request.context.identity,
         )
 
 
@@ -618,15 +626,15 @@ def run_in(
         profile=request.policy.profile if request.policy else "",
         allowed_modules=sorted(request.policy.modules) if request.policy else None,
         face=request.face,
-        installed_packages=_hint_packages(request.policy, request.packages_dir),
-        wider_profile=request.wider_profile,
+        installed_packages=_hint_packages(request.policy, request.context.packages_dir),
+        wider_profile=request.context.wider_profile,
         session=session is not None,
         interrupt_after_s=limits.timeout if session is not None else None,
     )
     tool_bridge = bridge.Channel(
         sandbox.channel.host_bridge,
         request.tools or _no_servers(),
-        request.tool_limits,
+        request.context.tool_limits,
         cpu_seconds=limits.cpu_seconds,
     )
     tool_bridge.start()
@@ -690,7 +698,7 @@ def _grant_egress(sandbox: StartedSandbox, request: RunRequest) -> None:
         return
     if sandbox.egress is None:
         raise SandboxError("this sandbox was made without network; the run asked for hosts")
-    sandbox.egress.grant(request.egress, request.network_limits)
+    sandbox.egress.grant(request.egress, request.context.network_limits)
 
 
 def _supervise(

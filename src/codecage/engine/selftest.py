@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from codecage.backends.base import Backend, Identity, selftest_gaps
-from codecage.engine.run import RunRequest, execute
+from codecage.engine.run import HostContext, RunRequest, execute
 from codecage.isolation import cgroups
 from codecage.isolation.identity import IdentityPlan
 from codecage.models import DoctorReport, ExecutionResult, Limits, ProbeResult
@@ -173,7 +173,7 @@ def run_probes(backend: Backend, identity: Identity | IdentityPlan | None = None
             code=program,
             filename="doctor.py",
             limits=PROBE_LIMITS,
-            identity=identity,
+            context=HostContext(identity=identity),
             on_files=lambda ws, _files: owners.extend(_owner(ws / "doctor-owner")),
         )
         result = execute(request, backend)

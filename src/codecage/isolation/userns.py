@@ -103,7 +103,7 @@ def remedy() -> str:
     return (
         f"to get full isolation (bwrap): {steps}. Or run without namespaces, weaker and "
         "labelled: --backend landlock, or --allow-degraded (library: "
-        "Sandbox(backend='landlock') or Sandbox(allow_degraded=True))"
+        "Sandbox(backend='landlock') or Sandbox(options=Options(allow_degraded=True)))"
     )
 
 

@@ -14,14 +14,17 @@ import dataclasses
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 
 from codecage.audit.metrics import AuditState, ServerMetrics
+from codecage.config import Settings
 from codecage.host import Host
 from codecage.models import PoolState
-from codecage.sandbox import Sandbox
+
+if TYPE_CHECKING:
+    from codecage.bridge.broker import Broker
 
 PROMETHEUS_TEXT = b"text/plain; version=0.0.4; charset=utf-8"
 JSON = b"application/json"
@@ -93,18 +96,21 @@ def host_readiness(host: Host) -> Readiness:
     return found
 
 
-def server_metrics(sandbox: Sandbox) -> ServerMetrics:
-    """The metrics of a server over `sandbox`: its pool read at each scrape, its operator's
-    profiles and upstream servers as the known label values."""
-    pool = sandbox.pool
-    trail = sandbox.host.audit
+def server_metrics(settings: Settings, tools: Broker | None) -> ServerMetrics:
+    """The metrics of a server: its operator's profiles and upstream servers as the known
+    label values. Pass its `observe` to `host.build`, then `watch` the host built."""
     return ServerMetrics(
-        pool=pool.state if pool is not None else None,
-        profiles=sandbox.settings.custom_profiles,
-        servers=sandbox.tools.servers if sandbox.tools is not None else (),
-        audit=(lambda: AuditState(trail.full is not None, trail.dropped))
-        if trail is not None
-        else None,
+        profiles=settings.custom_profiles,
+        servers=tools.servers if tools is not None else (),
+    )
+
+
+def watch(metrics: ServerMetrics, runtime: Host) -> None:
+    """Have `metrics` read `runtime`'s pool and audit trail at each scrape."""
+    pool, trail = runtime.pool, runtime.audit
+    metrics.watch_host(
+        pool.state if pool is not None else None,
+        (lambda: AuditState(trail.full is not None, trail.dropped)) if trail is not None else None,
     )
 
 

@@ -287,13 +287,13 @@ def limits_for(runner: Runner, request: RunCodeRequest, client: str | None) -> L
                 client,
                 timeout=asked,
                 memory_mb=memory_mb,
-                defaults=(request.run_timeout, runner.base.limits.memory_mb),
+                defaults=(request.run_timeout, runner.host.limits.memory_mb),
                 names=("memory_limit_MB", "run_timeout"),
             )
         except CodecageError as exc:
             raise Refused(f"{exc} ({exc.hint})") from exc
     try:
-        return runner.base.limits.merged(
+        return runner.host.limits.merged(
             {"timeout": request.run_timeout if timeout is None else timeout, "memory_mb": memory_mb}
         )
     except ValueError as exc:
@@ -318,30 +318,30 @@ def execute(
     Raises:
         CodecageError: refused before it ran, or the sandbox failed.
     """
-    base = runner.base
-    egress, policy = base.host.network_for(base.policy, None, base.face)
+    runtime = runner.host
+    egress, policy = runtime.network_for(runtime.options.policy, None, runtime.options.face)
     wanted = set(fetch_files)
     kept: list[KeptFiles] = []
 
     def read_back(workspace: Path, written: list[FileInfo]) -> None:
         chosen = [f for f in written if f.path in wanted]
-        if chosen and base.keep_files_mb:
-            kept.append(workspaces.keep(workspace, chosen, base.keep_files_mb * 2**20))
+        if chosen and runtime.options.keep_files_mb:
+            kept.append(workspaces.keep(workspace, chosen, runtime.options.keep_files_mb * 2**20))
 
-    result = base.host.run(
+    result = runtime.run(
         host.Request(
             code=prepared.code,
             limits=limits,
             policy=policy,
             filename=prepared.filename,
             files=prepared.files or None,
-            allowed_tools=base.allowed_tools,
+            allowed_tools=runtime.options.allowed_tools,
             cancel=cancel,
             on_files=read_back,
-            face=base.face,
+            face=runtime.options.face,
             egress=egress,
             caller=caller,
-            approve=base.approver,
+            approve=runtime.options.approver,
         )
     )
     return result.with_kept_files(kept[0]) if kept else result

@@ -25,6 +25,7 @@ from codecage.audit.metrics import ServerMetrics
 from codecage.audit.record import RecordedEvent
 from codecage.egress.rules import EgressPolicy
 from codecage.errors import CodecageError, ConfigError
+from codecage.host import Host
 from codecage.mcp import files as run_files
 from codecage.mcp.arguments import current_call, refusal
 from codecage.mcp.clients import ClientLimits
@@ -32,7 +33,6 @@ from codecage.models import ExecutionResult, FileInfo, Limits
 from codecage.policy import approval as approvals
 from codecage.policy.profiles import ImportPolicy
 from codecage.policy.scrub import merge_counts
-from codecage.sandbox import Sandbox
 
 if TYPE_CHECKING:
     from codecage.mcp.server import ServerLimits
@@ -49,11 +49,11 @@ class Busy(ToolError):
 
 @dataclass(slots=True)
 class Runner:
-    """What every call of the server shares: the `Sandbox` built once from the server's
-    options (its host runtime runs every call, one warm pool for all), the import policies
-    of the profiles called so far, and the queue."""
+    """What every call of the server shares: the `Host` built once from the server's
+    options (it runs every call, one warm pool for all), the import policies of the
+    profiles called so far, and the queue."""
 
-    base: Sandbox
+    host: Host
     limits: ServerLimits
     slots: anyio.Semaphore
     waiting: int = 0
@@ -65,7 +65,7 @@ class Runner:
     def note_trimmed(self, execution_id: str, built: CallToolResult) -> None:
         """Put the reply's `reply_trimmed` event on the run's audit record (the reply is
         made after the record: the trail adds it)."""
-        trail = self.base.host.audit
+        trail = self.host.audit
         if trail is None:
             return
         events = (built.structured_content or {}).get("events") or []
@@ -93,7 +93,7 @@ class Runner:
         """
         if self.client_limits is None:
             return timeout, memory_mb
-        default = self.base.limits
+        default = self.host.limits
         try:
             return self.client_limits.within(
                 client,
@@ -122,8 +122,8 @@ class Runner:
             self.client_limits.done(client)
 
     def __post_init__(self) -> None:
-        if self.base.policy is not None:
-            self.policies[self.base.policy.profile] = self.base.policy
+        if self.host.options.policy is not None:
+            self.policies[self.host.options.policy.profile] = self.host.options.policy
 
     def policy_for(
         self, profile: str | None, allowed_imports: list[str] | None
@@ -138,20 +138,20 @@ class Runner:
         Raises:
             ToolError: an unknown profile, or one the operator did not enable.
         """
-        if self.base.policy is None:
+        if self.host.options.policy is None:
             return None
-        name = profile or self.base.settings.profile
+        name = profile or self.host.settings.profile
         try:
             if allowed_imports:
-                return self.base.host.policy(name, allowed_imports)
+                return self.host.policy(name, allowed_imports)
             with self.lock:
                 if name in self.policies:
                     return self.policies[name]
-            policy = self.base.host.policy(name)
+            policy = self.host.policy(name)
         except ConfigError as exc:
             raise ToolError(refusal(exc)) from exc
         if "," not in name:
-            self.base.host.keep_warm(policy)
+            self.host.keep_warm(policy)
         with self.lock:
             if len(self.policies) < _MAX_CACHED_PROFILES:
                 self.policies.setdefault(name, policy)
@@ -167,7 +167,7 @@ class Runner:
             ToolError: an allow_hosts rule is malformed, outside the ceiling, or denied.
         """
         try:
-            return self.base.host.network_for(policy, allow_hosts, "mcp")
+            return self.host.network_for(policy, allow_hosts, "mcp")
         except ConfigError as exc:
             raise ToolError(refusal(exc)) from exc
 
@@ -189,9 +189,9 @@ class Runner:
                 f"{limits.max_memory_mb} MiB"
             )
         if timeout is None and memory_mb is None:
-            return self.base.limits
+            return self.host.limits
         try:
-            return self.base.limits.merged({"timeout": timeout, "memory_mb": memory_mb})
+            return self.host.limits.merged({"timeout": timeout, "memory_mb": memory_mb})
         except ValueError as exc:
             raise ToolError(f"invalid limits: {exc}") from exc
 
@@ -202,7 +202,7 @@ class Runner:
             ToolError: no such session for this client, or the timeout is over the maximum.
         """
         try:
-            session = self.base.host.sessions.get(session_id, client)
+            session = self.host.sessions.get(session_id, client)
         except CodecageError as exc:
             raise ToolError(refusal(exc)) from exc
         if timeout is None:
@@ -267,7 +267,7 @@ class Runner:
         """
         blocks: list[ContentBlock] = []
         redacted: list[dict[str, int]] = []
-        scrubber = self.base.host.scrubber
+        scrubber = self.host.scrubber
 
         def read_back(workspace: Path, written: list[FileInfo]) -> None:
             found, counts = run_files.files_back(workspace, written, return_files, scrubber)
@@ -279,7 +279,7 @@ class Runner:
             limits=limits,
             policy=policy,
             files=uploads or None,
-            allowed_tools=self.base.allowed_tools,
+            allowed_tools=self.host.options.allowed_tools,
             cancel=cancel,
             on_files=read_back,
             face="mcp",  # hints name execute_code's arguments
@@ -295,7 +295,7 @@ class Runner:
         profile = policy.profile if policy is not None else "session" if session_id else None
         try:
             with tracing.run_span(profile, call.queue_ms if call else None) as span:
-                result = self.base.host.run(request)
+                result = self.host.run(request)
                 span.ended(result)
         except CodecageError as exc:
             raise ToolError(refusal(exc)) from exc

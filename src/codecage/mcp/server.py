@@ -21,15 +21,16 @@ from mcp.server.mcpserver import MCPServer
 from pydantic import ValidationError
 
 from codecage import __version__
-from codecage.audit import alerts as alerting
+from codecage import host as hosts
 from codecage.audit.metrics import ServerMetrics
 from codecage.errors import ConfigError
+from codecage.host import Host
 from codecage.mcp import health, run_code, tools
 from codecage.mcp import http as http_serving
 from codecage.mcp.clients import ClientLimits, ClientTokens
 from codecage.mcp.runner import Runner
 from codecage.models import ClientSettings, ServeSettings
-from codecage.sandbox import Sandbox
+from codecage.options import Options
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class ServerLimits:
 
 
 def build_server(
-    sandbox: Sandbox | None = None,
+    runtime: Host | None = None,
     *,
     limits: ServerLimits | None = None,
     metrics: ServerMetrics | None = None,
@@ -75,13 +76,14 @@ def build_server(
     """The MCP server, ready for `run()` (stdio) or `streamable_http_app()`.
 
     Args:
-        sandbox: the one host runtime every call runs in, with its settings, backend,
-            pool, tools and defaults (`codecage serve` builds it from its flags); None:
-            `Sandbox(pool=True)` with the config found. The calls' hints name the tools'
-            arguments whatever face the Sandbox was made for.
+        runtime: the one host every call runs in, with its settings, backend, pool, tools
+            and defaults (`codecage serve` builds it from its flags with `host.build`);
+            None: one with a pool and the config found. The calls' hints name the tools'
+            arguments whatever face the host was made for.
         limits: what one call may ask for at most.
-        metrics: counts every run, the queue and the pool into these (`health.server_metrics`
-            of the same sandbox); None: nothing counted.
+        metrics: counts the queue into these; they count the runs as an observer of
+            `runtime` (`health.server_metrics`, passed to `host.build`); None: nothing
+            counted.
 
     Raises:
         ConfigError: the config file or environment is invalid, or reply_max_tokens is out
@@ -89,7 +91,7 @@ def build_server(
         HostError: this host cannot run sandboxes.
     """
     server_limits = limits or ServerLimits()
-    base = sandbox if sandbox is not None else Sandbox(pool=True, face="mcp")
+    base = runtime or hosts.build(Options(pool=True, face="mcp").resolve())
     budget = server_limits.reply_max_tokens
     if budget is None:
         budget = base.settings.serve.reply_max_tokens
@@ -101,9 +103,9 @@ def build_server(
             hint="set {reply_max_tokens} from 2000 to 240000 (the default is 20000)",
         ) from exc
     server_limits = dataclasses.replace(server_limits, reply_max_tokens=budget)
-    alerter = alerting.of(base.host)
+    alerter = base.alerter
     runner = Runner(
-        base=base,
+        host=base,
         limits=server_limits,
         slots=anyio.Semaphore(server_limits.max_concurrent),
         client_limits=ClientLimits(
@@ -143,11 +145,10 @@ def build_server(
 
 
 def _count_into(metrics: ServerMetrics, runner: Runner) -> None:
-    """Feed `metrics` from `runner`: its runs (a host observer), its queue's waits, and its
-    limiter's depth and slots in use, read at each scrape."""
+    """Feed `metrics` from `runner`: its queue's waits, and its limiter's depth and slots
+    in use, read at each scrape (the runs it counts as an observer of the host)."""
     slots, most = runner.slots, runner.limits.max_concurrent
     runner.metrics = metrics
-    runner.base.host.observers.append(metrics.observe)
     metrics.watch_queue(lambda: runner.waiting, lambda: most - slots.value)
 
 
@@ -162,7 +163,7 @@ def http_app(
     host: str,
     token: str | None,
     insecure_no_token: bool = False,
-    sandbox: Sandbox | None = None,
+    runtime: Host | None = None,
     metrics: ServerMetrics | None = None,
     metrics_public: bool = False,
     clients: Mapping[str, ClientSettings] | None = None,
@@ -171,7 +172,7 @@ def http_app(
     `http_serving.RequestGate`: the bearer token checked before any body is read, and
     bounded bodies. Sessions are capped (the idle longest is closed for a new one).
 
-    Given the server's `sandbox`: /healthz and /readyz, without a token; given `metrics`
+    Given the server's `runtime`: /healthz and /readyz, without a token; given `metrics`
     too: /metrics, behind the token unless `metrics_public` (mcp/health.py); and
     SandboxFusion's POST /run_code behind the token, through the server's own runner (its
     queue, each named client's limits and counts, the audit caller: mcp/run_code.py).
@@ -194,11 +195,11 @@ def http_app(
         session_idle_timeout=http_serving.SESSION_IDLE_TIMEOUT,
     )
     http_serving.evict_idle_sessions_at_cap(server.session_manager)
-    routes = health.routes(sandbox.host, metrics) if sandbox is not None else {}
+    routes = health.routes(runtime, metrics) if runtime is not None else {}
     public = {p: r for p, r in routes.items() if p != "/metrics" or metrics_public}
     private = {p: r for p, r in routes.items() if p not in public}
     inner: Any = health.Endpoints(app, private) if private else app
-    if sandbox is not None:
+    if runtime is not None:
         inner = run_code.RunCode(inner, _runner_of(server))
     gated = http_serving.RequestGate(
         inner,
@@ -215,7 +216,7 @@ def http_tokens(
     clients: Mapping[str, ClientSettings] | None,
 ) -> ClientTokens | None:
     """The tokens `http_app` will require (None: none, waived on loopback). The CLI asks
-    first, before it builds the Sandbox whose warm pool starts sandboxes at once: a refusal
+    first, before it builds the host whose warm pool starts sandboxes at once: a refusal
     then leaves nothing running (and nothing for the exit to stop).
 
     Raises:

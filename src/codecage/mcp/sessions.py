@@ -78,7 +78,7 @@ def register(
     tool: Callable[..., Callable[[_Tool], _Tool]], runner: Runner, clients: Clients, budget: int
 ) -> None:
     """Add the session tools with `tool` (the registrar of tools.py)."""
-    settings = runner.base.settings.sessions
+    settings = runner.host.settings.sessions
     most_idle = settings.most_idle_ttl
 
     @tool(
@@ -138,7 +138,7 @@ def register(
             egress=egress,
         )
         try:
-            opened = await anyio.to_thread.run_sync(runner.base.host.open_session, request)
+            opened = await anyio.to_thread.run_sync(runner.host.open_session, request)
         except CodecageError as exc:
             raise ToolError(refusal(exc)) from exc
         data = _described(opened).model_dump(mode="json")
@@ -162,7 +162,7 @@ def register(
     ) -> Annotated[CallToolResult, ClosedReply]:
         owner = clients.key(ctx)
         try:
-            await anyio.to_thread.run_sync(runner.base.host.sessions.close, session_id, owner)
+            await anyio.to_thread.run_sync(runner.host.sessions.close, session_id, owner)
         except CodecageError as exc:
             raise ToolError(refusal(exc)) from exc
         closed = ClosedReply(closed=session_id).model_dump(mode="json")
@@ -174,7 +174,7 @@ def register(
         annotations=reply_annotations("List Python sessions", read_only=True),
     )
     def list_sessions(ctx: Context[Any, Any]) -> Annotated[CallToolResult, SessionsReply]:
-        mine = runner.base.host.sessions.owned_by(clients.key(ctx))
+        mine = runner.host.sessions.owned_by(clients.key(ctx))
         listed = SessionsReply(
             sessions=[_described(s) for s in mine], max_per_client=settings.max_per_client
         )

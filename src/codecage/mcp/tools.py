@@ -21,6 +21,7 @@ from mcp_types import CallToolResult, InputRequiredResult, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from codecage import host
+from codecage.host import Host
 from codecage.isolation import datadir
 from codecage.mcp import approval, callers, progress, reply, sessions
 from codecage.mcp.arguments import registrar
@@ -33,42 +34,41 @@ from codecage.mcp.files import (
 from codecage.mcp.runner import Runner
 from codecage.models import DEFAULT_REPLY_MAX_TOKENS, HostInfo, ValidationReport
 from codecage.output import neutralise_line
-from codecage.sandbox import Sandbox
 
 
 def tools(runner: Runner) -> list[Tool]:
     """The tools, bound to `runner` (for `MCPServer(tools=...)`)."""
     limits = runner.limits
     budget = limits.reply_max_tokens or DEFAULT_REPLY_MAX_TOKENS
-    default = runner.base.limits
+    default = runner.host.limits
     made: list[Tool] = []
     tool = registrar(made)
     clients = sessions.Clients()
     questions = approval.Questions()
-    upstream = runner.base.tools is not None
-    backends = runner.base.host.call_backends
+    upstream = runner.host.tools is not None
+    backends = runner.host.call_backends
     backend_help = (
         f"Isolation backend: {backends[0]} (the default)"
         + (f", or {', '.join(backends[1:])}" if len(backends) > 1 else ", the only one enabled")
         + ". gvisor (a user-space kernel) isolates more and starts slower."
     )
-    hosts_help = _allow_hosts_help(runner.base)
+    hosts_help = _allow_hosts_help(runner.host)
 
     @tool(
         description=(
             "Run Python 3.11 code in a fresh sandbox. The text holds stdout, stderr, the last "
             "expression's value and the traceback; the structured content the status, exit "
             "code, files in /workspace and usage. "
-            + _network_note(runner.base)
-            + _imports_note(runner.base)
+            + _network_note(runner.host)
+            + _imports_note(runner.host)
             + " A POSIX shell and common tools work through subprocess; top-level await works. "
             f"Defaults: timeout {default.timeout:g} s (at most {limits.max_timeout:g}), "
             f"memory {default.memory_mb} MiB (at most {limits.max_memory_mb}). "
             "PNG, JPEG, GIF and WebP files the code saves come back as images (an SVG as "
             f"text, with return_files). The reply stays within about {budget:,} tokens: long "
             "output keeps its head and tail, so print summaries."
-            + _data_note(runner.base)
-            + _tools_note(runner.base)
+            + _data_note(runner.host)
+            + _tools_note(runner.host)
         ),
         annotations=_annotations("Run Python in a sandbox", read_only=False, open_world=upstream),
     )
@@ -147,12 +147,12 @@ def tools(runner: Runner) -> list[Tool]:
         # [approval]: the client's user decides before the call takes a run slot.
         decided = await approval.verdict(
             ctx,
-            runner.base.host,
+            runner.host,
             host.Request(
                 code=code,
                 limits=run_limits,
                 policy=policy,
-                allowed_tools=runner.base.allowed_tools,
+                allowed_tools=runner.host.options.allowed_tools,
                 face="mcp",
                 session_id=session_id,
                 client=client,
@@ -209,7 +209,7 @@ def tools(runner: Runner) -> list[Tool]:
         code: Annotated[str, Field(description="Python source to check.")],
         profile: Annotated[str | None, Field(description="Import profile(s).")] = None,
     ) -> Annotated[CallToolResult, ValidationReport]:
-        report = runner.base.host.validate(code, runner.policy_for(profile, None))
+        report = runner.host.validate(code, runner.policy_for(profile, None))
         return reply.for_data(_validation_text(report), report.model_dump(mode="json"), budget)
 
     @tool(
@@ -225,7 +225,7 @@ def tools(runner: Runner) -> list[Tool]:
             bool, Field(description="Add the modules per profile, layers, pool, scrub, tools.")
         ] = False,
     ) -> Annotated[CallToolResult, SandboxInfoReply]:
-        info = runner.base.info()
+        info = runner.host.info()
         data = _short_info(runner, info, [t.name for t in made], budget)
         if not detail:
             return reply.for_data(_info_text(data), data, budget)
@@ -251,11 +251,15 @@ def _refuse_session_arguments(**given: Any) -> None:
         )
 
 
-def _network_note(sandbox: Sandbox) -> str:
+def _network_note(runtime: Host) -> str:
     """Whether the code has network, and what a call may ask for: the model must know
     before it writes code that fetches something."""
-    grants = sandbox.host.grants
-    profile = sandbox.policy.profile if sandbox.policy is not None else sandbox.settings.profile
+    grants = runtime.grants
+    profile = (
+        runtime.options.policy.profile
+        if runtime.options.policy is not None
+        else runtime.settings.profile
+    )
     defaults = ", ".join(r.text for r in grants.defaults(profile))
     ceiling = ", ".join(r.text for r in grants.ceiling_of(profile))
     if not ceiling:
@@ -267,10 +271,14 @@ def _network_note(sandbox: Sandbox) -> str:
     )
 
 
-def _allow_hosts_help(sandbox: Sandbox) -> str:
+def _allow_hosts_help(runtime: Host) -> str:
     """execute_code's `allow_hosts`: the rule's form, and what this server permits."""
-    grants = sandbox.host.grants
-    profile = sandbox.policy.profile if sandbox.policy is not None else sandbox.settings.profile
+    grants = runtime.grants
+    profile = (
+        runtime.options.policy.profile
+        if runtime.options.policy is not None
+        else runtime.settings.profile
+    )
     ceiling = ", ".join(r.text for r in grants.ceiling_of(profile)) or "none: no host"
     extra = sorted(n for n, rules in (grants.profiles or {}).items() if rules)
     by_profile = f" (the profiles {', '.join(extra)} add their own hosts)" if extra else ""
@@ -281,9 +289,9 @@ def _allow_hosts_help(sandbox: Sandbox) -> str:
     )
 
 
-def _imports_note(sandbox: Sandbox) -> str:
+def _imports_note(runtime: Host) -> str:
     """What the code may import by default, as the model must know it before it writes."""
-    policy = sandbox.policy
+    policy = runtime.options.policy
     if policy is None or policy.allows_every_module:
         return (
             "The whole standard library and the installed data packages (numpy, pandas, "
@@ -295,11 +303,11 @@ def _imports_note(sandbox: Sandbox) -> str:
     )
 
 
-def _tools_note(sandbox: Sandbox) -> str:
+def _tools_note(runtime: Host) -> str:
     """What the model must know to call upstream MCP tools from its code (--mcp-config)."""
-    if sandbox.tools is None:
+    if runtime.tools is None:
         return ""
-    servers = ", ".join(sorted(sandbox.tools.servers)) or "none"
+    servers = ", ".join(sorted(runtime.tools.servers)) or "none"
     return (
         f" The code can call the tools of the MCP servers {servers}: `from servers.<server> "
         "import <tool>`, then `await <tool>.call(arg=...)` (its docstring lists the "
@@ -350,9 +358,9 @@ class SandboxInfoReply(BaseModel):
     )
 
 
-def _data_note(sandbox: Sandbox) -> str:
+def _data_note(runtime: Host) -> str:
     """Where the operator's data is, when the server was given a data directory."""
-    if sandbox.host.data_dir is None:
+    if runtime.data_dir is None:
         return ""
     return (
         f" The operator's data files are in {datadir.DATA_DIR} (read-only): read them "
@@ -366,7 +374,7 @@ def _short_info(runner: Runner, info: HostInfo, tools: list[str], budget: int) -
     missing = [layer.name for layer in info.layers if not layer.active]
     isolation = "in force: " + ", ".join(active)
     if "network" in active:
-        reachable = runner.base.host.grants.ceiling_of(runner.base.settings.profile)
+        reachable = runner.host.grants.ceiling_of(runner.host.settings.profile)
         isolation += " (only allowed hosts, through the proxy)" if reachable else " (no network)"
     if missing:
         isolation += "; missing: " + ", ".join(missing)
@@ -384,18 +392,22 @@ def _short_info(runner: Runner, info: HostInfo, tools: list[str], budget: int) -
         },
         call_maximums={"timeout": limits.max_timeout, "memory_limit_mb": limits.max_memory_mb},
         profiles=[p.name for p in info.profiles],
-        default_profile=runner.base.settings.profile,
+        default_profile=runner.host.settings.profile,
         tools=tools,
         tool_servers=info.tools.servers if info.tools is not None else [],
         reply_max_tokens=budget,
         data=datadir.DATA_DIR if info.data_dir is not None else None,
-        network=_network_info(runner.base),
+        network=_network_info(runner.host),
     ).model_dump(mode="json", exclude_none=True)
 
 
-def _network_info(sandbox: Sandbox) -> dict[str, Any]:
-    grants = sandbox.host.grants
-    profile = sandbox.policy.profile if sandbox.policy is not None else sandbox.settings.profile
+def _network_info(runtime: Host) -> dict[str, Any]:
+    grants = runtime.grants
+    profile = (
+        runtime.options.policy.profile
+        if runtime.options.policy is not None
+        else runtime.settings.profile
+    )
     return {
         "allow": [r.text for r in grants.defaults(profile)],
         "ceiling": [r.text for r in grants.ceiling_of(profile)],

@@ -19,6 +19,7 @@ from codecage.backends.base import Identity
 from codecage.engine.workspace import fds
 from codecage.engine.workspace.lifecycle import Workspace
 from codecage.errors import CodecageError, ConfigError, SandboxError
+from codecage.fdio import write_all
 from codecage.kept import KeptFiles, check_relpath
 from codecage.models import FileInfo
 from codecage.output import neutralise_line
@@ -111,9 +112,7 @@ def _write_one(
         try:
             if owner is not None:
                 os.fchown(fd, owner.uid, owner.gid)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, data)
         finally:
             os.close(fd)
     finally:
