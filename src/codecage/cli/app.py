@@ -1,8 +1,9 @@
 """The `codecage` command line: the typer app, its commands (one module per group: run.py,
 info.py, gen.py, serve.py, packages.py, session.py) and `main`, which turns usage errors
-into exit 2. A command parses its flags (options.py), builds the library's inputs
-(setup.py), calls the library and renders what it gets (render.py); `session` calls a
-running `codecage serve --http` instead (remote.py).
+into exit 2. A command parses its flags (options.py; those that go together come as one
+group, groups.py), builds the library's inputs (setup.py), calls the library and renders
+what it gets (render.py); `session` calls a running `codecage serve --http` instead
+(remote.py).
 
 Exit codes: 0 the code ran and succeeded; 1 it ran and did not succeed, or a check failed,
 or the host could not run it; 2 a usage error or a refused request (ConfigError).
@@ -19,8 +20,18 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from codecage._version import __version__
-from codecage.cli import audit, batch, gen, info, packages, run, serve, session
+
+# Each by its module's own path, never `from codecage.cli import ...`: that names this
+# package, whose __init__ imports this module (a cycle to a reader of the imports).
+from codecage.cli.audit import app as audit_app
+from codecage.cli.batch import run_batch
+from codecage.cli.gen import gen
+from codecage.cli.info import doctor, info
+from codecage.cli.packages import app as packages_app
 from codecage.cli.render import print_json, stderr
+from codecage.cli.run import run, validate
+from codecage.cli.serve import serve
+from codecage.cli.session import app as session_app
 
 try:  # typer 0.2x carries its own copy of click; older ones use click itself
     from typer._click.exceptions import ClickException, NoSuchOption
@@ -79,9 +90,9 @@ def _options(
 
 
 # In this order in --help.
-_COMMANDS = (run.run, run.validate, info.info, info.doctor, gen.gen, serve.serve)
-_NAMED = {"run-batch": batch.run_batch}  # commands whose name is not their function's
-_GROUPS = {"packages": packages.app, "session": session.app, "audit": audit.app}
+_COMMANDS = (run, validate, info, doctor, gen, serve)
+_NAMED = {"run-batch": run_batch}  # commands whose name is not their function's
+_GROUPS = {"packages": packages_app, "session": session_app, "audit": audit_app}
 
 
 def _build(

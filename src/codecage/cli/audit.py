@@ -233,41 +233,48 @@ def audit_erase(
         print(f"erased {erased} record{'s' if erased != 1 else ''}; {trail.location} compacted")
 
 
+WebHostOpt = Annotated[
+    str, typer.Option("--host", help="Address to bind; not loopback: needs a given token.")
+]
+WebPortOpt = Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to bind.")]
+WebTokenOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        help="The token every request must carry (HTTP Basic's password, Bearer, or "
+        "?token= once in a browser; docs/audit.md names its environment variable). "
+        "Default: a fresh random one, printed at start.",
+        envvar="CODECAGE_AUDIT_WEB_TOKEN",
+        show_envvar=False,  # its name would not fit the 80-column help's cell
+        show_default=False,
+    ),
+]
+WebTokenEnvOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--token-env",
+        metavar="VAR",
+        help="The environment variable holding the token (instead of --token).",
+    ),
+]
+WebNoTokenOpt = Annotated[
+    bool,
+    typer.Option(
+        "--insecure-no-token",
+        help="Loopback without a token. INSECURE: every local user of this machine can "
+        "then read the whole audit trail.",
+    ),
+]
+
+
 @app.command("web")
 def audit_web(
     store: StoreOpt = None,
-    host: Annotated[
-        str, typer.Option("--host", help="Address to bind; not loopback: needs a given token.")
-    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to bind.")] = 8001,
-    token: Annotated[
-        str | None,
-        typer.Option(
-            "--token",
-            help="The token every request must carry (HTTP Basic's password, Bearer, or "
-            "?token= once in a browser; docs/audit.md names its environment variable). "
-            "Default: a fresh random one, printed at start.",
-            envvar="CODECAGE_AUDIT_WEB_TOKEN",
-            show_envvar=False,  # its name would not fit the 80-column help's cell
-            show_default=False,
-        ),
-    ] = None,
-    token_env: Annotated[
-        str | None,
-        typer.Option(
-            "--token-env",
-            metavar="VAR",
-            help="The environment variable holding the token (instead of --token).",
-        ),
-    ] = None,
-    insecure_no_token: Annotated[
-        bool,
-        typer.Option(
-            "--insecure-no-token",
-            help="Loopback without a token. INSECURE: every local user of this machine can "
-            "then read the whole audit trail.",
-        ),
-    ] = False,
+    host: WebHostOpt = "127.0.0.1",
+    port: WebPortOpt = 8001,
+    token: WebTokenOpt = None,
+    token_env: WebTokenEnvOpt = None,
+    insecure_no_token: WebNoTokenOpt = False,
     config_file: ConfigOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -298,6 +305,14 @@ def audit_web(
         asgi = web.app(Path(location), secret, loopback=web.is_loopback(host))
     except CodecageError as exc:
         fail(exc, as_json=False, verbose=verbose)
+    _announce(host, port, secret, made=made)
+    import uvicorn  # here: its import (~40 ms) would otherwise delay every `codecage run`
+
+    uvicorn.run(asgi, host=host, port=port, log_level="warning")
+
+
+def _announce(host: str, port: int, secret: str | None, *, made: bool) -> None:
+    """Where the web view listens, on stderr, with its token when codecage made it."""
     url = f"http://{host}:{port}/"
     if secret is None:
         log.warning("audit.web_without_token", extra={"host": host})
@@ -306,9 +321,6 @@ def audit_web(
         stderr.print(f"codecage audit web on {url}?token={secret} (read-only)", markup=False)
     else:
         stderr.print(f"codecage audit web on {url} (read-only; token required)", markup=False)
-    import uvicorn  # here: its import (~40 ms) would otherwise delay every `codecage run`
-
-    uvicorn.run(asgi, host=host, port=port, log_level="warning")
 
 
 def _token(variable: str) -> str:

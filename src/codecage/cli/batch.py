@@ -17,100 +17,76 @@ import typer
 from pydantic import ValidationError
 
 from codecage import batch
+from codecage.cli.groups import takes_groups
 from codecage.cli.logs import configure_logging
 from codecage.cli.options import (
-    AllowHostOpt,
-    AllowImportOpt,
-    AuditOpt,
-    BackendOpt,
+    AuditFlags,
     ConfigOpt,
-    CpuOpt,
-    DegradedOpt,
-    FileSizeOpt,
-    MemoryOpt,
-    NoScrubOpt,
-    OpenFilesOpt,
-    OutputOpt,
-    ProcessesOpt,
-    ProfileOpt,
-    ScrubCategoriesOpt,
-    TimeoutOpt,
-    TmpMbOpt,
+    LimitFlags,
+    NetworkFlags,
+    OutputFlags,
+    SandboxFlags,
     VerboseOpt,
-    WorkspaceMbOpt,
 )
 from codecage.cli.render import fail, stderr
-from codecage.cli.setup import build_sandbox, load_config, scrub_option
+from codecage.cli.setup import load_config, sandbox_of
 from codecage.errors import CodecageError, ConfigError
 
 MAX_LINE_BYTES: Final = 16 * 2**20
 """Longest input line: a program (10 MiB at most) with its files and limits."""
 
 
+JsonlOpt = Annotated[
+    str,
+    typer.Option(
+        "--jsonl",
+        metavar="IN",
+        help='JSON Lines, one program per line: {"code": ..., "id": ..., "limits": '
+        '{...}, "files": {...}, "filename": ...} (\'-\' for stdin; blank lines are '
+        f"skipped; at most {batch.DEFAULT_MAX_QUEUED} programs, "
+        f"{MAX_LINE_BYTES // 2**20} MiB a line).",
+        show_default=False,
+    ),
+]
+ResultsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--out",
+        help="Write the result lines to this file (replaced) instead of stdout.",
+        dir_okay=False,
+        show_default=False,
+    ),
+]
+ConcurrencyOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--concurrency",
+        "-j",
+        help=f"Programs run at once, 1 to {batch.MAX_CONCURRENCY} (default: the pool's "
+        "size, 4 unless the config's \\[pool] says otherwise).",
+        show_default=False,
+    ),
+]
+SummaryJsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print the summary on stderr as one JSON object.")
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no summary.")]
+
+
+@takes_groups
 def run_batch(
-    jsonl: Annotated[
-        str,
-        typer.Option(
-            "--jsonl",
-            metavar="IN",
-            help='JSON Lines, one program per line: {"code": ..., "id": ..., "limits": '
-            '{...}, "files": {...}, "filename": ...} (\'-\' for stdin; blank lines are '
-            f"skipped; at most {batch.DEFAULT_MAX_QUEUED} programs, "
-            f"{MAX_LINE_BYTES // 2**20} MiB a line).",
-            show_default=False,
-        ),
-    ],
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            "--out",
-            help="Write the result lines to this file (replaced) instead of stdout.",
-            dir_okay=False,
-            show_default=False,
-        ),
-    ] = None,
-    concurrency: Annotated[
-        int | None,
-        typer.Option(
-            "--concurrency",
-            "-j",
-            help=f"Programs run at once, 1 to {batch.MAX_CONCURRENCY} (default: the pool's "
-            "size, 4 unless the config's \\[pool] says otherwise).",
-            show_default=False,
-        ),
-    ] = None,
-    timeout: TimeoutOpt = None,
-    cpu_seconds: CpuOpt = None,
-    memory_mb: MemoryOpt = None,
-    max_processes: ProcessesOpt = None,
-    max_open_files: OpenFilesOpt = None,
-    max_file_size_mb: FileSizeOpt = None,
-    workspace_mb: WorkspaceMbOpt = None,
-    tmp_mb: TmpMbOpt = None,
-    max_output_bytes: OutputOpt = None,
-    profile: ProfileOpt = None,
-    allow_import: AllowImportOpt = None,
-    no_import_policy: Annotated[
-        bool,
-        typer.Option(
-            "--no-import-policy",
-            help="Turn the import policy off; the OS sandbox still holds (it is the boundary).",
-        ),
-    ] = False,
+    *,
+    jsonl: JsonlOpt,
+    out: ResultsOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    limits: LimitFlags,
+    policy: SandboxFlags,
     config_file: ConfigOpt = None,
-    allow_degraded: DegradedOpt = False,
-    backend: BackendOpt = "auto",
-    allow_host: AllowHostOpt = None,
-    audit: AuditOpt = None,
-    no_scrub: NoScrubOpt = False,
-    scrub_categories: ScrubCategoriesOpt = None,
-    as_json: Annotated[
-        bool,
-        typer.Option("--json", help="Print the summary on stderr as one JSON object."),
-    ] = False,
-    quiet: Annotated[
-        bool, typer.Option("--quiet", "-q", help="No progress bar and no summary.")
-    ] = False,
+    network: NetworkFlags,
+    audit: AuditFlags,
+    output: OutputFlags,
+    as_json: SummaryJsonOpt = False,
+    quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
     """Run many programs, each once in its own sandbox, and write one JSON result per line.
@@ -138,33 +114,11 @@ def run_batch(
         {"id": "t1", "code": "assert 1 + 1 == 2", "limits": {"timeout": 2}}
     """
     configure_logging(verbose)
-    flags = {
-        "timeout": timeout,
-        "cpu_seconds": cpu_seconds,
-        "memory_mb": memory_mb,
-        "max_processes": max_processes,
-        "max_open_files": max_open_files,
-        "max_file_size_mb": max_file_size_mb,
-        "workspace_mb": workspace_mb,
-        "tmp_mb": tmp_mb,
-        "max_output_bytes": max_output_bytes,
-    }
     try:
         settings = load_config(config_file)
-        programs, lines = read_programs(jsonl, {k: v for k, v in flags.items() if v is not None})
-        sandbox = build_sandbox(
-            settings,
-            _no_tools(),
-            profile=profile,
-            allow_import=allow_import,
-            backend=backend,
-            allow_degraded=allow_degraded,
-            import_policy=not no_import_policy,
-            scrub=scrub_option(no_scrub, scrub_categories, settings),
-            pool=True,  # a batch is what warm sandboxes are for
-            allow_host=allow_host,
-            audit=audit,
-        )
+        programs, lines = read_programs(jsonl, limits.overrides())
+        # A batch is what warm sandboxes are for (pool).
+        sandbox = sandbox_of(settings, _no_tools(), policy, network, audit, output, pool=True)
         with sandbox:
             items = batch.prepare(
                 programs, sandbox.limits, label=lambda index: f"--jsonl line {lines[index]}"

@@ -1,13 +1,19 @@
 """The CLI's options, declared once and shared by the commands that take them (`run`,
-`validate`, `serve`, ...): one flag, one help text, one environment variable."""
+`validate`, `serve`, ...): one flag, one help text, one environment variable. Flags that
+go together are a group (groups.py), taken whole: limits (`LimitFlags`: run, run-batch),
+tools (`ToolFlags`: run, serve), network, audit and output (run, run-batch, serve), the
+sandbox's policy (`SandboxFlags`: run, run-batch), the code (`CodeFlags`: run, session run)
+and the server a session command talks to (`ServerFlags`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from codecage.cli.groups import FlagGroup
 from codecage.models import Limits
 
 
@@ -212,3 +218,99 @@ ServerTokenOpt = Annotated[
         show_default=False,
     ),
 ]
+SourceArg = Annotated[
+    str | None, typer.Argument(help="'-' to read the code from stdin.", show_default=False)
+]
+NoImportPolicyOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-import-policy",
+        help="Turn the import policy off; the OS sandbox still holds (it is the boundary).",
+    ),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class CodeFlags(FlagGroup):
+    """The code to run: an argument ('-': stdin), --code or --file (setup.read_code)."""
+
+    source: SourceArg = None
+    code: Annotated[str | None, typer.Option("--code", "-c", help="The code to run.")] = None
+    file: Annotated[
+        Path | None, typer.Option("--file", "-f", help="A Python file to run.", dir_okay=False)
+    ] = None
+
+
+@dataclass(frozen=True, slots=True)
+class LimitFlags(FlagGroup):
+    """One flag per `Limits` field (a test holds them equal): each run's limits over the
+    config file's. A new limit is one line here."""
+
+    timeout: TimeoutOpt = None
+    cpu_seconds: CpuOpt = None
+    memory_mb: MemoryOpt = None
+    max_processes: ProcessesOpt = None
+    max_open_files: OpenFilesOpt = None
+    max_file_size_mb: FileSizeOpt = None
+    workspace_mb: WorkspaceMbOpt = None
+    tmp_mb: TmpMbOpt = None
+    max_output_bytes: OutputOpt = None
+
+    def overrides(self) -> dict[str, Any]:
+        """The limits given, by field name (unset: not there)."""
+        given = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        return {name: value for name, value in given.items() if value is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxFlags(FlagGroup):
+    """What the sandbox allows and how it isolates: import profile and policy, backend."""
+
+    profile: ProfileOpt = None
+    allow_import: AllowImportOpt = None
+    no_import_policy: NoImportPolicyOpt = False
+    allow_degraded: DegradedOpt = False
+    backend: BackendOpt = "auto"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFlags(FlagGroup):
+    """The upstream MCP servers the code may call through codecage, and how."""
+
+    mcp_config: McpConfigOpt = None
+    mcp_host: McpHostOpt = None
+    servers_dir: ServersDirOpt = None
+    skills_dir: SkillsDirOpt = None
+    allow_tool: AllowToolOpt = None
+    max_tool_calls: MaxToolCallsOpt = None
+    tokenize: TokenizeOpt = False
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkFlags(FlagGroup):
+    """The hosts the code may reach through codecage's egress proxy."""
+
+    allow_host: AllowHostOpt = None
+
+
+@dataclass(frozen=True, slots=True)
+class AuditFlags(FlagGroup):
+    """Where the record of each run is kept."""
+
+    audit: AuditOpt = None
+
+
+@dataclass(frozen=True, slots=True)
+class OutputFlags(FlagGroup):
+    """What a result may show: personal data and secrets in it are scrubbed unless told."""
+
+    no_scrub: NoScrubOpt = False
+    scrub_categories: ScrubCategoriesOpt = None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerFlags(FlagGroup):
+    """The server a `codecage session` command talks to (None: the user's local one)."""
+
+    server: ServerOpt = None
+    token: ServerTokenOpt = None

@@ -4,43 +4,34 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.markup import escape
 
 from codecage import config, displays
 from codecage.cli.approval import TerminalPrompt
+from codecage.cli.groups import FlagGroup, takes_groups
 from codecage.cli.logs import configure_logging
 from codecage.cli.options import (
-    AllowHostOpt,
     AllowImportOpt,
-    AllowToolOpt,
-    AuditOpt,
-    BackendOpt,
+    AuditFlags,
+    CodeFlags,
     ConfigOpt,
-    CpuOpt,
-    DegradedOpt,
-    FileSizeOpt,
     JsonOpt,
-    MaxToolCallsOpt,
+    LimitFlags,
     McpConfigOpt,
-    McpHostOpt,
-    MemoryOpt,
-    NoScrubOpt,
-    OpenFilesOpt,
-    OutputOpt,
-    ProcessesOpt,
+    NetworkFlags,
+    OutputFlags,
     ProfileOpt,
-    ScrubCategoriesOpt,
+    SandboxFlags,
     ServersDirOpt,
     SkillsDirOpt,
-    TimeoutOpt,
-    TmpMbOpt,
-    TokenizeOpt,
+    SourceArg,
+    ToolFlags,
     VerboseOpt,
-    WorkspaceMbOpt,
 )
 from codecage.cli.render import (
     LiveOutput,
@@ -58,32 +49,26 @@ from codecage.cli.setup import (
     read_code,
     read_inputs,
     refuse_mcp_config_in,
-    scrub_option,
+    sandbox_of,
     servers_of_hosts,
     tool_setup,
 )
+from codecage.config import Settings
 from codecage.errors import CodecageError, ConfigError
 from codecage.models import ExecutionResult
 from codecage.output import neutralise_line
+from codecage.sandbox import Sandbox
+
+if TYPE_CHECKING:
+    from codecage.bridge.hosts import HostServers
+    from codecage.bridge.upstreams import Upstream
+    from codecage.toolsetup import ToolSetup
 
 
-def run(
-    source: Annotated[
-        str | None, typer.Argument(help="'-' to read the code from stdin.", show_default=False)
-    ] = None,
-    code: Annotated[str | None, typer.Option("--code", "-c", help="The code to run.")] = None,
-    file: Annotated[
-        Path | None, typer.Option("--file", "-f", help="A Python file to run.", dir_okay=False)
-    ] = None,
-    timeout: TimeoutOpt = None,
-    cpu_seconds: CpuOpt = None,
-    memory_mb: MemoryOpt = None,
-    max_processes: ProcessesOpt = None,
-    max_open_files: OpenFilesOpt = None,
-    max_file_size_mb: FileSizeOpt = None,
-    workspace_mb: WorkspaceMbOpt = None,
-    tmp_mb: TmpMbOpt = None,
-    max_output_bytes: OutputOpt = None,
+@dataclass(frozen=True, slots=True)
+class WorkspaceFlags(FlagGroup):
+    """`run`'s /workspace: a host directory, or files put in a fresh one; where to save it."""
+
     workspace: Annotated[
         Path | None,
         typer.Option(
@@ -93,7 +78,7 @@ def run(
             ".venv, *.pth, .vscode, ...) stays read-only (docs/security-model.md).",
             file_okay=False,
         ),
-    ] = None,
+    ] = None
     inputs: Annotated[
         list[str] | None,
         typer.Option(
@@ -104,7 +89,7 @@ def run(
             "not with --workspace.",
             show_default=False,
         ),
-    ] = None,
+    ] = None
     out: Annotated[
         Path | None,
         typer.Option(
@@ -113,57 +98,53 @@ def run(
             "(made when missing; links in it are never followed) and say where on stderr.",
             file_okay=False,
         ),
-    ] = None,
+    ] = None
     overwrite: Annotated[
         bool,
         typer.Option("--overwrite", help="With --out: replace files that exist there."),
-    ] = False,
+    ] = False
+
+
+RawOpt = Annotated[
+    bool,
+    typer.Option(
+        "--raw",
+        help="Print the program's output unescaped (control characters as written; "
+        "invalid UTF-8 shows as \\x escapes).",
+    ),
+]
+ReplaceImportsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--replace-imports", help="--allow-import replaces the profile's modules instead."
+    ),
+]
+StrictRunOpt = Annotated[
+    bool,
+    typer.Option(
+        "--strict",
+        help="Validate first; refuse (status blocked) on a syntax error, a disallowed "
+        "import or a high-severity finding.",
+    ),
+]
+
+
+@takes_groups
+def run(
+    *,
+    program: CodeFlags,
+    limits: LimitFlags,
+    files: WorkspaceFlags,
     as_json: JsonOpt = False,
-    raw: Annotated[
-        bool,
-        typer.Option(
-            "--raw",
-            help="Print the program's output unescaped (control characters as written; "
-            "invalid UTF-8 shows as \\x escapes).",
-        ),
-    ] = False,
-    profile: ProfileOpt = None,
-    allow_import: AllowImportOpt = None,
+    raw: RawOpt = False,
+    policy: SandboxFlags,
     config_file: ConfigOpt = None,
-    replace_imports: Annotated[
-        bool,
-        typer.Option(
-            "--replace-imports", help="--allow-import replaces the profile's modules instead."
-        ),
-    ] = False,
-    no_import_policy: Annotated[
-        bool,
-        typer.Option(
-            "--no-import-policy",
-            help="Turn the import policy off; the OS sandbox still holds (it is the boundary).",
-        ),
-    ] = False,
-    strict: Annotated[
-        bool,
-        typer.Option(
-            "--strict",
-            help="Validate first; refuse (status blocked) on a syntax error, a disallowed "
-            "import or a high-severity finding.",
-        ),
-    ] = False,
-    allow_degraded: DegradedOpt = False,
-    backend: BackendOpt = "auto",
-    mcp_config: McpConfigOpt = None,
-    mcp_host: McpHostOpt = None,
-    servers_dir: ServersDirOpt = None,
-    skills_dir: SkillsDirOpt = None,
-    allow_tool: AllowToolOpt = None,
-    allow_host: AllowHostOpt = None,
-    audit: AuditOpt = None,
-    max_tool_calls: MaxToolCallsOpt = None,
-    tokenize: TokenizeOpt = False,
-    no_scrub: NoScrubOpt = False,
-    scrub_categories: ScrubCategoriesOpt = None,
+    replace_imports: ReplaceImportsOpt = False,
+    strict: StrictRunOpt = False,
+    tools: ToolFlags,
+    network: NetworkFlags,
+    audit: AuditFlags,
+    output: OutputFlags,
     verbose: VerboseOpt = False,
 ) -> None:
     """Run Python code in a fresh sandbox and report how it went.
@@ -191,91 +172,163 @@ def run(
         codecage run --allow-host api.github.com --file fetch.py  # may reach it
     """
     configure_logging(verbose)
-    overrides: dict[str, Any] = {
-        "timeout": timeout,
-        "cpu_seconds": cpu_seconds,
-        "memory_mb": memory_mb,
-        "max_processes": max_processes,
-        "max_open_files": max_open_files,
-        "max_file_size_mb": max_file_size_mb,
-        "workspace_mb": workspace_mb,
-        "tmp_mb": tmp_mb,
-        "max_output_bytes": max_output_bytes,
-    }
     try:
-        text, filename = read_code(source, code, file)
+        text, filename = read_code(program.source, program.code, program.file)
         settings = load_config(config_file)
-        if inputs and workspace is not None:
-            raise ConfigError(
-                "--in and --workspace were both given",
-                hint="copy the files into the --workspace directory, or drop --workspace",
-            )
-        workspace_mb_in_force = workspace_mb or settings.limits.workspace_mb
-        uploads = read_inputs(inputs, workspace_mb_in_force * 2**20)
-        # Before any upstream server starts: code in the workspace may have written there.
-        config.check_workspace(settings, workspace)
-        refuse_mcp_config_in(workspace, mcp_config)
-        host_servers, host_reports = servers_of_hosts(mcp_host, mcp_config)
-        for report in host_reports:
-            for host_file in report.files:
-                refuse_mcp_config_in(workspace, host_file)
-        upstream = bool(mcp_config or host_servers or settings.mcp_servers)
-        with progress("connecting to the upstream MCP servers", enabled=upstream and not as_json):
-            tools = tool_setup(
-                mcp_config,
-                servers_dir,
-                skills_dir,
-                allow_tool,
-                tokenize,
-                settings,
-                max_tool_calls=max_tool_calls,
-                host_servers=host_servers,
-            )
-        sandbox = build_sandbox(
-            settings,
-            tools,
-            profile=profile,
-            allow_import=allow_import,
-            backend=backend,
-            allow_degraded=allow_degraded,
-            replace_imports=replace_imports,
-            import_policy=not no_import_policy,
-            scrub=scrub_option(no_scrub, scrub_categories, settings),
-            allow_host=allow_host,
-            audit=audit,
-            # One run, one sandbox: a warm pool (the config's [pool]) would start several
-            # for nothing and make this process wait to tear them down; a fork server's
-            # template would cost a sandbox's start before the fork.
-            pool=False,
-            fork_server=False,
-        )
-        spinner = progress("starting the sandbox", enabled=not as_json)
-        sandbox.approver = prompt = TerminalPrompt(sys.stdin, sys.stderr)  # [approval]
-        prompt.before_prompt = spinner.stop
-        # Human mode prints the output as it comes; --json prints one object at the end.
-        live = None if as_json else LiveOutput(raw=raw, before_first=spinner.stop)
-        with contextlib.closing(tools), sandbox, spinner:
-            result = sandbox.run(
-                text,
-                limits=overrides,
-                filename=filename,
-                workspace=workspace,
-                strict=strict,
-                files=uploads,
-                # --out keeps all the workspace can hold; without it, nothing is kept.
-                keep_files_mb=min(workspace_mb_in_force, 4096) if out is not None else 0,
-                on_output=live,
-            )
+        workspace_mb = limits.workspace_mb or settings.limits.workspace_mb
+        uploads = _uploads(files, workspace_mb)
+        host_servers, host_reports = _host_servers(tools, files.workspace, settings)
+        toolset = _connect(tools, settings, host_servers, quiet=as_json)
+        groups = (policy, network, audit, output)
+        sandbox = _single_run_sandbox(settings, toolset, *groups, replace_imports)
+        job = _Job(text, filename, limits.overrides(), strict, uploads, workspace_mb)
+        result, streamed = _execute(sandbox, toolset, job, files, as_json=as_json, raw=raw)
     except CodecageError as exc:
         fail(exc, as_json=as_json, verbose=verbose)
-    saved_ok = out is None or _save_outputs(result, out, overwrite=overwrite, quiet=as_json)
+    _report(result, host_reports, files, as_json=as_json, raw=raw, streamed=streamed)
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """What `run` asks of its sandbox's one run."""
+
+    code: str
+    filename: str
+    limits: dict[str, Any]
+    strict: bool
+    uploads: dict[str, bytes] | None
+    workspace_mb: int  # in force: the flag's, else the config file's
+
+
+def _uploads(files: WorkspaceFlags, workspace_mb: int) -> dict[str, bytes] | None:
+    """The --in files, within the workspace's size.
+
+    Raises:
+        ConfigError: --in with --workspace, or a file unreadable or too large.
+    """
+    if files.inputs and files.workspace is not None:
+        raise ConfigError(
+            "--in and --workspace were both given",
+            hint="copy the files into the --workspace directory, or drop --workspace",
+        )
+    return read_inputs(files.inputs, workspace_mb * 2**20)
+
+
+def _host_servers(
+    tools: ToolFlags, workspace: Path | None, settings: Settings
+) -> tuple[dict[str, Upstream] | None, list[HostServers]]:
+    """The --mcp-host servers, once the workspace and every MCP config file are checked.
+
+    Raises:
+        ConfigError: the workspace is refused, or holds a file naming commands to start.
+    """
+    # Before any upstream server starts: code in the workspace may have written there.
+    config.check_workspace(settings, workspace)
+    refuse_mcp_config_in(workspace, tools.mcp_config)
+    host_servers, host_reports = servers_of_hosts(tools.mcp_host, tools.mcp_config)
+    for report in host_reports:
+        for host_file in report.files:
+            refuse_mcp_config_in(workspace, host_file)
+    return host_servers, host_reports
+
+
+def _connect(
+    tools: ToolFlags,
+    settings: Settings,
+    host_servers: dict[str, Upstream] | None,
+    *,
+    quiet: bool,
+) -> ToolSetup:
+    """The upstream tools, connected under a spinner when there are any (none with --json)."""
+    upstream = bool(tools.mcp_config or host_servers or settings.mcp_servers)
+    with progress("connecting to the upstream MCP servers", enabled=upstream and not quiet):
+        return tool_setup(
+            tools.mcp_config,
+            tools.servers_dir,
+            tools.skills_dir,
+            tools.allow_tool,
+            tools.tokenize,
+            settings,
+            max_tool_calls=tools.max_tool_calls,
+            host_servers=host_servers,
+        )
+
+
+def _single_run_sandbox(
+    settings: Settings,
+    tools: ToolSetup,
+    policy: SandboxFlags,
+    network: NetworkFlags,
+    audit: AuditFlags,
+    output: OutputFlags,
+    replace_imports: bool,
+) -> Sandbox:
+    """`run`'s Sandbox (not started): for one run, so without a warm pool (the config's
+    [pool] would start several for nothing and make this process wait to tear them down)
+    or a fork server (its template would cost a sandbox's start before the fork)."""
+    return sandbox_of(
+        settings,
+        tools,
+        policy,
+        network,
+        audit,
+        output,
+        pool=False,
+        fork_server=False,
+        replace_imports=replace_imports,
+    )
+
+
+def _execute(
+    sandbox: Sandbox,
+    tools: ToolSetup,
+    job: _Job,
+    files: WorkspaceFlags,
+    *,
+    as_json: bool,
+    raw: bool,
+) -> tuple[ExecutionResult, bool]:
+    """Start the sandbox, run the job in it, stop it; the result, and whether its output
+    was printed as it came (human mode), not only at the end (--json)."""
+    spinner = progress("starting the sandbox", enabled=not as_json)
+    sandbox.approver = prompt = TerminalPrompt(sys.stdin, sys.stderr)  # [approval]
+    prompt.before_prompt = spinner.stop
+    live = None if as_json else LiveOutput(raw=raw, before_first=spinner.stop)
+    with contextlib.closing(tools), sandbox, spinner:
+        result = sandbox.run(
+            job.code,
+            limits=job.limits,
+            filename=job.filename,
+            workspace=files.workspace,
+            strict=job.strict,
+            files=job.uploads,
+            # --out keeps all the workspace can hold; without it, nothing is kept.
+            keep_files_mb=min(job.workspace_mb, 4096) if files.out is not None else 0,
+            on_output=live,
+        )
+    return result, live is not None
+
+
+def _report(
+    result: ExecutionResult,
+    host_reports: list[HostServers],
+    files: WorkspaceFlags,
+    *,
+    as_json: bool,
+    raw: bool,
+    streamed: bool,
+) -> NoReturn:
+    """Save the --out files, print the result and exit: 0 when it succeeded and was saved."""
+    saved_ok = files.out is None or _save_outputs(
+        result, files.out, overwrite=files.overwrite, quiet=as_json
+    )
     if as_json:
         data = result.model_dump(mode="json")
         if host_reports:  # which servers --mcp-host found, beside the result
             data["mcp_hosts"] = [report.as_json() for report in host_reports]
         print_json(data)
     else:
-        render_result(result, raw=raw, streamed=live is not None, saved=out is not None)
+        render_result(result, raw=raw, streamed=streamed, saved=files.out is not None)
     raise typer.Exit(0 if result.ok and saved_ok else 1)
 
 
@@ -310,9 +363,7 @@ def _save_outputs(
 
 
 def validate(
-    source: Annotated[
-        str | None, typer.Argument(help="'-' to read the code from stdin.", show_default=False)
-    ] = None,
+    source: SourceArg = None,
     code: Annotated[str | None, typer.Option("--code", "-c", help="The code to check.")] = None,
     file: Annotated[
         Path | None, typer.Option("--file", "-f", help="A Python file to check.", dir_okay=False)

@@ -6,26 +6,21 @@ import atexit
 import logging
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from codecage import host as hosts
+from codecage.cli.groups import FlagGroup, takes_groups
 from codecage.cli.logs import configure_logging
 from codecage.cli.options import (
-    AllowHostOpt,
-    AllowToolOpt,
-    AuditOpt,
+    AuditFlags,
     ConfigOpt,
-    MaxToolCallsOpt,
-    McpConfigOpt,
-    McpHostOpt,
-    NoScrubOpt,
-    ScrubCategoriesOpt,
-    ServersDirOpt,
-    SkillsDirOpt,
-    TokenizeOpt,
+    NetworkFlags,
+    OutputFlags,
+    ToolFlags,
     VerboseOpt,
 )
 from codecage.cli.render import fail, stderr
@@ -38,16 +33,26 @@ from codecage.cli.setup import (
 )
 from codecage.config import Settings
 from codecage.errors import CodecageError
+from codecage.host import Host
+from codecage.options import Resolved
+
+if TYPE_CHECKING:
+    from codecage.audit.metrics import ServerMetrics
+    from codecage.mcp.server import ServerLimits
+    from codecage.toolsetup import ToolSetup
 
 
-def serve(
+@dataclass(frozen=True, slots=True)
+class ListenFlags(FlagGroup):
+    """Where and how the server listens: stdio, or HTTP on an address or a Unix socket."""
+
     http: Annotated[
         bool, typer.Option("--http", help="Serve streamable HTTP at /mcp instead of stdio.")
-    ] = False,
+    ] = False
     host: Annotated[
         str, typer.Option("--host", help="HTTP: address to bind (a token is always required).")
-    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="HTTP: port to listen on.")] = 8000,
+    ] = "127.0.0.1"
+    port: Annotated[int, typer.Option("--port", help="HTTP: port to listen on.")] = 8000
     uds: Annotated[
         Path | None,
         typer.Option(
@@ -58,7 +63,7 @@ def serve(
             dir_okay=False,
             show_default=False,
         ),
-    ] = None,
+    ] = None
     idle_exit: Annotated[
         float | None,
         typer.Option(
@@ -69,7 +74,7 @@ def serve(
             min=0.1,
             show_default=False,
         ),
-    ] = None,
+    ] = None
     token: Annotated[
         str | None,
         typer.Option(
@@ -78,7 +83,7 @@ def serve(
             envvar="CODECAGE_TOKEN",
             show_default=False,
         ),
-    ] = None,
+    ] = None
     insecure_no_token: Annotated[
         bool,
         typer.Option(
@@ -86,63 +91,86 @@ def serve(
             help="HTTP on loopback without a token. INSECURE: every local user of this "
             "machine can then run code, and call the upstream tools with your credentials.",
         ),
-    ] = False,
+    ] = False
+
+
+@dataclass(frozen=True, slots=True)
+class CallLimitFlags(FlagGroup):
+    """What one call may ask for at most, and how many run at once (`ServerLimits`)."""
+
     max_timeout: Annotated[
         float, typer.Option("--max-timeout", help="Largest timeout a call may ask for (s).")
-    ] = 120.0,
+    ] = 120.0
     max_memory_mb: Annotated[
         int, typer.Option("--max-memory-mb", help="Largest memory_limit_mb a call may ask for.")
-    ] = 2048,
+    ] = 2048
     max_concurrent: Annotated[
         int, typer.Option("--max-concurrent", help="Executions running at once.", min=1)
-    ] = 4,
+    ] = 4
     max_queued: Annotated[
         int,
         typer.Option("--max-queued", help="Executions that may wait; past that, 'busy'.", min=0),
-    ] = 32,
-    no_pool: Annotated[
-        bool, typer.Option("--no-pool", help="Cold-start every sandbox (no warm pool).")
-    ] = False,
-    reply_max_tokens: Annotated[
-        int | None,
-        typer.Option(
-            "--reply-max-tokens",
-            help="Estimated tokens one tool reply may take (env CODECAGE_REPLY_MAX_TOKENS, "
-            "config key serve.reply_max_tokens; 2000 to 240000, default 20000). Longer output "
-            "keeps its head and tail.",
-            show_default=False,
-        ),
-    ] = None,
-    metrics_public: Annotated[
-        bool,
-        typer.Option(
-            "--metrics-public",
-            help="HTTP: serve /metrics without the token (for a scraper that cannot send "
-            "one; the counts then show to anyone who reaches the port). /healthz and /readyz "
-            "never need it.",
-        ),
-    ] = False,
-    data: Annotated[
-        Path | None,
-        typer.Option(
-            "--data",
-            help="Mount this host directory read-only at /data in every sandbox (absolute; "
-            "config key serve.data_dir). The code reads it; it cannot write it.",
-            file_okay=False,
-            show_default=False,
-        ),
-    ] = None,
-    mcp_config: McpConfigOpt = None,
-    mcp_host: McpHostOpt = None,
-    servers_dir: ServersDirOpt = None,
-    skills_dir: SkillsDirOpt = None,
-    allow_tool: AllowToolOpt = None,
-    allow_host: AllowHostOpt = None,
-    audit: AuditOpt = None,
-    max_tool_calls: MaxToolCallsOpt = None,
-    tokenize: TokenizeOpt = False,
-    no_scrub: NoScrubOpt = False,
-    scrub_categories: ScrubCategoriesOpt = None,
+    ] = 32
+
+    def server_limits(self, reply_max_tokens: int | None) -> ServerLimits:
+        from codecage.mcp.server import ServerLimits  # the MCP SDK: only when serving
+
+        return ServerLimits(
+            max_timeout=self.max_timeout,
+            max_memory_mb=self.max_memory_mb,
+            max_concurrent=self.max_concurrent,
+            max_queued=self.max_queued,
+            reply_max_tokens=reply_max_tokens,  # None: env, then the config file, then 20000
+        )
+
+
+NoPoolOpt = Annotated[
+    bool, typer.Option("--no-pool", help="Cold-start every sandbox (no warm pool).")
+]
+ReplyMaxTokensOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--reply-max-tokens",
+        help="Estimated tokens one tool reply may take (env CODECAGE_REPLY_MAX_TOKENS, "
+        "config key serve.reply_max_tokens; 2000 to 240000, default 20000). Longer output "
+        "keeps its head and tail.",
+        show_default=False,
+    ),
+]
+MetricsPublicOpt = Annotated[
+    bool,
+    typer.Option(
+        "--metrics-public",
+        help="HTTP: serve /metrics without the token (for a scraper that cannot send "
+        "one; the counts then show to anyone who reaches the port). /healthz and /readyz "
+        "never need it.",
+    ),
+]
+DataOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--data",
+        help="Mount this host directory read-only at /data in every sandbox (absolute; "
+        "config key serve.data_dir). The code reads it; it cannot write it.",
+        file_okay=False,
+        show_default=False,
+    ),
+]
+
+
+@takes_groups
+def serve(
+    *,
+    listen: ListenFlags,
+    calls: CallLimitFlags,
+    no_pool: NoPoolOpt = False,
+    reply_max_tokens: ReplyMaxTokensOpt = None,
+    metrics_public: MetricsPublicOpt = False,
+    data: DataOpt = None,
+    tools: ToolFlags,
+    network: NetworkFlags,
+    audit: AuditFlags,
+    output: OutputFlags,
     config_file: ConfigOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -166,87 +194,151 @@ def serve(
 
         codecage serve --allow-host '*.example.com'   # every call may reach them
     """
-    from codecage.audit import tracing
-    from codecage.mcp import health, stdio
-    from codecage.mcp import http as http_serving
-    from codecage.mcp import server as mcp_server  # the MCP SDK loads only for this command
-
-    configure_logging(verbose)
-    if not verbose:  # the settings at start and one line per call, even when quiet
-        for module in (mcp_server, stdio, http_serving):
-            logging.getLogger(module.__name__).setLevel(logging.INFO)
+    _log_calls(verbose)
     _exit_on_sigterm()
-    tracing.configure()
-    limits = mcp_server.ServerLimits(
-        max_timeout=max_timeout,
-        max_memory_mb=max_memory_mb,
-        max_concurrent=max_concurrent,
-        max_queued=max_queued,
-        reply_max_tokens=reply_max_tokens,  # None: env, then the config file, then 20000
-    )
+    limits = calls.server_limits(reply_max_tokens)
     try:
         settings = load_config(config_file)
         # The HTTP tokens ([serve.clients.NAME]'s variables) checked before the pool starts:
         # a refusal then has nothing to stop.
-        if http:
-            mcp_server.http_tokens(host, token, insecure_no_token, settings.serve.clients)
-        host_servers, _ = servers_of_hosts(mcp_host, mcp_config)
-        tools = tool_setup(
-            mcp_config,
-            servers_dir,
-            skills_dir,
-            allow_tool,
-            tokenize,
-            settings,
-            max_tool_calls=max_tool_calls,
-            host_servers=host_servers,
-        )
-        atexit.register(tools.close)
-        # Every call of the server runs in this one host, with the settings loaded and
-        # logged now, not a file read again later; its alerts as the config's [alerts].
-        options = host_options(
-            settings,
-            tools,
-            scrub=scrub_option(no_scrub, scrub_categories, settings),
-            pool=not no_pool,
-            face="mcp",
-            data_dir=_data_dir(data, settings),
-            allow_host=allow_host,
-            audit=audit,
-            alerts=settings.alerts.active,
-        ).resolve(settings)
-        metrics = health.server_metrics(settings, tools.broker) if http else None
-        runtime = hosts.build(options, observers=(metrics.observe,) if metrics else ())
-        if runtime.alerter is not None:  # sends what is queued at exit
-            atexit.register(runtime.alerter.close)
+        _check_tokens(listen, settings)
+        toolset = _tools(settings, tools)
+        options = _options(settings, toolset, network, audit, output, no_pool=no_pool, data=data)
+        runtime, metrics = _host(options, settings, toolset, http=listen.http)
         try:
-            if metrics is not None:
-                health.watch(metrics, runtime)
-            app_server = mcp_server.build_server(runtime, limits=limits, metrics=metrics)
-            if not http:
-                stdio.serve(app_server)
-                _ignore_sigterm()  # the client hung up: what is left is cleanup
-                return
-            asgi = mcp_server.http_app(
-                app_server,
-                host="localhost" if uds is not None else host,
-                token=token,
-                insecure_no_token=insecure_no_token,
-                runtime=runtime,
-                metrics=metrics,
-                metrics_public=metrics_public,
-                clients=settings.serve.clients,
-            )
+            asgi = _serve_stdio_or_app(runtime, listen, limits, settings, metrics, metrics_public)
         except CodecageError:
             # Stopped (its pool's threads joined) here, not left to the exit hooks.
             runtime.close()
             raise
     except CodecageError as exc:
         fail(exc, as_json=False, verbose=verbose)
+    if asgi is not None:
+        _serve_http(asgi, listen, runtime, verbose=verbose)
+
+
+def _log_calls(verbose: bool) -> None:
+    """Logging as `serve` wants it: the settings at start and one line per call, even
+    without -v; OpenTelemetry traces when configured."""
+    from codecage.audit import tracing
+    from codecage.mcp import http as http_serving
+    from codecage.mcp import server as mcp_server  # the MCP SDK loads only for this command
+    from codecage.mcp import stdio
+
+    configure_logging(verbose)
+    if not verbose:  # the settings at start and one line per call, even when quiet
+        for module in (mcp_server, stdio, http_serving):
+            logging.getLogger(module.__name__).setLevel(logging.INFO)
+    tracing.configure()
+
+
+def _check_tokens(listen: ListenFlags, settings: Settings) -> None:
+    """Raises: ConfigError: HTTP without a token where one is required, or a client's
+    token variable unset."""
+    from codecage.mcp import server as mcp_server
+
+    if listen.http:
+        mcp_server.http_tokens(
+            listen.host, listen.token, listen.insecure_no_token, settings.serve.clients
+        )
+
+
+def _tools(settings: Settings, tools: ToolFlags) -> ToolSetup:
+    """The upstream tools of every call (closed at exit)."""
+    host_servers, _ = servers_of_hosts(tools.mcp_host, tools.mcp_config)
+    toolset = tool_setup(
+        tools.mcp_config,
+        tools.servers_dir,
+        tools.skills_dir,
+        tools.allow_tool,
+        tools.tokenize,
+        settings,
+        max_tool_calls=tools.max_tool_calls,
+        host_servers=host_servers,
+    )
+    atexit.register(toolset.close)
+    return toolset
+
+
+def _options(
+    settings: Settings,
+    tools: ToolSetup,
+    network: NetworkFlags,
+    audit: AuditFlags,
+    output: OutputFlags,
+    *,
+    no_pool: bool,
+    data: Path | None,
+) -> Resolved:
+    """The options of the one host every call of the server runs in."""
+    # Every call of the server runs in this one host, with the settings loaded and
+    # logged now, not a file read again later; its alerts as the config's [alerts].
+    return host_options(
+        settings,
+        tools,
+        scrub=scrub_option(output.no_scrub, output.scrub_categories, settings),
+        pool=not no_pool,
+        face="mcp",
+        data_dir=_data_dir(data, settings),
+        allow_host=network.allow_host,
+        audit=audit.audit,
+        alerts=settings.alerts.active,
+    ).resolve(settings)
+
+
+def _host(
+    options: Resolved, settings: Settings, tools: ToolSetup, *, http: bool
+) -> tuple[Host, ServerMetrics | None]:
+    """The server's host, and over HTTP the metrics that observe it."""
+    from codecage.mcp import health
+
+    metrics = health.server_metrics(settings, tools.broker) if http else None
+    runtime = hosts.build(options, observers=(metrics.observe,) if metrics else ())
+    if runtime.alerter is not None:  # sends what is queued at exit
+        atexit.register(runtime.alerter.close)
+    return runtime, metrics
+
+
+def _serve_stdio_or_app(
+    runtime: Host,
+    listen: ListenFlags,
+    limits: ServerLimits,
+    settings: Settings,
+    metrics: ServerMetrics | None,
+    metrics_public: bool,
+) -> Any:
+    """Serve stdio until the client hangs up (None), or the HTTP app to serve."""
+    from codecage.mcp import health, stdio
+    from codecage.mcp import server as mcp_server
+
+    if metrics is not None:
+        health.watch(metrics, runtime)
+    app_server = mcp_server.build_server(runtime, limits=limits, metrics=metrics)
+    if not listen.http:
+        stdio.serve(app_server)
+        _ignore_sigterm()  # the client hung up: what is left is cleanup
+        return None
+    return mcp_server.http_app(
+        app_server,
+        host="localhost" if listen.uds is not None else listen.host,
+        token=listen.token,
+        insecure_no_token=listen.insecure_no_token,
+        runtime=runtime,
+        metrics=metrics,
+        metrics_public=metrics_public,
+        clients=settings.serve.clients,
+    )
+
+
+def _serve_http(asgi: Any, listen: ListenFlags, runtime: Host, *, verbose: bool) -> None:
+    """Serve the HTTP app until stopped, or until idle for --idle-exit seconds."""
+    from codecage.mcp import http as http_serving
+
     idle = None
-    if idle_exit is not None:
-        idle = http_serving.IdleExit(idle_exit, runtime.sessions.open_count, uds)
+    if listen.idle_exit is not None:
+        idle = http_serving.IdleExit(listen.idle_exit, runtime.sessions.open_count, listen.uds)
         asgi = idle.gate(asgi)
+    host, port, uds = listen.host, listen.port, listen.uds
     where = f"unix socket {uds}" if uds is not None else f"http://{host}:{port}/mcp"
     stderr.print(f"codecage MCP server on {where}", markup=False)
     http_serving.serve(asgi, host=host, port=port, verbose=verbose, uds=uds, idle=idle)

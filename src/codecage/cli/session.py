@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import base64
 import sys
-from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 
+from codecage.cli.groups import FlagGroup, takes_groups
 from codecage.cli.logs import configure_logging
-from codecage.cli.options import AllowImportOpt, JsonOpt, ServerOpt, ServerTokenOpt, VerboseOpt
+from codecage.cli.options import AllowImportOpt, CodeFlags, JsonOpt, ServerFlags, VerboseOpt
 from codecage.cli.render import fail, print_json, stderr
 from codecage.cli.setup import allowed_hosts, read_code, read_inputs
 from codecage.errors import CodecageError
@@ -54,8 +55,11 @@ SessionIdArg = Annotated[
 ]
 
 
-@app.command("open")
-def session_open(
+@dataclass(frozen=True, slots=True)
+class SessionFlags(FlagGroup):
+    """What `session open` asks of the session: its imports, memory, life and network,
+    within the server's bounds (None: the server's default)."""
+
     profile: Annotated[
         str | None,
         typer.Option(
@@ -64,8 +68,8 @@ def session_open(
             "basic, data_science, filesystem, ... (default: the server's).",
             show_default=False,
         ),
-    ] = None,
-    allow_import: AllowImportOpt = None,
+    ] = None
+    allow_import: AllowImportOpt = None
     memory_mb: Annotated[
         int | None,
         typer.Option(
@@ -74,7 +78,7 @@ def session_open(
             callback=lambda value: _within("--memory-mb", value, 32, None),
             show_default=False,
         ),
-    ] = None,
+    ] = None
     ttl: Annotated[
         float | None,
         typer.Option(
@@ -84,7 +88,7 @@ def session_open(
             callback=lambda value: _within("--ttl", value, 1, 86_400),
             show_default=False,
         ),
-    ] = None,
+    ] = None
     allow_host: Annotated[
         list[str] | None,
         typer.Option(
@@ -95,9 +99,48 @@ def session_open(
             "(its [network] ceiling). (default: the server's own hosts)",
             show_default=False,
         ),
-    ] = None,
-    server: ServerOpt = None,
-    token: ServerTokenOpt = None,
+    ] = None
+
+    def arguments(self) -> dict[str, Any]:
+        """open_session's arguments (None: left out)."""
+        return {
+            "profile": self.profile,
+            "allowed_imports": _modules(self.allow_import),
+            "memory_limit_mb": self.memory_mb,
+            "idle_ttl_seconds": self.ttl,
+            "allow_hosts": allowed_hosts(self.allow_host) or None,
+        }
+
+
+RunTimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--timeout",
+        help="Wall-clock limit of this run in seconds (default: the server's; it sets "
+        "the most a run may ask for).",
+        callback=lambda value: _within("--timeout", value, 0, None, open_low=True),
+        show_default=False,
+    ),
+]
+SessionInOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--in",
+        metavar="FILE[:NAME]",
+        help="Put this host file in the session's /workspace as NAME (default: its "
+        "basename) before the code runs; repeatable; 32 MiB in all. It stays there for "
+        "later runs.",
+        show_default=False,
+    ),
+]
+
+
+@app.command("open")
+@takes_groups
+def session_open(
+    *,
+    session: SessionFlags,
+    server: ServerFlags,
     as_json: JsonOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -112,14 +155,8 @@ def session_open(
         codecage session open --allow-host api.github.com   # its runs may reach it
     """
     configure_logging(verbose)
-    arguments: dict[str, Any] = {
-        "profile": profile,
-        "allowed_imports": _modules(allow_import),
-        "memory_limit_mb": memory_mb,
-        "idle_ttl_seconds": ttl,
-        "allow_hosts": allowed_hosts(allow_host) or None,
-    }
-    reply = _call(server, token, "open_session", arguments, as_json=as_json, verbose=verbose)
+    arguments = session.arguments()
+    reply = _call(server, "open_session", arguments, as_json=as_json, verbose=verbose)
     data = reply.data
     if as_json:
         print_json(data)
@@ -134,38 +171,14 @@ def session_open(
 
 
 @app.command("run")
+@takes_groups
 def session_run(
+    *,
     session_id: SessionIdArg,
-    source: Annotated[
-        str | None, typer.Argument(help="'-' to read the code from stdin.", show_default=False)
-    ] = None,
-    code: Annotated[str | None, typer.Option("--code", "-c", help="The code to run.")] = None,
-    file: Annotated[
-        Path | None, typer.Option("--file", "-f", help="A Python file to run.", dir_okay=False)
-    ] = None,
-    timeout: Annotated[
-        float | None,
-        typer.Option(
-            "--timeout",
-            help="Wall-clock limit of this run in seconds (default: the server's; it sets "
-            "the most a run may ask for).",
-            callback=lambda value: _within("--timeout", value, 0, None, open_low=True),
-            show_default=False,
-        ),
-    ] = None,
-    inputs: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--in",
-            metavar="FILE[:NAME]",
-            help="Put this host file in the session's /workspace as NAME (default: its "
-            "basename) before the code runs; repeatable; 32 MiB in all. It stays there for "
-            "later runs.",
-            show_default=False,
-        ),
-    ] = None,
-    server: ServerOpt = None,
-    token: ServerTokenOpt = None,
+    program: CodeFlags,
+    timeout: RunTimeoutOpt = None,
+    inputs: SessionInOpt = None,
+    server: ServerFlags,
     as_json: JsonOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -189,7 +202,7 @@ def session_run(
     """
     configure_logging(verbose)
     try:
-        text, _ = read_code(source, code, file)
+        text, _ = read_code(program.source, program.code, program.file)
         uploads = read_inputs(inputs, _MAX_UPLOAD_BYTES)
     except CodecageError as exc:
         fail(exc, as_json=as_json, verbose=verbose)
@@ -200,7 +213,7 @@ def session_run(
         "files": _encoded(uploads) if uploads else None,
     }
     reply = _call(
-        server, token, "execute_code", arguments, as_json=as_json, verbose=verbose, wait_s=timeout
+        server, "execute_code", arguments, as_json=as_json, verbose=verbose, wait_s=timeout
     )
     if as_json:
         print_json({**reply.data, "text": reply.text})
@@ -210,9 +223,10 @@ def session_run(
 
 
 @app.command("list")
+@takes_groups
 def session_list(
-    server: ServerOpt = None,
-    token: ServerTokenOpt = None,
+    *,
+    server: ServerFlags,
     as_json: JsonOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -224,7 +238,7 @@ def session_list(
         codecage session list --json
     """
     configure_logging(verbose)
-    reply = _call(server, token, "list_sessions", {}, as_json=as_json, verbose=verbose)
+    reply = _call(server, "list_sessions", {}, as_json=as_json, verbose=verbose)
     if as_json:
         print_json(reply.data)
         return
@@ -243,10 +257,11 @@ def session_list(
 
 
 @app.command("close")
+@takes_groups
 def session_close(
+    *,
     session_id: SessionIdArg,
-    server: ServerOpt = None,
-    token: ServerTokenOpt = None,
+    server: ServerFlags,
     as_json: JsonOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -258,7 +273,7 @@ def session_close(
     """
     configure_logging(verbose)
     arguments = {"session_id": session_id}
-    reply = _call(server, token, "close_session", arguments, as_json=as_json, verbose=verbose)
+    reply = _call(server, "close_session", arguments, as_json=as_json, verbose=verbose)
     if as_json:
         print_json(reply.data)
     else:
@@ -275,11 +290,11 @@ def session_stop_server(verbose: VerboseOpt = False) -> None:
 
         codecage session stop-server
     """
-    from codecage.cli import local
+    from codecage.cli.local import stop  # the session commands' own: not at every start
 
     configure_logging(verbose)
     try:
-        stopped = local.stop()
+        stopped = stop()
     except CodecageError as exc:
         fail(exc, as_json=False, verbose=verbose)
     stderr.print(
@@ -289,8 +304,7 @@ def session_stop_server(verbose: VerboseOpt = False) -> None:
 
 
 def _call(
-    server: str | None,
-    token: str | None,
+    server: ServerFlags,
     tool: str,
     arguments: dict[str, Any],
     *,
@@ -298,22 +312,25 @@ def _call(
     verbose: bool,
     wait_s: float | None = None,
 ) -> Reply:
-    """One tool call, its arguments given (None: left out), to `server` or (None) the
-    local server; a failure ends the command."""
-    from codecage.cli import local, remote
+    """One tool call, its arguments given (None: left out), to --server or (none given)
+    the local server; a failure ends the command."""
+    # Here: remote.py loads the MCP SDK, for the session commands only.
+    from codecage.cli.local import ensure
+    from codecage.cli.remote import LOCAL_URL, Server, Unreachable, call
 
     given = {name: value for name, value in arguments.items() if value is not None}
     try:
-        if server is not None:
-            return remote.call(remote.Server(server, token or None), tool, given, wait_s=wait_s)
+        if server.server is not None:
+            target = Server(server.server, server.token or None)
+            return call(target, tool, given, wait_s=wait_s)
         # The local server may be exiting as this command finds it (idle): it then refuses
         # before the tool runs, and the second attempt starts a new one.
         for attempt in range(2):
-            found = local.ensure()
-            target = remote.Server(remote.LOCAL_URL, found.token, found.socket)
+            found = ensure()
+            target = Server(LOCAL_URL, found.token, found.socket)
             try:
-                return remote.call(target, tool, given, wait_s=wait_s)
-            except remote.Unreachable:
+                return call(target, tool, given, wait_s=wait_s)
+            except Unreachable:
                 if attempt:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover

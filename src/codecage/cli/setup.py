@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from codecage import config
+from codecage.cli.options import AuditFlags, NetworkFlags, OutputFlags, SandboxFlags
 from codecage.cli.render import stderr
 from codecage.egress import grants
 from codecage.errors import ConfigError, Face
@@ -278,6 +279,40 @@ def host_options(
         audit=audit_argument(audit),
         alerts=alerts,
         **tools.sandbox_arguments(),
+    )
+
+
+def sandbox_of(
+    settings: config.Settings,
+    tools: ToolSetup,
+    flags: SandboxFlags,
+    network: NetworkFlags,
+    audit: AuditFlags,
+    output: OutputFlags,
+    *,
+    pool: bool,
+    replace_imports: bool = False,
+    fork_server: bool | None = None,
+) -> Sandbox:
+    """`build_sandbox` for the flag groups `run` and `run-batch` share.
+
+    Raises:
+        ConfigError, HostError: as `build_sandbox` and `scrub_option` do.
+    """
+    return build_sandbox(
+        settings,
+        tools,
+        profile=flags.profile,
+        allow_import=flags.allow_import,
+        backend=flags.backend,
+        allow_degraded=flags.allow_degraded,
+        replace_imports=replace_imports,
+        import_policy=not flags.no_import_policy,
+        scrub=scrub_option(output.no_scrub, output.scrub_categories, settings),
+        pool=pool,
+        fork_server=fork_server,
+        allow_host=network.allow_host,
+        audit=audit.audit,
     )
 
 
