@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from codecage.audit.record import (
+    AlertRecord,
     AuditRecord,
     RecordedEvent,
     RecordedFile,
@@ -153,6 +154,20 @@ def child_rows(
     ]
     files = [(rid, i, f.path, f.size, f.sha256) for i, f in enumerate(record.files)]
     return events, calls, files
+
+
+def alert_row(alert: AlertRecord) -> tuple[Any, ...]:
+    """The alert as a row of `alerts`, in the table's column order."""
+    return (
+        alert.alert_id,
+        timestamp(alert.at),
+        alert.kind,
+        alert.execution_id,
+        alert.caller_name,
+        alert.detail,
+        alert.target,
+        alert.outcome,
+    )
 
 
 INSERT_EVENT_SQL = (
