@@ -44,14 +44,7 @@ _MIGRATION_LOCK = (
 )
 _SECRET_PARAMS = frozenset({"password", "sslpassword"})
 
-# The column lists are this module's constants (never input): S608 does not apply.
-_COLUMNS = ", ".join(schema.EXECUTION_COLUMNS)
-_INSERT_EXECUTION = (
-    f"INSERT INTO executions ({_COLUMNS}) "  # noqa: S608
-    f"VALUES ({', '.join('%s' for _ in schema.EXECUTION_COLUMNS)}) "
-    "ON CONFLICT (execution_id) DO NOTHING"
-)
-_SELECT_EXECUTIONS = f"SELECT {_COLUMNS} FROM executions"  # noqa: S608
+_INSERT_EXECUTION = rows.INSERT_EXECUTION_SQL.replace("?", "%s")
 _LIVE_BYTES = " + ".join(
     f"(SELECT coalesce(sum(pg_column_size(t.*)), 0)::bigint FROM {table} t)"  # noqa: S608
     for table in TABLES
@@ -243,7 +236,7 @@ class PostgresStore:
         def work(db: Connection) -> AuditRecord | None:
             with db.transaction():
                 row = db.execute(
-                    f"{_SELECT_EXECUTIONS} WHERE execution_id = %s", (execution_id,)
+                    f"{rows.SELECT_EXECUTIONS_SQL} WHERE execution_id = %s", (execution_id,)
                 ).fetchone()
                 return _whole(db, row) if row is not None else None
 
@@ -251,7 +244,7 @@ class PostgresStore:
 
     def query(self, query: rows.Query) -> list[AuditRecord]:
         where, params = rows.query_where(query)
-        sql = placeholders(f"{_SELECT_EXECUTIONS}{where} ORDER BY started_at DESC")
+        sql = placeholders(f"{rows.SELECT_EXECUTIONS_SQL}{where} ORDER BY started_at DESC")
         if query.limit is not None:
             sql += f" LIMIT {int(query.limit)}"
 

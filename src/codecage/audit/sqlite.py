@@ -29,17 +29,6 @@ from codecage.errors import AuditError
 BUSY_TIMEOUT_MS = 500
 """How long a write waits for another process's transaction before it fails."""
 
-# The column lists are this module's constants (never input): S608 does not apply.
-_COLUMNS = ", ".join(schema.EXECUTION_COLUMNS)
-# Only an execution already on record is skipped: OR IGNORE would also drop, silently, a
-# row that breaks NOT NULL.
-_INSERT_EXECUTION = (
-    f"INSERT INTO executions ({_COLUMNS}) "  # noqa: S608
-    f"VALUES ({', '.join('?' for _ in schema.EXECUTION_COLUMNS)}) "
-    "ON CONFLICT (execution_id) DO NOTHING"
-)
-_SELECT_EXECUTIONS = f"SELECT {_COLUMNS} FROM executions"  # noqa: S608
-
 
 class SqliteStore:
     """An `AuditStore` in one SQLite file; safe to share between threads."""
@@ -126,7 +115,7 @@ class SqliteStore:
         return written
 
     def _insert(self, db: sqlite3.Connection, record: AuditRecord) -> None:
-        if db.execute(_INSERT_EXECUTION, rows.execution_row(record)).rowcount == 0:
+        if db.execute(rows.INSERT_EXECUTION_SQL, rows.execution_row(record)).rowcount == 0:
             return
         events, calls, files = rows.child_rows(record)
         if events:
@@ -152,12 +141,12 @@ class SqliteStore:
         return self._read(sql, params)
 
     def get(self, execution_id: str) -> AuditRecord | None:
-        found = self._read(f"{_SELECT_EXECUTIONS} WHERE execution_id = ?", (execution_id,))
+        found = self._read(f"{rows.SELECT_EXECUTIONS_SQL} WHERE execution_id = ?", (execution_id,))
         return self._whole(found[0]) if found else None
 
     def query(self, query: rows.Query) -> list[AuditRecord]:
         where, params = rows.query_where(query)
-        sql = f"{_SELECT_EXECUTIONS}{where} ORDER BY started_at DESC"
+        sql = f"{rows.SELECT_EXECUTIONS_SQL}{where} ORDER BY started_at DESC"
         if query.limit is not None:
             sql += f" LIMIT {int(query.limit)}"
         return [self._whole(row) for row in self._read(sql, params)]
