@@ -62,3 +62,29 @@ def test_the_runtime_is_compiled_beside_its_source_for_the_read_only_sandbox() -
         cached = Path(importlib.util.cache_from_source(str(source)))
         assert cached.is_file(), source
         assert cached.stat().st_mtime >= source.stat().st_mtime
+
+
+def test_a_value_without_json_comes_back_as_a_bounded_repr_even_when_its_repr_raises(
+    sandbox: object,
+) -> None:
+    """The return value (the bootstrap) and a display's text/plain (the runtime) both
+    fall back to guest/reprs.py, which the sandbox must reach on either path: a repr cut
+    to its items (1000 of a return value's, 100 of a display's), an item whose repr
+    raises shown by its type and address."""
+    from codecage import Sandbox
+
+    assert isinstance(sandbox, Sandbox)
+    code = (
+        "class Hostile:\n"
+        "    def __repr__(self): raise ValueError('no')\n"
+        "display([list(range(200)), Hostile()])\n"
+        "(list(range(2000)), Hostile())\n"
+    )
+    r = sandbox.run(code)
+    assert r.ok, r.error
+    [shown] = [d.data["text/plain"] for d in r.displays]
+    assert shown.startswith("[[0, 1, 2,") and ", 99, ...], <Hostile instance at 0x" in shown
+    assert isinstance(r.return_value, str)
+    assert r.return_value.startswith("([0, 1,") and ", 999, ...], <Hostile instance at 0x" in (
+        r.return_value
+    )

@@ -606,6 +606,32 @@ def trusted_directory(directory: Path, what: str, *, hint: str, missing_hint: st
     return real
 
 
+def create_directory(directory: Path, what: str, *, mode: int, hint: str) -> None:
+    """Create `directory` with `mode` and any missing parents 0755, whatever the umask (002
+    would make them group-writable): readable by the sandbox's user, writable by the
+    operator only. One that exists already is left as it is (`trusted_directory` checks it).
+
+    Raises:
+        ConfigError: one could not be created (`what` names it, `hint` says what to do).
+    """
+    missing: list[Path] = []
+    here = directory
+    while not os.path.lexists(here):
+        missing.append(here)
+        here = here.parent
+    for path in reversed(missing):
+        path_mode = mode if path == directory else 0o755
+        try:
+            path.mkdir(mode=path_mode)
+            path.chmod(path_mode)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot create {what} {path}: {exc.strerror or exc}", hint=hint
+            ) from exc
+
+
 def _sticky_shared(st: os.stat_result) -> bool:
     return bool(st.st_mode & stat.S_ISVTX and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 

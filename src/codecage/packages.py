@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from codecage.config import trusted_directory, untrusted_reason
+from codecage.config import create_directory, trusted_directory, untrusted_reason
 from codecage.errors import ConfigError, HostError
 from codecage.fdio import locked
 from codecage.guest.bootstrap import DISTRIBUTIONS
@@ -407,25 +407,13 @@ def _parse(requirements: Sequence[str]) -> tuple[dict[str, str], list[str]]:
 
 def _prepare(directory: Path) -> Path:
     """Create the directory (0755, and any missing parents) if needed; check it."""
-    missing: list[Path] = []
-    here = directory
-    while not os.path.lexists(here):
-        missing.append(here)
-        here = here.parent
-    for path in reversed(missing):
-        try:
-            path.mkdir(mode=0o755)
-            # Whatever the umask (002 would make it group-writable): readable by the
-            # sandbox's user, writable by the operator only.
-            path.chmod(0o755)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot create the packages directory {path}: {exc.strerror or exc}",
-                hint="run as the directory's owner (root for /var/lib/codecage), or choose "
-                f"another with --packages-dir / {ENV_DIR}",
-            ) from exc
+    create_directory(
+        directory,
+        "the packages directory",
+        mode=0o755,
+        hint="run as the directory's owner (root for /var/lib/codecage), or choose "
+        f"another with --packages-dir / {ENV_DIR}",
+    )
     return check_trusted(directory)
 
 

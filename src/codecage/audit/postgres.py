@@ -26,29 +26,8 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.numeric import FloatLoader
 
+from codecage.audit import rows, schema
 from codecage.audit.record import AlertRecord, AuditRecord, RecordedEvent
-from codecage.audit.rows import (
-    ADD_EVENT_SQL,
-    INSERT_EVENT_SQL,
-    PRUNE_ROUNDS,
-    SELECT_EVENTS_SQL,
-    Erasure,
-    Query,
-    added_event_params,
-    child_rows,
-    erasure_statements,
-    execution_row,
-    oldest_over,
-    query_where,
-    record_from_rows,
-)
-from codecage.audit.rows import timestamp as as_text
-from codecage.audit.schema import (
-    EXECUTION_COLUMNS,
-    MIGRATIONS,
-    SCHEMA_VERSION,
-    migrations_after,
-)
 from codecage.errors import AuditError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -65,14 +44,7 @@ _MIGRATION_LOCK = (
 )
 _SECRET_PARAMS = frozenset({"password", "sslpassword"})
 
-# The column lists are this module's constants (never input): S608 does not apply.
-_COLUMNS = ", ".join(EXECUTION_COLUMNS)
-_INSERT_EXECUTION = (
-    f"INSERT INTO executions ({_COLUMNS}) "  # noqa: S608
-    f"VALUES ({', '.join('%s' for _ in EXECUTION_COLUMNS)}) "
-    "ON CONFLICT (execution_id) DO NOTHING"
-)
-_SELECT_EXECUTIONS = f"SELECT {_COLUMNS} FROM executions"  # noqa: S608
+_INSERT_EXECUTION = rows.INSERT_EXECUTION_SQL.replace("?", "%s")
 _LIVE_BYTES = " + ".join(
     f"(SELECT coalesce(sum(pg_column_size(t.*)), 0)::bigint FROM {table} t)"  # noqa: S608
     for table in TABLES
@@ -173,18 +145,18 @@ class PostgresStore:
         def work(db: Connection) -> None:
             with db.transaction():
                 db.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-                db.execute(MIGRATIONS[0][1][0])  # audit_meta, to read the version from
+                db.execute(schema.MIGRATIONS[0][1][0])  # audit_meta, to read the version from
                 row = db.execute(
                     "SELECT value FROM audit_meta WHERE key = 'schema_version'"
                 ).fetchone()
                 found = int(row[0]) if row else 0
-                for statement in migrations_after(found, self.location):
+                for statement in schema.migrations_after(found, self.location):
                     db.execute(statement)
-                if found < SCHEMA_VERSION:
+                if found < schema.SCHEMA_VERSION:
                     db.execute(
                         "INSERT INTO audit_meta VALUES ('schema_version', %s) "
                         "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
-                        (str(SCHEMA_VERSION),),
+                        (str(schema.SCHEMA_VERSION),),
                     )
 
         self._call("migrated", work)
@@ -211,11 +183,11 @@ class PostgresStore:
         def work(db: Connection) -> None:
             with db.transaction(), db.cursor() as cur:
                 for record in kept:
-                    cur.execute(_INSERT_EXECUTION, execution_row(record))
+                    cur.execute(_INSERT_EXECUTION, rows.execution_row(record))
                     if cur.rowcount == 0:
                         continue  # on record already: this batch is a retry
-                    events, calls, files = child_rows(record)
-                    cur.executemany(INSERT_EVENT_SQL.replace("?", "%s"), events)
+                    events, calls, files = rows.child_rows(record)
+                    cur.executemany(rows.INSERT_EVENT_SQL.replace("?", "%s"), events)
                     cur.executemany(
                         "INSERT INTO tool_calls VALUES (%s, %s, %s, %s, %s, %s, %s)", calls
                     )
@@ -226,16 +198,7 @@ class PostgresStore:
         return fit
 
     def write_alert(self, alert: AlertRecord) -> None:
-        row = (
-            alert.alert_id,
-            as_text(alert.at),
-            alert.kind,
-            alert.execution_id,
-            alert.caller_name,
-            alert.detail,
-            alert.target,
-            alert.outcome,
-        )
+        row = rows.alert_row(alert)
         self._call(
             "written",
             lambda db: db.execute(
@@ -246,12 +209,12 @@ class PostgresStore:
         )
 
     def add_events(self, execution_id: str, events: Sequence[RecordedEvent]) -> None:
-        sql = ADD_EVENT_SQL.replace("?", "%s")
+        sql = rows.ADD_EVENT_SQL.replace("?", "%s")
 
         def add(db: Connection) -> None:
             with db.transaction(), db.cursor() as cur:
                 for event in events:
-                    cur.execute(sql, added_event_params(execution_id, event))
+                    cur.execute(sql, rows.added_event_params(execution_id, event))
 
         self._call("written", add)
 
@@ -273,15 +236,15 @@ class PostgresStore:
         def work(db: Connection) -> AuditRecord | None:
             with db.transaction():
                 row = db.execute(
-                    f"{_SELECT_EXECUTIONS} WHERE execution_id = %s", (execution_id,)
+                    f"{rows.SELECT_EXECUTIONS_SQL} WHERE execution_id = %s", (execution_id,)
                 ).fetchone()
                 return _whole(db, row) if row is not None else None
 
         return self._call("read", work)
 
-    def query(self, query: Query) -> list[AuditRecord]:
-        where, params = query_where(query)
-        sql = placeholders(f"{_SELECT_EXECUTIONS}{where} ORDER BY started_at DESC")
+    def query(self, query: rows.Query) -> list[AuditRecord]:
+        where, params = rows.query_where(query)
+        sql = placeholders(f"{rows.SELECT_EXECUTIONS_SQL}{where} ORDER BY started_at DESC")
         if query.limit is not None:
             sql += f" LIMIT {int(query.limit)}"
 
@@ -304,11 +267,11 @@ class PostgresStore:
 
     # --- deleting ----------------------------------------------------------------------
 
-    def erase(self, erasure: Erasure) -> int:
+    def erase(self, erasure: rows.Erasure) -> int:
         """Delete what `erasure` names (its alerts too), then rewrite the tables (VACUUM
         FULL), so the erased rows are gone from the table and index files, not only marked
         dead. The rewrite locks the tables while it lasts: writes wait for it."""
-        statements = erasure_statements(erasure)
+        statements = rows.erasure_statements(erasure)
 
         def work(db: Connection) -> list[int]:
             with db.transaction():
@@ -328,11 +291,11 @@ class PostgresStore:
         removed = 0
         if older_than is not None:
             removed += self._delete(
-                "DELETE FROM executions WHERE started_at < %s", (as_text(older_than),)
+                "DELETE FROM executions WHERE started_at < %s", (rows.timestamp(older_than),)
             )
             # Alerts age out as records do (not counted: they are no executions).
-            self._delete("DELETE FROM alerts WHERE at < %s", (as_text(older_than),))
-        for _ in range(PRUNE_ROUNDS if max_bytes is not None else 0):
+            self._delete("DELETE FROM alerts WHERE at < %s", (rows.timestamp(older_than),))
+        for _ in range(rows.PRUNE_ROUNDS if max_bytes is not None else 0):
             excess = self._excess(max_bytes or 0)
             if excess == 0:
                 break
@@ -350,7 +313,7 @@ class PostgresStore:
         row = self._call(
             "read", lambda db: db.execute("SELECT count(*) FROM executions").fetchone()
         )
-        return oldest_over(size, int(row[0]) if row is not None else 0, max_bytes)
+        return rows.oldest_over(size, int(row[0]) if row is not None else 0, max_bytes)
 
     def _delete(self, sql: str, params: Sequence[Any]) -> int:
         return self._call("written", lambda db: db.execute(sql, params).rowcount)
@@ -368,9 +331,9 @@ class PostgresStore:
 
 def _whole(db: Connection, row: Sequence[Any]) -> AuditRecord:
     rid = (row[0],)
-    return record_from_rows(
+    return rows.record_from_rows(
         row,
-        db.execute(SELECT_EVENTS_SQL.replace("?", "%s"), rid).fetchall(),
+        db.execute(rows.SELECT_EVENTS_SQL.replace("?", "%s"), rid).fetchall(),
         db.execute(
             "SELECT server, tool, status, duration_ms, bytes FROM tool_calls "
             "WHERE execution_id = %s ORDER BY seq",

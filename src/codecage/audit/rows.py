@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from codecage.audit.record import (
+    AlertRecord,
     AuditRecord,
     RecordedEvent,
     RecordedFile,
@@ -155,6 +156,32 @@ def child_rows(
     return events, calls, files
 
 
+def alert_row(alert: AlertRecord) -> tuple[Any, ...]:
+    """The alert as a row of `alerts`, in the table's column order."""
+    return (
+        alert.alert_id,
+        timestamp(alert.at),
+        alert.kind,
+        alert.execution_id,
+        alert.caller_name,
+        alert.detail,
+        alert.target,
+        alert.outcome,
+    )
+
+
+# The column lists are this module's constants (never input): S608 does not apply.
+_EXECUTION_COLUMNS = ", ".join(EXECUTION_COLUMNS)
+INSERT_EXECUTION_SQL = (
+    f"INSERT INTO executions ({_EXECUTION_COLUMNS}) "  # noqa: S608
+    f"VALUES ({', '.join('?' for _ in EXECUTION_COLUMNS)}) "
+    # Only an execution already on record is skipped: SQLite's OR IGNORE would also drop,
+    # silently, a row that breaks NOT NULL.
+    "ON CONFLICT (execution_id) DO NOTHING"
+)
+"""An `execution_row`, unless its execution is on record already."""
+SELECT_EXECUTIONS_SQL = f"SELECT {_EXECUTION_COLUMNS} FROM executions"  # noqa: S608
+"""The columns `record_from_rows` reads, in `EXECUTION_COLUMNS` order."""
 INSERT_EVENT_SQL = (
     "INSERT INTO events (execution_id, seq, kind, detail, data, source) VALUES (?, ?, ?, ?, ?, ?)"
 )

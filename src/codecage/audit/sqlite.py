@@ -22,44 +22,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from codecage.audit import rows, schema
 from codecage.audit.record import AlertRecord, AuditRecord, RecordedEvent
-from codecage.audit.rows import (
-    ADD_EVENT_SQL,
-    INSERT_EVENT_SQL,
-    PRUNE_ROUNDS,
-    SELECT_EVENTS_SQL,
-    Erasure,
-    Query,
-    added_event_params,
-    child_rows,
-    erasure_statements,
-    execution_row,
-    oldest_over,
-    query_where,
-    record_from_rows,
-)
-from codecage.audit.rows import timestamp as as_text
-from codecage.audit.schema import (
-    EXECUTION_COLUMNS,
-    MIGRATIONS,
-    SCHEMA_VERSION,
-    migrations_after,
-)
 from codecage.errors import AuditError
 
 BUSY_TIMEOUT_MS = 500
 """How long a write waits for another process's transaction before it fails."""
-
-# The column lists are this module's constants (never input): S608 does not apply.
-_COLUMNS = ", ".join(EXECUTION_COLUMNS)
-# Only an execution already on record is skipped: OR IGNORE would also drop, silently, a
-# row that breaks NOT NULL.
-_INSERT_EXECUTION = (
-    f"INSERT INTO executions ({_COLUMNS}) "  # noqa: S608
-    f"VALUES ({', '.join('?' for _ in EXECUTION_COLUMNS)}) "
-    "ON CONFLICT (execution_id) DO NOTHING"
-)
-_SELECT_EXECUTIONS = f"SELECT {_COLUMNS} FROM executions"  # noqa: S608
 
 
 class SqliteStore:
@@ -101,14 +69,14 @@ class SqliteStore:
 
     def _migrate(self) -> None:
         with self._transaction() as db:
-            db.execute(MIGRATIONS[0][1][0])  # audit_meta, to read the version from
+            db.execute(schema.MIGRATIONS[0][1][0])  # audit_meta, to read the version from
             found = _version(db)
-            for statement in migrations_after(found, str(self.path)):
+            for statement in schema.migrations_after(found, str(self.path)):
                 db.execute(statement)
-            if found < SCHEMA_VERSION:
+            if found < schema.SCHEMA_VERSION:
                 db.execute(
                     "INSERT OR REPLACE INTO audit_meta VALUES ('schema_version', ?)",
-                    (str(SCHEMA_VERSION),),
+                    (str(schema.SCHEMA_VERSION),),
                 )
 
     @contextlib.contextmanager
@@ -147,11 +115,11 @@ class SqliteStore:
         return written
 
     def _insert(self, db: sqlite3.Connection, record: AuditRecord) -> None:
-        if db.execute(_INSERT_EXECUTION, execution_row(record)).rowcount == 0:
+        if db.execute(rows.INSERT_EXECUTION_SQL, rows.execution_row(record)).rowcount == 0:
             return
-        events, calls, files = child_rows(record)
+        events, calls, files = rows.child_rows(record)
         if events:
-            db.executemany(INSERT_EVENT_SQL, events)
+            db.executemany(rows.INSERT_EVENT_SQL, events)
         if calls:
             db.executemany("INSERT INTO tool_calls VALUES (?, ?, ?, ?, ?, ?, ?)", calls)
         if files:
@@ -161,42 +129,33 @@ class SqliteStore:
         with self._transaction() as db:
             db.execute(
                 "INSERT INTO alerts VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    alert.alert_id,
-                    as_text(alert.at),
-                    alert.kind,
-                    alert.execution_id,
-                    alert.caller_name,
-                    alert.detail,
-                    alert.target,
-                    alert.outcome,
-                ),
+                rows.alert_row(alert),
             )
 
     def add_events(self, execution_id: str, events: Sequence[RecordedEvent]) -> None:
         with self._transaction() as db:
             for event in events:
-                db.execute(ADD_EVENT_SQL, added_event_params(execution_id, event))
+                db.execute(rows.ADD_EVENT_SQL, rows.added_event_params(execution_id, event))
 
     def select(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self._read(sql, params)
 
     def get(self, execution_id: str) -> AuditRecord | None:
-        found = self._read(f"{_SELECT_EXECUTIONS} WHERE execution_id = ?", (execution_id,))
+        found = self._read(f"{rows.SELECT_EXECUTIONS_SQL} WHERE execution_id = ?", (execution_id,))
         return self._whole(found[0]) if found else None
 
-    def query(self, query: Query) -> list[AuditRecord]:
-        where, params = query_where(query)
-        sql = f"{_SELECT_EXECUTIONS}{where} ORDER BY started_at DESC"
+    def query(self, query: rows.Query) -> list[AuditRecord]:
+        where, params = rows.query_where(query)
+        sql = f"{rows.SELECT_EXECUTIONS_SQL}{where} ORDER BY started_at DESC"
         if query.limit is not None:
             sql += f" LIMIT {int(query.limit)}"
         return [self._whole(row) for row in self._read(sql, params)]
 
     def _whole(self, row: Sequence[Any]) -> AuditRecord:
         rid = (row[0],)
-        return record_from_rows(
+        return rows.record_from_rows(
             row,
-            self._read(SELECT_EVENTS_SQL, rid),
+            self._read(rows.SELECT_EVENTS_SQL, rid),
             self._read(
                 "SELECT server, tool, status, duration_ms, bytes FROM tool_calls "
                 "WHERE execution_id = ? ORDER BY seq",
@@ -214,9 +173,9 @@ class SqliteStore:
             except sqlite3.Error as exc:
                 raise AuditError(f"the audit store {self.path} cannot be read: {exc}") from exc
 
-    def erase(self, erasure: Erasure) -> int:
+    def erase(self, erasure: rows.Erasure) -> int:
         """Delete what `erasure` names (its alerts too), then compact the file."""
-        statements = erasure_statements(erasure)
+        statements = rows.erasure_statements(erasure)
         with self._transaction() as db:
             erased = [db.execute(sql, params).rowcount for sql, params in statements][-1]
         self.compact()
@@ -229,15 +188,15 @@ class SqliteStore:
         if older_than is not None:
             with self._transaction() as db:
                 removed += db.execute(
-                    "DELETE FROM executions WHERE started_at < ?", (as_text(older_than),)
+                    "DELETE FROM executions WHERE started_at < ?", (rows.timestamp(older_than),)
                 ).rowcount
                 # Alerts age out as records do (not counted: they are no executions).
-                db.execute("DELETE FROM alerts WHERE at < ?", (as_text(older_than),))
+                db.execute("DELETE FROM alerts WHERE at < ?", (rows.timestamp(older_than),))
         if max_bytes is not None and self.size_bytes() > max_bytes:
             self.compact()  # the WAL's copies of pages are no records: measure the file
-        for _ in range(PRUNE_ROUNDS if max_bytes is not None else 0):
+        for _ in range(rows.PRUNE_ROUNDS if max_bytes is not None else 0):
             (count,) = self._read("SELECT count(*) FROM executions")[0]
-            excess = oldest_over(self.size_bytes(), count, max_bytes or 0)
+            excess = rows.oldest_over(self.size_bytes(), count, max_bytes or 0)
             if excess == 0:
                 break
             with self._transaction() as db:

@@ -17,10 +17,10 @@ import shutil
 import signal
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Protocol, Self
 
 from codecage.errors import ConfigError, HostError, SandboxError
 from codecage.guest import contract
@@ -217,6 +217,21 @@ class LauncherFds:
 
     def __init__(self) -> None:
         self._open: set[int] = set()
+
+    def open(self, bpf: bytes) -> None:
+        """Make the fds, the seccomp filter `bpf` (a memfd) among them."""
+        raise NotImplementedError
+
+    @classmethod
+    @contextlib.contextmanager
+    def opened(cls, bpf: bytes) -> Iterator[Self]:
+        """Its fds, made (`open`), and all closed when the block ends, however it ends."""
+        fds = cls()
+        try:
+            fds.open(bpf)
+            yield fds
+        finally:
+            fds.close_all()
 
     def add(self, fd: int) -> int:
         self._open.add(fd)

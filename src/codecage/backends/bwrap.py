@@ -90,7 +90,7 @@ class BwrapBackend:
         Raises:
             SandboxError: bwrap could not be started, or said something unexpected.
         """
-        with _handshake(spec.seccomp) as fds, _user_namespace(spec) as userns:
+        with _HandshakeFds.opened(spec.seccomp) as fds, _user_namespace(spec) as userns:
             argv = self._argv(spec, fds, userns)
             log.debug("bwrap.launch", extra={"argv": argv})
             ours = (fds.info_write, fds.block_read, fds.seccomp) + (
@@ -242,16 +242,6 @@ class _HandshakeFds(LauncherFds):
         self.seccomp = self.memfd("codecage-seccomp", bpf)
         self.info_read, self.info_write = self.pipe()
         self.block_read, self.block_write = self.pipe()
-
-
-@contextlib.contextmanager
-def _handshake(bpf: bytes) -> Iterator[_HandshakeFds]:
-    fds = _HandshakeFds()
-    try:
-        fds.open(bpf)
-        yield fds
-    finally:
-        fds.close_all()
 
 
 def _read_info(fd: int) -> int | None:

@@ -37,7 +37,6 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -182,7 +181,7 @@ class LandlockBackend:
             raise SandboxError(f"cannot write the sandbox's tree: {exc}") from exc
         ruleset = landlock.Ruleset.plan(self.abi, tree.rules, network=spec.network)
         root = str(tree.root)
-        with _fds(spec.seccomp) as fds:
+        with _Fds.opened(spec.seccomp) as fds:
             config = {
                 "block_fd": fds.block_read,
                 "ready_fd": fds.ready_write,
@@ -403,16 +402,6 @@ class _Fds(LauncherFds):
         self.seccomp = self.memfd("codecage-seccomp", bpf)
         self.block_read, self.block_write = self.pipe()
         self.ready_read, self.ready_write = self.pipe()
-
-
-@contextlib.contextmanager
-def _fds(bpf: bytes) -> Iterator[_Fds]:
-    fds = _Fds()
-    try:
-        fds.open(bpf)
-        yield fds
-    finally:
-        fds.close_all()
 
 
 @functools.cache

@@ -45,7 +45,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from codecage.config import trusted_directory, untrusted_reason
+from codecage.config import create_directory, trusted_directory, untrusted_reason
 from codecage.errors import ConfigError
 from codecage.fdio import locked
 from codecage.packages import user_data_dir
@@ -210,24 +210,13 @@ class CertificateAuthority:
 def _prepare(directory: Path) -> Path:
     """Create the directory (0700; missing parents 0755) if needed; return its checked real
     path."""
-    missing: list[Path] = []
-    here = directory
-    while not os.path.lexists(here):
-        missing.append(here)
-        here = here.parent
-    for path in reversed(missing):
-        mode = 0o700 if path == directory else 0o755
-        try:
-            path.mkdir(mode=mode)
-            path.chmod(mode)  # whatever the umask
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot create the egress CA directory {path}: {exc.strerror or exc}",
-                hint="run as the directory's owner (root for /var/lib/codecage), or name "
-                "another directory the operator owns",
-            ) from exc
+    create_directory(
+        directory,
+        "the egress CA directory",
+        mode=0o700,
+        hint="run as the directory's owner (root for /var/lib/codecage), or name "
+        "another directory the operator owns",
+    )
     return check_trusted(directory)
 
 

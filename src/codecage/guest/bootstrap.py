@@ -848,17 +848,8 @@ def _plain(value: Any) -> Any:
 
 
 def _bounded_repr(value: Any, max_bytes: int) -> str:
-    import reprlib  # not on the common path: a cold start does not pay for it
-
-    limiter = reprlib.Repr()
-    limiter.maxlevel = 6
-    limiter.maxstring = limiter.maxother = max_bytes
-    limiter.maxlist = limiter.maxtuple = limiter.maxdict = limiter.maxset = 1000
-    try:
-        text = limiter.repr(value)
-    except Exception as exc:  # a hostile __repr__ must not lose the report
-        text = f"<unrepresentable {type(value).__name__}: {type(exc).__name__}>"
-    return text[:max_bytes]
+    # guest/reprs.py: not on the common path, so a cold start does not pay for it
+    return str(_guest_module("reprs").bounded_repr(value, max_bytes, max_items=1000))
 
 
 def _exit_code_of(exc: SystemExit) -> int:

@@ -7,9 +7,9 @@ wait, and past that a call is refused with a clear "busy" error that says when t
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,18 +19,16 @@ import anyio.to_thread
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, ContentBlock
 
-from codecage import host
 from codecage.audit import Caller, tracing
 from codecage.audit.metrics import ServerMetrics
 from codecage.audit.record import RecordedEvent
 from codecage.egress.rules import EgressPolicy
 from codecage.errors import CodecageError, ConfigError
-from codecage.host import Host
+from codecage.host import Host, Request
 from codecage.mcp import files as run_files
 from codecage.mcp.arguments import current_call, refusal
 from codecage.mcp.clients import ClientLimits
 from codecage.models import ExecutionResult, FileInfo, Limits
-from codecage.policy import approval as approvals
 from codecage.policy.profiles import ImportPolicy
 from codecage.policy.scrub import merge_counts
 
@@ -250,26 +248,13 @@ class Runner:
             self.slots.release()
 
     def execute(
-        self,
-        code: str,
-        *,
-        limits: Limits,
-        policy: ImportPolicy | None,
-        uploads: dict[str, bytes],
-        return_files: list[str],
-        cancel: threading.Event,
-        backend: str | None = None,
-        session_id: str | None = None,
-        client: str = "",
-        caller: Caller = MCP_CALLER,
-        on_output: Callable[[str, str], None] | None = None,
-        egress: EgressPolicy | None = None,
-        approve: approvals.Approver | None = None,
+        self, request: Request, *, return_files: list[str]
     ) -> tuple[ExecutionResult, list[ContentBlock]]:
-        """One run, as a request to the host runtime. Uploads go into the run's fresh
-        workspace (its tmpfs, bounded by workspace_mb, removed with it) before the code runs.
-        Images and the asked-for files are read from the workspace after the run, before it
-        is removed (a warm sandbox's workspace too).
+        """One run, as a request to the host runtime (`request` as the tool built it, for
+        the face "mcp"). Uploads (its `files`) go into the run's fresh workspace (its tmpfs,
+        bounded by workspace_mb, removed with it) before the code runs. Images and the
+        asked-for files are read from the workspace after the run, before it is removed (a
+        warm sandbox's workspace too).
 
         Raises:
             ToolError: what the caller must fix.
@@ -283,25 +268,12 @@ class Runner:
             blocks.extend(found)
             redacted.append(counts)
 
-        request = host.Request(
-            code=code,
-            limits=limits,
-            policy=policy,
-            files=uploads or None,
-            allowed_tools=self.host.options.allowed_tools,
-            cancel=cancel,
-            on_files=read_back,
-            face="mcp",  # hints name execute_code's arguments
-            backend=backend,
-            session_id=session_id,
-            client=client,
-            on_output=on_output,
-            egress=egress,
-            caller=caller,
-            approve=approve,  # the verdict the tool obtained ([approval])
-        )
+        request = dataclasses.replace(request, on_files=read_back)
         call = current_call.get()
-        profile = policy.profile if policy is not None else "session" if session_id else None
+        policy = request.policy
+        profile = (
+            policy.profile if policy is not None else "session" if request.session_id else None
+        )
         try:
             with tracing.run_span(profile, call.queue_ms if call else None) as span:
                 result = self.host.run(request)

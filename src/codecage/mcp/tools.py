@@ -10,6 +10,7 @@ must read them to fix its code.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from typing import Annotated, Any, cast
@@ -145,22 +146,21 @@ def tools(runner: Runner) -> list[Tool]:
             )
 
         # [approval]: the client's user decides before the call takes a run slot.
-        decided = await approval.verdict(
-            ctx,
-            runner.host,
-            host.Request(
-                code=code,
-                limits=run_limits,
-                policy=policy,
-                allowed_tools=runner.host.options.allowed_tools,
-                face="mcp",
-                session_id=session_id,
-                client=client,
-                egress=egress,
-                caller=caller,
-            ),
-            questions,
+        asked = host.Request(
+            code=code,
+            limits=run_limits,
+            policy=policy,
+            files=uploads or None,
+            allowed_tools=runner.host.options.allowed_tools,
+            cancel=cancel,
+            face="mcp",  # hints name execute_code's arguments
+            backend=backend,
+            session_id=session_id,
+            client=client,
+            egress=egress,
+            caller=caller,
         )
+        decided = await approval.verdict(ctx, runner.host, asked, questions)
         if isinstance(decided, InputRequiredResult):
             # The question (2026-07-28+): the SDK passes it through; the client retries.
             return cast(CallToolResult, decided)
@@ -168,19 +168,13 @@ def tools(runner: Runner) -> list[Tool]:
         async def run(on_output: progress.OutputHandler | None) -> Any:
             return await runner.queued(
                 lambda: runner.execute(
-                    code,
-                    limits=run_limits,
-                    policy=policy,
-                    uploads=uploads,
+                    dataclasses.replace(
+                        asked,
+                        on_output=on_output,
+                        # the verdict the tool obtained ([approval])
+                        approve=approval.given(decided),
+                    ),
                     return_files=return_files or [],
-                    cancel=cancel,
-                    backend=backend,
-                    session_id=session_id,
-                    client=client,
-                    on_output=on_output,
-                    egress=egress,
-                    caller=caller,
-                    approve=approval.given(decided),
                 ),
                 cancel,
             )

@@ -252,17 +252,9 @@ def _claims_everything(obj: Any) -> bool:
 
 
 def _plain(obj: Any) -> str:
-    import reprlib
+    from ..reprs import bounded_repr  # not on the common path
 
-    limiter = reprlib.Repr()
-    limiter.maxlevel = 6
-    limiter.maxstring = limiter.maxother = TEXT_PLAIN_CHARS
-    limiter.maxlist = limiter.maxtuple = limiter.maxdict = limiter.maxset = 100
-    try:
-        text = limiter.repr(obj)
-    except Exception as exc:  # a hostile __repr__: the output still says what it was
-        text = f"<unrepresentable {type(obj).__name__}: {type(exc).__name__}>"
-    return text[:TEXT_PLAIN_CHARS]
+    return bounded_repr(obj, TEXT_PLAIN_CHARS, max_items=100)
 
 
 # --- pandas and matplotlib (only when the code imported them) ------------------------------
