@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import resource
 import secrets
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -88,12 +87,12 @@ def test_a_grandchild_holding_stdout_does_not_make_the_run_hang(
         stay=STAY_ALIVE,
         marker=marker,
     )
-    started = time.monotonic()
-    seen = runner(code, timeout=3)
-    elapsed = time.monotonic() - started
+    # The grandchild never exits by itself: a run that waited for it would end by its
+    # wall timeout, as "timeout". "ok" says it ended when its parent did; no clock is read,
+    # so a loaded machine (the suite's workers) cannot make it fail.
+    seen = runner(code, timeout=10)
     assert seen.status == "ok"
     assert seen.stdout == "parent done\n"
-    assert elapsed < 2.5
     assert host_pids_with(marker) == []
 
 
