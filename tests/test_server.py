@@ -77,6 +77,31 @@ def session_input(tool: str, arguments: dict[str, object]) -> bytes:
     return "".join(json.dumps(m) + "\n" for m in messages).encode()
 
 
+def call_over_stdio(
+    cwd: Path, *args: str, call: dict[str, Any], timeout: float = 60
+) -> list[dict[str, Any]]:
+    """`codecage serve ARGS` fed a raw stdio session (initialize, initialized, `call`): its
+    two answers, read before stdin closes (EOF would cancel a call in flight); then the
+    server exits, sending what is waiting first."""
+    messages = [INITIALIZE, {"jsonrpc": "2.0", "method": "notifications/initialized"}, call]
+    with subprocess.Popen(
+        [CODECAGE, "serve", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=server_env(),
+        cwd=cwd,
+    ) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write("".join(json.dumps(m) + "\n" for m in messages))
+        proc.stdin.flush()
+        answers = [json.loads(proc.stdout.readline()) for _ in range(2)]
+        proc.stdin.close()
+        proc.wait(timeout=timeout)
+    return answers
+
+
 def server_env(**extra: str) -> dict[str, str]:
     """The test's environment without any CODECAGE_* setting (a token, a config file) but
     CODECAGE_AUDIT: this test run's own store (conftest), never the host-wide default one
