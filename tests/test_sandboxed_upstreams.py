@@ -10,18 +10,17 @@ work sandboxed, with the memory persisting in the state directory across brokers
 
 from __future__ import annotations
 
-import http.server
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests._web import QuietHandler, serving_http_on_loopback
 from tests.conftest import HostCanary, NetCanary
 
 from codecage import toolsetup
@@ -215,25 +214,15 @@ def test_bad_allow_hosts_are_refused_when_the_config_is_loaded(given_dir: Path) 
         )
 
 
-class _Hello(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = f"hello {self.path}".encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+class _Hello(QuietHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.reply(f"hello {self.path}".encode())
 
 
 @pytest.fixture
 def web() -> Iterator[int]:
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield httpd.server_address[1]
-    httpd.shutdown()
-    httpd.server_close()
+    with serving_http_on_loopback(_Hello) as httpd:
+        yield httpd.server_address[1]
 
 
 def test_a_sandboxed_server_reaches_its_allowed_hosts_through_the_proxy_only(
