@@ -52,3 +52,20 @@ async def serve_stdio(
             stdio_client(params, errlog=errlog), read_timeout_seconds=read_timeout
         ) as client:
             yield client
+
+
+@contextlib.asynccontextmanager
+async def serve_configured(
+    workdir: Path, config: str | None, *args: str, read_timeout: float = 120
+) -> AsyncIterator[Client]:
+    """`serve_stdio` with `config` (TOML) as its config file, written 0600 as the server
+    requires of one; with None, no config file at all (XDG_CONFIG_HOME points at nothing)."""
+    if config is None:
+        env = {"XDG_CONFIG_HOME": str(workdir / "no-config")}
+    else:
+        path = workdir / "config.toml"
+        path.write_text(config, encoding="utf-8")
+        path.chmod(0o600)
+        env = {"CODECAGE_CONFIG": str(path)}
+    async with serve_stdio(workdir, *args, env=env, read_timeout=read_timeout) as client:
+        yield client

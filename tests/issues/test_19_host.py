@@ -24,7 +24,7 @@ import anyio
 import pytest
 from mcp import Client
 from mcp_types import CallToolResult, TextContent
-from tests._cli import serve_stdio
+from tests._cli import serve_configured
 
 from codecage import host
 from codecage.config import load
@@ -158,9 +158,7 @@ def anyio_backend() -> str:
 @pytest.fixture(scope="module")
 async def pooled_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]:
     """`codecage serve` with its warm pool, in its own process (which stops the pool)."""
-    workdir = tmp_path_factory.mktemp("serve-pool")
-    no_config = {"XDG_CONFIG_HOME": str(workdir / "no-config")}
-    async with serve_stdio(workdir, env=no_config, read_timeout=120) as client:
+    async with serve_configured(tmp_path_factory.mktemp("serve-pool"), None) as client:
         yield client
 
 
