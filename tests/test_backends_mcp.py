@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from mcp import Client
+from tests._anyio import anyio_backend  # noqa: F401 - a fixture
 from tests._cli import serve_configured
 
 pytestmark = [
@@ -19,11 +20,6 @@ pytestmark = [
         shutil.which("runsc") is None or os.geteuid() != 0, reason="the gVisor backend needs root"
     ),
 ]
-
-
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture(scope="module")

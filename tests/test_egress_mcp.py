@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from mcp import Client
+from tests._anyio import anyio_backend  # noqa: F401 - a fixture
 from tests._cli import serve_configured
 from tests._web import QuietHandler, serving_http_on_loopback
 
@@ -22,11 +23,6 @@ class _Handler(QuietHandler):
 def port() -> Iterator[int]:
     with serving_http_on_loopback(_Handler) as httpd:
         yield httpd.server_address[1]
-
-
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture(scope="module")

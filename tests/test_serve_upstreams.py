@@ -23,6 +23,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult, TextContent
+from tests._anyio import anyio_backend  # noqa: F401 - a fixture
 
 ROOT = Path(__file__).resolve().parent.parent
 MEMORY = ROOT / "tools" / "node_modules" / ".bin" / "mcp-server-memory"
@@ -32,11 +33,6 @@ pytestmark = [
     pytest.mark.anyio,
     pytest.mark.skipif(not MEMORY.exists(), reason="scripts/setup installs the npm servers"),
 ]
-
-
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @dataclass
