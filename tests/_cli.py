@@ -7,7 +7,7 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 from mcp import Client
@@ -22,10 +22,12 @@ def codecage(
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
     timeout: float = 120,
+    command: Sequence[str] = (CODECAGE,),
 ) -> subprocess.CompletedProcess[str]:
-    """`codecage ARGS`, fed `stdin`, its output captured as text; any exit status returns."""
+    """`codecage ARGS`, fed `stdin`, its output captured as text; any exit status returns.
+    `command` is how codecage is started (`python -m codecage.cli` where a test means it)."""
     return subprocess.run(
-        [CODECAGE, *args],
+        [*command, *args],
         input=stdin,
         capture_output=True,
         text=True,
