@@ -322,12 +322,6 @@ def test_serve_sends_the_alerts_of_its_calls(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     config.write_text(f'[alerts]\ncommand = ["{script}"]\non = ["status:error"]\n')
     config.chmod(0o600)
-    call = {
-        "jsonrpc": "2.0",
-        "id": 2,
-        "method": "tools/call",
-        "params": {"name": "execute_code", "arguments": {"code": "1 / 0"}},
-    }
     answers = call_over_stdio(
         tmp_path,
         "--no-pool",
@@ -335,7 +329,7 @@ def test_serve_sends_the_alerts_of_its_calls(tmp_path: Path) -> None:
         str(db),
         "--config",
         str(config),
-        call=call,
+        code="1 / 0",
         timeout=WAIT_S,
     )
     execution_id = answers[-1]["result"]["structuredContent"]["execution_id"]

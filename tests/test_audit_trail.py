@@ -112,13 +112,7 @@ def test_a_test_run_writes_its_own_store_never_the_host_wide_default(tmp_path: P
 
 def test_an_mcp_call_is_on_record_with_the_client_it_named(tmp_path: Path) -> None:
     db = tmp_path / "audit.db"
-    call = {
-        "jsonrpc": "2.0",
-        "id": 2,
-        "method": "tools/call",
-        "params": {"name": "execute_code", "arguments": {"code": "print('hi')"}},
-    }
-    answers = call_over_stdio(tmp_path, "--audit", str(db), call=call, timeout=60)
+    answers = call_over_stdio(tmp_path, "--audit", str(db), code="print('hi')", timeout=60)
     assert answers[-1]["id"] == 2 and not answers[-1]["result"].get("isError")
     found = rows(db, "SELECT caller_kind, caller_name, caller_version, face FROM executions")
     assert found == [("mcp", "test", "0", "mcp")]
@@ -143,14 +137,14 @@ def test_query_filters_by_status_caller_and_event_kind(tmp_path: Path) -> None:
 def test_a_trimmed_mcp_reply_is_on_the_record_too(tmp_path: Path) -> None:
     """The reply is made after the record: the trail adds its reply_trimmed event."""
     db = tmp_path / "audit.db"
-    call = {
-        "jsonrpc": "2.0",
-        "id": 2,
-        "method": "tools/call",
-        "params": {"name": "execute_code", "arguments": {"code": "print('x' * 200_000)"}},
-    }
     answers = call_over_stdio(
-        tmp_path, "--audit", str(db), "--reply-max-tokens", "2000", call=call, timeout=60
+        tmp_path,
+        "--audit",
+        str(db),
+        "--reply-max-tokens",
+        "2000",
+        code="print('x' * 200_000)",
+        timeout=60,
     )
     kinds = [e["kind"] for e in answers[-1]["result"]["structuredContent"]["events"]]
     assert "reply_trimmed" in kinds

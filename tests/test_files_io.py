@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from mcp import Client
 from mcp_types import BlobResourceContents, EmbeddedResource, TextContent
+from tests._anyio import anyio_backend  # noqa: F401 - a fixture
 from tests._cli import codecage, serve_configured
 
 from codecage import Options, Sandbox
@@ -300,11 +301,6 @@ def test_a_bad_data_dir_is_refused_clearly(given: str, said: str) -> None:
 
 
 # --- MCP ------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture(scope="module")

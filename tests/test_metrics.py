@@ -30,6 +30,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 from prometheus_client.parser import text_string_to_metric_families
+from tests._anyio import anyio_backend  # noqa: F401 - a fixture
 from tests._finished import finished_run
 
 from codecage import Sandbox
@@ -44,11 +45,6 @@ pytestmark = pytest.mark.anyio
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 # --- helpers ---------------------------------------------------------------------------------

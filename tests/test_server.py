@@ -14,7 +14,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,8 +33,10 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, ImageContent, TextContent
 from mcp_types.version import LATEST_HANDSHAKE_VERSION
+from tests._anyio import anyio_backend  # noqa: F401 - a fixture
 from tests._session_audit import SESSION_STORE
 
+from reliability._load import HttpServer, free_port, http_serve, stop
 from reliability._load import named_leftovers as left_behind  # the other tests take it here
 
 CODECAGE = str(Path(sys.executable).with_name("codecage"))
@@ -43,11 +44,15 @@ TOKEN = "secret"  # noqa: S105 - the bearer token of a test server on loopback
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    """One asyncio loop for the module, so one server session serves every test."""
-    return "asyncio"
-
+TOOL_NAMES = {
+    "execute_code",
+    "validate_code",
+    "get_sandbox_info",
+    "open_session",
+    "close_session",
+    "list_sessions",
+}
+"""The tools `codecage serve` lists."""
 
 # A raw client's first request (id 1), in the handshake era.
 INITIALIZE: dict[str, Any] = {
@@ -77,25 +82,42 @@ def session_input(tool: str, arguments: dict[str, object]) -> bytes:
     return "".join(json.dumps(m) + "\n" for m in messages).encode()
 
 
-def call_over_stdio(
-    cwd: Path, *args: str, call: dict[str, Any], timeout: float = 60
-) -> list[dict[str, Any]]:
-    """`codecage serve ARGS` fed a raw stdio session (initialize, initialized, `call`): its
-    two answers, read before stdin closes (EOF would cancel a call in flight); then the
-    server exits, sending what is waiting first."""
-    messages = [INITIALIZE, {"jsonrpc": "2.0", "method": "notifications/initialized"}, call]
-    with subprocess.Popen(
+def spawn_serve(
+    cwd: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """`codecage serve ARGS` in `cwd` with its stdin and stdout piped (bytes) and its
+    stderr dropped; `env` defaults to `server_env()`."""
+    return subprocess.Popen(
         [CODECAGE, "serve", *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
-        text=True,
-        env=server_env(),
         cwd=cwd,
-    ) as proc:
+        env=server_env() if env is None else env,
+    )
+
+
+def send_lines(proc: subprocess.Popen[bytes], messages: list[dict[str, Any]]) -> None:
+    """`messages` written to the server's stdin, one JSON line each, and flushed."""
+    assert proc.stdin is not None
+    proc.stdin.write("".join(json.dumps(m) + "\n" for m in messages).encode())
+    proc.stdin.flush()
+
+
+def call_over_stdio(cwd: Path, *args: str, code: str, timeout: float = 60) -> list[dict[str, Any]]:
+    """`codecage serve ARGS` fed a raw stdio session (initialize, initialized, an
+    execute_code call of `code`, id 2): its two answers, read before stdin closes (EOF
+    would cancel a call in flight); then the server exits, sending what is waiting first."""
+    call = {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "execute_code", "arguments": {"code": code}},
+    }
+    messages = [INITIALIZE, {"jsonrpc": "2.0", "method": "notifications/initialized"}, call]
+    with spawn_serve(cwd, *args) as proc:
         assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write("".join(json.dumps(m) + "\n" for m in messages))
-        proc.stdin.flush()
+        send_lines(proc, messages)
         answers = [json.loads(proc.stdout.readline()) for _ in range(2)]
         proc.stdin.close()
         proc.wait(timeout=timeout)
@@ -162,14 +184,7 @@ async def test_the_server_lists_its_tools_with_descriptions_and_parameter_schema
     stdio: StdioServer,
 ) -> None:
     tools = {t.name: t for t in (await stdio.client.list_tools()).tools}
-    assert set(tools) == {
-        "execute_code",
-        "validate_code",
-        "get_sandbox_info",
-        "open_session",
-        "close_session",
-        "list_sessions",
-    }
+    assert set(tools) == TOOL_NAMES
     for tool in tools.values():
         assert tool.description and len(tool.description) > 20, tool.name
         assert tool.input_schema["type"] == "object", tool.name
@@ -629,19 +644,6 @@ def test_a_raw_stdio_session_sees_only_json_rpc_lines_on_stdout(
 # --- HTTP --------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class HttpServer:
-    url: str
-    proc: subprocess.Popen[bytes]
-    stderr_path: Path
-
-
 @contextlib.contextmanager
 def serving_http(workdir: Path, *args: str, **env: str) -> Iterator[HttpServer]:
     """`codecage serve --http` on a free loopback port, until the block ends (then killed).
@@ -649,50 +651,8 @@ def serving_http(workdir: Path, *args: str, **env: str) -> Iterator[HttpServer]:
     loopback opt-out, for clients that send no Authorization."""
     if not {"--token", "--insecure-no-token"} & set(args) and "CODECAGE_TOKEN" not in env:
         args = (*args, "--insecure-no-token")
-    port = free_port()
-    stderr_path = workdir / f"stderr-{port}.log"
-    with stderr_path.open("wb") as stderr:
-        proc = subprocess.Popen(
-            [CODECAGE, "serve", "--http", "--port", str(port), *args],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            cwd=workdir,
-            env=server_env(**env),
-            start_new_session=True,
-        )
-        server = HttpServer(f"http://127.0.0.1:{port}/mcp", proc, stderr_path)
-        try:
-            wait_until_listening(server, port)
-            yield server
-        finally:
-            stop(proc)
-
-
-def wait_until_listening(server: HttpServer, port: int) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            log = server.stderr_path.read_text(encoding="utf-8", errors="replace")
-            pytest.fail(f"codecage serve --http exited {server.proc.returncode}: {log}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return
-        time.sleep(0.1)
-    pytest.fail("codecage serve --http did not accept connections within 30 s")
-
-
-def stop(proc: subprocess.Popen[bytes], sig: signal.Signals = signal.SIGINT) -> None:
-    """`sig` to the server's process group, then SIGKILL if it lingers; always reaped.
-    (Ctrl-C by default: the fixtures should not leave run dirs behind, see the SIGTERM test.)"""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    with http_serve(workdir, args, server_env(**env), log="stderr", bound_s=30) as server:
+        yield server
 
 
 def gone_soon(server_pid: int, seconds: float = 10) -> dict[str, list[str]]:

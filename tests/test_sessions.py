@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from mcp import Client
+from tests._anyio import anyio_backend  # noqa: F401 - a fixture
 from tests._cli import serve_configured
 from tests._forking import in_forked_child
 
@@ -420,11 +421,6 @@ def test_limits_of_the_session_are_checked_before_it_opens(sandbox: Sandbox) -> 
 
 
 # --- MCP ----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture(scope="module")

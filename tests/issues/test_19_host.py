@@ -24,6 +24,7 @@ import anyio
 import pytest
 from mcp import Client
 from mcp_types import CallToolResult, TextContent
+from tests._anyio import anyio_backend  # noqa: F401 - a fixture
 from tests._cli import serve_configured
 
 from codecage import host
@@ -148,11 +149,6 @@ def test_the_server_runs_calls_with_imports_or_a_profile_without_building_a_sand
     assert "sqlite3" in text_of(refused)
     assert (validated.structured_content or {}).get("valid") is False, text_of(validated)
     assert built == []
-
-
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture(scope="module")
