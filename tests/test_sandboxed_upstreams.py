@@ -225,17 +225,23 @@ def web() -> Iterator[int]:
         yield httpd.server_address[1]
 
 
-def test_a_sandboxed_server_reaches_its_allowed_hosts_through_the_proxy_only(
-    given_dir: Path, web: int
-) -> None:
-    network = NetworkSettings(resolve={"web.test": ["127.0.0.1"], "other.test": ["127.0.0.1"]})
+def _caged_web_broker(given_dir: Path, web: int, network: NetworkSettings) -> Broker:
+    """A broker of one sandboxed server, "caged", whose allow_hosts name `web` (as
+    web.test and by its address), under the operator's `network`."""
     allowed = [f"web.test:{web}", f"127.0.0.1:{web}"]
     servers = upstreams.parse(
         {"mcpServers": {"caged": probe(True, given_dir, allow_hosts=allowed)}},
         source="test",
         environ={},
     )
-    with Broker(servers, network=network) as broker:
+    return Broker(servers, network=network)
+
+
+def test_a_sandboxed_server_reaches_its_allowed_hosts_through_the_proxy_only(
+    given_dir: Path, web: int
+) -> None:
+    network = NetworkSettings(resolve={"web.test": ["127.0.0.1"], "other.test": ["127.0.0.1"]})
+    with _caged_web_broker(given_dir, web, network) as broker:
         assert call(broker, "caged", "fetch", url=f"http://web.test:{web}/x") == "hello /x"
         refused = call(broker, "caged", "fetch", url=f"http://other.test:{web}/y")
         assert refused.startswith("error: HTTP 403"), refused
@@ -249,13 +255,7 @@ def test_a_sandboxed_server_reaches_its_allowed_hosts_through_the_proxy_only(
 
 def test_the_operator_s_deny_wins_over_a_server_s_allow_hosts(given_dir: Path, web: int) -> None:
     network = NetworkSettings(resolve={"web.test": ["127.0.0.1"]}, deny=[f"web.test:{web}"])
-    allowed = [f"web.test:{web}", f"127.0.0.1:{web}"]
-    servers = upstreams.parse(
-        {"mcpServers": {"caged": probe(True, given_dir, allow_hosts=allowed)}},
-        source="test",
-        environ={},
-    )
-    with Broker(servers, network=network) as broker:
+    with _caged_web_broker(given_dir, web, network) as broker:
         refused = call(broker, "caged", "fetch", url=f"http://web.test:{web}/x")
     assert refused.startswith("error: HTTP 403") and "denied" in refused, refused
 
