@@ -696,24 +696,16 @@ def test_the_audit_sees_code_that_runs_at_import(corpus_tree: Path, tmp_path: Pa
 
 
 def test_the_hostile_tree_passes_ruff_check(corpus_tree: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache", "servers"],
-        cwd=corpus_tree,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
-    proc = subprocess.run(
-        [sys.executable, "-m", "ruff", "format", "--isolated", "--no-cache", "--check", "servers"],
-        cwd=corpus_tree,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
+    for command in (["check"], ["format", "--check"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "ruff", *command, "--isolated", "--no-cache", "servers"],
+            cwd=corpus_tree,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
 
 
 # --- confined to the output directory --------------------------------------------------------
