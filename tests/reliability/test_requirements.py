@@ -18,6 +18,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import ImageContent
+from tests._anyio import anyio_backend  # noqa: F401 - a fixture
 from tests._upstreams import attempt_code
 from tests.reliability._requirements import (
     CAPPED_STREAM_BYTES,
@@ -161,11 +162,6 @@ def test_a_tool_both_allow_lists_permit_is_called(echo_only_broker: Broker) -> N
 TWENTY_PNGS = (
     "for i in range(20):\n    open(f'pic{i}.png', 'wb').write(b'\\x89PNG\\r\\n\\x1a\\n' + bytes(8))"
 )
-
-
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture
