@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests._cli import codecage as run_cli
 
 import codecage
 from codecage import ConfigError, Options, Sandbox
@@ -186,12 +187,8 @@ def test_a_place_of_codecage_reached_through_a_bind_mount_is_refused(tmp_path: P
 
 
 def test_the_cli_refuses_codecages_own_virtualenv_in_its_own_terms(tmp_path: Path) -> None:
-    run = subprocess.run(
-        [*CODECAGE, "run", "--workspace", sys.prefix, "--code", "1"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
+    run = run_cli(
+        "run", "--workspace", sys.prefix, "--code", "1", cwd=tmp_path, timeout=300, command=CODECAGE
     )
     assert run.returncode == 2, run.stderr
     assert "codecage's virtualenv" in run.stderr
@@ -201,12 +198,8 @@ def test_the_cli_refuses_codecages_own_virtualenv_in_its_own_terms(tmp_path: Pat
 def test_the_current_directory_is_refused_when_python_imports_from_it(tmp_path: Path) -> None:
     """`python -m` puts the current directory first on sys.path: a run lent it could plant
     a `codecage/` package that the next `python -m codecage` there imports, as root."""
-    run = subprocess.run(
-        [*CODECAGE, "run", "--workspace", ".", "--code", "1"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
+    run = run_cli(
+        "run", "--workspace", ".", "--code", "1", cwd=tmp_path, timeout=300, command=CODECAGE
     )
     assert run.returncode == 2, run.stderr
     assert "imports from (sys.path)" in run.stderr

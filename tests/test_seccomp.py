@@ -199,7 +199,8 @@ if sys.argv[1]:
 exec(sys.argv[3])
 """
 
-# The probes' errno of a raw syscall's return, and of one that returns an fd (closed).
+# The probes' errno of a raw syscall's return, of one that returns an fd (closed), and of
+# a Python call (py).
 ERRNO_OF = """
 
 def err(ret):
@@ -210,6 +211,14 @@ def closed(ret):
     if ret >= 0:
         os.close(ret)
     return err(ret)
+
+
+def py(fn):
+    try:
+        fn()
+    except OSError as exc:
+        return exc.errno
+    return 0
 """
 
 # Runs every probe once and prints {probe: errno, 0 when the call succeeded}.
@@ -223,14 +232,6 @@ import socket, subprocess, threading
 def libc_errno(fn, *args):
     ctypes.set_errno(0)
     return ctypes.get_errno() if fn(*args) == -1 else 0
-
-
-def py(fn):
-    try:
-        fn()
-    except OSError as exc:
-        return exc.errno
-    return 0
 
 
 def clone(flags):
@@ -402,14 +403,6 @@ def c_path(name):
 """
     + ERRNO_OF
     + r"""
-
-def py(fn):
-    try:
-        fn()
-    except OSError as exc:
-        return exc.errno
-    return 0
-
 
 def touch(name):
     with open(name, "w", encoding="utf-8"):
