@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -40,18 +41,29 @@ def codecage(
 
 @contextlib.asynccontextmanager
 async def serve_stdio(
-    workdir: Path, *args: str, env: Mapping[str, str] | None = None, read_timeout: float = 60
+    workdir: Path,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    read_timeout: float = 60,
+    faults: list[Exception] | None = None,
 ) -> AsyncIterator[Client]:
     """An MCP client of `codecage serve ARGS` over stdio, started in `workdir` as an MCP
     host starts it: this checkout's code (PYTHONPATH passed on) and nothing else of this
-    process's environment but `env`; the server's stderr goes to workdir/stderr.log."""
+    process's environment but `env`; the server's stderr goes to workdir/stderr.log. Each
+    stdout line that was not a protocol message is added to `faults`."""
     passed = {k: v for k, v in os.environ.items() if k == "PYTHONPATH"}
     params = StdioServerParameters(
         command=CODECAGE, args=["serve", *args], cwd=str(workdir), env={**passed, **(env or {})}
     )
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, Exception) and faults is not None:
+            faults.append(message)
+
+    handler = {} if faults is None else {"message_handler": on_message}
     with (workdir / "stderr.log").open("w", encoding="utf-8") as errlog:
         async with Client(
-            stdio_client(params, errlog=errlog), read_timeout_seconds=read_timeout
+            stdio_client(params, errlog=errlog), read_timeout_seconds=read_timeout, **handler
         ) as client:
             yield client
 

@@ -29,11 +29,11 @@ import httpx2
 import jsonschema
 import pytest
 from mcp import Client
-from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, ImageContent, TextContent
 from mcp_types.version import LATEST_HANDSHAKE_VERSION
 from tests._anyio import anyio_backend  # noqa: F401 - a fixture
+from tests._cli import serve_stdio
 from tests._session_audit import SESSION_STORE
 
 from reliability._load import HttpServer, free_port, http_serve, stop
@@ -146,21 +146,9 @@ class StdioServer:
 async def stdio(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[StdioServer]:
     """`codecage serve` spawned by the SDK's stdio client, in an empty working directory."""
     workdir = tmp_path_factory.mktemp("serve-stdio")
-    stderr_path = workdir / "stderr.log"
     faults: list[Exception] = []
-
-    async def on_message(message: Any) -> None:
-        if isinstance(message, Exception):  # a stdout line that was not a protocol message
-            faults.append(message)
-
-    # The SDK passes only a few variables (HOME, PATH, ...): PYTHONPATH too, so that the server
-    # runs the code under test (a worktree's src), not the installed package.
-    env = {k: v for k, v in os.environ.items() if k == "PYTHONPATH"}
-    params = StdioServerParameters(command=CODECAGE, args=["serve"], cwd=str(workdir), env=env)
-    with stderr_path.open("w", encoding="utf-8") as errlog:
-        transport = stdio_client(params, errlog=errlog)
-        async with Client(transport, message_handler=on_message, read_timeout_seconds=60) as c:
-            yield StdioServer(c, stderr_path, faults)
+    async with serve_stdio(workdir, faults=faults) as c:
+        yield StdioServer(c, workdir / "stderr.log", faults)
 
 
 async def call(server: StdioServer, tool: str, **arguments: Any) -> CallToolResult:
