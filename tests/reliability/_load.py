@@ -421,11 +421,16 @@ def serving_http(workdir: Path, *args: str) -> Iterator[HttpServer]:
 
 @contextlib.contextmanager
 def http_serve(
-    workdir: Path, args: Sequence[str], env: dict[str, str], log: str, bound_s: float = 60
+    workdir: Path,
+    args: Sequence[str],
+    env: dict[str, str],
+    log: str,
+    bound_s: float = 60,
+    sig: signal.Signals = signal.SIGINT,
 ) -> Iterator[HttpServer]:
     """`codecage serve --http --port P ARGS` (P a free loopback port) in `workdir` with
     `env`, its stderr in workdir/LOG-P.log, once it accepts connections (within `bound_s`);
-    when the block ends, stopped (`stop`)."""
+    when the block ends, stopped (`stop` with `sig`)."""
     port = free_port()
     stderr_path = workdir / f"{log}-{port}.log"
     with stderr_path.open("wb") as stderr:
@@ -443,7 +448,7 @@ def http_serve(
             _wait_listening(server, port, bound_s)
             yield server
         finally:
-            stop(proc)
+            stop(proc, sig)
 
 
 def _wait_listening(server: HttpServer, port: int, bound_s: float) -> None:
