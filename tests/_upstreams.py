@@ -27,3 +27,16 @@ def value(sandbox: Sandbox, code: str) -> Any:
     result = sandbox.run(code, limits={"timeout": 60})
     assert result.status == "ok", (result.error, result.stderr)
     return result.return_value
+
+
+def attempt_code(server: str) -> str:
+    """Guest code defining `attempt(tool, **arguments)`: ["ok", the answer] of a call of
+    `tool` on `server`, or [kind, message] of the ToolCallError it raised."""
+    return f"""
+from codecage.runtime import ToolCallError, call_tool_sync
+def attempt(tool, **arguments):
+    try:
+        return ["ok", call_tool_sync({server!r}, tool, arguments)]
+    except ToolCallError as exc:
+        return [exc.kind, exc.message]
+"""

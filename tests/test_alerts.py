@@ -8,7 +8,6 @@ import contextlib
 import http.server
 import json
 import sqlite3
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ from codecage.audit.alerts import QUEUE_MAX, Alerter
 from codecage.audit.record import Finished
 from codecage.models import AlertSettings
 from test_audit_claims import FORGE_CODE
-from test_server import CODECAGE, INITIALIZE, server_env
+from test_server import call_over_stdio
 
 WAIT_S = 60.0  # a bound on waiting for the worker, never a measure of it
 SOCKET_CODE = """
@@ -323,28 +322,16 @@ def test_serve_sends_the_alerts_of_its_calls(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     config.write_text(f'[alerts]\ncommand = ["{script}"]\non = ["status:error"]\n')
     config.chmod(0o600)
-    call = {
-        "jsonrpc": "2.0",
-        "id": 2,
-        "method": "tools/call",
-        "params": {"name": "execute_code", "arguments": {"code": "1 / 0"}},
-    }
-    messages = [INITIALIZE, {"jsonrpc": "2.0", "method": "notifications/initialized"}, call]
-    with subprocess.Popen(
-        [CODECAGE, "serve", "--no-pool", "--audit", str(db), "--config", str(config)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=server_env(),
-        cwd=tmp_path,
-    ) as proc:
-        assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write("".join(json.dumps(m) + "\n" for m in messages))
-        proc.stdin.flush()
-        answers = [json.loads(proc.stdout.readline()) for _ in range(2)]
-        proc.stdin.close()  # the server exits, sending what is waiting first
-        proc.wait(timeout=WAIT_S)
+    answers = call_over_stdio(
+        tmp_path,
+        "--no-pool",
+        "--audit",
+        str(db),
+        "--config",
+        str(config),
+        code="1 / 0",
+        timeout=WAIT_S,
+    )
     execution_id = answers[-1]["result"]["structuredContent"]["execution_id"]
     [alert] = [json.loads(line) for line in out.read_text().splitlines()]
     assert alert["kind"] == "status:error" and alert["execution_id"] == execution_id

@@ -11,16 +11,15 @@ rule puts the next open anyway, made certain here."""
 from __future__ import annotations
 
 import contextlib
-import datetime
 import os
 import sqlite3
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests._finished import finished_run
 
 from codecage import ExecutionResult, Options, Sandbox
 from codecage.audit import AuditTrail
@@ -38,16 +37,8 @@ def a_result() -> ExecutionResult:
 
 
 def finished(result: ExecutionResult) -> Finished:
-    now = datetime.datetime.now(datetime.UTC)
-    return Finished(
-        result=result.model_copy(update={"execution_id": uuid.uuid4().hex}),
-        code="print('hi')",
-        caller=Caller("library", name="tester"),
-        face="library",
-        profile=None,
-        allowed_imports=(),
-        started_at=now,
-        finished_at=now,
+    return finished_run(
+        result, "print('hi')", caller=Caller("library", name="tester"), fresh_id=True
     )
 
 

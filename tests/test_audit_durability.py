@@ -23,7 +23,15 @@ from tests._disk import big_code, fill, small_tmpfs
 from codecage import AuditError, Options, Sandbox
 from codecage.audit import journal, open_store
 from codecage.mcp import health
-from test_server import CODECAGE, INITIALIZE, server_env, serving_http, structured
+from test_server import (
+    CODECAGE,
+    INITIALIZE,
+    send_lines,
+    server_env,
+    serving_http,
+    spawn_serve,
+    structured,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -52,17 +60,9 @@ def test_runs_answered_before_a_sigkill_are_on_record(tmp_path: Path) -> None:
         for i in range(5)
     ]
     messages = [INITIALIZE, {"jsonrpc": "2.0", "method": "notifications/initialized"}, *calls]
-    with subprocess.Popen(
-        [CODECAGE, "serve", "--audit", str(db)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=server_env(),
-        cwd=tmp_path,
-    ) as proc:
+    with spawn_serve(tmp_path, "--audit", str(db)) as proc:
         assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write("".join(json.dumps(m) + "\n" for m in messages).encode())
-        proc.stdin.flush()
+        send_lines(proc, messages)
         answers = [json.loads(proc.stdout.readline()) for _ in range(1 + len(calls))]
         proc.kill()
     ids = [a["result"]["structuredContent"]["execution_id"] for a in answers[1:]]

@@ -10,10 +10,10 @@ import datetime
 import json
 import logging
 import secrets
-import uuid
 from pathlib import Path
 
 import pytest
+from tests._finished import finished_run
 from tests._postgres import postgres_server, postgres_url
 
 from codecage import ExecutionResult, Options, Sandbox
@@ -44,17 +44,7 @@ def a_result() -> ExecutionResult:
 
 def finished(result: ExecutionResult) -> Finished:
     """A run of `result` with its own id and code no store compresses much."""
-    now = datetime.datetime.now(datetime.UTC)
-    return Finished(
-        result=result.model_copy(update={"execution_id": uuid.uuid4().hex}),
-        code=big_code(),
-        caller=Caller("library", name="tester"),
-        face="library",
-        profile=None,
-        allowed_imports=(),
-        started_at=now,
-        finished_at=now,
-    )
+    return finished_run(result, big_code(), caller=Caller("library", name="tester"), fresh_id=True)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

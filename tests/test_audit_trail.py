@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -16,7 +15,7 @@ from tests._session_audit import SESSION_STORE
 
 from codecage import AuditError, Options, Sandbox
 from codecage.audit import Query, open_store
-from test_server import CODECAGE, INITIALIZE, server_env
+from test_server import CODECAGE, call_over_stdio, server_env
 
 CODE = """
 print("mail alice@example.com")
@@ -113,28 +112,7 @@ def test_a_test_run_writes_its_own_store_never_the_host_wide_default(tmp_path: P
 
 def test_an_mcp_call_is_on_record_with_the_client_it_named(tmp_path: Path) -> None:
     db = tmp_path / "audit.db"
-    call = {
-        "jsonrpc": "2.0",
-        "id": 2,
-        "method": "tools/call",
-        "params": {"name": "execute_code", "arguments": {"code": "print('hi')"}},
-    }
-    messages = [INITIALIZE, {"jsonrpc": "2.0", "method": "notifications/initialized"}, call]
-    with subprocess.Popen(
-        [CODECAGE, "serve", "--audit", str(db)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=server_env(),
-        cwd=tmp_path,
-    ) as proc:
-        assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write("".join(json.dumps(m) + "\n" for m in messages))
-        proc.stdin.flush()
-        answers = [json.loads(proc.stdout.readline()) for _ in range(2)]
-        proc.stdin.close()  # only now: EOF cancels a call in flight
-        proc.wait(timeout=60)
+    answers = call_over_stdio(tmp_path, "--audit", str(db), code="print('hi')", timeout=60)
     assert answers[-1]["id"] == 2 and not answers[-1]["result"].get("isError")
     found = rows(db, "SELECT caller_kind, caller_name, caller_version, face FROM executions")
     assert found == [("mcp", "test", "0", "mcp")]
@@ -159,28 +137,15 @@ def test_query_filters_by_status_caller_and_event_kind(tmp_path: Path) -> None:
 def test_a_trimmed_mcp_reply_is_on_the_record_too(tmp_path: Path) -> None:
     """The reply is made after the record: the trail adds its reply_trimmed event."""
     db = tmp_path / "audit.db"
-    call = {
-        "jsonrpc": "2.0",
-        "id": 2,
-        "method": "tools/call",
-        "params": {"name": "execute_code", "arguments": {"code": "print('x' * 200_000)"}},
-    }
-    messages = [INITIALIZE, {"jsonrpc": "2.0", "method": "notifications/initialized"}, call]
-    with subprocess.Popen(
-        [CODECAGE, "serve", "--audit", str(db), "--reply-max-tokens", "2000"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=server_env(),
-        cwd=tmp_path,
-    ) as proc:
-        assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write("".join(json.dumps(m) + "\n" for m in messages))
-        proc.stdin.flush()
-        answers = [json.loads(proc.stdout.readline()) for _ in range(2)]
-        proc.stdin.close()
-        proc.wait(timeout=60)
+    answers = call_over_stdio(
+        tmp_path,
+        "--audit",
+        str(db),
+        "--reply-max-tokens",
+        "2000",
+        code="print('x' * 200_000)",
+        timeout=60,
+    )
     kinds = [e["kind"] for e in answers[-1]["result"]["structuredContent"]["events"]]
     assert "reply_trimmed" in kinds
     recorded = rows(db, "SELECT kind FROM events")

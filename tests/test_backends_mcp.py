@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 from mcp import Client
-from tests._cli import serve_stdio
+from tests._anyio import anyio_backend  # noqa: F401 - a fixture
+from tests._cli import serve_configured
 
 pytestmark = [
     pytest.mark.anyio,
@@ -22,17 +23,9 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
 async def client(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]:
     workdir = tmp_path_factory.mktemp("serve-backends")
-    config = workdir / "config.toml"
-    config.write_text('[serve]\nbackends = ["bwrap", "gvisor"]\n', encoding="utf-8")
-    config.chmod(0o600)
-    async with serve_stdio(workdir, env={"CODECAGE_CONFIG": str(config)}, read_timeout=120) as c:
+    async with serve_configured(workdir, '[serve]\nbackends = ["bwrap", "gvisor"]\n') as c:
         yield c
 
 

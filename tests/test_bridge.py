@@ -401,20 +401,14 @@ def test_a_forked_host_process_serves_its_own_bridges() -> None:
     code = "from codecage.runtime import scrub\nscrub('mail ana@example.com')"
     with Sandbox(pool=False, options=Options(scrub=False)) as parent_box:
         assert parent_box.run(code).return_value == "mail [EMAIL]"  # the parent's watcher
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: report what its run returned, then leave at once
-        try:
-            with Sandbox(pool=False, options=Options(scrub=False)) as child_box:
-                result = child_box.run(code, limits={"timeout": 20})
-            os.write(write_end, json.dumps([result.status, result.return_value]).encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        reported = pipe.read()
-    os.waitpid(pid, 0)
-    assert json.loads(reported) == ["ok", "mail [EMAIL]"]
+
+    def child() -> bytes:  # report what its run returned (then it leaves at once)
+        with Sandbox(pool=False, options=Options(scrub=False)) as child_box:
+            result = child_box.run(code, limits={"timeout": 20})
+        return json.dumps([result.status, result.return_value]).encode()
+
+    reported = in_forked_child(child, timeout=120)
+    assert reported and json.loads(reported) == ["ok", "mail [EMAIL]"]
 
 
 def test_a_guest_that_hangs_up_without_a_request_starts_no_bridge_thread() -> None:

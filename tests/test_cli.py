@@ -9,21 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests._cli import codecage
 
 CODECAGE = [sys.executable, "-m", "codecage.cli"]
 
 
 def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CODECAGE_")}
-    return subprocess.run(
-        [*CODECAGE, *args],
-        input=stdin if stdin is not None else "",
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
+    return codecage(*args, stdin=stdin if stdin is not None else "", env=env, command=CODECAGE)
 
 
 def test_run_json_prints_exactly_one_result_object_and_exits_0() -> None:

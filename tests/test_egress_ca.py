@@ -179,8 +179,8 @@ def test_a_host_that_is_no_name_gets_no_certificate(ca: CertificateAuthority) ->
 # --- terminate: the sandbox's side -------------------------------------------------------
 
 
-async def _serve(handler: Handler) -> tuple[asyncio.Server, int]:
-    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+async def _serve(handler: Handler, tls: ssl.SSLContext | None = None) -> tuple[asyncio.Server, int]:
+    server = await asyncio.start_server(handler, "127.0.0.1", 0, ssl=tls)
     return server, server.sockets[0].getsockname()[1]
 
 
@@ -355,14 +355,9 @@ def test_open_verified_reaches_a_server_whose_certificate_names_the_host(tmp_pat
     test_ca, cafile = _test_ca(tmp_path)
 
     async def main() -> bytes:
-        server = await asyncio.start_server(
-            _answer,
-            "127.0.0.1",
-            0,
-            ssl=test_ca.server_context("api.test"),
-        )
+        server, port = await _serve(_answer, test_ca.server_context("api.test"))
         async with server:
-            return await _ask("api.test", server.sockets[0].getsockname()[1], cafile=cafile)
+            return await _ask("api.test", port, cafile=cafile)
 
     assert asyncio.run(main()) == b"hi there\n"
 
@@ -380,14 +375,8 @@ def test_open_verified_refuses_a_server_it_cannot_verify_for_the_host(
     test_ca, cafile = _test_ca(tmp_path)
 
     async def main() -> None:
-        server = await asyncio.start_server(
-            _answer,
-            "127.0.0.1",
-            0,
-            ssl=test_ca.server_context("api.test"),
-        )
+        server, port = await _serve(_answer, test_ca.server_context("api.test"))
         async with server:
-            port = server.sockets[0].getsockname()[1]
             with pytest.raises(TLSFailure, match=reason):
                 await _ask(asked, port, cafile=cafile if trusted else None)
 

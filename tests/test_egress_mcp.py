@@ -3,55 +3,36 @@ client, a local HTTP server whose name comes from the config's resolver table.""
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 from mcp import Client
-from tests._cli import serve_stdio
+from tests._anyio import anyio_backend  # noqa: F401 - a fixture
+from tests._cli import serve_configured
+from tests._web import QuietHandler, serving_http_on_loopback
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = json.dumps({"path": self.path}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+class _Handler(QuietHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.reply(json.dumps({"path": self.path}).encode())
 
 
 @pytest.fixture(scope="module")
 def port() -> Iterator[int]:
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield httpd.server_address[1]
-    httpd.shutdown()
-    httpd.server_close()
-
-
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
+    with serving_http_on_loopback(_Handler) as httpd:
+        yield httpd.server_address[1]
 
 
 @pytest.fixture(scope="module")
 async def client(tmp_path_factory: pytest.TempPathFactory, port: int) -> AsyncIterator[Client]:
     workdir = tmp_path_factory.mktemp("serve-egress")
-    config = workdir / "config.toml"
     hosts = [f"api.test:{port}", f"127.0.0.1:{port}"]
-    config.write_text(
-        f"[network]\nceiling = {json.dumps(hosts)}\n"
-        '[network.resolve]\n"api.test" = ["127.0.0.1"]\n',
-        encoding="utf-8",
+    config = (
+        f'[network]\nceiling = {json.dumps(hosts)}\n[network.resolve]\n"api.test" = ["127.0.0.1"]\n'
     )
-    config.chmod(0o600)
-    async with serve_stdio(workdir, env={"CODECAGE_CONFIG": str(config)}, read_timeout=120) as c:
+    async with serve_configured(workdir, config) as c:
         yield c
 
 

@@ -19,7 +19,7 @@ import ssl
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -458,105 +458,92 @@ def test_a_huge_request_head_is_refused(run: RunEgress, servers: Servers) -> Non
     assert reply.startswith(b"HTTP/1.1 431")
 
 
-def _bounded_run(
-    proxy: EgressProxy, servers: Servers, socket_dir: Path, **limits: float
-) -> RunEgress:
-    run = proxy.listen(socket_dir / "b.sock")
-    run.grant(policy(servers), NetworkLimits(**limits))  # type: ignore[arg-type]
-    return run
+Bounded = Callable[..., RunEgress]
+
+
+@pytest.fixture
+def bounded(proxy: EgressProxy, servers: Servers, socket_dir: Path) -> Iterator[Bounded]:
+    """A run granted the test's policy under the `NetworkLimits` it is called with (one a
+    test), closed after the test."""
+    runs: list[RunEgress] = []
+
+    def make(**limits: float) -> RunEgress:
+        run = proxy.listen(socket_dir / "b.sock")
+        runs.append(run)
+        run.grant(policy(servers), NetworkLimits(**limits))  # type: ignore[arg-type]
+        return run
+
+    yield make
+    for run in runs:
+        run.close()
 
 
 def test_the_bytes_in_limit_cuts_a_download_and_refuses_later_ones(
-    proxy: EgressProxy, servers: Servers, socket_dir: Path
+    bounded: Bounded, servers: Servers
 ) -> None:
-    run = _bounded_run(proxy, servers, socket_dir, max_bytes_in=50_000)
-    try:
-        request = f"GET http://api.test:{servers.http_port}/big HTTP/1.1\r\nHost: a\r\n\r\n"
-        with connect(run) as sock:
-            sock.sendall(request.encode())
-            reply = read_all(sock)
-        assert len(reply) < BIG
-        record = wait_for_records(run, 1)[0]
-        assert record.allowed and record.reason is not None and "byte limit" in record.reason
-        assert record.bytes_in <= 50_000
-        status, body = get(run, f"http://api.test:{servers.http_port}/small")
-        assert status == 429 and b"byte limit" in body
-    finally:
-        run.close()
+    run = bounded(max_bytes_in=50_000)
+    request = f"GET http://api.test:{servers.http_port}/big HTTP/1.1\r\nHost: a\r\n\r\n"
+    with connect(run) as sock:
+        sock.sendall(request.encode())
+        reply = read_all(sock)
+    assert len(reply) < BIG
+    record = wait_for_records(run, 1)[0]
+    assert record.allowed and record.reason is not None and "byte limit" in record.reason
+    assert record.bytes_in <= 50_000
+    status, body = get(run, f"http://api.test:{servers.http_port}/small")
+    assert status == 429 and b"byte limit" in body
 
 
-def test_the_bytes_out_limit_cuts_an_upload(
-    proxy: EgressProxy, servers: Servers, socket_dir: Path
-) -> None:
-    run = _bounded_run(proxy, servers, socket_dir, max_bytes_out=10_000)
-    try:
-        body = b"z" * 100_000
-        request = (
-            f"POST http://api.test:{servers.http_port}/echo HTTP/1.1\r\n"
-            f"Host: a\r\nContent-Length: {len(body)}\r\n\r\n"
-        ).encode()
-        with connect(run) as sock:
-            sock.sendall(request)
-            with contextlib.suppress(OSError):  # cut off mid-body: that is the point
-                sock.sendall(body)
-            reply = read_all(sock)
-        assert b"got 100000" not in reply
-        record = wait_for_records(run, 1)[0]
-        assert record.reason is not None and "byte limit" in record.reason
-        assert record.bytes_out <= 10_000
-    finally:
-        run.close()
+def test_the_bytes_out_limit_cuts_an_upload(bounded: Bounded, servers: Servers) -> None:
+    run = bounded(max_bytes_out=10_000)
+    body = b"z" * 100_000
+    request = (
+        f"POST http://api.test:{servers.http_port}/echo HTTP/1.1\r\n"
+        f"Host: a\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with connect(run) as sock:
+        sock.sendall(request)
+        with contextlib.suppress(OSError):  # cut off mid-body: that is the point
+            sock.sendall(body)
+        reply = read_all(sock)
+    assert b"got 100000" not in reply
+    record = wait_for_records(run, 1)[0]
+    assert record.reason is not None and "byte limit" in record.reason
+    assert record.bytes_out <= 10_000
 
 
-def test_the_rate_limit_answers_429_and_is_recorded(
-    proxy: EgressProxy, servers: Servers, socket_dir: Path
-) -> None:
+def test_the_rate_limit_answers_429_and_is_recorded(bounded: Bounded, servers: Servers) -> None:
     # One token, refilled every 100 s: the second request finds none, however slow the host.
-    run = _bounded_run(proxy, servers, socket_dir, requests_per_second=0.01)
-    try:
-        assert get(run, f"http://api.test:{servers.http_port}/")[0] == 200
-        status, body = get(run, f"http://api.test:{servers.http_port}/")
-        assert status == 429 and b"rate limit" in body
-        assert [r.reason for r in wait_for_records(run, 2)][1].startswith("rate limit")
-    finally:
-        run.close()
+    run = bounded(requests_per_second=0.01)
+    assert get(run, f"http://api.test:{servers.http_port}/")[0] == 200
+    status, body = get(run, f"http://api.test:{servers.http_port}/")
+    assert status == 429 and b"rate limit" in body
+    assert [r.reason for r in wait_for_records(run, 2)][1].startswith("rate limit")
 
 
-def test_connections_over_the_runs_limit_are_refused(
-    proxy: EgressProxy, servers: Servers, socket_dir: Path
-) -> None:
-    run = _bounded_run(proxy, servers, socket_dir, max_connections=1)
-    try:
-        held, head = open_tunnel(run, f"api.test:{servers.http_port}")
-        with held:
-            assert head.startswith(b"HTTP/1.1 200")
-            with connect(run) as sock:
-                # Refused at accept, maybe before this request arrives (then the write
-                # fails); what was sent before is read off, so the reason can be read.
-                with contextlib.suppress(OSError):
-                    sock.sendall(
-                        f"GET http://api.test:{servers.http_port}/ HTTP/1.1\r\n\r\n".encode()
-                    )
-                reply = read_all(sock)
-        assert reply == b"" or (reply.startswith(b"HTTP/1.1 429") and b"connection limit" in reply)
-        refused = [r for r in wait_for_records(run, 2) if r.status == 429]
-        assert refused and "connection limit" in (refused[0].reason or "")
-    finally:
-        run.close()
+def test_connections_over_the_runs_limit_are_refused(bounded: Bounded, servers: Servers) -> None:
+    run = bounded(max_connections=1)
+    held, head = open_tunnel(run, f"api.test:{servers.http_port}")
+    with held:
+        assert head.startswith(b"HTTP/1.1 200")
+        with connect(run) as sock:
+            # Refused at accept, maybe before this request arrives (then the write
+            # fails); what was sent before is read off, so the reason can be read.
+            with contextlib.suppress(OSError):
+                sock.sendall(f"GET http://api.test:{servers.http_port}/ HTTP/1.1\r\n\r\n".encode())
+            reply = read_all(sock)
+    assert reply == b"" or (reply.startswith(b"HTTP/1.1 429") and b"connection limit" in reply)
+    refused = [r for r in wait_for_records(run, 2) if r.status == 429]
+    assert refused and "connection limit" in (refused[0].reason or "")
 
 
-def test_an_idle_tunnel_is_closed_at_the_idle_timeout(
-    proxy: EgressProxy, servers: Servers, socket_dir: Path
-) -> None:
-    run = _bounded_run(proxy, servers, socket_dir, idle_timeout=0.5)
-    try:
-        sock, head = open_tunnel(run, f"api.test:{servers.http_port}")
-        with sock:
-            assert head.startswith(b"HTTP/1.1 200")
-            assert read_all(sock) == b""
-        assert wait_for_records(run, 1)[0].reason == "idle timeout"
-    finally:
-        run.close()
+def test_an_idle_tunnel_is_closed_at_the_idle_timeout(bounded: Bounded, servers: Servers) -> None:
+    run = bounded(idle_timeout=0.5)
+    sock, head = open_tunnel(run, f"api.test:{servers.http_port}")
+    with sock:
+        assert head.startswith(b"HTTP/1.1 200")
+        assert read_all(sock) == b""
+    assert wait_for_records(run, 1)[0].reason == "idle timeout"
 
 
 # --- malformed --------------------------------------------------------------------------

@@ -27,14 +27,15 @@ from typing import Any
 import pytest
 from tests._certs import self_signed
 from tests._forking import in_forked_child
+from tests._web import QuietHandler, serving_http_on_loopback, start_http
 
 from codecage import ExecutionResult, Options, Sandbox
 from codecage.engine import workspace as workspaces
 from codecage.errors import ConfigError
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
+class _Handler(QuietHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
         if self.path.startswith("/redirect"):
             self.send_response(302)
             self.send_header("Location", self.server.redirect_to)  # type: ignore[attr-defined]
@@ -43,14 +44,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         body = json.dumps(
             {"path": self.path, "host": self.headers.get("Host"), "server": self.server.name}  # type: ignore[attr-defined]
         ).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+        self.reply(body, "application/json")
 
 
 @dataclass
@@ -61,10 +55,9 @@ class _Server:
 
 
 def _serve(name: str) -> _Server:
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    httpd = start_http(_Handler)
     httpd.name = name  # type: ignore[attr-defined]
     httpd.redirect_to = ""  # type: ignore[attr-defined]
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
     return _Server(name, httpd.server_address[1], httpd)
 
 
@@ -249,23 +242,16 @@ def test_concurrent_runs_with_different_hosts_cannot_use_each_others(
 _SECRET = "cc-test-secret-7f3a9b2e51d04c6e"  # noqa: S105 - the test's own value
 
 
-class _EchoHandler(http.server.BaseHTTPRequestHandler):
+class _EchoHandler(QuietHandler):
     """Answers with the Authorization header it got, and the secret itself in the body (a
     server that echoes a credential: the proxy must scrub it before the sandbox sees it)."""
 
-    def do_GET(self) -> None:
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
         self.server.seen.append(self.headers.get("Authorization"))  # type: ignore[attr-defined]
         body = json.dumps(
             {"authorization": self.headers.get("Authorization"), "echo": _SECRET}
         ).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+        self.reply(body, "application/json")
 
 
 @pytest.fixture(scope="module")
@@ -274,15 +260,11 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path
     cert, key = self_signed("secure.test")
     (directory / "cert.pem").write_bytes(cert)
     (directory / "key.pem").write_bytes(key)
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _EchoHandler)
-    httpd.seen = []  # type: ignore[attr-defined]
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(directory / "cert.pem", directory / "key.pem")
-    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield httpd.server_address[1], directory, httpd.seen  # type: ignore[attr-defined]
-    httpd.shutdown()
-    httpd.server_close()
+    with serving_http_on_loopback(_EchoHandler, context) as httpd:
+        httpd.seen = []  # type: ignore[attr-defined]
+        yield httpd.server_address[1], directory, httpd.seen  # type: ignore[attr-defined]
 
 
 def test_a_credential_is_added_at_the_edge_and_never_visible_inside(
@@ -409,15 +391,12 @@ def package_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
         f'<a href="/{wheel.name}#sha256={digest}">{wheel.name}</a>\n'
     )
     handler = functools.partial(_QuietFiles, directory=str(directory))
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield httpd.server_address[1]
-    httpd.shutdown()
-    httpd.server_close()
+    with serving_http_on_loopback(handler) as httpd:
+        yield httpd.server_address[1]
 
 
 class _QuietFiles(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args: Any) -> None:
+    def log_message(self, *args: Any) -> None:  # the test's output stays the test's
         pass
 
 

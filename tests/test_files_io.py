@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from mcp import Client
 from mcp_types import BlobResourceContents, EmbeddedResource, TextContent
-from tests._cli import codecage, serve_stdio
+from tests._anyio import anyio_backend  # noqa: F401 - a fixture
+from tests._cli import codecage, serve_configured
 
 from codecage import Options, Sandbox
 from codecage.errors import ConfigError
@@ -303,17 +304,9 @@ def test_a_bad_data_dir_is_refused_clearly(given: str, said: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
 async def server(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> AsyncIterator[Client]:
     workdir = tmp_path_factory.mktemp("serve-files")
-    no_config = {"XDG_CONFIG_HOME": str(workdir / "no-config")}
-    async with serve_stdio(
-        workdir, "--no-pool", "--data", str(data_dir), env=no_config, read_timeout=120
-    ) as client:
+    async with serve_configured(workdir, None, "--no-pool", "--data", str(data_dir)) as client:
         yield client
 
 

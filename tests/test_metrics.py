@@ -16,7 +16,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +30,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 from prometheus_client.parser import text_string_to_metric_families
+from tests._anyio import anyio_backend  # noqa: F401 - a fixture
+from tests._finished import finished_run
 
 from codecage import Sandbox
-from codecage.audit import Caller, Finished, tracing
+from codecage.audit import Finished, tracing
 from codecage.audit.metrics import MAX_TOOL_LABELS, ServerMetrics
 from codecage.mcp import health
 from codecage.mcp.server import build_server
@@ -44,11 +45,6 @@ pytestmark = pytest.mark.anyio
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -274,17 +270,7 @@ def test_a_real_host_is_ready_once_its_pool_is_warm() -> None:
 
 
 def finished(result: ExecutionResult, profile: str | None = "standard") -> Finished:
-    now = datetime.now(UTC)
-    return Finished(
-        result=result,
-        code="1",
-        caller=Caller("library"),
-        face="library",
-        profile=profile,
-        allowed_imports=(),
-        started_at=now,
-        finished_at=now,
-    )
+    return finished_run(result, profile=profile)
 
 
 @pytest.fixture(scope="module")

@@ -10,18 +10,17 @@ work sandboxed, with the memory persisting in the state directory across brokers
 
 from __future__ import annotations
 
-import http.server
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests._web import QuietHandler, serving_http_on_loopback
 from tests.conftest import HostCanary, NetCanary
 
 from codecage import toolsetup
@@ -215,38 +214,34 @@ def test_bad_allow_hosts_are_refused_when_the_config_is_loaded(given_dir: Path) 
         )
 
 
-class _Hello(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = f"hello {self.path}".encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+class _Hello(QuietHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.reply(f"hello {self.path}".encode())
 
 
 @pytest.fixture
 def web() -> Iterator[int]:
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield httpd.server_address[1]
-    httpd.shutdown()
-    httpd.server_close()
+    with serving_http_on_loopback(_Hello) as httpd:
+        yield httpd.server_address[1]
 
 
-def test_a_sandboxed_server_reaches_its_allowed_hosts_through_the_proxy_only(
-    given_dir: Path, web: int
-) -> None:
-    network = NetworkSettings(resolve={"web.test": ["127.0.0.1"], "other.test": ["127.0.0.1"]})
+def _caged_web_broker(given_dir: Path, web: int, network: NetworkSettings) -> Broker:
+    """A broker of one sandboxed server, "caged", whose allow_hosts name `web` (as
+    web.test and by its address), under the operator's `network`."""
     allowed = [f"web.test:{web}", f"127.0.0.1:{web}"]
     servers = upstreams.parse(
         {"mcpServers": {"caged": probe(True, given_dir, allow_hosts=allowed)}},
         source="test",
         environ={},
     )
-    with Broker(servers, network=network) as broker:
+    return Broker(servers, network=network)
+
+
+def test_a_sandboxed_server_reaches_its_allowed_hosts_through_the_proxy_only(
+    given_dir: Path, web: int
+) -> None:
+    network = NetworkSettings(resolve={"web.test": ["127.0.0.1"], "other.test": ["127.0.0.1"]})
+    with _caged_web_broker(given_dir, web, network) as broker:
         assert call(broker, "caged", "fetch", url=f"http://web.test:{web}/x") == "hello /x"
         refused = call(broker, "caged", "fetch", url=f"http://other.test:{web}/y")
         assert refused.startswith("error: HTTP 403"), refused
@@ -260,13 +255,7 @@ def test_a_sandboxed_server_reaches_its_allowed_hosts_through_the_proxy_only(
 
 def test_the_operator_s_deny_wins_over_a_server_s_allow_hosts(given_dir: Path, web: int) -> None:
     network = NetworkSettings(resolve={"web.test": ["127.0.0.1"]}, deny=[f"web.test:{web}"])
-    allowed = [f"web.test:{web}", f"127.0.0.1:{web}"]
-    servers = upstreams.parse(
-        {"mcpServers": {"caged": probe(True, given_dir, allow_hosts=allowed)}},
-        source="test",
-        environ={},
-    )
-    with Broker(servers, network=network) as broker:
+    with _caged_web_broker(given_dir, web, network) as broker:
         refused = call(broker, "caged", "fetch", url=f"http://web.test:{web}/x")
     assert refused.startswith("error: HTTP 403") and "denied" in refused, refused
 

@@ -199,10 +199,9 @@ if sys.argv[1]:
 exec(sys.argv[3])
 """
 
-# Runs every probe once and prints {probe: errno, 0 when the call succeeded}.
-PROBES = r"""
-import socket, subprocess, threading
-
+# The probes' errno of a raw syscall's return, of one that returns an fd (closed), and of
+# a Python call (py).
+ERRNO_OF = """
 
 def err(ret):
     return -ret if ret < 0 else 0
@@ -214,17 +213,25 @@ def closed(ret):
     return err(ret)
 
 
-def libc_errno(fn, *args):
-    ctypes.set_errno(0)
-    return ctypes.get_errno() if fn(*args) == -1 else 0
-
-
 def py(fn):
     try:
         fn()
     except OSError as exc:
         return exc.errno
     return 0
+"""
+
+# Runs every probe once and prints {probe: errno, 0 when the call succeeded}.
+PROBES = (
+    r"""
+import socket, subprocess, threading
+"""
+    + ERRNO_OF
+    + r"""
+
+def libc_errno(fn, *args):
+    ctypes.set_errno(0)
+    return ctypes.get_errno() if fn(*args) == -1 else 0
 
 
 def clone(flags):
@@ -318,6 +325,7 @@ results["clone_newuser"] = clone(CLONE_NEWUSER | SIGCHLD)
 results["unshare_newuser"] = libc_errno(libc.unshare, CLONE_NEWUSER)
 print(json.dumps(results))
 """
+)
 
 PROBE_CONSTANTS = {
     "CLONE_FS": CLONE_FS,
@@ -378,7 +386,8 @@ SERVE = (
 
 # Sets S_ISUID, S_ISGID, both or neither through every call that can, each on a name of
 # its own in the current directory, and prints {"<call>_<variant>": errno, 0 on success}.
-SETID_PROBES = r"""
+SETID_PROBES = (
+    r"""
 import stat
 
 AT_FDCWD = -100
@@ -391,25 +400,9 @@ def c_path(name):
     buf = ctypes.create_string_buffer(name.encode())
     c_strings.append(buf)
     return ctypes.addressof(buf)
-
-
-def err(ret):
-    return -ret if ret < 0 else 0
-
-
-def closed(ret):
-    if ret >= 0:
-        os.close(ret)
-    return err(ret)
-
-
-def py(fn):
-    try:
-        fn()
-    except OSError as exc:
-        return exc.errno
-    return 0
-
+"""
+    + ERRNO_OF
+    + r"""
 
 def touch(name):
     with open(name, "w", encoding="utf-8"):
@@ -468,6 +461,7 @@ results["openat2"] = err(sc("openat2", AT_FDCWD, c_path("openat2"), 0, 0))
 results["python_open"] = py(python_open)
 print(json.dumps(results))
 """
+)
 SETID_CALLS = ["py_chmod", "py_fchmod", "py_open", "py_mkdir", *SETID_MODE_ARGS]
 
 X32_GETPID = r"""

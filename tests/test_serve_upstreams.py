@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 from mcp import Client
-from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult, TextContent
+from tests._anyio import anyio_backend  # noqa: F401 - a fixture
+from tests._cli import serve_stdio
 
 ROOT = Path(__file__).resolve().parent.parent
 MEMORY = ROOT / "tools" / "node_modules" / ".bin" / "mcp-server-memory"
@@ -32,11 +33,6 @@ pytestmark = [
     pytest.mark.anyio,
     pytest.mark.skipif(not MEMORY.exists(), reason="scripts/setup installs the npm servers"),
 ]
-
-
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @dataclass
@@ -72,30 +68,16 @@ async def served(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Serv
         timeout=120,
     )
     faults: list[Exception] = []
-
-    async def on_message(message: Any) -> None:
-        if isinstance(message, Exception):  # a stdout line that was not a protocol message
-            faults.append(message)
-
     env = {k: v for k, v in os.environ.items() if not k.startswith("CODECAGE_")}
-    params = StdioServerParameters(
-        command=CODECAGE,
-        args=[
-            "serve",
-            "--mcp-config",
-            str(config),
-            "--servers-dir",
-            str(servers),
-            "--allow-tool",
-            "memory.create_*,memory.read_graph,memory.search_nodes",
-        ],
-        cwd=str(work),
+    async with serve_stdio(
+        work,
+        *("--mcp-config", str(config), "--servers-dir", str(servers)),
+        *("--allow-tool", "memory.create_*,memory.read_graph,memory.search_nodes"),
         env=env,
-    )
-    with (work / "stderr.log").open("w", encoding="utf-8") as errlog:
-        transport = stdio_client(params, errlog=errlog)
-        async with Client(transport, message_handler=on_message, read_timeout_seconds=120) as c:
-            yield Served(c, memory_file, faults)
+        read_timeout=120,
+        faults=faults,
+    ) as c:
+        yield Served(c, memory_file, faults)
 
 
 async def execute(served: Served, code: str) -> dict[str, Any]:

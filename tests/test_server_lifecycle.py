@@ -10,7 +10,6 @@ request's stream cancels).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -27,7 +26,16 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, TextContent
 
-from test_server import CODECAGE, INITIALIZE, gone_soon, left_behind, server_env, serving_http
+from test_server import (
+    CODECAGE,
+    INITIALIZE,
+    gone_soon,
+    left_behind,
+    send_lines,
+    server_env,
+    serving_http,
+    spawn_serve,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -111,13 +119,15 @@ async def http_session(url: str, mode: str) -> AsyncIterator[Client]:
         yield client
 
 
-async def cancel_a_sleeping_call(client: Client, server_pid: int) -> None:
-    """Start SLEEPER, see its sandbox run, cancel the call, see the sandbox die."""
+async def cancel_a_sleeping_call_and_go_on(client: Client, server_pid: int) -> None:
+    """Start SLEEPER, see its sandbox run, cancel the call, see the sandbox die; then the
+    next call on the same client is served."""
     async with anyio.create_task_group() as group:
         group.start_soon(client.call_tool, "execute_code", SLEEPER_CALL)
         await wait_for(lambda: bool(busy_sandboxes(server_pid)), "the sleeper to start")
         group.cancel_scope.cancel()
     await wait_for(lambda: not busy_sandboxes(server_pid), "the cancelled sandbox to die", 10)
+    assert value_of(await client.call_tool("execute_code", {"code": "6 * 7"})) == 42
 
 
 def value_of(result: CallToolResult) -> Any:
@@ -132,8 +142,7 @@ async def test_a_cancelled_stdio_call_kills_its_sandbox_and_the_session_goes_on(
     tmp_path: Path, mode: str
 ) -> None:
     async with stdio_session(tmp_path, mode) as (client, server_pid):
-        await cancel_a_sleeping_call(client, server_pid)
-        assert value_of(await client.call_tool("execute_code", {"code": "6 * 7"})) == 42
+        await cancel_a_sleeping_call_and_go_on(client, server_pid)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -142,8 +151,7 @@ async def test_a_cancelled_http_call_kills_its_sandbox_and_the_server_goes_on(
 ) -> None:
     with serving_http(tmp_path) as server:
         async with http_session(server.url, mode) as client:
-            await cancel_a_sleeping_call(client, server.proc.pid)
-            assert value_of(await client.call_tool("execute_code", {"code": "6 * 7"})) == 42
+            await cancel_a_sleeping_call_and_go_on(client, server.proc.pid)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -242,18 +250,10 @@ def test_a_stdio_client_closing_as_the_sdks_do_leaves_nothing_even_with_an_empty
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
         {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
     ]
-    proc = subprocess.Popen(
-        [CODECAGE, "serve"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        cwd=tmp_path,
-        env=server_env(XDG_CACHE_HOME=str(tmp_path / "empty-cache")),
-    )
+    proc = spawn_serve(tmp_path, env=server_env(XDG_CACHE_HOME=str(tmp_path / "empty-cache")))
     assert proc.stdin is not None and proc.stdout is not None
     with proc:
-        proc.stdin.write("".join(json.dumps(m) + "\n" for m in messages).encode())
-        proc.stdin.flush()
+        send_lines(proc, messages)
         for _ in range(2):  # the two answers
             assert proc.stdout.readline(), "the server closed stdout without answering"
         proc.stdin.close()
@@ -270,18 +270,10 @@ def test_a_stdio_client_closing_as_the_sdks_do_leaves_nothing_even_with_an_empty
 def test_a_server_killed_with_sigkill_leaves_nothing_behind(tmp_path: Path) -> None:
     """SIGKILL (the OOM killer, a client's last resort) gives the server no chance to clean
     up: its guardian process removes the warm sandbox's run directory, mount and cgroup."""
-    proc = subprocess.Popen(
-        [CODECAGE, "serve"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        cwd=tmp_path,
-        env=server_env(),
-    )
+    proc = spawn_serve(tmp_path)
     assert proc.stdin is not None and proc.stdout is not None
     with proc:
-        proc.stdin.write((json.dumps(INITIALIZE) + "\n").encode())
-        proc.stdin.flush()
+        send_lines(proc, [INITIALIZE])
         assert proc.stdout.readline()
         deadline = time.monotonic() + 30
         while not left_behind(proc.pid) and time.monotonic() < deadline:
@@ -295,18 +287,10 @@ def test_a_server_killed_with_sigkill_leaves_nothing_behind(tmp_path: Path) -> N
 def test_sigterms_during_the_cleanup_do_not_cut_it_short(tmp_path: Path) -> None:
     """Once the client has hung up, the server only cleans up; a SIGTERM then (here one
     every 50 ms until it is gone) must not stop that half-way."""
-    proc = subprocess.Popen(
-        [CODECAGE, "serve"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        cwd=tmp_path,
-        env=server_env(),
-    )
+    proc = spawn_serve(tmp_path)
     assert proc.stdin is not None and proc.stdout is not None
     with proc:
-        proc.stdin.write((json.dumps(INITIALIZE) + "\n").encode())
-        proc.stdin.flush()
+        send_lines(proc, [INITIALIZE])
         assert proc.stdout.readline(), "the server closed stdout without answering"
         proc.stdin.close()
         deadline = time.monotonic() + 30

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 from mcp import Client
-from tests._cli import serve_stdio
+from tests._anyio import anyio_backend  # noqa: F401 - a fixture
+from tests._cli import serve_configured
 from tests._forking import in_forked_child
 
 from codecage import ConfigError, Options, Sandbox, SessionError
@@ -423,17 +424,9 @@ def test_limits_of_the_session_are_checked_before_it_opens(sandbox: Sandbox) -> 
 
 
 @pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
 async def client(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]:
     workdir = tmp_path_factory.mktemp("serve-sessions")
-    config = workdir / "config.toml"
-    config.write_text("[sessions]\nmax_per_client = 2\n", encoding="utf-8")
-    config.chmod(0o600)
-    async with serve_stdio(workdir, env={"CODECAGE_CONFIG": str(config)}, read_timeout=120) as c:
+    async with serve_configured(workdir, "[sessions]\nmax_per_client = 2\n") as c:
         yield c
 
 

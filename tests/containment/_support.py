@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import pytest
 
-from codecage import ExecutionResult
+from codecage import ExecutionResult, Sandbox
 
 
 @dataclass
@@ -75,6 +75,32 @@ def against_baseline(real: str, baseline: str, reason: str) -> list[Any]:
     """Fixture params: the `real` runner, and a `baseline` that isolates nothing, on which
     every test is expected to fail (strict xfail): one that passes there proves nothing."""
     return [real, pytest.param(baseline, marks=pytest.mark.xfail(strict=True, reason=reason))]
+
+
+WorkspaceRunner = Callable[[str, Path], Outcome]
+"""run(code, workspace) -> Outcome: `code` run with `workspace` as its working directory."""
+
+WORKSPACE_RUNNERS = against_baseline(
+    "sandbox", "null", "null runner has no isolation: the test must fail there"
+)
+"""Params of a fixture that returns `workspace_runner(request.param, ...)`."""
+
+
+def workspace_runner(which: str, sandbox: Sandbox, timeout: float) -> WorkspaceRunner:
+    """The sandbox ("sandbox") or the null baseline ("null", plain python3 with PATH only)
+    running code in a workspace it is lent, under `timeout` seconds; skipped for landlock,
+    which lends no directory (tests/containment/test_lent.py::test_landlock_lends_none)."""
+    if which != "sandbox":
+        return lambda code, workspace: run_unsandboxed(
+            code, workspace, timeout, env={"PATH": os.defpath}
+        )
+    if sandbox.host.backend.name == "landlock":
+        pytest.skip("landlock lends no directory (test_lent.py::test_landlock_lends_none)")
+
+    def run(code: str, workspace: Path) -> Outcome:
+        return outcome_of(sandbox.run(code, workspace=workspace, limits={"timeout": timeout}))
+
+    return run
 
 
 class Seen(Protocol):

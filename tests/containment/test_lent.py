@@ -24,7 +24,7 @@ from codecage import Sandbox
 from codecage.errors import ConfigError
 from codecage.isolation import lending
 
-from ._support import Outcome, against_baseline, guest, outcome_of, run_unsandboxed
+from ._support import WORKSPACE_RUNNERS, Outcome, WorkspaceRunner, guest, workspace_runner
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -158,34 +158,16 @@ def _snapshot(root: Path) -> dict[str, str]:
     return seen
 
 
-WorkspaceRunner = Callable[[str, Path], Outcome]
 _ATTACKED: dict[tuple[str, str], tuple[Path, dict[str, str], dict[str, str], Outcome]] = {}
 
 
-def _in_sandbox(sandbox: Sandbox) -> WorkspaceRunner:
-    def run(code: str, workspace: Path) -> Outcome:
-        return outcome_of(sandbox.run(code, workspace=workspace, limits={"timeout": 120}))
-
-    return run
-
-
-def _unsandboxed(code: str, workspace: Path) -> Outcome:
-    return run_unsandboxed(code, workspace, 120, env={"PATH": os.defpath})
-
-
-@pytest.fixture(
-    params=against_baseline(
-        "sandbox", "null", "null runner has no isolation: the test must fail there"
-    )
-)
+@pytest.fixture(params=WORKSPACE_RUNNERS)
 def attacked(
     request: pytest.FixtureRequest, sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory
 ) -> Callable[[str], tuple[Path, dict[str, str], dict[str, str], Outcome]]:
     """attacked(which) -> (directory, kinds made, snapshot before, outcome): `which` is
     "existing" (every entry made) or "missing" (none made); one run per backend each."""
-    if request.param == "sandbox" and sandbox.host.backend.name == "landlock":
-        pytest.skip("landlock lends no directory (test_landlock_lends_none)")
-    run = _in_sandbox(sandbox) if request.param == "sandbox" else _unsandboxed
+    run = workspace_runner(request.param, sandbox, 120)
     label = request.param if request.param == "null" else f"{id(sandbox)}"
 
     def get(which: str) -> tuple[Path, dict[str, str], dict[str, str], Outcome]:
@@ -256,15 +238,9 @@ print(json.dumps(done))
 """
 
 
-@pytest.fixture(
-    params=against_baseline(
-        "sandbox", "null", "null runner has no isolation: the test must fail there"
-    )
-)
+@pytest.fixture(params=WORKSPACE_RUNNERS)
 def run_in_workspace(request: pytest.FixtureRequest, sandbox: Sandbox) -> WorkspaceRunner:
-    if request.param == "sandbox" and sandbox.host.backend.name == "landlock":
-        pytest.skip("landlock lends no directory (test_landlock_lends_none)")
-    return _in_sandbox(sandbox) if request.param == "sandbox" else _unsandboxed
+    return workspace_runner(request.param, sandbox, 120)
 
 
 def test_a_pth_file_written_into_a_virtualenv_in_the_workspace_never_reaches_the_host(

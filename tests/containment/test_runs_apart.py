@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests._forking import in_forked_child
 
 from codecage import ExecutionResult, Sandbox
 
@@ -226,28 +227,22 @@ def _host_path(ws_fd: int) -> str:
 def _as_uid(uid: int, ws_fd: int) -> dict[str, str]:
     """Open A's file `mine` through `ws_fd` for reading and for writing, in a child that
     is host uid and gid `uid` (no groups, no capability); the errno name of each."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: no thread, nothing of the parent's used but the fds
-        try:
-            os.close(read_end)
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-            out = {}
-            for name, flags in (("read", os.O_RDONLY), ("write", os.O_WRONLY | os.O_APPEND)):
-                try:
-                    os.close(os.open("mine", flags, dir_fd=ws_fd))
-                    out[name] = "ok"
-                except OSError as exc:
-                    out[name] = {13: "EACCES", 1: "EPERM"}.get(exc.errno, str(exc.errno))
-            os.write(write_end, json.dumps(out).encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
+
+    def child() -> bytes:  # no thread, nothing of the parent's used but the fds
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        out = {}
+        for name, flags in (("read", os.O_RDONLY), ("write", os.O_WRONLY | os.O_APPEND)):
+            try:
+                os.close(os.open("mine", flags, dir_fd=ws_fd))
+                out[name] = "ok"
+            except OSError as exc:
+                out[name] = {13: "EACCES", 1: "EPERM"}.get(exc.errno, str(exc.errno))
+        return json.dumps(out).encode()
+
+    data = in_forked_child(child, timeout=60)
+    assert data, f"the child as uid {uid} reported nothing"
     result: dict[str, str] = json.loads(data)
     return result
 

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from codecage import Sandbox
 
-from ._support import Outcome, against_baseline, guest, outcome_of, report, run_unsandboxed
+from ._support import WORKSPACE_RUNNERS, WorkspaceRunner, guest, report, workspace_runner
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -56,32 +55,9 @@ print(json.dumps(answers))
 """
 
 
-WorkspaceRunner = Callable[[str, Path], Outcome]
-
-
-def _run_in_sandbox(sandbox: Sandbox) -> WorkspaceRunner:
-    def run(code: str, workspace: Path) -> Outcome:
-        return outcome_of(sandbox.run(code, workspace=workspace, limits={"timeout": 20}))
-
-    return run
-
-
-def _run_unsandboxed(code: str, workspace: Path) -> Outcome:
-    """Plain python3 with `workspace` as its cwd: no isolation at all."""
-    return run_unsandboxed(code, workspace, 20, env={"PATH": os.defpath})
-
-
-@pytest.fixture(
-    params=against_baseline(
-        "sandbox", "null", "null runner has no isolation: the test must fail there"
-    )
-)
+@pytest.fixture(params=WORKSPACE_RUNNERS)
 def run_in_workspace(request: pytest.FixtureRequest, sandbox: Sandbox) -> WorkspaceRunner:
-    if request.param == "sandbox" and sandbox.host.backend.name == "landlock":
-        pytest.skip("landlock lends no directory (tests/containment/test_lent.py)")
-    if request.param == "sandbox":
-        return _run_in_sandbox(sandbox)
-    return _run_unsandboxed
+    return workspace_runner(request.param, sandbox, 20)
 
 
 def setid_entries(root: Path) -> dict[str, str]:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests._upstreams import attempt_code
 
 import codecage
 from codecage import Options, Sandbox
@@ -200,16 +201,12 @@ for line in sys.stdin:
     out.flush()
 """
 
-ATTEMPT = """
-from codecage.runtime import ToolCallError, call_tool_sync
-def attempt(tool, **arguments):
-    try:
-        return ["ok", call_tool_sync("py", tool, arguments)]
-    except ToolCallError as exc:
-        return [exc.kind, exc.message]
-def text(value):
+ATTEMPT = (
+    attempt_code("py")
+    + """def text(value):
     return value["result"] if isinstance(value, dict) else value
 """
+)
 
 
 def wait_for(check: Callable[[], bool], timeout: float = 20.0) -> bool:

@@ -23,31 +23,11 @@ from concurrent.futures import Future
 from typing import Any
 
 import pytest
+from tests._bridge_flood import bridge_flood
 
 from codecage import Options, Sandbox
 from codecage.bridge.channel import BridgeLimits, Channel, ToolAnswer
 from codecage.models import ExecutionResult
-
-# Writes requests to the raw bridge socket for `seconds`, never reading an answer, without
-# blocking (the host may stop reading): returns how many bytes the host took.
-FLOOD = """
-import os, time
-os.set_blocking(4, False)
-sent, deadline = 0, time.monotonic() + {seconds}
-chunk = b"".join(({request}) % (10**6 + i) for i in range(64))  # not the runtime's ids
-left = memoryview(chunk)
-while time.monotonic() < deadline:
-    try:
-        n = os.write(4, left)
-    except BlockingIOError:
-        time.sleep(0.01)
-        continue
-    except OSError:
-        break
-    sent += n
-    left = left[n:] or memoryview(chunk)
-sent
-"""
 
 
 def _host_rss_mb() -> float:
@@ -92,7 +72,7 @@ def test_answers_the_code_never_reads_do_not_grow_the_host(box: Sandbox, request
     tracemalloc.start()
     try:
         result = box.run(
-            FLOOD.format(seconds=6, request=request_line),
+            bridge_flood(request_line, seconds=6),
             limits={"timeout": 30, "cpu_seconds": 30},
         )
         peak = tracemalloc.get_traced_memory()[1] / (1024 * 1024)
@@ -120,7 +100,7 @@ def test_a_flood_of_refused_requests_is_bounded_by_the_calls_budget() -> None:
         pool=False, allowed_imports=["os"], options=Options(scrub=False, tool_limits=limits)
     ) as sandbox:
         code = (
-            FLOOD.format(seconds=4, request=NO_VERSION)
+            bridge_flood(NO_VERSION, seconds=4)
             + """
 from codecage.runtime import ToolCallError, scrub
 from codecage.runtime.bridge import _reset

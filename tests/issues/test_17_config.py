@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests._cli import codecage
 
 from codecage import ConfigError, Sandbox
 from codecage.config import candidate_paths, load
@@ -43,16 +44,7 @@ args = ["-c", "touch {marker}"]
 def cli(
     *args: str, cwd: Path, env: dict[str, str], stdin: str = ""
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CODECAGE, *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-        timeout=120,
-        check=False,
-    )
+    return codecage(*args, stdin=stdin, cwd=cwd, env=env, command=CODECAGE)
 
 
 @pytest.fixture

@@ -25,15 +25,16 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 from mcp_types.version import LATEST_HANDSHAKE_VERSION
 
 from codecage.mcp import http as http_serving
-from test_server import CODECAGE, INITIALIZE, free_port, serve_refused, server_env
+from reliability._load import http_serve
+from test_server import INITIALIZE, free_port, serve_refused, server_env
 
 TOKEN = "t0ken-for-tests"  # noqa: S105 - a test server's bearer token, on loopback
 AUTH = f"Bearer {TOKEN}"
@@ -68,33 +69,11 @@ class Server:
 
 @contextlib.contextmanager
 def serving(tmp_path: Path, *args: str) -> Iterator[Server]:
-    port = free_port()
-    log = tmp_path / f"serve-{port}.log"
-    with log.open("wb") as stderr:
-        proc = subprocess.Popen(
-            [CODECAGE, "serve", "--http", "--port", str(port), "--no-pool", *args],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            cwd=tmp_path,
-            env=server_env(),
-            start_new_session=True,
-        )
-    server = Server(port, proc, log)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"serve exited {proc.returncode}: {log.read_text(errors='replace')}")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                break
-            assert time.monotonic() < deadline, "the server did not listen within 30 s"
-            time.sleep(0.1)
-        yield server
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    argv = ("--no-pool", *args)
+    with http_serve(tmp_path, argv, server_env(), "serve", 30, signal.SIGKILL) as started:
+        port = urllib.parse.urlsplit(started.url).port
+        assert port is not None
+        yield Server(port, started.proc, started.stderr_path)
 
 
 def initialize(server: Server, *, auth: str = AUTH) -> tuple[int, str | None]:

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from mcp import Client
 from mcp_types import ImageContent, TextContent, Tool
+from tests._anyio import anyio_backend  # noqa: F401 - a fixture
 from tests._cli import serve_stdio
 
 from codecage.bridge import codegen
@@ -194,11 +195,6 @@ def test_the_json_result_holds_no_raw_escape_in_events_or_file_names(tmp_path: P
     assert call["data"]["tool"] == neutralise_line(EVIL_TOOL)
     assert [f["path"] for f in run["files"]] == [neutralise_line(EVIL_FILE)]
     assert not UNSAFE.search(p.stderr), ascii(p.stderr)
-
-
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from mcp import Client
 from mcp_types import CallToolResult, TextContent
+from tests._anyio import anyio_backend  # noqa: F401 - a fixture
 
 from codecage import Options, Sandbox, engine
 from codecage.engine import owner, workspace
@@ -75,11 +76,6 @@ FILL = textwrap.dedent(
     print(open("in/note.txt").read(), written >> 20, stop)
     """
 )
-
-
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @needs_tmpfs

@@ -32,6 +32,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult, TextContent
+from tests._cli import codecage as run_cli
 
 from codecage import Options, Sandbox, config
 from codecage.isolation import rootfs
@@ -169,14 +170,12 @@ def test_agent_programs_run_with_no_flags_through_the_cli(
     clean_env: dict[str, str], tmp_path: Path
 ) -> None:
     def run_one(program: Program) -> Seen:
-        proc = subprocess.run(
-            [*CLI, "run", "--file", str(program.path), "--json"],
-            capture_output=True,
-            text=True,
-            timeout=RUN_TIMEOUT_S,
+        proc = run_cli(
+            *("run", "--file", str(program.path), "--json"),
             cwd=tmp_path,
             env=clean_env,
-            check=False,
+            timeout=RUN_TIMEOUT_S,
+            command=CLI,
         )
         try:
             return from_result(json.loads(proc.stdout))

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests._cli import codecage
 
 from codecage import ConfigError, Options, Sandbox
 from codecage import packages as added
@@ -32,14 +33,7 @@ TREE_ID = "0123456789abcdef0123456789abcdef"
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("CODECAGE_")}
-    return subprocess.run(
-        [*CODECAGE, *args],
-        capture_output=True,
-        text=True,
-        env={**clean, **(env or {})},
-        timeout=600,
-        check=False,
-    )
+    return codecage(*args, env={**clean, **(env or {})}, timeout=600, command=CODECAGE)
 
 
 @pytest.fixture

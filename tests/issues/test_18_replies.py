@@ -24,6 +24,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult, ImageContent, TextContent
+from tests._anyio import anyio_backend  # noqa: F401 - a fixture
 
 from codecage import config, errors
 from codecage.errors import ConfigError
@@ -35,11 +36,6 @@ from codecage.sandbox import Sandbox
 
 CODECAGE = str(Path(sys.executable).with_name("codecage"))
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 def tokens(result: CallToolResult) -> int:

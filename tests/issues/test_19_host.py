@@ -24,7 +24,8 @@ import anyio
 import pytest
 from mcp import Client
 from mcp_types import CallToolResult, TextContent
-from tests._cli import serve_stdio
+from tests._anyio import anyio_backend  # noqa: F401 - a fixture
+from tests._cli import serve_configured
 
 from codecage import host
 from codecage.config import load
@@ -151,16 +152,9 @@ def test_the_server_runs_calls_with_imports_or_a_profile_without_building_a_sand
 
 
 @pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
 async def pooled_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]:
     """`codecage serve` with its warm pool, in its own process (which stops the pool)."""
-    workdir = tmp_path_factory.mktemp("serve-pool")
-    no_config = {"XDG_CONFIG_HOME": str(workdir / "no-config")}
-    async with serve_stdio(workdir, env=no_config, read_timeout=120) as client:
+    async with serve_configured(tmp_path_factory.mktemp("serve-pool"), None) as client:
         yield client
 
 

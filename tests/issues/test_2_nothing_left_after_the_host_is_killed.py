@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 
 from codecage import engine
-from codecage.engine import workspace as workspaces
-from codecage.isolation import cgroups
+from reliability._load import leftovers
 
 HOST = """
 import sys
@@ -23,29 +22,20 @@ sb.run("import time; print('started', flush=True); time.sleep(60)", limits={"tim
 """
 
 
-def _leftovers(pid: int) -> list[str]:
-    found = [str(p) for p in workspaces.private_parent().glob(f"codecage-run-{pid}-*")]
-    support = cgroups.detect()
-    if support is not None:
-        for parent in support.parents.values():
-            found += [str(d) for d in parent.glob(f"{pid}-*")]
-    return found
-
-
 def test_a_killed_host_leaves_runs_that_the_next_process_removes() -> None:
     host = subprocess.Popen([sys.executable, "-c", HOST], stdout=subprocess.PIPE, text=True)
     assert host.stdout is not None
     assert host.stdout.readline().strip() == "ready"
     deadline = time.monotonic() + 30
-    while not _leftovers(host.pid) and time.monotonic() < deadline:
+    while not leftovers(host.pid) and time.monotonic() < deadline:
         time.sleep(0.02)
     time.sleep(0.3)  # let the run get going: mount, cgroup, sandbox
     os.kill(host.pid, signal.SIGKILL)
     host.wait()
     host.stdout.close()
-    assert _leftovers(host.pid), "the killed host should have left its run behind"
+    assert leftovers(host.pid), "the killed host should have left its run behind"
 
     assert engine.sweep_stale_runs() >= 1
-    assert _leftovers(host.pid) == []
+    assert leftovers(host.pid) == []
     mounts = Path("/proc/self/mountinfo").read_text()
     assert f"codecage-run-{host.pid}-" not in mounts

@@ -28,7 +28,7 @@ import pytest
 from codecage.audit import journal, open_store
 from codecage.engine import owner
 from codecage.engine import workspace as workspaces
-from codecage.isolation import cgroups
+from reliability._load import leftovers
 
 pytestmark = pytest.mark.skipif(
     shutil.which("unshare") is None or os.geteuid() != 0,
@@ -76,15 +76,6 @@ SWEEP = (
     "assert os.getpid() < 10, os.getpid()  # a new PID namespace: the host's pids are not here\n"
     "print(sweep_stale_runs())\n"
 )
-
-
-def leftovers(pid: int) -> list[str]:
-    found = [str(p) for p in workspaces.private_parent().glob(f"codecage-run-{pid}-*")]
-    support = cgroups.detect()
-    if support is not None:
-        for parent in support.parents.values():
-            found += [str(d) for d in parent.glob(f"{pid}-*")]
-    return found
 
 
 def contents(paths: list[str]) -> list[str]:

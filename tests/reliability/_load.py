@@ -33,10 +33,10 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import anyio
 import httpx2
@@ -217,6 +217,16 @@ def cmdline(pid: int) -> str:
     except OSError:
         return "(gone)"
     return raw.replace(b"\0", b" ").decode(errors="replace")[:200]
+
+
+def leftovers(pid: int) -> list[str]:
+    """The run dirs and cgroups that a codecage process `pid` made, as paths."""
+    found = [str(p) for p in workspaces.private_parent().glob(f"codecage-run-{pid}-*")]
+    support = cgroups.detect()
+    if support is not None:
+        for parent in support.parents.values():
+            found += [str(d) for d in parent.glob(f"{pid}-*")]
+    return found
 
 
 def named_leftovers(pid: int) -> dict[str, list[str]]:
@@ -404,28 +414,44 @@ class HttpServer:
 def serving_http(workdir: Path, *args: str) -> Iterator[HttpServer]:
     """`codecage serve --http --insecure-no-token ARGS` on a free loopback port, until the
     block ends; then Ctrl-C (SIGKILL after 10 s) and reaped."""
+    argv = ("--host", "127.0.0.1", *NO_TOKEN, *args)
+    with http_serve(workdir, argv, child_env(workdir), log="serve-http") as server:
+        yield server
+
+
+@contextlib.contextmanager
+def http_serve(
+    workdir: Path,
+    args: Sequence[str],
+    env: dict[str, str],
+    log: str,
+    bound_s: float = 60,
+    sig: signal.Signals = signal.SIGINT,
+) -> Iterator[HttpServer]:
+    """`codecage serve --http --port P ARGS` (P a free loopback port) in `workdir` with
+    `env`, its stderr in workdir/LOG-P.log, once it accepts connections (within `bound_s`);
+    when the block ends, stopped (`stop` with `sig`)."""
     port = free_port()
-    stderr_path = workdir / f"serve-http-{port}.log"
+    stderr_path = workdir / f"{log}-{port}.log"
     with stderr_path.open("wb") as stderr:
-        argv = [CODECAGE, "serve", "--http", "--host", "127.0.0.1", "--port", str(port)]
         proc = subprocess.Popen(
-            [*argv, *NO_TOKEN, *args],
+            [CODECAGE, "serve", "--http", "--port", str(port), *args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=stderr,
             cwd=workdir,
-            env=child_env(workdir),
+            env=env,
             start_new_session=True,
         )
         server = HttpServer(f"http://127.0.0.1:{port}/mcp", proc, stderr_path)
         try:
-            _wait_listening(server, port)
+            _wait_listening(server, port, bound_s)
             yield server
         finally:
-            stop(proc)
+            stop(proc, sig)
 
 
-def _wait_listening(server: HttpServer, port: int, bound_s: float = 60) -> None:
+def _wait_listening(server: HttpServer, port: int, bound_s: float) -> None:
     deadline = time.monotonic() + bound_s
     while time.monotonic() < deadline:
         if server.proc.poll() is not None:
@@ -437,11 +463,12 @@ def _wait_listening(server: HttpServer, port: int, bound_s: float = 60) -> None:
     raise RuntimeError(f"codecage serve --http did not accept connections within {bound_s} s")
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """Ctrl-C to the server's process group, SIGKILL if it lingers past 10 s; reaped."""
+def stop(proc: subprocess.Popen[bytes], sig: signal.Signals = signal.SIGINT) -> None:
+    """`sig` to the server's process group, then SIGKILL if it lingers past 10 s; always
+    reaped. (Ctrl-C by default: a server stopped so leaves no run dirs behind.)"""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGINT)
+            os.killpg(proc.pid, sig)
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -582,18 +609,30 @@ async def stdio_session(
         yield client, new[0]
 
 
-async def stdio_call(client: Client, call: Call, bound_s: float) -> None:
+_R = TypeVar("_R")
+
+
+async def judged(call: Call, run: Awaitable[_R], judge: Callable[[Call, _R, float], None]) -> None:
+    """`run` awaited for `call`, then judged; a TimeoutError counts as hung, any other
+    failure as failed."""
     started = time.monotonic()
     try:
-        with anyio.fail_after(bound_s):
-            result = await client.call_tool("execute_code", {"code": call.code})
+        result = await run
     except TimeoutError:
         call.hung()
         return
     except Exception as exc:  # every failure is counted and shown
         call.failed(exc, started)
         return
-    judge_tool_result(call, result, started)
+    judge(call, result, started)
+
+
+async def stdio_call(client: Client, call: Call, bound_s: float) -> None:
+    async def bounded() -> CallToolResult:
+        with anyio.fail_after(bound_s):
+            return await client.call_tool("execute_code", {"code": call.code})
+
+    await judged(call, bounded(), judge_tool_result)
 
 
 async def drive_stdio(
@@ -671,60 +710,55 @@ def judge_library_result(call: Call, result: Any, started: float) -> None:
         call.detail = f"status {result.status}: {result.error}"
 
 
-def threads_burst(sandbox: Sandbox, phase: Phase, calls: int, threads: int) -> list[Call]:
-    """`calls` more runs of one Sandbox from `threads` threads at once."""
-    batch = [Call("threads") for _ in range(calls)]
-    phase.calls.extend(batch)
-    pid = os.getpid()
-    started = time.monotonic()
-    phase.usage.rss_kb.setdefault("before", rss_kb(pid))
-    phase.usage.fds.setdefault("before", open_fds(pid))
-    with Watch(pid, phase.usage), concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        futures = {pool.submit(library_call, sandbox, c): c for c in batch}
-        deadline = time.monotonic() + HUNG_BOUND_S
-        for future, call in futures.items():
-            try:
-                future.result(timeout=max(0.0, deadline - time.monotonic()))
-            except concurrent.futures.TimeoutError:
-                call.hung()
-    phase.elapsed_s += time.monotonic() - started
-    phase.usage.take(pid, "after")
-    phase.trend.append((phase.usage.rss_kb["after"], phase.usage.fds["after"]))
-    mark_duplicates(phase.calls)
-    return batch
-
-
-async def _drive_async(sandbox: Sandbox, calls: list[Call], bound_s: float) -> None:
-    async def one(call: Call) -> None:
-        started = time.monotonic()
-        try:
-            result = await asyncio.wait_for(sandbox.arun(call.code), bound_s)
-        except TimeoutError:
-            call.hung()
-            return
-        except Exception as exc:  # every failure is counted and shown
-            call.failed(exc, started)
-            return
-        judge_library_result(call, result, started)
-
-    await asyncio.gather(*(one(c) for c in calls))
-
-
-def asyncio_burst(sandbox: Sandbox, phase: Phase, calls: int) -> list[Call]:
-    """`calls` more `Sandbox.arun` tasks at once on a new asyncio loop."""
-    batch = [Call("asyncio") for _ in range(calls)]
+def _burst(phase: Phase, kind: str, calls: int, drive: Callable[[list[Call]], None]) -> list[Call]:
+    """`calls` more calls of `kind` in `phase`, all made by `drive(batch)` under a Watch of
+    this process: the phase's time, usage and trend taken around them."""
+    batch = [Call(kind) for _ in range(calls)]
     phase.calls.extend(batch)
     pid = os.getpid()
     started = time.monotonic()
     phase.usage.rss_kb.setdefault("before", rss_kb(pid))
     phase.usage.fds.setdefault("before", open_fds(pid))
     with Watch(pid, phase.usage):
-        asyncio.run(_drive_async(sandbox, batch, HUNG_BOUND_S))
+        drive(batch)
     phase.elapsed_s += time.monotonic() - started
     phase.usage.take(pid, "after")
     phase.trend.append((phase.usage.rss_kb["after"], phase.usage.fds["after"]))
     mark_duplicates(phase.calls)
     return batch
+
+
+def threads_burst(sandbox: Sandbox, phase: Phase, calls: int, threads: int) -> list[Call]:
+    """`calls` more runs of one Sandbox from `threads` threads at once."""
+
+    def drive(batch: list[Call]) -> None:
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            futures = {pool.submit(library_call, sandbox, c): c for c in batch}
+            deadline = time.monotonic() + HUNG_BOUND_S
+            for future, call in futures.items():
+                try:
+                    future.result(timeout=max(0.0, deadline - time.monotonic()))
+                except concurrent.futures.TimeoutError:
+                    call.hung()
+
+    return _burst(phase, "threads", calls, drive)
+
+
+async def _drive_async(sandbox: Sandbox, calls: list[Call], bound_s: float) -> None:
+    async def one(call: Call) -> None:
+        run = asyncio.wait_for(sandbox.arun(call.code), bound_s)
+        await judged(call, run, judge_library_result)
+
+    await asyncio.gather(*(one(c) for c in calls))
+
+
+def asyncio_burst(sandbox: Sandbox, phase: Phase, calls: int) -> list[Call]:
+    """`calls` more `Sandbox.arun` tasks at once on a new asyncio loop."""
+
+    def drive(batch: list[Call]) -> None:
+        asyncio.run(_drive_async(sandbox, batch, HUNG_BOUND_S))
+
+    return _burst(phase, "asyncio", calls, drive)
 
 
 # --- the summary -----------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests._upstreams import attempt_code
 
 from codecage import Options, Sandbox
 from codecage.bridge import upstreams
@@ -100,14 +101,7 @@ def _kill_mid_run(sandbox: Sandbox, which: str) -> None:
 # --- an upstream MCP server killed mid tool call ----------------------------------------
 
 
-ATTEMPT = """
-from codecage.runtime import ToolCallError, call_tool_sync
-def attempt(tool, **arguments):
-    try:
-        return ["ok", call_tool_sync("flaky", tool, arguments)]
-    except ToolCallError as exc:
-        return [exc.kind, exc.message]
-"""
+ATTEMPT = attempt_code("flaky")
 
 
 HANG_THEN_ECHO = '[attempt("hang"), attempt("echo", text="again")]'

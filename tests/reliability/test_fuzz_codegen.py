@@ -636,20 +636,26 @@ _HARMLESS = frozenset(
 )
 
 
-def test_importing_the_hostile_tree_only_defines_things(corpus_tree: Path) -> None:
-    """Every module imports (in a child, over a stub runtime) and does nothing else: no
-    file opened outside the tree, no process, no socket, no module imported but the tree's
-    own, and the sentinel file that every payload tries to create is never there."""
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{corpus_tree}:{corpus_tree / 'stubs'}"}
-    proc = subprocess.run(
+def audited_import(tree: Path, stubs: Path) -> subprocess.CompletedProcess[str]:
+    """AUDITED_IMPORT run in `tree` (a child of plain python3 with only `tree` and the
+    stub runtime to import from), its output captured."""
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{tree}:{stubs}"}
+    return subprocess.run(
         [sys.executable, "-B", "-c", AUDITED_IMPORT],
-        cwd=corpus_tree,
+        cwd=tree,
         env=env,
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
+
+
+def test_importing_the_hostile_tree_only_defines_things(corpus_tree: Path) -> None:
+    """Every module imports (in a child, over a stub runtime) and does nothing else: no
+    file opened outside the tree, no process, no socket, no module imported but the tree's
+    own, and the sentinel file that every payload tries to create is never there."""
+    proc = audited_import(corpus_tree, corpus_tree / "stubs")
     assert proc.returncode == 0, proc.stderr[-4000:]
     seen = json.loads(proc.stdout)
     tree = repr(str(corpus_tree / "servers"))[:-1]  # the quoted path, without its end quote
@@ -680,16 +686,8 @@ def test_the_audit_sees_code_that_runs_at_import(corpus_tree: Path, tmp_path: Pa
     (tree / "evil" / "__init__.py").write_text(
         '"""x"""\n' + f'open("{SENTINEL}", "w").close()\n', encoding="utf-8"
     )
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{tmp_path}:{corpus_tree / 'stubs'}"}
-    proc = subprocess.run(
-        [sys.executable, "-B", "-c", AUDITED_IMPORT],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
+    proc = audited_import(tmp_path, corpus_tree / "stubs")
+    assert proc.returncode == 0, proc.stderr[-4000:]
     opened = [args for event, args in json.loads(proc.stdout)["events"] if event == "open"]
     assert any(
         SENTINEL in args[0] and not args[0].startswith(repr(str(tree))[:-1]) for args in opened
@@ -698,24 +696,16 @@ def test_the_audit_sees_code_that_runs_at_import(corpus_tree: Path, tmp_path: Pa
 
 
 def test_the_hostile_tree_passes_ruff_check(corpus_tree: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache", "servers"],
-        cwd=corpus_tree,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
-    proc = subprocess.run(
-        [sys.executable, "-m", "ruff", "format", "--isolated", "--no-cache", "--check", "servers"],
-        cwd=corpus_tree,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
+    for command in (["check"], ["format", "--check"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "ruff", *command, "--isolated", "--no-cache", "servers"],
+            cwd=corpus_tree,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
 
 
 # --- confined to the output directory --------------------------------------------------------

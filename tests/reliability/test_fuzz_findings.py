@@ -35,6 +35,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests._bridge_flood import bridge_flood
 
 from codecage import Options, Sandbox
 from codecage.bridge.channel import BridgeLimits
@@ -129,24 +130,8 @@ def test_names_scrub_and_nesting_abuse_of_the_bridge_are_contained(
 
 # --- 2: a flood whose answers are never read ---------------------------------------------
 
-FLOOD = r"""
-import os, time
-os.set_blocking(4, False)
-line = b'{"v":1,"id":%d,"op":"scrub","text":"' + b"a" * {size} + b'"}\n'
-chunk = b"".join(line % (10**6 + i) for i in range(16))
-sent, deadline, left = 0, time.monotonic() + {seconds}, memoryview(chunk)
-while time.monotonic() < deadline:
-    try:
-        n = os.write(4, left)
-    except BlockingIOError:
-        time.sleep(0.01)
-        continue
-    except OSError:
-        break
-    sent += n
-    left = left[n:] or memoryview(chunk)
-sent
-"""
+# A scrub request of SIZE bytes of text (the guest's bytes expression).
+SCRUB_REQUEST = r"""b'{"v":1,"id":%d,"op":"scrub","text":"' + b"a" * SIZE + b'"}\n'"""
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -157,7 +142,7 @@ def test_a_bridge_flood_whose_answers_are_never_read_is_stopped_by_the_host(
     1 MiB of answers waits unread, so the code's writes block long before 16 MiB."""
     size = random.Random(backend).choice([100, 4_000, 60_000, 500_000])
     result = sandboxes.get(backend).run(
-        FLOOD.replace("{size}", str(size)).replace("{seconds}", "1"),
+        bridge_flood(SCRUB_REQUEST.replace("SIZE", str(size)), seconds=1, copies=16),
         limits={"timeout": 60, "cpu_seconds": 60},
     )
     assert result.status == "ok", (result.error, result.stderr)

@@ -132,14 +132,20 @@ def _shown(args: dict[str, Any]) -> str:
 
 
 @dataclass
-class InProcess:
+class PortalClient:
+    """An async MCP client driven from the (sync) hypothesis tests through a portal."""
+
     portal: BlockingPortal
     client: Client
-    crashes: Crashes
 
     def call(self, tool: str, args: dict[str, Any]) -> CallToolResult:
         result: CallToolResult = self.portal.call(self.client.call_tool, tool, args)
         return result
+
+
+@dataclass
+class InProcess(PortalClient):
+    crashes: Crashes
 
 
 @pytest.fixture(scope="module")
@@ -253,14 +259,8 @@ def test_uploads_past_the_workspace_are_refused_before_any_run(in_process: InPro
 
 
 @dataclass
-class StdioServer:
-    portal: BlockingPortal
-    client: Client
+class StdioServer(PortalClient):
     log: Path
-
-    def call(self, tool: str, args: dict[str, Any]) -> CallToolResult:
-        result: CallToolResult = self.portal.call(self.client.call_tool, tool, args)
-        return result
 
 
 @pytest.fixture(scope="module")

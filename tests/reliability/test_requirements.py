@@ -18,6 +18,8 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import ImageContent
+from tests._anyio import anyio_backend  # noqa: F401 - a fixture
+from tests._upstreams import attempt_code
 from tests.reliability._requirements import (
     CAPPED_STREAM_BYTES,
     DEFAULT_MAX_OUTPUT_BYTES,
@@ -107,14 +109,7 @@ def test_an_allowed_submodule_and_its_parent_import_in_the_sandbox(basic_box: Sa
 # allow-lists": a run can never widen what the server allows. Break caught: a run's
 # allow-list overriding the server's.
 
-ATTEMPT = """
-from codecage.runtime import ToolCallError, call_tool_sync
-def attempt(tool, **arguments):
-    try:
-        return ["ok", call_tool_sync("flaky", tool, arguments)]
-    except ToolCallError as exc:
-        return [exc.kind, exc.message]
-"""
+ATTEMPT = attempt_code("flaky")
 
 
 @pytest.fixture(scope="module")
@@ -167,11 +162,6 @@ def test_a_tool_both_allow_lists_permit_is_called(echo_only_broker: Broker) -> N
 TWENTY_PNGS = (
     "for i in range(20):\n    open(f'pic{i}.png', 'wb').write(b'\\x89PNG\\r\\n\\x1a\\n' + bytes(8))"
 )
-
-
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture
