@@ -28,7 +28,7 @@ class BackendSandboxes:
 
     def __init__(self, **options: Any) -> None:
         self._made: dict[str, Sandbox | str] = {}
-        self._options = options  # more Sandbox() arguments
+        self._options = options  # more Options() fields
 
     def get(self, backend: str) -> Sandbox:
         if os.geteuid() != 0 and backend in NEEDS_ROOT:
@@ -48,12 +48,12 @@ class BackendSandboxes:
         try:
             made = Sandbox(
                 backend="bwrap" if forked else backend,
-                **options,
                 options=Options(
                     import_policy=False,
                     scrub=False,
                     fork_server=forked,
                     allow_degraded=backend == "landlock",
+                    **options,
                 ),
             )
         except CodecageError as exc:
