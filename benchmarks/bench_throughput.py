@@ -1,7 +1,7 @@
 """How many isolated runs per second (issue 24): each mode beside its floors and peer, ONE run.
 
-Two modes of codecage, side by side in every section: `pool` (`Sandbox(fork_server=False)`,
-today's warm pool of single-use sandboxes) and `fork_server` (`Sandbox(fork_server=True)`: a
+Two modes of codecage, side by side in every section: `pool` (`Options(fork_server=False)`,
+today's warm pool of single-use sandboxes) and `fork_server` (`Options(fork_server=True)`: a
 template process forks each run's sandbox). A mode this checkout cannot build (no
 `fork_server` keyword yet) is reported "n/a", never replaced by the other.
 
@@ -92,7 +92,7 @@ from codecage.errors import CodecageError
 from codecage.isolation import identity as identities
 
 SECTIONS = ("tiny", "batch", "latency", "data_science", "cli", "memory")
-# mode name -> Sandbox(fork_server=...); every mode runs a warm pool but `fork_direct`, which
+# mode name -> Options(fork_server=...); every mode runs a warm pool but `fork_direct`, which
 # forks each run's sandbox when the run asks (the fork server without a pool).
 MODES = {"pool": False, "fork_server": True, "fork_direct": True}
 UNPOOLED = {"fork_direct"}
