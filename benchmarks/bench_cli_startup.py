@@ -102,14 +102,14 @@ def measure(n: int) -> dict[str, list[tuple[float, float]]]:
 # steps are included in their parents' time.
 PHASES = [
     ("codecage.cli.run", "load_config", "config load"),
-    ("codecage.cli.run", "build_sandbox", "Sandbox(...): host set-up"),
-    ("codecage.host", "Host._choose_backend", "  backend choice + self-test verdict"),
+    ("codecage.cli.setup", "build_sandbox", "Sandbox(...): host set-up"),
+    ("codecage.host", "choose_backend", "  backend choice + self-test verdict"),
     ("codecage.host", "selftest.cache_key", "    self-test cache key"),
     ("codecage.host", "_read_cached", "    cached verdict read"),
     ("codecage.host", "_PROCESS.sweep_once", "  sweep of stale runs"),
     ("codecage.host", "guardian.ensure", "  guardian start"),
     ("codecage.host", "redaction.build_scrubber", "  scrubber"),
-    ("codecage.host", "Host._pool", "  pool"),
+    ("codecage.host", "_pool", "  pool"),
     ("codecage.sandbox", "Sandbox.run", "Sandbox.run"),
     ("codecage.engine.run", "start", "  sandbox start"),
     ("codecage.engine.run", "rootfs.find_interpreter", "    interpreter facts"),
