@@ -102,7 +102,7 @@ def measure(n: int) -> dict[str, list[tuple[float, float]]]:
 # steps are included in their parents' time.
 PHASES = [
     ("codecage.cli.run", "load_config", "config load"),
-    ("codecage.cli.setup", "build_sandbox", "Sandbox(...): host set-up"),
+    ("codecage.cli.setup", "Sandbox", "Sandbox(...): host set-up"),
     ("codecage.host", "choose_backend", "  backend choice + self-test verdict"),
     ("codecage.host", "selftest.cache_key", "    self-test cache key"),
     ("codecage.host", "_read_cached", "    cached verdict read"),

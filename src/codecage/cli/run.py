@@ -44,7 +44,7 @@ from codecage.cli.render import (
     stderr,
 )
 from codecage.cli.setup import (
-    build_sandbox,
+    host_options,
     load_config,
     read_code,
     read_inputs,
@@ -400,9 +400,10 @@ def validate(
         with progress("connecting to the upstream MCP servers", enabled=upstream and not as_json):
             tools = tool_setup(mcp_config, servers_dir, skills_dir, None, False, settings)
         with contextlib.closing(tools):
-            sandbox = build_sandbox(
+            options = host_options(
                 settings, tools, profile=profile, allow_import=allow_import, pool=False
             )
+            sandbox = Sandbox(options=options)
             with sandbox:
                 report = sandbox.validate(text, strict=strict)
     except CodecageError as exc:

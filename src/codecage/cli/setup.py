@@ -189,53 +189,6 @@ def scrub_option(
     return config.with_categories(base, wanted, "--scrub-categories")
 
 
-def build_sandbox(
-    settings: config.Settings,
-    tools: ToolSetup,
-    *,
-    profile: str | None = None,
-    allow_import: list[str] | None = None,
-    backend: str = "auto",
-    allow_degraded: bool = False,
-    replace_imports: bool = False,
-    import_policy: bool = True,
-    scrub: bool | ScrubSettings | None = None,
-    pool: bool | None = None,
-    fork_server: bool | None = None,
-    face: Face = "cli",
-    data_dir: Path | None = None,
-    allow_host: list[str] | None = None,
-    audit: str | None = None,
-) -> Sandbox:
-    """The one Sandbox of `run` and `validate`, over the host `host_options` describe, so
-    all judge code under the same policy (enabled profiles included) and tool directories.
-
-    Raises:
-        ConfigError: a profile not enabled here, an unknown one, a bad module name, an
-            --allow-host rule that is malformed or denied by the config.
-        HostError: no backend can run on this host.
-    """
-    return Sandbox(
-        options=host_options(
-            settings,
-            tools,
-            profile=profile,
-            allow_import=allow_import,
-            backend=backend,
-            allow_degraded=allow_degraded,
-            replace_imports=replace_imports,
-            import_policy=import_policy,
-            scrub=scrub,
-            pool=pool,
-            fork_server=fork_server,
-            face=face,
-            data_dir=data_dir,
-            allow_host=allow_host,
-            audit=audit,
-        )
-    )
-
-
 def host_options(
     settings: config.Settings,
     tools: ToolSetup,
@@ -294,25 +247,30 @@ def sandbox_of(
     replace_imports: bool = False,
     fork_server: bool | None = None,
 ) -> Sandbox:
-    """`build_sandbox` for the flag groups `run` and `run-batch` share.
+    """The one Sandbox of `run` and `run-batch`, from the flag groups they share.
 
     Raises:
-        ConfigError, HostError: as `build_sandbox` and `scrub_option` do.
+        ConfigError: a profile not enabled here, an unknown one, a bad module name, an
+            --allow-host rule that is malformed or denied by the config, bad
+            --scrub-categories.
+        HostError: no backend can run on this host.
     """
-    return build_sandbox(
-        settings,
-        tools,
-        profile=flags.profile,
-        allow_import=flags.allow_import,
-        backend=flags.backend,
-        allow_degraded=flags.allow_degraded,
-        replace_imports=replace_imports,
-        import_policy=not flags.no_import_policy,
-        scrub=scrub_option(output.no_scrub, output.scrub_categories, settings),
-        pool=pool,
-        fork_server=fork_server,
-        allow_host=network.allow_host,
-        audit=audit.audit,
+    return Sandbox(
+        options=host_options(
+            settings,
+            tools,
+            profile=flags.profile,
+            allow_import=flags.allow_import,
+            backend=flags.backend,
+            allow_degraded=flags.allow_degraded,
+            replace_imports=replace_imports,
+            import_policy=not flags.no_import_policy,
+            scrub=scrub_option(output.no_scrub, output.scrub_categories, settings),
+            pool=pool,
+            fork_server=fork_server,
+            allow_host=network.allow_host,
+            audit=audit.audit,
+        )
     )
 
 
