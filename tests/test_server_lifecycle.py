@@ -58,17 +58,23 @@ def anyio_backend() -> str:
 
 
 def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from each process's parent in /proc/PID/stat (the
+    `children` files miss children that fork while they are read, as proc(5) warns)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        # A process may exit while we walk /proc: its entry vanishes mid-listing.
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = (entry / "stat").read_text()
+            parent = int(stat[stat.rindex(")") + 2 :].split()[1])
+            children.setdefault(parent, []).append(int(entry.name))
     found: list[int] = []
     todo = [pid]
     while todo:
-        parent = todo.pop()
-        # A process may exit while we walk the tree: its /proc entries vanish mid-listing.
-        with contextlib.suppress(OSError):
-            for task in list(Path(f"/proc/{parent}/task").iterdir()):
-                with contextlib.suppress(OSError):
-                    kids = [int(k) for k in (task / "children").read_text().split()]
-                    found += kids
-                    todo += kids
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
     return found
 
 
