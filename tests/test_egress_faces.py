@@ -240,6 +240,9 @@ async def test_execute_code_allow_hosts_over_stdio(tmp_path: Path, config_file: 
     async with serve_stdio(tmp_path, *args) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
         execute = tools["execute_code"]
+        # Hosts may be allowed, so a run can reach beyond the sandbox: the hint says so
+        # (test_18_replies checks it is false on a server that allows none).
+        assert execute.annotations is not None and execute.annotations.open_world_hint is True
         allow_hosts = execute.input_schema["properties"]["allow_hosts"]
         assert allow_hosts["type"] == "array"  # optional: left out, not anyOf [array, null]
         for described in (allow_hosts["description"], execute.description or ""):

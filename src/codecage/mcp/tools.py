@@ -46,7 +46,6 @@ def tools(runner: Runner) -> list[Tool]:
     tool = registrar(made)
     clients = sessions.Clients()
     questions = approval.Questions()
-    upstream = runner.host.tools is not None
     backends = runner.host.call_backends
     backend_help = (
         f"Isolation backend: {backends[0]} (the default)"
@@ -71,7 +70,9 @@ def tools(runner: Runner) -> list[Tool]:
             + _data_note(runner.host)
             + _tools_note(runner.host)
         ),
-        annotations=_annotations("Run Python in a sandbox", read_only=False, open_world=upstream),
+        annotations=_annotations(
+            "Run Python in a sandbox", read_only=False, open_world=_reaches_world(runner.host)
+        ),
     )
     async def execute_code(
         ctx: Context[Any, Any],
@@ -245,15 +246,27 @@ def _refuse_session_arguments(**given: Any) -> None:
         )
 
 
+def _server_profile(runtime: Host) -> str:
+    """The import profile of a call that names none: the operator's policy, else the file's."""
+    policy = runtime.options.policy
+    return policy.profile if policy is not None else runtime.settings.profile
+
+
+def _reaches_world(runtime: Host) -> bool:
+    """Whether a run may reach beyond the sandbox: through upstream tools, or through a host
+    this server lets a call (or a profile) allow. MCP's openWorldHint says exactly that."""
+    grants = runtime.grants
+    by_profile = any(rules for rules in (grants.profiles or {}).values())
+    return (
+        runtime.tools is not None or bool(grants.ceiling_of(_server_profile(runtime))) or by_profile
+    )
+
+
 def _network_note(runtime: Host) -> str:
     """Whether the code has network, and what a call may ask for: the model must know
     before it writes code that fetches something."""
     grants = runtime.grants
-    profile = (
-        runtime.options.policy.profile
-        if runtime.options.policy is not None
-        else runtime.settings.profile
-    )
+    profile = _server_profile(runtime)
     defaults = ", ".join(r.text for r in grants.defaults(profile))
     ceiling = ", ".join(r.text for r in grants.ceiling_of(profile))
     if not ceiling:
@@ -268,11 +281,7 @@ def _network_note(runtime: Host) -> str:
 def _allow_hosts_help(runtime: Host) -> str:
     """execute_code's `allow_hosts`: the rule's form, and what this server permits."""
     grants = runtime.grants
-    profile = (
-        runtime.options.policy.profile
-        if runtime.options.policy is not None
-        else runtime.settings.profile
-    )
+    profile = _server_profile(runtime)
     ceiling = ", ".join(r.text for r in grants.ceiling_of(profile)) or "none: no host"
     extra = sorted(n for n, rules in (grants.profiles or {}).items() if rules)
     by_profile = f" (the profiles {', '.join(extra)} add their own hosts)" if extra else ""
@@ -314,7 +323,7 @@ def _tools_note(runtime: Host) -> str:
 # The tools' hints for clients (MCP ToolAnnotations), true of this server: a run touches
 # nothing outside its throwaway sandbox, so nothing of the caller's is destroyed, but each
 # run is new (not idempotent: the code may be random or time-dependent) and, with upstream
-# tools configured, the code may reach the world through them.
+# tools or allowed hosts configured, the code may reach the world through them.
 def _annotations(title: str, *, read_only: bool, open_world: bool) -> ToolAnnotations:
     return ToolAnnotations(
         title=title,
@@ -397,11 +406,7 @@ def _short_info(runner: Runner, info: HostInfo, tools: list[str], budget: int) -
 
 def _network_info(runtime: Host) -> dict[str, Any]:
     grants = runtime.grants
-    profile = (
-        runtime.options.policy.profile
-        if runtime.options.policy is not None
-        else runtime.settings.profile
-    )
+    profile = _server_profile(runtime)
     return {
         "allow": [r.text for r in grants.defaults(profile)],
         "ceiling": [r.text for r in grants.ceiling_of(profile)],
