@@ -188,10 +188,17 @@ def test_run_without_upstream_servers_does_not_load_the_mcp_sdk(tmp_path: Path) 
     assert out.stdout.strip() == "[]"
 
 
-def test_info_shows_profile_descriptions_whole_not_read_as_markup() -> None:
-    """The network profile's description names "the config's [network]": rich read the
-    brackets as a markup tag and printed "the config's );" until info escaped it."""
-    p = cli("info")
+def test_info_shows_text_with_brackets_whole_not_read_as_markup(tmp_path: Path) -> None:
+    """The network profile's description names "the config's [network]", and a limit's
+    source names its file, whose path may hold brackets: rich read them as markup tags and
+    dropped them ("the config's );") until info printed them as plain text."""
+    config_file = tmp_path / "cfg[limits]" / "codecage.toml"
+    config_file.parent.mkdir()
+    config_file.write_text("[limits]\ntimeout = 7\n", encoding="utf-8")
+    p = cli("info", "--config", str(config_file))
     assert p.returncode == 0, p.stderr
-    line = next(ln for ln in p.stdout.splitlines() if ln.strip().lstrip("* ").startswith("network"))
+    lines = p.stdout.splitlines()
+    line = next(ln for ln in lines if ln.strip().lstrip("* ").startswith("network"))
     assert "the config's [network]); without any" in line, line
+    timeout = next(ln for ln in lines if ln.split()[:1] == ["timeout"])
+    assert "cfg[limits]" in timeout, timeout

@@ -218,11 +218,11 @@ def render_validation(report: ValidationReport) -> None:
 
 def render_info(report: HostInfo) -> None:
     out = Console(highlight=False, soft_wrap=True)
-    out.print(f"codecage {report.version} · backend [bold]{report.backend}[/bold]")
+    out.print(f"codecage {report.version} · backend [bold]{escape(report.backend)}[/bold]")
     origin = config.ORIGINS.get(report.config_origin, report.config_origin)
     found = f"{report.config_file} (from {origin})" if report.config_file else "none found"
     out.print(f"config file: {found}", markup=False)
-    out.print(f"python in the sandbox: {report.python}")
+    out.print(f"python in the sandbox: {report.python}", markup=False)
     for state in report.backend_states:
         label = "in force" if state.in_force else "available" if state.available else "unavailable"
         if state.degraded:
@@ -231,15 +231,22 @@ def render_info(report: HostInfo) -> None:
         out.print(f"   backend {state.name:<9} {label}{why}", markup=False)
     for layer in report.layers:
         mark = "[green]✓[/green]" if layer.active else "[red]✗[/red]"
-        out.print(f" {mark} {layer.name:<11} {layer.mechanism} — {layer.detail}")
-    out.print("default limits (override per run; see `codecage run --help`), and their source:")
+        out.print(f" {mark} {escape(f'{layer.name:<11} {layer.mechanism} — {layer.detail}')}")
+    out.print(
+        "default limits (override per run; see `codecage run --help`), and their source:",
+        markup=False,
+    )
     for name, value in report.default_limits.model_dump().items():
         source = report.limit_sources.get(name, "default")
-        out.print(f"   {name:<18} {value!s:<10} ({source})")
+        out.print(f"   {name:<18} {value!s:<10} ({source})", markup=False)
     out.print(
-        f"ceilings: memory_mb ≤ {report.ceilings.memory_mb}, timeout ≤ {report.ceilings.timeout:g}"
+        f"ceilings: memory_mb ≤ {report.ceilings.memory_mb}, timeout ≤ {report.ceilings.timeout:g}",
+        markup=False,
     )
-    out.print(f"import policy: {report.import_policy or 'off'} (profiles, choose with --profile):")
+    out.print(
+        f"import policy: {report.import_policy or 'off'} (profiles, choose with --profile):",
+        markup=False,
+    )
     for profile in report.profiles:
         missing = [name for name, ok in profile.packages_importable.items() if not ok]
         note = f" (not importable yet: {', '.join(missing)})" if missing else ""
