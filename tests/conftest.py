@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests._proc import cmdline
 from tests._session_audit import SESSION_STORE
 from tests._tiers import LONG, SERIAL
 
@@ -274,16 +275,8 @@ def _described(leaks: dict[str, list[str]]) -> dict[str, list[str]]:
     """The leftover processes with their command lines: which sandbox it was."""
     described = dict(leaks)
     if "children" in leaks:
-        described["children"] = [f"{pid}: {_cmdline(pid)}" for pid in leaks["children"]]
+        described["children"] = [f"{pid}: {cmdline(pid)}" for pid in leaks["children"]]
     return described
-
-
-def _cmdline(pid: str) -> str:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return "(gone)"
-    return raw.replace(b"\0", b" ").decode(errors="replace")[:300]
 
 
 @pytest.fixture(autouse=True, scope="module")

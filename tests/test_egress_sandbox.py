@@ -13,7 +13,6 @@ import hashlib
 import http.server
 import json
 import os
-import shutil
 import socket
 import ssl
 import threading
@@ -27,6 +26,7 @@ from typing import Any
 import pytest
 from tests._certs import self_signed
 from tests._forking import in_forked_child
+from tests._runsc import needs_runsc
 from tests._web import QuietHandler, serving_http_on_loopback, start_http
 
 from codecage import ExecutionResult, Options, Sandbox
@@ -315,17 +315,7 @@ def test_a_credential_is_added_at_the_edge_and_never_visible_inside(
 # --- backends -------------------------------------------------------------------------------
 
 
-def _runsc_missing() -> str | None:
-    if shutil.which("runsc") is None:
-        return "runsc is not installed (scripts/setup --test installs it)"
-    if os.geteuid() != 0:
-        return "the gVisor backend needs root"
-    return None
-
-
-@pytest.mark.skipif(
-    _runsc_missing() is not None and os.environ.get("CI") != "true", reason=str(_runsc_missing())
-)
+@needs_runsc
 def test_egress_works_the_same_under_gvisor(config: Path, servers: dict[str, _Server]) -> None:
     api, other = servers["api"], servers["other"]
     hosts = [f"api.test:{api.port}", f"127.0.0.1:{api.port}"]

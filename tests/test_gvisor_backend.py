@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests._runsc import needs_runsc
 
 from codecage import Options, Sandbox
 from codecage.backends import gvisor
@@ -23,20 +23,6 @@ from codecage.errors import HostError
 from codecage.isolation import identity, seccomp
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _runsc_usable() -> str | None:
-    if shutil.which("runsc") is None:
-        return "runsc is not installed (scripts/setup --test installs it)"
-    if os.geteuid() != 0:
-        return "the gVisor backend needs root"
-    return None
-
-
-needs_runsc = pytest.mark.skipif(
-    _runsc_usable() is not None and os.environ.get("CI") != "true",
-    reason=str(_runsc_usable()),
-)
 
 
 @pytest.fixture(scope="module")

@@ -45,6 +45,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, TextContent
 
+from _proc import cmdline  # tests/ is on the path here and in scripts/soak
 from codecage import Sandbox
 from codecage.engine import workspace as workspaces
 from codecage.isolation import cgroups
@@ -209,14 +210,6 @@ def descendants(pid: int) -> dict[int, str]:
                 found[kid] = started
                 todo.append(kid)
     return found
-
-
-def cmdline(pid: int) -> str:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return "(gone)"
-    return raw.replace(b"\0", b" ").decode(errors="replace")[:200]
 
 
 def leftovers(pid: int) -> list[str]:

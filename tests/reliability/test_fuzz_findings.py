@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests._bridge_flood import bridge_flood
+from tests._bridge_flood import NEXT_CALL, bridge_flood
 
 from codecage import Options, Sandbox
 from codecage.bridge.channel import BridgeLimits
@@ -92,21 +92,15 @@ os.write(4, b'{{"v":1,"id":7001,"op":"call_tool","server":"s","tool":"t","argume
          + shallow + b'}}}}\n')
 os.write(4, b'{{"v":1,"id":7002,"op":"call_tool","server":"s","tool":"t","arguments":'
          + b"[" * 200_000 + b"]" * 200_000 + b"}}\n")
-started = time.monotonic()
-try:
-    scrub("after")
-    after = "answered"
-except ToolCallError as exc:
-    after = exc.kind
-[sorted(set(kinds)), oracle, after, time.monotonic() - started < 10]
 """
+BRIDGE_ABUSE_THEN = NEXT_CALL + "[sorted(set(kinds)), oracle, outcome, waited < 10]\n"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_names_scrub_and_nesting_abuse_of_the_bridge_are_contained(
     sandboxes: BackendSandboxes, backend: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    code = BRIDGE_ABUSE.format(names=EVIL_NAMES, secret=SECRET)
+    code = BRIDGE_ABUSE.format(names=EVIL_NAMES, secret=SECRET) + BRIDGE_ABUSE_THEN
     with caplog.at_level(logging.DEBUG):
         result = sandboxes.get(backend).run(code, limits={"timeout": 60})
     assert result.status == "ok", (result.error, result.stderr)
