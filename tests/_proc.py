@@ -1,11 +1,13 @@
-"""Processes a test started or watches: what /proc says of one, and ending one."""
+"""Processes a test started or watches: what /proc says of one, watching some while a block
+runs, and ending one."""
 
 from __future__ import annotations
 
 import contextlib
 import subprocess
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 
 def cmdline(pid: int | str) -> str:
@@ -32,3 +34,28 @@ def end(proc: subprocess.Popen[Any], grace: float = 0) -> None:
         proc.wait()
     if proc.stdout is not None:
         proc.stdout.close()
+
+
+class Sampling:
+    """Calls `sample` every `interval` seconds, on a thread, while a `with` block runs."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()

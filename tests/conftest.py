@@ -14,7 +14,6 @@ import secrets
 import shutil
 import socket
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -34,7 +33,13 @@ from codecage.cli import audit as audit_cli
 from codecage.engine import forkserver, guardian
 from codecage.engine import workspace as workspaces
 from codecage.isolation import cgroups
-from containment._support import Outcome, against_baseline, outcome_of, run_unsandboxed
+from containment._support import (
+    Outcome,
+    against_baseline,
+    answering,
+    outcome_of,
+    run_unsandboxed,
+)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -180,24 +185,8 @@ def net_canary() -> Iterator[NetCanary]:
     server = socket.create_server(("127.0.0.1", 0))
     server.settimeout(0.2)
     canary = NetCanary(server.getsockname()[1], token, [])
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, addr = server.accept()
-            except OSError:
-                continue
-            canary.connections.append(str(addr))
-            with conn:
-                conn.sendall(token.encode())
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield canary
-    stop.set()
-    thread.join(timeout=2)
-    server.close()
+    with answering(server, token.encode(), canary.connections):
+        yield canary
 
 
 # --- leak guard ------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from codecage.bridge.channel import BridgeLimits
 from codecage.bridge.tooling import ToolPattern, name_matches
 from codecage.errors import CodecageError, ConfigError
 from codecage.isolation import identity
+from containment._support import fork_and_reap
 
 from ._fuzz_host import BACKENDS, BackendSandboxes, backend_sandboxes
 
@@ -274,18 +275,7 @@ def test_a_wildcard_grants_only_plain_names_and_never_crosses_the_dot(
 
 # --- found here: the Landlock fallback's process limit is the host uid's ------------------
 
-FORK_FOUR = """
-import os
-kids = []
-for _ in range(4):
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0)
-    kids.append(pid)
-for kid in kids:
-    os.waitpid(kid, 0)
-len(kids)
-"""
+FORK_FOUR = "import os\n" + fork_and_reap(4) + "len(pids)\n"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: processes of another uid")
