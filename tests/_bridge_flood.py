@@ -1,4 +1,5 @@
-"""Guest code that floods the raw bridge socket: the bridge tests' one flood."""
+"""Guest code for the bridge tests: the one flood of the raw bridge socket, and the call that
+shows what a bad frame left of the bridge."""
 
 from __future__ import annotations
 
@@ -29,3 +30,17 @@ def bridge_flood(request: str, seconds: float, copies: int = 64) -> str:
     `copies` of it, with ids that are not the runtime's, make the chunk written again and
     again."""
     return _FLOOD.format(seconds=seconds, request=request, copies=copies)
+
+
+NEXT_CALL = """
+started = time.monotonic()
+try:
+    scrub("after")
+    outcome = "answered"
+except ToolCallError as exc:
+    outcome = exc.kind
+waited = time.monotonic() - started
+"""
+"""Guest code, after code that wrote a bad frame to fd 4: one more bridge call, with `outcome`
+("answered", or the kind of the `ToolCallError`) and `waited` (its seconds) left set. The
+guest has `time`, `ToolCallError` and `scrub` imported."""

@@ -14,7 +14,6 @@ import secrets
 import shutil
 import socket
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests._proc import cmdline
 from tests._session_audit import SESSION_STORE
 from tests._tiers import LONG, SERIAL
 
@@ -33,7 +33,13 @@ from codecage.cli import audit as audit_cli
 from codecage.engine import forkserver, guardian
 from codecage.engine import workspace as workspaces
 from codecage.isolation import cgroups
-from containment._support import Outcome, against_baseline, outcome_of, run_unsandboxed
+from containment._support import (
+    Outcome,
+    against_baseline,
+    answering,
+    outcome_of,
+    run_unsandboxed,
+)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -179,24 +185,8 @@ def net_canary() -> Iterator[NetCanary]:
     server = socket.create_server(("127.0.0.1", 0))
     server.settimeout(0.2)
     canary = NetCanary(server.getsockname()[1], token, [])
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, addr = server.accept()
-            except OSError:
-                continue
-            canary.connections.append(str(addr))
-            with conn:
-                conn.sendall(token.encode())
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield canary
-    stop.set()
-    thread.join(timeout=2)
-    server.close()
+    with answering(server, token.encode(), canary.connections):
+        yield canary
 
 
 # --- leak guard ------------------------------------------------------------------------
@@ -274,16 +264,8 @@ def _described(leaks: dict[str, list[str]]) -> dict[str, list[str]]:
     """The leftover processes with their command lines: which sandbox it was."""
     described = dict(leaks)
     if "children" in leaks:
-        described["children"] = [f"{pid}: {_cmdline(pid)}" for pid in leaks["children"]]
+        described["children"] = [f"{pid}: {cmdline(pid)}" for pid in leaks["children"]]
     return described
-
-
-def _cmdline(pid: str) -> str:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return "(gone)"
-    return raw.replace(b"\0", b" ").decode(errors="replace")[:300]
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -402,56 +402,56 @@ def test_the_password_is_in_no_error(url: str) -> None:
     assert "127.0.0.1:1/audit" in str(failed.value)
 
 
-def test_a_stopped_server_is_an_audit_error_and_the_store_works_again_when_it_is_back(
-    postgres_server: PostgresServer, postgres_url: str
-) -> None:
+@pytest.fixture
+def postgres_store_of_one(postgres_url: str) -> Iterator[AuditStore]:
+    """A store on the test server's database that holds `record(1)`; closed after the test."""
     opened = open_store(postgres_url)
     try:
         opened.write([record(1)])
-        postgres_server.stop()
-        try:
-            with pytest.raises(AuditError, match="cannot be reached") as down:
-                opened.write([record(2)])
-            assert not isinstance(down.value.__cause__, AuditError)
-            with pytest.raises(AuditError):
-                opened.get("exec-0001")
-            with pytest.raises(AuditError, match="cannot be reached"):
-                open_store(postgres_url)
-        finally:
-            postgres_server.start()
-        opened.write([record(3)])
-        assert ids(opened) == ["exec-0003", "exec-0001"]
+        yield opened
     finally:
         opened.close()
+
+
+def test_a_stopped_server_is_an_audit_error_and_the_store_works_again_when_it_is_back(
+    postgres_server: PostgresServer, postgres_url: str, postgres_store_of_one: AuditStore
+) -> None:
+    opened = postgres_store_of_one
+    postgres_server.stop()
+    try:
+        with pytest.raises(AuditError, match="cannot be reached") as down:
+            opened.write([record(2)])
+        assert not isinstance(down.value.__cause__, AuditError)
+        with pytest.raises(AuditError):
+            opened.get("exec-0001")
+        with pytest.raises(AuditError, match="cannot be reached"):
+            open_store(postgres_url)
+    finally:
+        postgres_server.start()
+    opened.write([record(3)])
+    assert ids(opened) == ["exec-0003", "exec-0001"]
 
 
 def test_a_dropped_connection_is_opened_again_within_the_call(
-    postgres_server: PostgresServer, postgres_url: str
+    postgres_server: PostgresServer, postgres_url: str, postgres_store_of_one: AuditStore
 ) -> None:
-    opened = open_store(postgres_url)
-    try:
-        opened.write([record(1)])
-        database = postgres_url.rsplit("/", 1)[1]
-        killed = postgres_server.admin(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "  # noqa: S608
-            f"WHERE datname = '{database}' AND application_name = 'codecage-audit'"
-        )
-        assert killed == [(True,)]
-        opened.write([record(2)])  # no error: the call reconnects once
-        assert ids(opened) == ["exec-0002", "exec-0001"]
-    finally:
-        opened.close()
+    database = postgres_url.rsplit("/", 1)[1]
+    killed = postgres_server.admin(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "  # noqa: S608
+        f"WHERE datname = '{database}' AND application_name = 'codecage-audit'"
+    )
+    assert killed == [(True,)]
+    postgres_store_of_one.write([record(2)])  # no error: the call reconnects once
+    assert ids(postgres_store_of_one) == ["exec-0002", "exec-0001"]
 
 
-def test_a_retried_batch_already_committed_is_not_refused(postgres_url: str) -> None:
-    opened = open_store(postgres_url)
-    try:
-        opened.write([record(1)])
-        opened.write([record(1), record(2)])  # as after a commit whose answer was lost
-        assert ids(opened) == ["exec-0002", "exec-0001"]
-        assert opened.get("exec-0001") == record(1)
-    finally:
-        opened.close()
+def test_a_retried_batch_already_committed_is_not_refused(
+    postgres_store_of_one: AuditStore,
+) -> None:
+    opened = postgres_store_of_one
+    opened.write([record(1), record(2)])  # as after a commit whose answer was lost
+    assert ids(opened) == ["exec-0002", "exec-0001"]
+    assert opened.get("exec-0001") == record(1)
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp_types import Tool
+from tests._codegen import deterministic_tree, reference_functions
 
 from codecage.bridge import codegen
 from codecage.bridge.codegen import (
@@ -656,25 +657,8 @@ _TYPE_HEADS = {"list", "dict", "Literal", "NotRequired"}
 _TYPE_BUILTINS = {"str", "int", "float", "bool", "list", "dict", "Any"}
 
 
-def _reference_functions() -> set[str]:
-    """The fixed call/call_sync/_arguments functions, unparsed, as the generator writes them."""
-    tools = [
-        Tool(name="a", inputSchema={"type": "object"}),
-        Tool(name="b", inputSchema={"type": "object"}, outputSchema={"type": "object"}),
-        Tool(name="c", inputSchema={"type": "string"}),
-        Tool(name="d", inputSchema={"type": "string"}, outputSchema={"type": "object"}),
-    ]
-    found: set[str] = set()
-    for path, text in generate({"s": tools}).items():
-        if path.endswith("__init__.py"):
-            continue
-        for node in ast.parse(text).body:
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                found.add(ast.unparse(node))
-    return found
-
-
-REFERENCE_FUNCTIONS = _reference_functions()
+# The fixed call/call_sync/_arguments functions, unparsed, as the generator writes them.
+REFERENCE_FUNCTIONS = {ast.unparse(node) for node in reference_functions()}
 
 
 def _check_type(node: ast.expr, names: set[str]) -> None:
@@ -1305,12 +1289,7 @@ servers_strategy = st.dictionaries(
 def test_random_schemas_and_hostile_text_give_deterministic_checked_trees(
     servers: dict[str, list[Tool]],
 ) -> None:
-    files = generate(servers)
-    check_tree(files, servers)
-    assert generate(servers) == files
-    shuffled = {s: list(reversed(ts)) for s, ts in reversed(list(servers.items()))}
-    if all(len({t.name for t in ts}) == len(ts) for ts in servers.values()):
-        assert generate(shuffled) == files  # order of tools and servers does not matter
+    deterministic_tree(servers, check_tree)
 
 
 # --- ruff and mypy on the generated tree (once per module: they are slow) -------------------

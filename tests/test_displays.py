@@ -9,6 +9,7 @@ import base64
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mcp_types import ImageContent, TextContent
@@ -33,9 +34,15 @@ def _events(result: ExecutionResult, kind: str) -> list[str]:
     return [e.detail for e in result.events if e.kind == kind]
 
 
-def test_plt_show_gives_one_png_display(sandbox: Sandbox) -> None:
-    r = sandbox.run(SHOW + "import matplotlib\nprint(matplotlib.get_backend())")
+def ran(sandbox: Sandbox, code: str, **run: Any) -> ExecutionResult:
+    """The result of a run of `code` that must succeed (its error is shown when it did not)."""
+    r = sandbox.run(code, **run)
     assert r.ok, r.error
+    return r
+
+
+def test_plt_show_gives_one_png_display(sandbox: Sandbox) -> None:
+    r = ran(sandbox, SHOW + "import matplotlib\nprint(matplotlib.get_backend())")
     assert r.stdout.strip() == "module://codecage.runtime.plots"
     (figure,) = r.displays
     assert (figure.index, figure.source) == (0, "figure")
@@ -52,8 +59,7 @@ def test_a_figure_left_open_is_captured_at_the_end_and_savefig_still_works(
         "plt.figure(figsize=(4, 3), dpi=50)\nplt.bar(['a', 'b'], [1, 2])\n"
         "plt.savefig('chart.png')\n"
     )
-    r = sandbox.run(code)
-    assert r.ok, r.error
+    r = ran(sandbox, code)
     (figure,) = r.displays
     assert figure.source == "figure"
     assert displays.png_size(_png(figure)) == (200, 150)
@@ -66,8 +72,7 @@ def test_display_of_a_dataframe_gives_a_bounded_table_and_html(sandbox: Sandbox)
         "df = pd.DataFrame({'n': range(1000), 'sq': [i * i for i in range(1000)]})\n"
         "display(df)\nprint('after')\n"
     )
-    r = sandbox.run(code)
-    assert r.ok, r.error
+    r = ran(sandbox, code)
     (table,) = r.displays
     assert table.source == "display"
     assert set(table.data) == {"text/plain", "text/html"}
@@ -88,8 +93,7 @@ def test_display_follows_the_ipython_protocol_by_duck_typing(sandbox: Sandbox) -
         "        return {'application/json': {'a': 1}, 'text/plain': 'B', 'x/y': 'no'}\n"
         "shown(Note(), Bundle())\ndisplay(type)\n"
     )
-    r = sandbox.run(code)
-    assert r.ok, r.error
+    r = ran(sandbox, code)
     note, bundle, klass = r.displays
     assert note.data == {"text/markdown": "**bold** note", "text/plain": "Note()"}
     assert bundle.data == {"application/json": {"a": 1}, "text/plain": "B"}
@@ -100,8 +104,7 @@ def test_display_follows_the_ipython_protocol_by_duck_typing(sandbox: Sandbox) -
 def test_the_last_expression_dataframe_is_a_display_and_its_return_value_unchanged(
     sandbox: Sandbox,
 ) -> None:
-    r = sandbox.run("import pandas as pd\npd.DataFrame({'a': [1, 2]})")
-    assert r.ok, r.error
+    r = ran(sandbox, "import pandas as pd\npd.DataFrame({'a': [1, 2]})")
     (last,) = r.displays
     assert last.source == "last_expression"
     assert "text/html" in last.data and "a" in last.data["text/plain"]
@@ -120,8 +123,7 @@ def test_a_hostile_repr_html_is_left_out_and_the_run_goes_on(sandbox: Sandbox) -
         "    def _repr_png_(self): return b'\\x89PNG\\r\\n\\x1a\\n' + bytes(50 * 1024 * 1024)\n"
         "display(Raises(), Huge())\nprint('still here')\n"
     )
-    r = sandbox.run(code, limits={"memory_mb": 1024})
-    assert r.ok, r.error
+    r = ran(sandbox, code, limits={"memory_mb": 1024})
     assert r.stdout == "still here\n"
     raises, huge = r.displays
     assert raises.data == {"text/plain": "Raises()"}
@@ -133,8 +135,7 @@ def test_a_hostile_repr_html_is_left_out_and_the_run_goes_on(sandbox: Sandbox) -
 
 
 def test_sixty_displays_are_capped_at_fifty_with_an_event(sandbox: Sandbox) -> None:
-    r = sandbox.run("for i in range(60):\n    display(i)\n")
-    assert r.ok, r.error
+    r = ran(sandbox, "for i in range(60):\n    display(i)\n")
     assert len(r.displays) == contract.MAX_DISPLAYS == 50
     assert [d.data["text/plain"] for d in r.displays] == [str(i) for i in range(50)]
     (note,) = _events(r, "display_truncated")
@@ -156,8 +157,7 @@ def test_forged_display_lines_on_the_control_socket_are_bounded_by_the_host(
         "for i in range(70):\n    forge(str(i))\n"
         "print('done')\n"
     )
-    r = sandbox.run(code)
-    assert r.ok, r.error
+    r = ran(sandbox, code)
     assert r.stdout == "done\n"
     assert len(r.displays) == contract.MAX_DISPLAYS
     assert all(len(d.data["text/plain"]) < 10 for d in r.displays)
@@ -172,8 +172,7 @@ def test_a_forged_image_that_is_not_one_is_refused(sandbox: Sandbox) -> None:
         " 'data': {'text/plain': 'x', 'image/png': 'PHN2Zz4='}}\n"
         "os.write(3, (json.dumps(line) + '\\n').encode())\n"
     )
-    r = sandbox.run(code)
-    assert r.ok, r.error
+    r = ran(sandbox, code)
     assert r.displays == []
     assert _events(r, "guest_report_invalid")
 
@@ -181,8 +180,7 @@ def test_a_forged_image_that_is_not_one_is_refused(sandbox: Sandbox) -> None:
 def test_a_forked_process_displays_are_not_the_runs(sandbox: Sandbox) -> None:
     code = "import os\npid = os.fork()\nif pid == 0:\n    display('child')\n    os._exit(0)\n"
     code += "os.waitpid(pid, 0)\ndisplay('parent')\n"
-    r = sandbox.run(code)
-    assert r.ok, r.error
+    r = ran(sandbox, code)
     assert [d.data["text/plain"] for d in r.displays] == ["'parent'"]
 
 

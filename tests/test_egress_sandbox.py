@@ -13,7 +13,6 @@ import hashlib
 import http.server
 import json
 import os
-import shutil
 import socket
 import ssl
 import threading
@@ -27,11 +26,13 @@ from typing import Any
 import pytest
 from tests._certs import self_signed
 from tests._forking import in_forked_child
+from tests._runsc import needs_runsc
 from tests._web import QuietHandler, serving_http_on_loopback, start_http
 
 from codecage import ExecutionResult, Options, Sandbox
 from codecage.engine import workspace as workspaces
 from codecage.errors import ConfigError
+from containment._support import held_run
 
 
 class _Handler(QuietHandler):
@@ -315,17 +316,7 @@ def test_a_credential_is_added_at_the_edge_and_never_visible_inside(
 # --- backends -------------------------------------------------------------------------------
 
 
-def _runsc_missing() -> str | None:
-    if shutil.which("runsc") is None:
-        return "runsc is not installed (scripts/setup --test installs it)"
-    if os.geteuid() != 0:
-        return "the gVisor backend needs root"
-    return None
-
-
-@pytest.mark.skipif(
-    _runsc_missing() is not None and os.environ.get("CI") != "true", reason=str(_runsc_missing())
-)
+@needs_runsc
 def test_egress_works_the_same_under_gvisor(config: Path, servers: dict[str, _Server]) -> None:
     api, other = servers["api"], servers["other"]
     hosts = [f"api.test:{api.port}", f"127.0.0.1:{api.port}"]
@@ -601,24 +592,7 @@ def test_a_run_of_another_id_cannot_use_a_runs_egress_socket(
         "while True:\n"
         "    time.sleep(1)\n"
     )
-    cancel, ready = threading.Event(), threading.Event()
-    results: list[ExecutionResult] = []
-
-    def run_a() -> None:
-        results.append(
-            a_sandbox.run(
-                code_a,
-                cancel=cancel,
-                on_output=lambda stream, text: ready.set() if "READY" in text else None,
-                limits={"timeout": 120},
-            )
-        )
-        ready.set()
-
-    thread = threading.Thread(target=run_a, daemon=True)
-    thread.start()
-    try:
-        assert ready.wait(90) and not results, "run A never got going"
+    with held_run(a_sandbox, code_a) as a:
         socket_path = _run_dir_of(token) / "egress" / "egress.sock"
         assert socket_path.exists(), socket_path
         code_b = (
@@ -637,13 +611,8 @@ def test_a_run_of_another_id_cannot_use_a_runs_egress_socket(
         assert b.status == "ok", b.stderr
         assert '"server": "api"' not in b.stdout, b.stdout
         assert b.stdout.startswith("REFUSED") or "403" in b.stdout, b.stdout
-        assert thread.is_alive(), "run A ended before run B: they did not overlap"
-    finally:
-        cancel.set()
-        thread.join(timeout=90)
-    assert results and not [e for e in results[0].events if e.kind == "network_allowed"], (
-        "A's grant was used"
-    )
+        assert a.thread.is_alive(), "run A ended before run B: they did not overlap"
+    assert not [e for e in a.release().events if e.kind == "network_allowed"], "A's grant was used"
 
 
 def _run_dir_of(token: str) -> Path:

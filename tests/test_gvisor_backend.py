@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests._proc import Sampling
+from tests._runsc import needs_runsc
 
 from codecage import Options, Sandbox
 from codecage.backends import gvisor
@@ -23,20 +24,6 @@ from codecage.errors import HostError
 from codecage.isolation import identity, seccomp
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _runsc_usable() -> str | None:
-    if shutil.which("runsc") is None:
-        return "runsc is not installed (scripts/setup --test installs it)"
-    if os.geteuid() != 0:
-        return "the gVisor backend needs root"
-    return None
-
-
-needs_runsc = pytest.mark.skipif(
-    _runsc_usable() is not None and os.environ.get("CI") != "true",
-    reason=str(_runsc_usable()),
-)
 
 
 @pytest.fixture(scope="module")
@@ -188,29 +175,18 @@ def test_the_probe_names_the_user_space_kernel_and_its_platform() -> None:
     assert layers["network"].active
 
 
-class _Recorder:
+class _Recorder(Sampling):
     """The bundles the backend writes, and every host process of their sandboxes seen
     while they ran (the Sentry, the gofer, the Sentry's stubs)."""
 
     def __init__(self) -> None:
+        super().__init__(interval=0.05)
         self.bundles: list[gvisor._Bundle] = []
         self.pids: set[int] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
 
-    def _watch(self) -> None:
-        while not self._stop.is_set():
-            for bundle in list(self.bundles):
-                self.pids.update(gvisor._with_descendants(bundle.sandbox_pids()))
-            time.sleep(0.05)
-
-    def __enter__(self) -> _Recorder:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
+    def sample(self) -> None:
+        for bundle in list(self.bundles):
+            self.pids.update(gvisor._with_descendants(bundle.sandbox_pids()))
 
 
 @needs_runsc

@@ -37,6 +37,14 @@ def scanned(root: Path) -> dict[str, str]:
     return {e.path: e.kind for e in lending.scan(root).entries}
 
 
+def lay_out(root: Path, files: dict[str, str]) -> None:
+    """Writes each file under `root`, its directories made on the way."""
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
 def test_codecages_own_places_are_refused_as_a_workspace() -> None:
     """Checked without lending them (a regression must not hand /usr to a sandbox)."""
     places = lending.own_places(state=[private_parent()])
@@ -239,24 +247,25 @@ def test_the_scan_protects_every_name_at_the_top_found_or_not(tmp_path: Path) ->
 
 
 def test_the_scan_finds_nested_repositories_venvs_and_pth_files(tmp_path: Path) -> None:
-    (tmp_path / "a" / "b" / ".git").mkdir(parents=True)
-    (tmp_path / "a" / "b" / ".git" / "config").write_text(
+    config = (
         "[core]\n\tfsmonitor = scripts/fsmon\n\thooksPath = hooks-here\n"
         '[remote "origin"]\n\turl = https://example.invalid/x.git\n'
         '[alias]\n\tco = "!./bin/co.sh --x"\n'
     )
-    (tmp_path / "a" / "b" / "scripts").mkdir()
-    (tmp_path / "a" / "b" / "scripts" / "fsmon").write_text("x")
-    (tmp_path / "e1").mkdir()
-    (tmp_path / "e1" / "pyvenv.cfg").write_text("")
-    (tmp_path / "x.pth").write_text("")
+    lay_out(
+        tmp_path,
+        {"a/b/.git/config": config, "a/b/scripts/fsmon": "x", "e1/pyvenv.cfg": "", "x.pth": ""},
+    )
     found = scanned(tmp_path)
-    assert found["a/b/.git"] == "dir"
-    assert found["a/b/scripts/fsmon"] == "file"
-    assert found["a/b/hooks-here"] == "missing"
-    assert found["a/b/bin"] == "missing"  # the first missing step of ./bin/co.sh
-    assert found["e1"] == "dir"
-    assert found["x.pth"] == "file"
+    expected = {
+        "a/b/.git": "dir",
+        "a/b/scripts/fsmon": "file",
+        "a/b/hooks-here": "missing",
+        "a/b/bin": "missing",  # the first missing step of ./bin/co.sh
+        "e1": "dir",
+        "x.pth": "file",
+    }
+    assert {path: found.get(path) for path in expected} == expected
     assert not any(p.startswith(("a/b/https", "https")) for p in found)  # a URL is no path
 
 
@@ -266,8 +275,7 @@ def test_every_path_a_git_command_names_is_protected_not_only_its_first_word(
     """git hands a filter, driver, alias or pager to the shell: ``sh scripts/clean.sh``
     runs scripts/clean.sh, which the scan once left writable (it looked at the first word,
     found on PATH). Also the keys it did not know (diff.external, merge drivers, pagers)."""
-    (tmp_path / ".git").mkdir()
-    (tmp_path / ".git" / "config").write_text(
+    config = (
         '[filter "x"]\n\tclean = sh scripts/clean.sh %f\n'
         '[alias]\n\tst = "!python3 st.py && true"\n'
         "[diff]\n\texternal = tools/diff.sh\n"
@@ -275,14 +283,15 @@ def test_every_path_a_git_command_names_is_protected_not_only_its_first_word(
         "[pager]\n\tlog = tools/pager.sh\n"
         "[core]\n\tgitProxy = proxy/run\n"
     )
-    (tmp_path / "scripts").mkdir()
-    (tmp_path / "scripts" / "clean.sh").write_text("cat\n")
-    (tmp_path / "st.py").write_text("print(1)\n")
+    lay_out(tmp_path, {".git/config": config, "scripts/clean.sh": "cat\n", "st.py": "print(1)\n"})
     found = scanned(tmp_path)
-    assert found["scripts/clean.sh"] == "file"
-    assert found["st.py"] == "file"
-    assert found["tools"] == "missing"  # diff.sh, merge.sh, pager.sh: its first missing step
-    assert found["proxy"] == "missing"
+    expected = {
+        "scripts/clean.sh": "file",
+        "st.py": "file",
+        "tools": "missing",  # diff.sh, merge.sh, pager.sh: its first missing step
+        "proxy": "missing",
+    }
+    assert {path: found.get(path) for path in expected} == expected
     assert "%f" not in found and "true" not in found  # arguments that name no file
 
 

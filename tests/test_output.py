@@ -213,16 +213,21 @@ def test_with_a_tail_the_buffer_shows_a_prefix_and_a_suffix_within_the_cap(
     assert f"[... {newlines:,} line".encode() in b"[... " + marker, (marker, cut)
 
 
-def test_the_tail_holds_the_end_of_a_long_output_and_says_how_much_was_cut() -> None:
+@pytest.mark.parametrize(("rows", "row"), [(1000, "{:04}"), (10_000, "row {}")])
+def test_the_tail_holds_the_end_of_a_long_output_and_says_how_much_was_cut(
+    rows: int, row: str
+) -> None:
     buf = CappedBuffer(1000, tail_bytes=500)
-    for i in range(10_000):
-        buf.append(f"row {i}\n".encode())
+    lines = [f"{row.format(i)}\n" for i in range(rows)]
+    for line in lines:
+        buf.append(line.encode())
     text = buf.data.decode()
-    assert text.startswith("row 0\n") and text.endswith("row 9999\n")
+    assert text.startswith(lines[0]) and text.endswith(lines[-1])
+    assert buf.total_bytes == len("".join(lines)) and buf.truncated
     marker = next(line for line in text.splitlines() if line.startswith("[... "))
     assert "cut here" in marker and "write the output to a file" in marker
-    shown = [line for line in text.splitlines() if line.startswith("row ")]
-    assert f"{10_000 - len(shown):,} lines" in marker
+    shown = [line for line in text.splitlines() if not line.startswith("[... ")]
+    assert f"{rows - len(shown):,} lines" in marker, (marker, shown)
 
 
 def test_a_tail_never_starts_inside_a_private_key_block() -> None:

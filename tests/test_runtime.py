@@ -472,22 +472,23 @@ _ENTITY = {
 }
 
 
-def tool(name: str, description: str, **properties: dict[str, Any]) -> Tool:
-    """A tool whose arguments are `properties`, all optional."""
-    schema = {"type": "object", "properties": properties}
+def tool(
+    name: str, description: str, required: tuple[str, ...] = (), **properties: dict[str, Any]
+) -> Tool:
+    """A tool whose arguments are `properties`, those named in `required` required."""
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = list(required)
     return Tool(name=name, description=description, inputSchema=schema)
 
 
 TOOLS = {
     "memory": [
-        Tool(
-            name="create_entities",
-            description="Create multiple new entities in the knowledge graph",
-            inputSchema={
-                "type": "object",
-                "properties": {"entities": {"type": "array", "items": _ENTITY}},
-                "required": ["entities"],
-            },
+        tool(
+            "create_entities",
+            "Create multiple new entities in the knowledge graph",
+            required=("entities",),
+            entities={"type": "array", "items": _ENTITY},
         ),
         tool(
             "create_relations",

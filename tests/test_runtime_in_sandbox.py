@@ -32,7 +32,8 @@ def plain() -> Iterator[Sandbox]:
 
 
 @pytest.fixture(scope="module")
-def memory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sandbox, Path]]:
+def memory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    """A sandbox with the memory server's tools generated into its `/servers`."""
     if not (BIN / "mcp-server-memory").exists():
         pytest.skip("scripts/setup installs the npm servers")
     tmp = tmp_path_factory.mktemp("memory")
@@ -51,7 +52,7 @@ def memory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sandbox, 
         with Sandbox(
             tools=broker, pool=False, allowed_imports=["sys"], options=Options(servers_dir=servers)
         ) as sandbox:
-            yield sandbox, servers
+            yield sandbox
     finally:
         broker.close()
 
@@ -133,27 +134,21 @@ def test_the_logger_writes_json_lines_to_stderr(plain: Sandbox) -> None:
 
 
 @needs_npm
-def test_search_tools_finds_generated_tools_without_importing_them(
-    memory: tuple[Sandbox, Path],
-) -> None:
-    sandbox, _ = memory
+def test_search_tools_finds_generated_tools_without_importing_them(memory: Sandbox) -> None:
     code = """
 import sys
 from codecage.runtime import search_tools
 found = search_tools("create entity", detail="basic", limit=3)
 [[str(r.module), r.summary] for r in found] + [[m for m in sys.modules if m.startswith("servers")]]
 """
-    *found, imported = ok(sandbox, code)  # type: ignore[misc]
+    *found, imported = ok(memory, code)  # type: ignore[misc]
     assert found[0][0] == "servers.memory.create_entities"
     assert "entities" in found[0][1].lower()
     assert imported == []  # nothing of /servers was imported to search it
 
 
 @needs_npm
-def test_generated_modules_call_the_real_server_from_the_sandbox(
-    memory: tuple[Sandbox, Path],
-) -> None:
-    sandbox, _ = memory
+def test_generated_modules_call_the_real_server_from_the_sandbox(memory: Sandbox) -> None:
     code = """
 from codecage.runtime import search_tools
 from servers.memory import create_entities, read_graph
@@ -162,13 +157,12 @@ ref = search_tools("read graph", detail="name", limit=1)[0]
 graph = ref.load().call_sync()
 [e["name"] for e in graph["entities"]]
 """
-    assert ok(sandbox, code) == ["n1"]
+    assert ok(memory, code) == ["n1"]
 
 
 @needs_npm
-def test_the_tool_tree_is_read_only_in_the_sandbox(memory: tuple[Sandbox, Path]) -> None:
-    sandbox, _ = memory
-    result = sandbox.run(
+def test_the_tool_tree_is_read_only_in_the_sandbox(memory: Sandbox) -> None:
+    result = memory.run(
         "open('/servers/memory/read_graph.py', 'a').write('x')", limits={"timeout": 30}
     )
     assert result.status == "error"

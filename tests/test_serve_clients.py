@@ -29,16 +29,17 @@ pytestmark = pytest.mark.anyio
 
 ALICE = "alice-token-" + "a" * 32
 BOB = "bob-token-" + "b" * 32
-CONFIG = """
-[serve.clients.alice]
-token_env = "ALICE_TOKEN"
-runs_per_minute = 2
 
-[serve.clients.bob]
-token_env = "BOB_TOKEN"
-max_memory_mb = 128
-max_timeout = 20
-"""
+
+def clients_config(alice_runs_per_minute: int, bob: str = "") -> str:
+    """Two clients of `codecage serve`, whose tokens it reads from ALICE_TOKEN and BOB_TOKEN:
+    alice with at most `alice_runs_per_minute` runs a minute, bob with the `bob` settings
+    (TOML lines)."""
+    alice = f'token_env = "ALICE_TOKEN"\nruns_per_minute = {alice_runs_per_minute}\n'
+    return f'[serve.clients.alice]\n{alice}\n[serve.clients.bob]\ntoken_env = "BOB_TOKEN"\n{bob}'
+
+
+CONFIG = clients_config(2, bob="max_memory_mb = 128\nmax_timeout = 20\n")
 
 
 @pytest.fixture

@@ -532,17 +532,26 @@ def test_destroy_twice_does_not_raise(run_dir: Path) -> None:
     assert list(run_dir.iterdir()) == []
 
 
+@pytest.fixture
+def mounting_run_dir(run_dir: Path) -> Path:
+    """`run_dir`, where the test may mount a tmpfs: skips unless root that can mount here."""
+    if not IS_ROOT:
+        pytest.skip("needs root")
+    if not can_mount_tmpfs():
+        pytest.skip("root here cannot mount (no CAP_SYS_ADMIN over this mount namespace)")
+    return run_dir
+
+
 def test_create_ephemeral_refuses_a_size_below_one_megabyte(run_dir: Path) -> None:
     with pytest.raises(ConfigError, match="size_mb=0"):
         create_ephemeral(run_dir, 0)
 
 
 @pytest.mark.needs_root
-@root_only
-def test_ephemeral_workspace_is_a_size_limited_tmpfs_gone_after_destroy(run_dir: Path) -> None:
-    if not can_mount_tmpfs():
-        pytest.skip("root here cannot mount (no CAP_SYS_ADMIN over this mount namespace)")
-    ws = create_ephemeral(run_dir, 3)
+def test_ephemeral_workspace_is_a_size_limited_tmpfs_gone_after_destroy(
+    mounting_run_dir: Path,
+) -> None:
+    ws = create_ephemeral(mounting_run_dir, 3)
     try:
         assert ws.tmpfs
         [(fstype, mount_opts, super_opts)] = mounts_at(ws.path)
@@ -556,11 +565,8 @@ def test_ephemeral_workspace_is_a_size_limited_tmpfs_gone_after_destroy(run_dir:
 
 
 @pytest.mark.needs_root
-@root_only
-def test_writing_past_the_tmpfs_size_gives_enospc(run_dir: Path) -> None:
-    if not can_mount_tmpfs():
-        pytest.skip("root here cannot mount (no CAP_SYS_ADMIN over this mount namespace)")
-    ws = create_ephemeral(run_dir, 1)
+def test_writing_past_the_tmpfs_size_gives_enospc(mounting_run_dir: Path) -> None:
+    ws = create_ephemeral(mounting_run_dir, 1)
     try:
         fd = os.open(ws.path / "fill", os.O_WRONLY | os.O_CREAT, 0o600)
         try:

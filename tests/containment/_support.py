@@ -11,10 +11,12 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
@@ -177,3 +179,101 @@ def kill_marked(marker: str) -> None:
     for pid in host_pids_with(marker):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def answering(
+    server: socket.socket, answer: bytes, peers: list[str] | None = None
+) -> Iterator[None]:
+    """While the block runs, a thread accepts connections on `server` (listening, with a
+    short timeout so that it sees the end), sends each one `answer` and notes its peer in
+    `peers`; `server` is closed after the block."""
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, peer = server.accept()
+            except OSError:
+                continue
+            if peers is not None:
+                peers.append(str(peer))
+            with conn:
+                conn.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=2)
+        server.close()
+
+
+READY_WAIT_S = 90.0  # a bound, not a timing: a busy host may take long to start a sandbox
+HELD_S = 120  # a held run's own timeout: it is cancelled long before
+
+
+@dataclass
+class Held:
+    """A run held on a thread until `release`: the stdout it streamed so far, its result
+    once it ended."""
+
+    thread: threading.Thread
+    cancel: threading.Event
+    lines: list[str] = field(default_factory=list)
+    result: list[ExecutionResult] = field(default_factory=list)
+
+    def release(self) -> ExecutionResult:
+        self.cancel.set()
+        self.thread.join(timeout=READY_WAIT_S)
+        assert self.result, "run A did not end once cancelled"
+        return self.result[0]
+
+
+@contextlib.contextmanager
+def held_run(sandbox: Sandbox, code: str, on_files: Any = None, **limits: Any) -> Iterator[Held]:
+    """Start `code` (run A: it prints "READY ..." once it has done its part, then waits) on
+    a thread and yield once the host has seen that line; cancel it on the way out.
+    `on_files` and `limits` go to its run (its timeout is `HELD_S` unless given)."""
+    ready = threading.Event()
+    held = Held(threading.Thread(), threading.Event())
+
+    def on_output(stream: str, text: str) -> None:
+        if stream == "stdout":
+            held.lines.append(text)
+            if "READY" in "".join(held.lines):
+                ready.set()
+
+    def run() -> None:
+        limited = {"timeout": HELD_S, **limits}
+        run_a = sandbox.run(
+            code, cancel=held.cancel, on_output=on_output, on_files=on_files, limits=limited
+        )
+        held.result.append(run_a)
+        ready.set()  # it ended early: the wait below fails with what it said
+
+    held.thread = threading.Thread(target=run, daemon=True)
+    held.thread.start()
+    try:
+        assert ready.wait(READY_WAIT_S), "run A never said it was ready"
+        assert not held.result, f"run A ended early: {held.result[0].stderr[-2000:]}"
+        yield held
+    finally:
+        held.release()
+
+
+def fork_and_reap(n: int) -> str:
+    """Guest code that forks `n` children, each of which exits at once, and reaps them; it
+    leaves their `pids` (it needs `os` imported)."""
+    return f"""
+pids = []
+for _ in range({n}):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    pids.append(pid)
+for pid in pids:
+    os.waitpid(pid, 0)
+"""

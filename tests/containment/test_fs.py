@@ -179,22 +179,16 @@ def test_a_file_written_in_the_workspace_is_listed_in_the_result(sandbox: Sandbo
     ]
 
 
-def test_tmp_is_a_private_tmpfs_of_the_configured_size(runner: Runner) -> None:
-    name = f"/tmp/codecage-fill-{secrets.token_hex(8)}"
-    code = guest(
+def _fill(path: str) -> str:
+    """Guest code that writes 3 MiB to `path`, 1 MiB at a time, and removes the file; it
+    leaves `outcome` ("fits", or the name of the errno that stopped it) and `written` (bytes)
+    set."""
+    return guest(
         """
         import errno, json, os
-        fstype = None
-        with open("/proc/self/mountinfo", encoding="utf-8") as f:
-            for line in f:
-                fields = line.split()
-                if fields[4] == "/tmp":
-                    fstype = fields[fields.index("-") + 1]
-        st = os.statvfs("/tmp")
-        written = 0
-        outcome = "fits"
+        written, outcome = 0, "fits"
         try:
-            with open($name, "wb") as f:
+            with open($path, "wb") as f:
                 for _ in range(3):
                     f.write(b"x" * (1 << 20))
                     f.flush()
@@ -202,13 +196,29 @@ def test_tmp_is_a_private_tmpfs_of_the_configured_size(runner: Runner) -> None:
         except OSError as exc:
             outcome = errno.errorcode[exc.errno]
         finally:
-            if os.path.exists($name):
-                os.unlink($name)
-        print(json.dumps({"fstype": fstype, "size": st.f_blocks * st.f_frsize,
-                          "outcome": outcome, "written": written}))
+            if os.path.exists($path):
+                os.unlink($path)
         """,
-        name=name,
+        path=path,
     )
+
+
+def test_tmp_is_a_private_tmpfs_of_the_configured_size(runner: Runner) -> None:
+    name = f"/tmp/codecage-fill-{secrets.token_hex(8)}"
+    probe = guest(
+        """
+        import json, os
+        fstype = None
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            for line in f:
+                fields = line.split()
+                if fields[4] == "/tmp":
+                    fstype = fields[fields.index("-") + 1]
+        st = os.statvfs("/tmp")
+        """,
+    )
+    said = "fstype=fstype, size=st.f_blocks * st.f_frsize, outcome=outcome, written=written"
+    code = probe + _fill(name) + f"print(json.dumps(dict({said})))\n"
     try:
         seen = runner(code, tmp_mb=2, timeout=10)
     finally:
@@ -221,19 +231,7 @@ def test_tmp_is_a_private_tmpfs_of_the_configured_size(runner: Runner) -> None:
 
 
 def test_writing_past_workspace_mb_gives_enospc(runner: Runner) -> None:
-    code = """
-import errno, json
-written, outcome = 0, "fits"
-try:
-    with open("fill.bin", "wb") as f:
-        for _ in range(3):
-            f.write(b"x" * (1 << 20))
-            f.flush()
-            written += 1 << 20
-except OSError as exc:
-    outcome = errno.errorcode[exc.errno]
-print(json.dumps({"outcome": outcome, "written": written}))
-"""
+    code = _fill("fill.bin") + "print(json.dumps(dict(outcome=outcome, written=written)))\n"
     got = report(runner(code, workspace_mb=1, timeout=10))
     assert got["outcome"] == "ENOSPC"
     assert got["written"] <= 1 << 20

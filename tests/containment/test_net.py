@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import secrets
 import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
 
 from codecage import Sandbox
 
-from ._support import NetCanary, Runner, assert_absent, guest, report
+from ._support import NetCanary, Runner, answering, assert_absent, guest, report
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -91,23 +90,8 @@ def abstract_listener() -> Iterator[bytes]:
     server.bind(name)
     server.listen()
     server.settimeout(0.2)
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                continue
-            with conn:
-                conn.sendall(b"host-abstract-socket")
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield name
-    stop.set()
-    thread.join(timeout=2)
-    server.close()
+    with answering(server, b"host-abstract-socket"):
+        yield name
 
 
 def test_a_host_abstract_unix_socket_cannot_be_reached(

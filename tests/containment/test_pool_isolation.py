@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
+from tests._proc import end
 
 from codecage import Options, Sandbox
 from codecage.backends.base import load_backend
@@ -155,14 +156,7 @@ class _ReusedWorker:
         return self.runs
 
     def close(self) -> None:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc.stdout.close()
+        end(self.proc, grace=5)
 
 
 @pytest.fixture(scope="module")

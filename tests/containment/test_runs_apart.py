@@ -15,75 +15,20 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tests._forking import in_forked_child
 
-from codecage import ExecutionResult, Sandbox
+from codecage import Sandbox
 
-from ._support import guest, report
+from ._support import fork_and_reap, guest, held_run, report
 
 pytestmark = [
     pytest.mark.timeout(180),
     pytest.mark.skipif(os.geteuid() != 0, reason="as an ordinary user every run is the caller"),
 ]
-
-_READY_WAIT_S = 90.0  # a bound, not a timing: a busy host may take long to start a sandbox
-_HELD_S = 120  # run A's own timeout: it is cancelled long before
-
-
-@dataclass
-class _Held:
-    """Run A, running on a thread until `release`."""
-
-    thread: threading.Thread
-    cancel: threading.Event
-    ready: threading.Event
-    lines: list[str] = field(default_factory=list)
-    result: list[ExecutionResult] = field(default_factory=list)
-
-    def release(self) -> ExecutionResult:
-        self.cancel.set()
-        self.thread.join(timeout=_READY_WAIT_S)
-        assert self.result, "run A did not end once cancelled"
-        return self.result[0]
-
-
-@contextmanager
-def _held(sandbox: Sandbox, code: str, **limits: Any) -> Iterator[_Held]:
-    """Start `code` (which prints "READY ..." once it has done its part, then waits) and
-    yield once the host has seen that line; cancel it on the way out."""
-    cancel, ready = threading.Event(), threading.Event()
-    held = _Held(threading.Thread(), cancel, ready)
-
-    def on_output(stream: str, text: str) -> None:
-        if stream == "stdout":
-            held.lines.append(text)
-            if "READY" in "".join(held.lines):
-                ready.set()
-
-    def run() -> None:
-        held.result.append(
-            sandbox.run(
-                code, cancel=cancel, on_output=on_output, limits={"timeout": _HELD_S, **limits}
-            )
-        )
-        ready.set()  # it ended early: the wait below fails with what it said
-
-    held.thread = threading.Thread(target=run, daemon=True)
-    held.thread.start()
-    try:
-        assert ready.wait(_READY_WAIT_S), "run A never said it was ready"
-        assert not held.result, f"run A ended early: {held.result[0].stderr[-2000:]}"
-        yield held
-    finally:
-        held.release()
 
 
 def _hold_forever() -> str:
@@ -189,7 +134,7 @@ def test_a_run_cannot_reach_a_concurrent_runs_processes_sockets_or_files(
 ) -> None:
     sandbox = host_process_sandbox
     token = "cc" + secrets.token_hex(6)
-    with _held(sandbox, _run_a(token)):
+    with held_run(sandbox, _run_a(token)):
         pid_a = _find(token)
         uid_a = _host_uid(pid_a)
         ws_fd = os.open(f"/proc/{pid_a}/cwd", os.O_RDONLY | os.O_DIRECTORY)
@@ -255,31 +200,10 @@ def test_two_concurrent_runs_write_files_of_different_host_uids(sandbox: Sandbox
     def owner_of(name: str) -> Any:
         return lambda ws, _files: seen.__setitem__(name, (ws / "mine").stat().st_uid)
 
-    cancel, ready = threading.Event(), threading.Event()
-    results: list[ExecutionResult] = []
-
-    def run_a() -> None:
-        results.append(
-            sandbox.run(
-                code_a,
-                cancel=cancel,
-                on_output=lambda stream, text: ready.set() if "READY" in text else None,
-                on_files=owner_of("a"),
-                limits={"timeout": _HELD_S},
-            )
-        )
-        ready.set()
-
-    thread = threading.Thread(target=run_a, daemon=True)
-    thread.start()
-    try:
-        assert ready.wait(_READY_WAIT_S) and not results, "run A never got going"
+    with held_run(sandbox, code_a, on_files=owner_of("a")) as a:
         b = sandbox.run("open('mine', 'w').write('b')", on_files=owner_of("b"))
         assert b.status == "ok", b.stderr
-        assert thread.is_alive(), "run A ended before run B: they did not overlap"
-    finally:
-        cancel.set()
-        thread.join(timeout=_READY_WAIT_S)
+        assert a.thread.is_alive(), "run A ended before run B: they did not overlap"
     assert set(seen) == {"a", "b"}, seen
     assert 0 not in seen.values()
     assert seen["a"] != seen["b"], f"two runs at once had one host uid: {seen}"
@@ -305,19 +229,9 @@ while True:
     held += 1
 print("READY", held, flush=True)
 """ + _hold_forever()
-    code_b = """
-import json, os, resource
-pids = []
-for _ in range(10):
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0)
-    pids.append(pid)
-for pid in pids:
-    os.waitpid(pid, 0)
-print(json.dumps({"forked": len(pids), "nproc": resource.getrlimit(resource.RLIMIT_NPROC)}))
-"""
-    with _held(sandbox, bomb, max_processes=20) as a:
+    said = '{"forked": len(pids), "nproc": resource.getrlimit(resource.RLIMIT_NPROC)}'
+    code_b = "import json, os, resource\n" + fork_and_reap(10) + f"print(json.dumps({said}))\n"
+    with held_run(sandbox, bomb, max_processes=20) as a:
         assert int("".join(a.lines).split()[1]) >= 10, a.lines  # it really filled its share
         b = report(sandbox.run(code_b, limits={"timeout": 60, "max_processes": 20}))
     # bwrap's init counts too, as in pids.max; on gVisor's own kernel the code is PID 1.

@@ -72,34 +72,50 @@ async def slow(tag: str) -> str:
 server.run()
 """
 
+# What the raw servers share: the requests a stdio server reads (notifications, which want
+# no answer, left out), and the answer to the rest of MCP: the handshake, their tools (by
+# name, any arguments) and {} for anything else.
+RAW_SERVER_BASICS = """
+import json, sys
+
+def requests():
+    for line in sys.stdin:
+        msg = json.loads(line)
+        if msg.get("id") is not None:
+            yield msg
+
+def handshake(msg, name, tools):
+    if msg.get("method") == "initialize":
+        return {"protocolVersion": msg["params"]["protocolVersion"],
+                "capabilities": {"tools": {}}, "serverInfo": {"name": name, "version": "1"}}
+    if msg.get("method") == "tools/list":
+        return {"tools": [{"name": tool, "inputSchema": {"type": "object"}} for tool in tools]}
+    return {}
+"""
+
 # Answers every tools/call, listed name or not, as a success (as a hostile or sloppy
 # server may): the SDK then warns "Tool <name> not listed by server" with the name.
-LENIENT_SERVER = """
-import json, sys
+LENIENT_SERVER = (
+    RAW_SERVER_BASICS
+    + """
 calls = sys.argv[1]
-for line in sys.stdin:
-    msg = json.loads(line)
-    method, mid = msg.get("method"), msg.get("id")
-    if mid is None:
-        continue
-    if method == "initialize":
-        result = {"protocolVersion": msg["params"]["protocolVersion"],
-                  "capabilities": {"tools": {}}, "serverInfo": {"name": "lenient", "version": "1"}}
-    elif method == "tools/list":
-        result = {"tools": [{"name": "echo", "inputSchema": {"type": "object"}},
-                            {"name": "read_notes", "inputSchema": {"type": "object"}}]}
-    elif method == "tools/call":
+for msg in requests():
+    method, mid = msg.get("method"), msg["id"]
+    if method == "tools/call":
         with open(calls, "a") as f:
             f.write(json.dumps(msg["params"]["name"]) + "\\n")
         result = {"content": [{"type": "text", "text": "ok"}]}
     else:
-        result = {}
+        result = handshake(msg, "lenient", ["echo", "read_notes"])
     print(json.dumps({"jsonrpc": "2.0", "id": mid, "result": result}), flush=True)
 """
+)
 
 # Streamable HTTP without sessions: tools/call is answered with a JSON body of
 # `sys.argv[2]` MiB, streamed (the server never holds it).
-HUGE_HTTP_SERVER = """
+HUGE_HTTP_SERVER = (
+    RAW_SERVER_BASICS
+    + """
 import json, sys, zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -151,14 +167,7 @@ class Handler(BaseHTTPRequestHandler):
             except OSError:
                 pass  # the client stopped reading: what this server is for
             return
-        if method == "initialize":
-            result = {"protocolVersion": msg["params"]["protocolVersion"],
-                      "capabilities": {"tools": {}}, "serverInfo": {"name": "huge", "version": "1"}}
-        elif method == "tools/list":
-            result = {"tools": [{"name": "huge", "inputSchema": {"type": "object"}},
-                                {"name": "bomb", "inputSchema": {"type": "object"}}]}
-        else:
-            result = {}
+        result = handshake(msg, "huge", ["huge", "bomb"])
         body = json.dumps({"jsonrpc": "2.0", "id": mid, "result": result}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -171,17 +180,16 @@ with open(sys.argv[1], "w") as f:
     f.write(str(httpd.server_address[1]))
 httpd.serve_forever()
 """
+)
 
 # Over stdio: tools/call is answered with one line of `sys.argv[1]` MiB.
-HUGE_STDIO_SERVER = """
-import json, sys
+HUGE_STDIO_SERVER = (
+    RAW_SERVER_BASICS
+    + """
 MIB = int(sys.argv[1])
 out = sys.stdout.buffer
-for line in sys.stdin:
-    msg = json.loads(line)
-    method, mid = msg.get("method"), msg.get("id")
-    if mid is None:
-        continue
+for msg in requests():
+    method, mid = msg.get("method"), msg["id"]
     if method == "tools/call":
         head = json.dumps({"jsonrpc": "2.0", "id": mid}).encode()[:-1]
         out.write(head + b', "result": {"content": [{"type": "text", "text": "')
@@ -190,16 +198,11 @@ for line in sys.stdin:
         out.write(b'"}]}}\\n')
         out.flush()
         continue
-    if method == "initialize":
-        result = {"protocolVersion": msg["params"]["protocolVersion"],
-                  "capabilities": {"tools": {}}, "serverInfo": {"name": "huge", "version": "1"}}
-    elif method == "tools/list":
-        result = {"tools": [{"name": "huge", "inputSchema": {"type": "object"}}]}
-    else:
-        result = {}
+    result = handshake(msg, "huge", ["huge"])
     out.write(json.dumps({"jsonrpc": "2.0", "id": mid, "result": result}).encode() + b"\\n")
     out.flush()
 """
+)
 
 ATTEMPT = (
     attempt_code("py")

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests._proc import end
 
 from codecage.audit import journal, open_store
 from codecage.engine import owner
@@ -101,11 +102,7 @@ def host_running(workspace: Path) -> Iterator[subprocess.Popen[str]]:
         wait_for(workspace / "started", proc)
         yield proc
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        end(proc)
 
 
 EPHEMERAL_HOST = """

@@ -30,7 +30,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -45,6 +44,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, TextContent
 
+from _proc import Sampling, cmdline  # tests/ is on the path here and in scripts/soak
 from codecage import Sandbox
 from codecage.engine import workspace as workspaces
 from codecage.isolation import cgroups
@@ -211,14 +211,6 @@ def descendants(pid: int) -> dict[int, str]:
     return found
 
 
-def cmdline(pid: int) -> str:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return "(gone)"
-    return raw.replace(b"\0", b" ").decode(errors="replace")[:200]
-
-
 def leftovers(pid: int) -> list[str]:
     """The run dirs and cgroups that a codecage process `pid` made, as paths."""
     found = [str(p) for p in workspaces.private_parent().glob(f"codecage-run-{pid}-*")]
@@ -262,34 +254,23 @@ class Usage:
                 table["peak"] = value
 
 
-class Watch:
-    """Samples a process (every `interval` s, on a thread) while a block runs: the usage's
-    peak, and its descendants, so that one that outlives the process is found afterwards."""
+class Watch(Sampling):
+    """Samples a process (every `interval` s, on a thread) while a block runs, and once
+    more at its end: the usage's peak, and its descendants, so that one that outlives the
+    process is found afterwards."""
 
     def __init__(self, pid: int, usage: Usage, interval: float = 0.2) -> None:
+        super().__init__(interval)
         self.pid = pid
         self.usage = usage
-        self.interval = interval
         self.seen: dict[int, str] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self.sample()
-            self._stop.wait(self.interval)
 
     def sample(self) -> None:
         self.usage.peak(self.pid)
         self.seen.update(descendants(self.pid))
 
-    def __enter__(self) -> Watch:
-        self._thread.start()
-        return self
-
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        super().__exit__(*exc)
         self.sample()
 
     def survivors(self) -> list[str]:

@@ -24,6 +24,7 @@ from typing import Any
 
 import anyio
 import pytest
+from tests._proc import end
 
 from reliability._faults import (
     SLEEPER,
@@ -144,8 +145,4 @@ async def test_a_stdio_client_killed_mid_run_has_its_sandbox_killed_and_nothing_
         wait_for(lambda: not alive(serve), "the orphaned server to exit", 20)
         assert gone_soon(serve) == {}
     finally:
-        if client.poll() is None:
-            client.kill()
-            client.wait()
-        if client.stdout is not None:
-            client.stdout.close()
+        end(client)

@@ -32,22 +32,14 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult
 
 import codecage
+from test_serve_clients import ALICE, BOB, clients_config
 from test_server import HttpServer, serving_http, structured, text_of
 
 pytestmark = pytest.mark.anyio
 
 SOURCE = str(Path(codecage.__file__).resolve().parent.parent)
 HOUR = 3600.0
-ALICE = "alice-token-" + "c" * 32
-BOB = "bob-token-" + "d" * 32
-CONFIG = """
-[serve.clients.alice]
-token_env = "ALICE_TOKEN"
-runs_per_minute = 3
-
-[serve.clients.bob]
-token_env = "BOB_TOKEN"
-"""
+CONFIG = clients_config(3)
 
 CLOCK_HOOK = r'''
 """Test hook (tests/reliability/test_faults_clock.py): a shifted wall clock."""

@@ -46,6 +46,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp_types import Tool
 from tests._cli import CODECAGE
+from tests._codegen import deterministic_tree, reference_functions
 
 from codecage.bridge.codegen import MAX_TOOLS_PER_SERVER, generate, write_tree
 
@@ -388,27 +389,8 @@ _CALLS = frozenset(
 )
 
 
-def _reference_functions() -> set[str]:
-    """The functions a tool module has, as the generator writes them for plain tools."""
-    plain = [
-        Tool(name="a", inputSchema={"type": "object"}),
-        Tool(name="b", inputSchema={"type": "object"}, outputSchema={"type": "object"}),
-        Tool(name="c", inputSchema={"type": "string"}),
-        Tool(name="d", inputSchema={"type": "string"}, outputSchema={"type": "string"}),
-        Tool(name="e", inputSchema={"properties": {"x": {}}}),
-        Tool(name="f", inputSchema={"properties": {"x": {}}}, outputSchema={"type": "string"}),
-    ]
-    found: set[str] = set()
-    for path, text in generate({"s": plain}).items():
-        for node in ast.parse(text).body:
-            if not path.endswith("__init__.py") and isinstance(
-                node, ast.FunctionDef | ast.AsyncFunctionDef
-            ):
-                found.add(ast.dump(node))
-    return found
-
-
-REFERENCE_FUNCTIONS = _reference_functions()
+# The functions a tool module has, as the generator writes them for plain tools.
+REFERENCE_FUNCTIONS = {ast.dump(node) for node in reference_functions()}
 
 
 def check_tree(files: Mapping[str, str], servers: Mapping[str, Sequence[Tool]]) -> None:
@@ -443,14 +425,7 @@ def check_tree(files: Mapping[str, str], servers: Mapping[str, Sequence[Tool]]) 
 def test_any_tool_list_gives_a_deterministic_tree_of_definitions_only(
     servers: dict[str, list[Tool]],
 ) -> None:
-    files = generate(servers)
-    check_tree(files, servers)
-    assert generate(servers) == files
-    # Neither the order of servers nor the listing order of tools matters (except between
-    # two tools of the same name, which the listing order tells apart).
-    if all(len({t.name for t in ts}) == len(ts) for ts in servers.values()):
-        reordered = {s: list(reversed(ts)) for s, ts in reversed(list(servers.items()))}
-        assert generate(reordered) == files
+    deterministic_tree(servers, check_tree)
 
 
 # --- findings: schemas that made generate() raise (fixed in codegen/schema.py) ----------------
