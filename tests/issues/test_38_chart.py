@@ -66,8 +66,16 @@ def _validate_all(objects: list[dict[str, Any]]) -> set[str]:
     return kinds
 
 
+NARROW_SECCOMP = (
+    "podSecurityContext.seccompProfile.type=Localhost",
+    "podSecurityContext.seccompProfile.localhostProfile=codecage.json",
+)
+
+
 @pytest.mark.parametrize(
-    "sets", [(), ("runtimeClassName=gvisor",), EVERYTHING], ids=["default", "gvisor", "all"]
+    "sets",
+    [(), ("runtimeClassName=gvisor",), EVERYTHING, NARROW_SECCOMP],
+    ids=["default", "gvisor", "all", "seccomp-localhost"],
 )
 def test_every_rendered_object_is_strictly_valid_kubernetes_1_34(sets: tuple[str, ...]) -> None:
     objects = render(*sets)
