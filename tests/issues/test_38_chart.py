@@ -239,3 +239,25 @@ def test_scaling_and_disruption_and_metrics_scraping() -> None:
     from codecage.audit import metrics
 
     assert f'"{metric}"' in Path(metrics.__file__).read_text()
+
+
+def test_the_chart_mirrors_the_containers_flags_and_neither_is_privileged() -> None:
+    """deploy/podman.args lists what a container of the image needs (scripts/check-image runs
+    one with exactly these); the chart's pod asks for the same, and neither for more."""
+    flags = (ROOT / "deploy" / "podman.args").read_text().split()
+    assert not any(
+        f.startswith(("--privileged", "--cap-add", "--security-opt=label")) for f in flags
+    )
+    assert "--security-opt=unmask=ALL" in flags
+    (seccomp,) = [f for f in flags if f.startswith("--security-opt=seccomp=")]
+    profile = ROOT / seccomp.split("=", 2)[2]
+    assert profile.is_file()
+    (pod,) = _pods(render())
+    (container,) = pod["containers"]
+    assert container["securityContext"]["procMount"] == "Unmasked"  # unmask=ALL
+    assert pod["securityContext"]["seccompProfile"]["type"] in ("Unconfined", "Localhost")
+    (pod,) = _pods(render(*NARROW_SECCOMP))
+    assert pod["securityContext"]["seccompProfile"] == {
+        "type": "Localhost",
+        "localhostProfile": profile.name,
+    }
