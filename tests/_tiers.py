@@ -70,6 +70,8 @@ LONG: frozenset[str] = frozenset(
         "tests/issues/test_19_imports.py::test_the_flagship_program_passes_strict_checks_with_the_readme_flags",
         "tests/issues/test_24_startup.py::test_a_plain_run_starts_one_sandbox_and_no_pool_whatever_the_config",
         "tests/issues/test_33_sweep_across_pid_namespaces.py::test_a_sweep_in_another_pid_namespace_leaves_a_live_run_alone",
+        # Starts the codecage CLI once (3-4 s on an idle machine) to parse the chart's flags.
+        "tests/issues/test_38_chart.py::test_codecage_reads_the_rendered_config_and_knows_every_rendered_flag",
         "tests/issues/test_36_descriptions.py::test_ends",
         "tests/issues/test_36_faces.py::test_a_figure_through_run_says_that_out_saves_it",
         "tests/issues/test_36_faces.py::test_an_unknown_option_suggests_only_close_ones",
