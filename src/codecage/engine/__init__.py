@@ -6,11 +6,11 @@ sandbox from a `backends.base.LaunchSpec` and hands back a `SandboxProcess`.
 What the layers above use is named here; the modules hold the rest."""
 
 from codecage.engine.launch import RUN_DIR_PREFIX, sweep_stale_runs
+from codecage.engine.plan import SandboxSpec
 from codecage.engine.run import (
     HostContext,
     LimitsNotApplicable,
     RunRequest,
-    SandboxSpec,
     StartedSandbox,
     apply_limits,
     ceilings,
