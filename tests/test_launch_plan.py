@@ -91,8 +91,10 @@ def test_the_plan_is_pure(
     with effects() as seen:
         first = plans.plan(spec, Limits(), backend, found, held.resources, pooled=True)
         second = plans.plan(spec, Limits(), backend, found, held.resources, pooled=True)
+        template = plans.plan(spec, Limits(), backend, found, held.resources, as_template=True)
         sources = plans.host_sources(found)
     assert seen == []
+    assert template.template and template.seccomp != first.seccomp
     assert first == second
     assert sources == plans.host_sources(found)
     assert os.listdir(tmp_path) == []
