@@ -203,8 +203,26 @@ def test_a_run_request_carries_none_of_the_hosts_values() -> None:
     assert host_wide == {f.name for f in dataclasses.fields(engine.HostContext)}
     with Sandbox(pool=False, options=Options(import_policy=False)) as sandbox:
         runtime = sandbox.host
-        request = hosts.Request(code="1", limits=runtime.limits, policy=None)
+        request = hosts.Request(hosts.Program("1"), limits=runtime.limits, policy=None)
         first = runtime._engine_request(request, runtime.backend, None)
         second = runtime._engine_request(request, runtime.backend, None)
         assert first.context is second.context  # made once, not per run
         assert first.context.identity is runtime.identity
+
+
+def test_a_face_asks_for_a_run_in_a_few_small_frozen_groups() -> None:
+    """`host.Request` holds what one run asks for, grouped: the program, who asks, how they
+    follow it. What the host decides itself (the tools [approval] judged a run by) is not
+    a field a face could set."""
+    fields = {f.name: f.type for f in dataclasses.fields(hosts.Request)}
+    assert len(fields) <= 10, sorted(fields)
+    assert "judged_tools" not in fields
+    for group in (hosts.Program, hosts.Asker, hosts.Hooks):
+        params = group.__dataclass_params__  # type: ignore[attr-defined]
+        assert params.frozen, group
+        assert len(dataclasses.fields(group)) <= 4, group
+    # Nothing is in two places: a grouped field is not also on the request.
+    grouped = {
+        f.name for g in (hosts.Program, hosts.Asker, hosts.Hooks) for f in dataclasses.fields(g)
+    }
+    assert not grouped & set(fields)

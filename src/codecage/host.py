@@ -9,9 +9,10 @@ can change between two runs and what cannot:
   backend, the warm pool, the scrubber(s), the audit trail, alerter and observers, the
   broker of upstream tools and the bounds of their calls, the tool trees and the packages
   directory, the self-test verdict, and the `engine.HostContext` every run shares;
-- per run, in `Request`: the code, its limits, its import policy (a profile plus imports,
-  resolved by `Host.policy`), input files or a workspace directory, the tools it may call,
-  a cancel event, `strict`, and the face whose terms its hints use.
+- per run, in `Request`: the `Program` (code, file name, input files or a workspace
+  directory), its limits, its import policy (a profile plus imports, resolved by
+  `Host.policy`), its hosts, the tools it may call, `strict`, the backend and session
+  asked for, who asks (`Asker`) and how they follow it (`Hooks`).
 
 What is process-wide whatever Hosts a process builds (the sweep of stale run directories,
 the self-test verdict memo and its lock) is `_PROCESS`, in this module only.
@@ -100,38 +101,60 @@ LIBRARY_CALLER = Caller("library")
 
 
 @dataclass(frozen=True, slots=True)
+class Program:
+    """What a run runs: its code under a file name, and what its /workspace starts as:
+    input files written into a fresh one, or a host directory lent instead (not both)."""
+
+    code: str
+    filename: str = "main.py"
+    files: Mapping[str, bytes] | None = None  # into the fresh /workspace before the code runs
+    workspace: Path | None = None  # a host directory at /workspace instead of a fresh one
+
+
+@dataclass(frozen=True, slots=True)
+class Asker:
+    """Who asks for a run: the face its hints are worded for, the caller on the audit
+    trail, the client a session belongs to (only the client that opened it may use it),
+    and how a person is asked when [approval] requires it (policy/approval.py; None: code
+    that needs approval is refused with a ConfigError)."""
+
+    face: Face = "library"
+    caller: Caller = LIBRARY_CALLER
+    client: str = ""
+    approve: approvals.Approver | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Hooks:
+    """How the asker follows a run while it lasts: a cancel event (set: the run is
+    killed), what it printed as it prints (("stdout" | "stderr", text), scrubbed as results
+    are, on a thread of the engine's own: engine/stream.py), and its workspace's files
+    before the sandbox is destroyed."""
+
+    cancel: threading.Event | None = None
+    on_output: Callable[[str, str], None] | None = None
+    on_files: Callable[[Path, list[FileInfo]], None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Request:
     """One run as a face asks for it: all that may differ from the run before.
 
     `limits` are whole (the face merged its overrides into the defaults and validated them
-    once); `policy` is what `Host.policy` resolved, or None for no import policy.
+    once); `policy` is what `Host.policy` resolved, or None for no import policy; `egress`
+    the hosts the run may reach, as `Host.network_for` resolved them (None: no network).
     """
 
-    code: str
+    program: Program
     limits: Limits
     policy: ImportPolicy | None
-    filename: str = "main.py"
-    files: Mapping[str, bytes] | None = None  # into the fresh /workspace before the code runs
-    workspace: Path | None = None  # a host directory at /workspace instead of a fresh one
+    egress: EgressPolicy | None = None
     allowed_tools: tuple[str, ...] | None = None  # "server.tool" patterns; None: all
-    cancel: threading.Event | None = None
-    on_files: Callable[[Path, list[FileInfo]], None] | None = None
     strict: bool = False  # validate first; a refusal is a `blocked` result
-    face: Face = "library"
     backend: str | None = None  # one of `Host.call_backends`; None: the host's own
     session_id: str | None = None  # run in this open session (see `Host.open_session`)
-    client: str = ""  # who asks: a session is used by the client that opened it only
-    # Called with ("stdout" | "stderr", text) as the program writes, scrubbed as results
-    # are (engine/stream.py); on a thread of the engine's own, one per run.
-    on_output: Callable[[str, str], None] | None = None
-    # The hosts the run may reach, as `Host.network_for` resolved them; None: no network.
-    egress: EgressPolicy | None = None
-    caller: Caller = LIBRARY_CALLER  # who asks, for the audit trail
-    # How this face asks a person when [approval] requires it (policy/approval.py); None:
-    # code that needs approval is refused with a ConfigError.
-    approve: approvals.Approver | None = None
-    # The tools [approval] judged the run by (set by the host itself): all it may call.
-    judged_tools: approvals.JudgedTools | None = None
+    asker: Asker = Asker()
+    hooks: Hooks = Hooks()
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,11 +427,11 @@ class Host:
             HostError: the host cannot provide the isolation (see `doctor()`).
             SandboxError: the sandbox itself failed.
         """
-        configuration.check_workspace(self.settings, request.workspace)
-        packages.check_workspace(self.packages_dir, request.workspace)
-        if request.workspace is not None:
-            lending.check(request.workspace, self._own_places())
-        if request.files and request.workspace is not None:
+        configuration.check_workspace(self.settings, request.program.workspace)
+        packages.check_workspace(self.packages_dir, request.program.workspace)
+        if request.program.workspace is not None:
+            lending.check(request.program.workspace, self._own_places())
+        if request.program.files and request.program.workspace is not None:
             raise ConfigError(
                 "input files and a workspace directory were both given",
                 hint="put the files in the workspace directory, or pass no workspace",
@@ -417,7 +440,7 @@ class Host:
             self.audit.check()
         started_at = utc_now()
         if request.session_id is not None:  # its runs have the session's policy and hosts
-            terms = self.sessions.get(request.session_id, request.client).terms
+            terms = self.sessions.get(request.session_id, request.asker.client).terms
             request = dataclasses.replace(request, policy=terms.policy, egress=terms.egress)
         try:
             produced = self._result_of(request)
@@ -428,7 +451,7 @@ class Host:
         if request.egress is None:  # no network: say so where the code's error looks flaky
             profile = request.policy.profile if request.policy else self.settings.profile
             may_allow = bool(self.grants.ceiling_of(profile))
-            result = offline.noted(result, request.face, may_allow=may_allow)
+            result = offline.noted(result, request.asker.face, may_allow=may_allow)
         self._finished(request, result, started_at)
         return result
 
@@ -437,18 +460,17 @@ class Host:
             blocked = self._blocked_by_validation(request)
             if blocked is not None:
                 return blocked
+        # The tools [approval] judged the run by (None: it judged none): all it may call.
         asked, judged = self._judged(request)
-        if judged is not None:
-            request = dataclasses.replace(request, judged_tools=judged)
         if asked is None:
-            return self._run_now(request)
+            return self._run_now(request, judged)
         verdict = self._ask(request, asked)
         if verdict.decision != "approved":
             blocked = approvals.blocked_result(asked, verdict, request.limits, self.backend.name)
             if verdict.decision == "unavailable":
                 raise approvals.Unavailable(blocked, verdict)
             return blocked
-        result = self._run_now(request)
+        result = self._run_now(request, judged)
         events = [approvals.event(asked, verdict), *result.events]
         return result.model_copy(update={"events": events})
 
@@ -474,7 +496,7 @@ class Host:
         if settings.require is None:
             return None, None
         if request.session_id is not None:  # its runs have the session's policy and hosts
-            terms = self.sessions.get(request.session_id, request.client).terms
+            terms = self.sessions.get(request.session_id, request.asker.client).terms
             request = dataclasses.replace(request, policy=terms.policy, egress=terms.egress)
         declared = self._declared(request)
         judged = approvals.JudgedTools.of(declared.tools) if self.tools is not None else None
@@ -482,13 +504,13 @@ class Host:
         if grants is None:
             return None, judged
         return ApprovalRequest(
-            code=request.code,
-            code_sha256=approvals.code_sha256(request.code),
+            code=request.program.code,
+            code_sha256=approvals.code_sha256(request.program.code),
             grants=grants,
-            findings=approvals.advice(self.validate(request.code, None)),
+            findings=approvals.advice(self.validate(request.program.code, None)),
             require=settings.require,
             timeout=settings.timeout,
-            caller=request.caller.label,
+            caller=request.asker.caller.label,
         ), judged
 
     def _declared(self, request: Request) -> approvals.Declared:
@@ -510,7 +532,9 @@ class Host:
         return approvals.Declared(
             hosts=hosts,
             tools=tools,
-            workspace=str(request.workspace) if request.workspace is not None else None,
+            workspace=str(request.program.workspace)
+            if request.program.workspace is not None
+            else None,
             packages=self._added_packages_for(policy),
             wider_modules=wider,
             every_module=every,
@@ -535,7 +559,7 @@ class Host:
         Raises:
             ConfigError: the face has no way to ask.
         """
-        if request.approve is None:
+        if request.asker.approve is None:
             raise ConfigError(
                 f"this run needs a person's approval ([approval] require = "
                 f"'{asked.require}'; granted: {asked.reason()}) and this caller has no way "
@@ -543,12 +567,12 @@ class Host:
                 hint="pass Sandbox(approve=callback), or run without what needs approval "
                 "(the config's [approval] capabilities)",
             )
-        return request.approve(asked)
+        return request.asker.approve(asked)
 
-    def _run_now(self, request: Request) -> ExecutionResult:
+    def _run_now(self, request: Request, judged: approvals.JudgedTools | None) -> ExecutionResult:
         if request.session_id is not None:
-            return self._run_in_session(request)
-        return self._execute(request)
+            return self._run_in_session(request, judged)
+        return self._execute(request, judged)
 
     def _finished(self, request: Request, result: ExecutionResult, started_at: datetime) -> None:
         """Put the run on record, then tell the observers (see `observers`)."""
@@ -557,9 +581,9 @@ class Host:
         policy = request.policy
         finished = Finished(
             result=result,
-            code=request.code,
-            caller=request.caller,
-            face=request.face,
+            code=request.program.code,
+            caller=request.asker.caller,
+            face=request.asker.face,
             profile=policy.profile if policy is not None else None,
             allowed_imports=tuple(sorted(policy.modules))[:_MAX_RECORDED_IMPORTS]
             if policy is not None and not policy.allows_every_module
@@ -575,19 +599,19 @@ class Host:
             except Exception:
                 log.exception("host.observer_failed", extra={"observer": repr(observe)})
 
-    def _tools_for(self, request: Request) -> RunTools | None:
+    def _tools_for(self, request: Request, judged: approvals.JudgedTools | None) -> RunTools | None:
         if self.tools is None:
             return None
         return self.tools.for_run(
             allowed_tools=request.allowed_tools,
             scrubber=self._scrubbers.asked,
             tokenize=self.tokenize,
-            judged=request.judged_tools,
+            judged=judged,
         )
 
-    def _execute(self, request: Request) -> ExecutionResult:
+    def _execute(self, request: Request, judged: approvals.JudgedTools | None) -> ExecutionResult:
         backend = self.backend_for(request.backend)
-        tools = self._tools_for(request)
+        tools = self._tools_for(request, judged)
         run = self._engine_request(request, backend, tools)
         try:
             waited_ms = 0
@@ -609,23 +633,23 @@ class Host:
         self, request: Request, backend: Backend, tools: RunTools | None
     ) -> engine.RunRequest:
         return engine.RunRequest(
-            code=request.code,
-            filename=request.filename,
+            code=request.program.code,
+            filename=request.program.filename,
             limits=request.limits,
-            workspace_dir=request.workspace,
-            files=request.files,
+            workspace_dir=request.program.workspace,
+            files=request.program.files,
             degraded=self.missing_layers()
             if backend is self.backend
             else self._failed_layers(backend)
             if self._selftest
             else (),
             policy=request.policy,
-            cancel=request.cancel,
-            on_files=request.on_files,
+            cancel=request.hooks.cancel,
+            on_files=request.hooks.on_files,
             tools=tools or bridge.NoServers(self._scrub_asked),
-            face=request.face,
-            on_output=request.on_output,
-            scrub_output=self._stream_scrub() if request.on_output is not None else None,
+            face=request.asker.face,
+            on_output=request.hooks.on_output,
+            scrub_output=self._stream_scrub() if request.hooks.on_output is not None else None,
             egress=request.egress,
             egress_setup=self._egress_setup() if request.egress is not None else None,
             context=self._context,
@@ -682,16 +706,18 @@ class Host:
             raise
         return sandbox, self.backend.name, engine.StartedSandbox.destroy
 
-    def _run_in_session(self, request: Request) -> ExecutionResult:
+    def _run_in_session(
+        self, request: Request, judged: approvals.JudgedTools | None
+    ) -> ExecutionResult:
         assert request.session_id is not None  # noqa: S101 - the caller checked
-        if request.workspace is not None:
+        if request.program.workspace is not None:
             raise ConfigError(
                 "a session has its own workspace; a workspace directory cannot be given",
                 hint="write files in the session's /workspace, or pass them as {files}",
             )
-        session = self.sessions.get(request.session_id, request.client)
+        session = self.sessions.get(request.session_id, request.asker.client)
         _check_session_limits(session.terms.limits, request.limits)
-        tools = self._tools_for(request)  # `run` gave the request the session's terms
+        tools = self._tools_for(request, judged)  # `run` gave the request the session's terms
         run = self._engine_request(request, self.backend, tools)
         engine.check_request(run.code, run.filename, run.limits, run.files)
         try:
@@ -740,7 +766,7 @@ class Host:
             pool.release(sandbox, ran=ran)
 
     def _blocked_by_validation(self, request: Request) -> ExecutionResult | None:
-        report = self.validate(request.code, request.policy, strict=True)
+        report = self.validate(request.program.code, request.policy, strict=True)
         if report.valid:
             return None
         refusing = [f for f in report.findings if f.severity == "high"] or report.findings

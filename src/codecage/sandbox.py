@@ -239,21 +239,19 @@ class Sandbox:
                 on_files(workspace, written)
 
         request = host.Request(
-            code=code,
+            host.Program(
+                code,
+                filename,
+                files=host.input_files(files),
+                workspace=Path(workspace) if workspace is not None else None,
+            ),
             limits=self._limits_for(limits),
             policy=policy,
-            filename=filename,
-            files=host.input_files(files),
-            workspace=Path(workspace) if workspace is not None else None,
-            allowed_tools=self.allowed_tools,
-            cancel=cancel,
-            on_files=read_back,
-            strict=strict,
-            face=self.face,
-            on_output=on_output,
             egress=egress,
-            caller=self.caller,
-            approve=self.approver,
+            allowed_tools=self.allowed_tools,
+            strict=strict,
+            asker=host.Asker(face=self.face, caller=self.caller, approve=self.approver),
+            hooks=host.Hooks(cancel=cancel, on_output=on_output, on_files=read_back),
         )
         result = self.host.run(request)
         return result.with_kept_files(collected[0]) if collected else result

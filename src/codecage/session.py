@@ -97,16 +97,13 @@ class Session:
             SandboxError: the sandbox broke down.
         """
         request = host.Request(
-            code=code,
+            host.Program(code, files=host.input_files(files)),
             limits=self._run_limits(limits),
             policy=self._session.terms.policy,
-            files=host.input_files(files),
             allowed_tools=self._allowed_tools,
-            cancel=cancel,
-            face=self._face,
             session_id=self.id,
-            on_output=on_output,
-            approve=self._approver,
+            asker=host.Asker(face=self._face, approve=self._approver),
+            hooks=host.Hooks(cancel=cancel, on_output=on_output),
         )
         return self._host.run(request)
 

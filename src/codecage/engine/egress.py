@@ -49,19 +49,19 @@ def open_socket(
     return listener
 
 
-def mounts(run_dir: Path) -> tuple[rootfs.Mount, ...]:
+def mounts(run_dir: Path, pip: Path | None) -> tuple[rootfs.Mount, ...]:
     """The egress directory, read-only (a socket is connectable on a read-only mount), and
-    pip, read-only, so that `python -m pip install --target DIR PKG` works through the
-    proxy (into the run's own writable places: the workspace, /tmp)."""
+    pip (the host's package, `pip_package`), read-only, so that `python -m pip install
+    --target DIR PKG` works through the proxy (into the run's own writable places: the
+    workspace, /tmp). Pure."""
     found = [rootfs.Mount("ro-bind", contract.EGRESS_DIR, str(run_dir / "egress"))]
-    pip = _pip_package()
     if pip is not None:
         found.append(rootfs.Mount("ro-bind", f"{_PIP_ROOT}/pip", str(pip)))
     return tuple(found)
 
 
 @functools.cache
-def _pip_package() -> Path | None:
+def pip_package() -> Path | None:
     """The host's pip package (the one codecage's own environment has); None without one."""
     spec = importlib.util.find_spec("pip")
     if spec is None or spec.origin is None:
@@ -69,12 +69,13 @@ def _pip_package() -> Path | None:
     return Path(spec.origin).parent
 
 
-def env(setup: EgressSetup) -> dict[str, str]:
-    """What points the code's HTTP clients (urllib, requests, httpx, pip, curl) at the relay."""
+def env(setup: EgressSetup, *, pip: bool) -> dict[str, str]:
+    """What points the code's HTTP clients (urllib, requests, httpx, pip, curl) at the relay
+    (`pip`: the host's pip is bound, `mounts`). Pure."""
     found = proxy_env(with_ca=setup.ca_bundle is not None)
     found["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
     found["PIP_CACHE_DIR"] = "/tmp/pip-cache"  # noqa: S108 - the sandbox's private /tmp
-    if _pip_package() is not None:
+    if pip:
         found["PYTHONPATH"] = _PIP_ROOT  # for `python -m pip`; the guest itself runs with -I
     found.update(setup.extra_env)
     return found

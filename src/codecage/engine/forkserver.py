@@ -50,8 +50,10 @@ from typing import IO, Any, TypeVar
 from codecage import forks
 from codecage.backends.base import Backend, ExitStatus, SandboxProcess
 from codecage.engine import launch, owner
+from codecage.engine.launch import template_ids
 from codecage.engine.memory import sandbox_memory
-from codecage.engine.run import SandboxSpec, StartedSandbox, start, template_ids, wait_ready
+from codecage.engine.plan import SandboxSpec
+from codecage.engine.run import StartedSandbox, start, wait_ready
 from codecage.errors import SandboxError
 from codecage.guest import template as guest_template
 from codecage.isolation import cgroups, rlimits, rootfs, tmpfs

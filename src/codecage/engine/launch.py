@@ -1,10 +1,9 @@
-"""Preparing one sandbox's launch: what it binds, its run directory and workspace, the
-channels shared with the guest, its environment and the guest's command line; and sweeping
-what runs of dead host processes left behind.
+"""What one sandbox's launch needs of the host, before its plan (`engine.plan`): the facts
+found (`facts`: the interpreter, what it binds) and the resources acquired in one place
+(`acquire`: its host ids, run directory, workspace, staged copies, channels, egress
+socket); and sweeping what runs of dead host processes left behind.
 
 Everything made here is registered on the caller's ExitStack, so any exit path undoes it.
-Nothing here knows which backend starts the sandbox (`backends.base.LaunchSpec` is the
-description it is given).
 """
 
 from __future__ import annotations
@@ -19,17 +18,25 @@ import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from codecage import packages
+from codecage.backends.base import Backend
+from codecage.engine import egress as egress_wiring
 from codecage.engine import owner
 from codecage.engine import workspace as workspaces
+from codecage.engine.plan import HostFacts, Resources, SandboxSpec, host_sources
 from codecage.engine.workspace import fds as workspace_fds
 from codecage.errors import ConfigError
 from codecage.guest import contract
 from codecage.isolation import cgroups, datadir, lending, rootfs, seccomp, shell, staging
-from codecage.isolation.identity import Identity
+from codecage.isolation import identity as identities
+from codecage.isolation.identity import Identity, IdentityPlan
 from codecage.policy import profiles
 from codecage.policy.profiles import ImportPolicy
+
+if TYPE_CHECKING:
+    from codecage.egress.proxy import RunEgress
 
 log = logging.getLogger(__name__)
 
@@ -60,83 +67,6 @@ def binds(
         + _package_mounts(policy, interpreter)
         + _added_package_mounts(policy, packages_dir, interpreter)
         + _tool_tree_mounts(servers_dir, skills_dir)
-    )
-
-
-def root_mounts(
-    interpreter: rootfs.Interpreter,
-    workspace: Path,
-    run_dir: Path,
-    tmp_mb: int,
-    identity: Identity,
-    protected: lending.Found | None = None,
-) -> tuple[rootfs.Mount, ...]:
-    """The sandbox's root: the interpreter, a private /etc and the empty dirs it needs
-    (written into `run_dir` now), /workspace (with the `protected` entries of a lent one
-    read-only over it) and a /tmp of `tmp_mb`; every bound source one the sandbox's host
-    `identity` can read (`reachable`)."""
-    rootfs.write_etc(run_dir / "etc")
-    (run_dir / "empty").mkdir(mode=0o555)
-    rootfs.write_empty_file(run_dir)
-    if _stages_for(identity):
-        interpreter = _reachable_interpreter(interpreter, identity)
-    mounts = rootfs.plan(
-        interpreter,
-        workspace=workspace,
-        etc_dir=run_dir / "etc",
-        empty_dir=run_dir / "empty",
-        tmp_bytes=tmp_mb * cgroups.MiB,
-    )
-    if protected is None:
-        return mounts
-    return mounts + lending.plan(
-        protected, source=str(workspace), dest=rootfs.WORKSPACE, empty_dir=str(run_dir / "empty")
-    )
-
-
-def reachable(
-    mounts: tuple[rootfs.Mount, ...], identity: Identity, run_dir: Path
-) -> tuple[rootfs.Mount, ...]:
-    """`mounts` with every bind source the sandbox's host `identity` cannot read replaced
-    by its staged copy (`isolation.staging`; only when codecage is root and
-    the sandbox another id). The run's own directory is made for it and left as is."""
-    if not _stages_for(identity):
-        return mounts
-    own = f"{run_dir}/"
-    found: list[rootfs.Mount] = []
-    for m in mounts:
-        # The data directory is never copied (isolation.datadir): its readers are the operator's.
-        if m.dest == datadir.DATA_DIR:
-            pass
-        elif m.kind in ("ro-bind", "bind") and m.source and not m.source.startswith(own):
-            source = _reachable_source(m.source, identity)
-            if source != m.source:
-                m = dataclasses.replace(m, source=source)
-        found.append(m)
-    return tuple(found)
-
-
-@functools.cache
-def _reachable_source(source: str, identity: Identity) -> str:
-    """Every run binds the same few hundred host paths: decided once per process."""
-    return str(staging.readable(Path(source), identity))
-
-
-def _stages_for(identity: Identity) -> bool:
-    return os.geteuid() == 0 and identity.uid != 0
-
-
-def _reachable_interpreter(
-    interpreter: rootfs.Interpreter, identity: Identity
-) -> rootfs.Interpreter:
-    """The interpreter's own files, staged where its host id cannot read them (a pyenv
-    under /root); its stdlib without site-packages, which the sandbox never sees."""
-    libpython = interpreter.libpython
-    return dataclasses.replace(
-        interpreter,
-        executable=staging.readable(interpreter.executable, identity),
-        stdlib=staging.readable(interpreter.stdlib, identity, skip=("site-packages",)),
-        libpython=None if libpython is None else staging.readable(libpython, identity),
     )
 
 
@@ -195,17 +125,134 @@ def _tool_tree_mounts(
     return tuple(mounts)
 
 
-@functools.cache
-def sandbox_filter(
-    *, network: bool = False, template: bool = False, unix_addressing: bool = True
-) -> bytes:
-    """The seccomp filter every sandbox gets (with IP sockets for a run allowed egress; a
-    fork server's template its own, `seccomp.plan(template=True)`; without connect and
-    addressed sends where the backend asks, `SeccompPlan.unix_addressing`): the same
-    program each time, so compiled once (~3 ms of every cold start otherwise)."""
-    return seccomp.compile_bpf(
-        seccomp.plan(network=network, template=template, unix_addressing=unix_addressing)
+def facts(spec: SandboxSpec) -> HostFacts:
+    """What the host has for a sandbox of `spec`: found before anything is made for it (a
+    process killed meanwhile, the first time with an empty cache, takes seconds, and must
+    leave no run directory, mount or cgroup).
+
+    Raises:
+        ConfigError: a servers or skills directory does not exist.
+        HostError: the host facts cannot be found (ldd fails, the cache is not writable).
+    """
+    interpreter = rootfs.find_interpreter()
+    return HostFacts(
+        interpreter=interpreter,
+        root=rootfs.facts(interpreter),
+        binds=binds(spec.policy, spec.packages_dir, spec.servers_dir, spec.skills_dir, interpreter)
+        + datadir.mounts(spec.data_dir),
+        pip=egress_wiring.pip_package() if spec.egress is not None else None,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Acquired:
+    """What `acquire` made for one sandbox, each undone by its cleanup: the plain values
+    the plan reads (`resources`) and the live things the started sandbox keeps."""
+
+    resources: Resources
+    workspace: workspaces.Workspace
+    channel: Channels
+    egress: RunEgress | None  # its socket on the proxy (spec.egress), else None
+    own_id: bool  # its host id is its own (lent from a range), not shared
+
+
+def acquire(
+    spec: SandboxSpec,
+    found: HostFacts,
+    backend: Backend,
+    cleanup: contextlib.ExitStack,
+    *,
+    execution_id: str,
+    workspace_dir: Path | None = None,
+    as_template: bool = False,
+) -> Acquired:
+    """Everything one sandbox holds on the host before it starts, in one place, each
+    registered on `cleanup`: its host ids (first, so returned last: once its processes are
+    gone and its files removed or given back), its run directory and what is written
+    there, its workspace, the readable copies of what its ids cannot read, its channels,
+    a template's runs' filter and its socket on the egress proxy.
+
+    Raises:
+        ConfigError: a lent workspace is refused (held by another run, ...).
+        HostError: this host cannot provide it (no id free, no tmpfs, ...).
+    """
+    # A template runs as its range's own id, in a user namespace that maps the range:
+    # each run it forks drops to the id it is lent then (engine/forkserver.py).
+    id_map = template_ids(spec) if as_template else None
+    own_id = False
+    if id_map is not None:
+        identity = Identity(id_map.base, id_map.base)
+    else:
+        lent = cleanup.enter_context(identities.lease(spec.identity))
+        identity, own_id = lent.identity, lent.own
+    run_dir = make_run_dir(cleanup)
+    rootfs.write_etc(run_dir / "etc")
+    (run_dir / "empty").mkdir(mode=0o555)
+    rootfs.write_empty_file(run_dir)
+    ws = prepare_workspace(workspace_dir, spec.workspace_mb, run_dir, cleanup, owner=identity)
+    staged = _stage(found, identity)
+    channel = Channels.open(cleanup)
+    filter_fd = runs_filter_fd(cleanup) if as_template else None
+    listener = None
+    if spec.egress is not None:
+        listener = egress_wiring.open_socket(
+            spec.egress,
+            run_dir,
+            cleanup,
+            identity,
+            # gVisor's Sentry (root's) connects for the guest (--host-uds=open).
+            launcher=Identity(os.geteuid(), os.getegid()) if backend.root_launcher else None,
+        )
+    return Acquired(
+        resources=Resources(
+            name=f"{owner.key()}-{execution_id}",
+            identity=identity,
+            id_map=None if id_map is None else (id_map.base, id_map.count),
+            run_dir=run_dir,
+            workspace=ws.bind_source,
+            protected=ws.protected,
+            staged=staged,
+            control_fd=channel.guest_control.fileno(),
+            bridge_fd=channel.guest_bridge.fileno(),
+            runs_filter_fd=filter_fd,
+        ),
+        workspace=ws,
+        channel=channel,
+        egress=listener,
+        own_id=own_id,
+    )
+
+
+def template_ids(spec: SandboxSpec) -> identities.IdRange | None:
+    """The range a template of `spec` maps, so that each run it forks has its own id;
+    None when its runs all share one id (the caller's or the config's)."""
+    ids = spec.identity if spec.identity is not None else identities.plan()
+    if isinstance(ids, IdentityPlan) and os.geteuid() == 0:
+        return ids.range
+    return None
+
+
+def _stage(found: HostFacts, identity: Identity) -> tuple[tuple[str, str], ...]:
+    """The readable copy of each host source the sandbox binds that its host `identity`
+    cannot read (`isolation.staging`: only when codecage is root and the sandbox another
+    id); the stdlib without its site-packages, which the sandbox never sees."""
+    if os.geteuid() != 0 or identity.uid == 0:
+        return ()
+    stdlib = str(found.interpreter.stdlib)
+    copies: list[tuple[str, str]] = []
+    for source in host_sources(found):
+        skip = ("site-packages",) if source == stdlib else ()
+        copy = str(staging.readable(Path(source), identity, skip=skip))
+        if copy != source:
+            copies.append((source, copy))
+    return tuple(copies)
+
+
+@functools.cache
+def sandbox_filter(chosen: seccomp.SeccompPlan) -> bytes:
+    """The filter a plan chose (`plan.LaunchPlan.seccomp`), compiled: the same few programs
+    in every process, so compiled once each (~3 ms of every cold start otherwise)."""
+    return seccomp.compile_bpf(chosen)
 
 
 def runs_filter_fd(cleanup: contextlib.ExitStack) -> int:
@@ -213,7 +260,7 @@ def runs_filter_fd(cleanup: contextlib.ExitStack) -> int:
     by `cleanup` (the template has read it by then, or failed)."""
     fd = os.memfd_create("codecage-run-filter", os.MFD_CLOEXEC)
     cleanup.callback(os.close, fd)
-    os.write(fd, sandbox_filter())
+    os.write(fd, sandbox_filter(seccomp.plan()))
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
 
@@ -334,45 +381,6 @@ class Channels:
     def close_all(self) -> None:
         for sock in (self.guest_control, self.host_control, self.guest_bridge, self.host_bridge):
             sock.close()
-
-
-def sandbox_env(interpreter: rootfs.Interpreter) -> dict[str, str]:
-    """The sandbox's whole environment: a fixed allow-list, nothing from the host."""
-    env = {
-        "PATH": f"{rootfs.GUEST_PREFIX}/bin:{shell.GUEST_BIN}:/bin",
-        "HOME": rootfs.WORKSPACE,
-        "LANG": "C.UTF-8",
-        "TMPDIR": "/tmp",  # noqa: S108 - the sandbox's own private tmpfs
-        # matplotlib: draw to files (no display), and keep its cache in the private /tmp.
-        "MPLBACKEND": "Agg",
-        "MPLCONFIGDIR": "/tmp/matplotlib",  # noqa: S108
-    }
-    library_path = rootfs.library_path(interpreter)
-    if library_path is not None:
-        env["LD_LIBRARY_PATH"] = library_path
-    return env
-
-
-def guest_argv(channel: Channels, preload: tuple[str, ...], *, pooled: bool) -> tuple[str, ...]:
-    """The guest's command line inside the sandbox: the bootstrap, told its fds."""
-    # -I: isolated (no env vars, no user site, no cwd on sys.path); -S: no site module, so
-    # no .pth files run; -B: no bytecode writes; utf8 mode: text I/O is UTF-8 whatever LANG.
-    argv: tuple[str, ...] = (
-        rootfs.GUEST_PYTHON,
-        "-I",
-        "-S",
-        "-B",
-        "-X",
-        "utf8",
-        rootfs.GUEST_BOOTSTRAP_PYC,
-        "--control-fd",
-        str(channel.guest_control.fileno()),
-        "--bridge-fd",
-        str(channel.guest_bridge.fileno()),
-    )
-    if pooled:
-        argv = (*argv, "--pooled")
-    return (*argv, "--preload", ",".join(preload)) if preload else argv
 
 
 def sweep_stale_runs(only: str | None = None) -> int:

@@ -1,5 +1,6 @@
-"""One execution, end to end, as the ordered list of steps: prepare (`launch`), start (the
-backend), supervise (`supervise`), judge (`judge`), collect, clean up.
+"""One execution, end to end, as the ordered list of steps: start (the host's facts and
+the resources in `launch`, the pure plan in `plan`, then the Backend), supervise
+(`supervise`), judge (`judge`), collect, clean up.
 
 `execute()` reads top to bottom as that list; everything it creates is registered on an
 ExitStack, so every exit path (ok, timeout, exception, Ctrl-C) kills the sandbox, removes
@@ -26,22 +27,19 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from codecage import packages
-from codecage.backends.base import (
-    Backend,
-    LaunchSpec,
-    SandboxProcess,
-)
+from codecage.backends.base import Backend, SandboxProcess
 from codecage.bridge import channel as bridge
 from codecage.engine import egress as egress_wiring
-from codecage.engine import judge, launch, owner
+from codecage.engine import judge, launch
+from codecage.engine import plan as plans
 from codecage.engine import stream as streaming
 from codecage.engine import workspace as workspaces
 from codecage.engine.judge import ControlStream, Observation
+from codecage.engine.plan import SandboxSpec
 from codecage.engine.supervise import supervise
 from codecage.errors import ConfigError, Face, SandboxError
-from codecage.guest import contract
 from codecage.guest.contract import MAX_DISPLAYS, MAX_DISPLAYS_BYTES, STOP_LINE
-from codecage.isolation import cgroups, datadir, rlimits, rootfs
+from codecage.isolation import cgroups, rlimits
 from codecage.isolation import identity as identities
 from codecage.isolation.cgroups import CgroupHandle
 from codecage.isolation.identity import Identity, IdentityPlan
@@ -188,40 +186,19 @@ def _check_text(text: str, what: str) -> None:
         ) from None
 
 
-@dataclass(frozen=True, slots=True)
-class SandboxSpec:
-    """What a sandbox is made with and cannot change once it started: the warm pool keys
-    its sandboxes by this. Per-run limits are not part of it (see `run_in`)."""
-
-    policy: ImportPolicy | None = None
-    workspace_mb: int = Limits.model_fields["workspace_mb"].default
-    tmp_mb: int = Limits.model_fields["tmp_mb"].default
-    preload: tuple[str, ...] = ()  # modules the guest imports before it says it is ready
-    servers_dir: Path | None = None  # `codecage gen`'s tree, read-only at /servers
-    skills_dir: Path | None = None  # reusable functions, read-only at /skills
-    packages_dir: Path | None = None  # the operator's added packages, at /opt/packages
-    data_dir: Path | None = None  # the operator's data, read-only at /data (isolation.datadir)
-    # The host ids the sandbox runs as (never 0): one id, or a plan whose range lends each
-    # sandbox its own for its life (`isolation.identity.lease`); None: this process's
-    # default (`isolation.identity.plan()`: a range for root, the caller's own otherwise).
-    identity: Identity | IdentityPlan | None = None
-    # Made with a socket on this proxy, a relay and IP sockets (engine/egress.py); None:
-    # no network at all. A run's hosts are granted per run, not part of the spec.
-    egress: EgressSetup | None = None
-
-    @classmethod
-    def for_request(cls, request: RunRequest) -> SandboxSpec:
-        return cls(
-            egress=request.egress_setup if request.egress is not None else None,
-            policy=request.policy,
-            workspace_mb=request.limits.workspace_mb,
-            tmp_mb=request.limits.tmp_mb,
-            servers_dir=request.context.servers_dir,
-            skills_dir=request.context.skills_dir,
-            packages_dir=request.context.packages_dir,
-            data_dir=request.context.data_dir,
-            identity=request.context.identity,
-        )
+def spec_for(request: RunRequest) -> SandboxSpec:
+    """The sandbox a cold run of `request` is made as."""
+    return SandboxSpec(
+        egress=request.egress_setup if request.egress is not None else None,
+        policy=request.policy,
+        workspace_mb=request.limits.workspace_mb,
+        tmp_mb=request.limits.tmp_mb,
+        servers_dir=request.context.servers_dir,
+        skills_dir=request.context.skills_dir,
+        packages_dir=request.context.packages_dir,
+        data_dir=request.context.data_dir,
+        identity=request.context.identity,
+    )
 
 
 @dataclass(slots=True)
@@ -245,6 +222,7 @@ class StartedSandbox:
     guest_rlimits: bool = False  # backends.base.HostOverhead.guest_rlimits
     egress: RunEgress | None = None  # its socket on the proxy (spec.egress), else None
     identity: Identity | None = None  # its host ids, its own for its life (lent by start)
+    plan: plans.LaunchPlan | None = None  # what it was started with (None: forked)
     # Its processes' host uid is shared with others' in its user namespace, where
     # RLIMIT_NPROC would count them all together: its pids cgroup alone bounds its
     # processes (where it has one). Only when sandboxes do not have ids of their own (not
@@ -293,7 +271,7 @@ def execute(
             hint="put the files in the workspace directory, or pass no workspace",
         )
     sandbox = start(
-        SandboxSpec.for_request(request),
+        spec_for(request),
         request.limits,
         backend,
         workspace_dir=request.workspace_dir,
@@ -340,100 +318,24 @@ def start(
         if forked is not None:
             return forked
     execution_id = uuid.uuid4().hex
-    interpreter = rootfs.find_interpreter()
-    bpf = launch.sandbox_filter(
-        network=spec.egress is not None,
-        template=as_template,
-        # A backend whose guest shares the host's filesystem and cannot keep it from the
-        # host's pathname unix sockets otherwise (the Landlock fallback below ABI 9).
-        unix_addressing=not backend.filters_unix_addressing,
-    )
+    found = launch.facts(spec)  # before anything is made: see `launch.facts`
     started_at = time.monotonic()
-    # Worked out before anything is created: a process killed meanwhile (the first time,
-    # with an empty cache, it takes seconds) must leave no run directory, mount or cgroup.
-    binds = _binds(spec, interpreter)
     cleanup = contextlib.ExitStack()
     try:
-        # Its own host id, entered first so that it is returned last: once its processes
-        # are gone and its files removed or given back. A template runs as its range's
-        # own id, in a user namespace that maps the range: each run it forks drops to the
-        # id it is lent then (engine/forkserver.py).
-        id_map = template_ids(spec) if as_template else None
-        own_id = False
-        if id_map is not None:
-            identity = Identity(id_map.base, id_map.base)
-        else:
-            lent = cleanup.enter_context(identities.lease(spec.identity))
-            identity, own_id = lent.identity, lent.own
-        run_dir = launch.make_run_dir(cleanup)
-        ws = launch.prepare_workspace(
-            workspace_dir, spec.workspace_mb, run_dir, cleanup, owner=identity
+        held = launch.acquire(
+            spec,
+            found,
+            backend,
+            cleanup,
+            execution_id=execution_id,
+            workspace_dir=workspace_dir,
+            as_template=as_template,
         )
-        mounts = launch.reachable(
-            launch.root_mounts(
-                interpreter, ws.bind_source, run_dir, spec.tmp_mb, identity, ws.protected
-            )
-            + binds,
-            identity,
-            run_dir,
+        planned = plans.plan(
+            spec, limits, backend, found, held.resources, pooled=pooled, as_template=as_template
         )
-        if as_template:  # its runs mask their own /proc (guest/template.py)
-            mounts = tuple(m for m in mounts if m.dest not in rootfs.PROC_MASKED)
-        overhead = backend.host_overhead
-        root_launcher = backend.root_launcher
-        cgroup = cgroups.create(
-            f"{owner.key()}-{execution_id}",
-            limits,
-            extra_pids=overhead.pids,
-            pids_per_process=overhead.pids_per_process,
-            extra_memory_mb=overhead.memory_mb,
-        )
-        if cgroup is not None:
-            cleanup.callback(cgroups.destroy, cgroup)
-        channel = launch.Channels.open(cleanup)
-        env = launch.sandbox_env(interpreter)
-        guest_argv = launch.guest_argv(channel, spec.preload, pooled=pooled)
-        extra_fds: tuple[int, ...] = ()
-        if as_template:
-            extra_fds = (launch.runs_filter_fd(cleanup),)
-            guest_argv = (*guest_argv, contract.TEMPLATE_ARG, str(extra_fds[0]))
-        listener = None
-        if spec.egress is not None:
-            listener = egress_wiring.open_socket(
-                spec.egress,
-                run_dir,
-                cleanup,
-                identity,
-                # gVisor's Sentry (root's) connects for the guest (--host-uds=open).
-                launcher=Identity(os.geteuid(), os.getegid()) if root_launcher else None,
-            )
-            mounts += egress_wiring.mounts(run_dir)
-            env.update(egress_wiring.env(spec.egress))
-            guest_argv = (*guest_argv, contract.EGRESS_ARG)
-        proc = backend.start(
-            LaunchSpec(
-                mounts=mounts,
-                env=env,
-                guest_argv=guest_argv,
-                seccomp=bpf,
-                control_fd=channel.guest_control.fileno(),
-                bridge_fd=channel.guest_bridge.fileno(),
-                cwd=run_dir,
-                identity=identity,
-                network=spec.egress is not None,
-                template=as_template,
-                extra_fds=extra_fds,
-                id_map=None if id_map is None else (id_map.base, id_map.count),
-            ),
-            # Between "namespaces made" and "guest starts": never host root (checked on
-            # the process itself), and what the guest starts, and every process it makes,
-            # is in the run's cgroup from its first instruction.
-            on_created=functools.partial(
-                _on_created, cgroup, expected=None if root_launcher else identity
-            ),
-        )
-        cleanup.callback(proc.close)
-        channel.close_guest_ends()
+        proc, cgroup = _launch(planned, backend, cleanup)
+        held.channel.close_guest_ends()
     except BaseException:
         cleanup.close()
         raise
@@ -441,29 +343,53 @@ def start(
         execution_id=execution_id,
         spec=spec,
         proc=proc,
-        channel=channel,
+        channel=held.channel,
         cgroup=cgroup,
-        workspace=ws,
+        workspace=held.workspace,
         cgroup_limits=limits,
         started_at=started_at,
         cleanup=cleanup,
         lost=backend.lost_layers,
-        guest_rlimits=overhead.guest_rlimits,
-        egress=listener,
-        identity=identity,
+        guest_rlimits=backend.host_overhead.guest_rlimits,
+        egress=held.egress,
+        identity=planned.identity,
+        plan=planned,
         # In the host's user namespace (Landlock), RLIMIT_NPROC counts every process of
         # the host uid: the run's own alone when the id is its own.
-        shares_user_namespace=backend.shares_host_user_namespace and not own_id,
+        shares_user_namespace=backend.shares_host_user_namespace and not held.own_id,
     )
 
 
-def template_ids(spec: SandboxSpec) -> identities.IdRange | None:
-    """The range a template of `spec` maps, so that each run it forks has its own id;
-    None when its runs all share one id (the caller's or the config's)."""
-    plan = spec.identity if spec.identity is not None else identities.plan()
-    if isinstance(plan, IdentityPlan) and os.geteuid() == 0:
-        return plan.range
-    return None
+def _launch(
+    planned: plans.LaunchPlan, backend: Backend, cleanup: contextlib.ExitStack
+) -> tuple[SandboxProcess, CgroupHandle | None]:
+    """Carry out `planned`: make its cgroup, hand it to `backend`, and admit its first
+    process to the cgroup before anything of the guest runs; both undone by `cleanup`.
+
+    Raises:
+        HostError: the cgroup cannot be made.
+        SandboxError: the sandbox failed to start, or its first process is not the
+            identity planned.
+    """
+    wanted = planned.cgroup
+    cgroup = cgroups.create(
+        wanted.name,
+        wanted.limits,
+        extra_pids=wanted.extra_pids,
+        pids_per_process=wanted.pids_per_process,
+        extra_memory_mb=wanted.extra_memory_mb,
+    )
+    if cgroup is not None:
+        cleanup.callback(cgroups.destroy, cgroup)
+    proc = backend.start(
+        planned.launch_spec(launch.sandbox_filter(planned.seccomp)),
+        # Between "namespaces made" and "guest starts": never host root (checked on the
+        # process itself), and what the guest starts, and every process it makes, is in
+        # the run's cgroup from its first instruction.
+        on_created=functools.partial(_on_created, cgroup, expected=planned.expected),
+    )
+    cleanup.callback(proc.close)
+    return proc, cgroup
 
 
 def _on_created(cgroup: CgroupHandle | None, pid: int, *, expected: Identity | None) -> None:
@@ -487,7 +413,7 @@ def _on_created(cgroup: CgroupHandle | None, pid: int, *, expected: Identity | N
 
 
 def prepare(spec: SandboxSpec) -> None:
-    """Work out now what a sandbox of `spec` binds (the interpreter's and the tools'
+    """Find now what a sandbox of `spec` binds (the interpreter's and the tools'
     libraries, the packages' files, the guest's bytecode), which `start` would otherwise
     do on its first call: the first time, with an empty cache, that reads every package's
     RECORD and runs ldd, seconds on a busy host. A warm pool's sandboxes are then started
@@ -496,15 +422,7 @@ def prepare(spec: SandboxSpec) -> None:
     Raises:
         HostError: the host facts cannot be found (ldd fails, the cache is not writable).
     """
-    interpreter = rootfs.find_interpreter()
-    rootfs.bootstrap_bytecode()
-    _binds(spec, interpreter)
-
-
-def _binds(spec: SandboxSpec, interpreter: rootfs.Interpreter) -> tuple[rootfs.Mount, ...]:
-    return launch.binds(
-        spec.policy, spec.packages_dir, spec.servers_dir, spec.skills_dir, interpreter
-    ) + datadir.mounts(spec.data_dir)
+    launch.facts(spec)
 
 
 def wait_ready(sandbox: StartedSandbox, timeout_s: float) -> None:

@@ -144,7 +144,7 @@ print(json.dumps(out))
 """
 
 # PWD is set by the backend (the sandbox's working directory); the rest by
-# engine.launch.sandbox_env.
+# engine.plan.sandbox_env.
 _ALLOWED_ENV = (
     "PATH", "HOME", "LANG", "TMPDIR", "LD_LIBRARY_PATH", "PWD", "MPLBACKEND", "MPLCONFIGDIR"
 )  # fmt: skip

@@ -6,8 +6,8 @@ It is a read-only bind like the tool trees: the sandbox can read, not write (the
 read-only, whatever the files' modes). A symlink in it is resolved inside the sandbox's own
 root (bwrap and gVisor: the sandbox's mount namespace; Landlock: only the paths its rules
 grant), so a link to /etc/shadow shows the sandbox's /etc, never the host's. It is never
-staged (`engine.launch.reachable`): a copy of a large tree per change would be a surprise;
-the sandbox's host id must be able to read it.
+staged (`engine.plan.host_sources` leaves it out): a copy of a large tree per change would
+be a surprise; the sandbox's host id must be able to read it.
 """
 
 from __future__ import annotations

@@ -235,21 +235,57 @@ def write_etc(etc_dir: Path, uid: int = SANDBOX_UID, gid: int = SANDBOX_GID) -> 
         (etc_dir / name).chmod(0o644)
 
 
+@dataclass(frozen=True, slots=True)
+class RootFacts:
+    """What the host has for a sandbox's root besides the interpreter, found by `facts`
+    (it reads the host, and compiles the guest's bytecode into the cache the first time)
+    so that `plan` reads nothing."""
+
+    bootstrap_pyc: Path  # the guest bootstrap's bytecode (`bootstrap_bytecode`)
+    guest_package: Path  # `guest_package_dir()`
+    zoneinfo: bool  # the host has /usr/share/zoneinfo
+    site_packages: bool  # the interpreter's stdlib has a site-packages, hidden by a bind
+    masked: tuple[tuple[str, bool], ...]  # the PROC_MASKED this kernel has: (path, is a dir)
+
+
+def facts(interpreter: Interpreter) -> RootFacts:
+    """What `plan` needs of the host for `interpreter`'s root.
+
+    Raises:
+        HostError: the cache directory cannot be written.
+    """
+    return RootFacts(
+        bootstrap_pyc=bootstrap_bytecode(),
+        guest_package=guest_package_dir(),
+        zoneinfo=Path("/usr/share/zoneinfo").is_dir(),
+        site_packages=(interpreter.stdlib / "site-packages").is_dir(),
+        masked=present_masks(),
+    )
+
+
+def present_masks() -> tuple[tuple[str, bool], ...]:
+    """The `PROC_MASKED` paths this kernel has, each with whether it is a directory."""
+    found: list[tuple[str, bool]] = []
+    for path in PROC_MASKED:
+        host = Path(path)
+        if host.is_dir():
+            found.append((path, True))
+        elif host.exists():
+            found.append((path, False))
+    return tuple(found)
+
+
 def plan(
     interpreter: Interpreter,
+    root: RootFacts,
     *,
     workspace: Path,
     etc_dir: Path,
     empty_dir: Path,
     tmp_bytes: int,
 ) -> tuple[Mount, ...]:
-    """The ordered mount table of one sandbox. Not pure: it names the guest's bytecode,
-    which `bootstrap_bytecode` compiles into the cache the first time (the guest package's
-    too), and looks whether the host has /usr/share/zoneinfo; it creates no mount.
-
-    Raises:
-        HostError: the cache directory cannot be written.
-    """
+    """The ordered mount table of one sandbox's root. Pure: what it needs of the host is
+    in `interpreter` and `root` (`facts`); it creates nothing."""
     mounts: list[Mount] = []
     seen: set[str] = set()
     for lib in interpreter.libraries:
@@ -262,7 +298,7 @@ def plan(
             "ro-bind", f"{GUEST_PREFIX}/lib/python{interpreter.version}", str(interpreter.stdlib)
         ),
     ]
-    if (interpreter.stdlib / "site-packages").is_dir():
+    if root.site_packages:
         # The base interpreter's own site-packages is not ours to expose: hide it. (Debian's
         # python3 has none there, and bwrap cannot make one in the read-only stdlib bind.)
         mounts.append(
@@ -280,9 +316,9 @@ def plan(
                 str(interpreter.libpython),
             )
         )
-    mounts.append(Mount("ro-bind", contract.GUEST_PACKAGE_DIR, str(guest_package_dir())))
-    mounts.append(Mount("ro-bind", GUEST_BOOTSTRAP_PYC, str(bootstrap_bytecode())))
-    if Path("/usr/share/zoneinfo").is_dir():
+    mounts.append(Mount("ro-bind", contract.GUEST_PACKAGE_DIR, str(root.guest_package)))
+    mounts.append(Mount("ro-bind", GUEST_BOOTSTRAP_PYC, str(root.bootstrap_pyc)))
+    if root.zoneinfo:
         mounts.append(Mount("ro-bind", "/usr/share/zoneinfo", "/usr/share/zoneinfo"))
     mounts += [
         Mount("ro-bind", "/etc/passwd", str(etc_dir / "passwd")),
@@ -294,7 +330,7 @@ def plan(
         # it runs as root), and root-owned sysctls in /proc/sys are writable by uid 0 without
         # any capability; bwrap's own read-only cover of /proc/sys is not reliable here.
         Mount("remount-ro", "/proc"),
-        *_proc_masks(empty_dir),
+        *_proc_masks(empty_dir, root.masked),
         Mount("dev", "/dev"),
         Mount("tmpfs", "/tmp", size_bytes=tmp_bytes),  # noqa: S108 - private, size-limited
         Mount("bind", WORKSPACE, str(workspace)),
@@ -329,7 +365,7 @@ def bwrap_args(mounts: tuple[Mount, ...], *, open_dirs: bool = False) -> list[st
 def proc_masks(empty_dir: Path) -> list[Mount]:
     """The binds that hide `PROC_MASKED` behind `empty_dir` and the empty file beside it
     (`write_empty_file`): every sandbox's, sandboxed upstream servers' too."""
-    return _proc_masks(empty_dir)
+    return _proc_masks(empty_dir, present_masks())
 
 
 def _made_parents(mounts: tuple[Mount, ...]) -> list[str]:
@@ -345,16 +381,11 @@ def _made_parents(mounts: tuple[Mount, ...]) -> list[str]:
     return sorted(p for p in parents if not any(p == d or p.startswith(d + "/") for d in dests))
 
 
-def _proc_masks(empty_dir: Path) -> list[Mount]:
+def _proc_masks(empty_dir: Path, masked: tuple[tuple[str, bool], ...]) -> list[Mount]:
     empty_file = empty_dir.parent / "empty-file"
-    masks: list[Mount] = []
-    for path in PROC_MASKED:
-        host = Path(path)
-        if host.is_dir():
-            masks.append(Mount("ro-bind", path, str(empty_dir)))
-        elif host.exists():
-            masks.append(Mount("ro-bind", path, str(empty_file)))
-    return masks
+    return [
+        Mount("ro-bind", path, str(empty_dir if is_dir else empty_file)) for path, is_dir in masked
+    ]
 
 
 def write_empty_file(run_dir: Path) -> None:

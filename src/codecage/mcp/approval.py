@@ -103,7 +103,7 @@ async def verdict(
         raise ToolError(refusal(exc)) from exc
     if asked is None:
         return None
-    answered = await _answer(ctx, asked, request.caller, questions)
+    answered = await _answer(ctx, asked, request.asker.caller, questions)
     if isinstance(answered, approvals.Verdict):  # it covers what was shown, no more
         return dataclasses.replace(answered, shown=tuple(str(g) for g in asked.grants))
     return answered

@@ -329,18 +329,15 @@ def execute(
 
     result = runtime.run(
         host.Request(
-            code=prepared.code,
+            host.Program(prepared.code, prepared.filename, files=prepared.files or None),
             limits=limits,
             policy=policy,
-            filename=prepared.filename,
-            files=prepared.files or None,
-            allowed_tools=runtime.options.allowed_tools,
-            cancel=cancel,
-            on_files=read_back,
-            face=runtime.options.face,
             egress=egress,
-            caller=caller,
-            approve=runtime.options.approver,
+            allowed_tools=runtime.options.allowed_tools,
+            asker=host.Asker(
+                face=runtime.options.face, caller=caller, approve=runtime.options.approver
+            ),
+            hooks=host.Hooks(cancel=cancel, on_files=read_back),
         )
     )
     return result.with_kept_files(kept[0]) if kept else result

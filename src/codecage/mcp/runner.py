@@ -268,7 +268,9 @@ class Runner:
             blocks.extend(found)
             redacted.append(counts)
 
-        request = dataclasses.replace(request, on_files=read_back)
+        request = dataclasses.replace(
+            request, hooks=dataclasses.replace(request.hooks, on_files=read_back)
+        )
         call = current_call.get()
         policy = request.policy
         profile = (

@@ -148,18 +148,16 @@ def tools(runner: Runner) -> list[Tool]:
 
         # [approval]: the client's user decides before the call takes a run slot.
         asked = host.Request(
-            code=code,
+            host.Program(code, files=uploads or None),
             limits=run_limits,
             policy=policy,
-            files=uploads or None,
+            egress=egress,
             allowed_tools=runner.host.options.allowed_tools,
-            cancel=cancel,
-            face="mcp",  # hints name execute_code's arguments
             backend=backend,
             session_id=session_id,
-            client=client,
-            egress=egress,
-            caller=caller,
+            # face "mcp": hints name execute_code's arguments
+            asker=host.Asker(face="mcp", caller=caller, client=client),
+            hooks=host.Hooks(cancel=cancel),
         )
         decided = await approval.verdict(ctx, runner.host, asked, questions)
         if isinstance(decided, InputRequiredResult):
@@ -171,9 +169,9 @@ def tools(runner: Runner) -> list[Tool]:
                 lambda: runner.execute(
                     dataclasses.replace(
                         asked,
-                        on_output=on_output,
+                        hooks=dataclasses.replace(asked.hooks, on_output=on_output),
                         # the verdict the tool obtained ([approval])
-                        approve=approval.given(decided),
+                        asker=dataclasses.replace(asked.asker, approve=approval.given(decided)),
                     ),
                     return_files=return_files or [],
                 ),
