@@ -310,7 +310,10 @@ class OutputFlags(FlagGroup):
 
 @dataclass(frozen=True, slots=True)
 class ServerFlags(FlagGroup):
-    """The server a `codecage session` command talks to (None: the user's local one)."""
+    """The server a `codecage session` command talks to (None: the user's local one), and
+    how the command shows what it answers."""
 
     server: ServerOpt = None
     token: ServerTokenOpt = None
+    as_json: JsonOpt = False
+    verbose: VerboseOpt = False
