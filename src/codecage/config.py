@@ -168,21 +168,21 @@ class PackagesFile(_FileModel):
     )
 
 
+def _host_id(kind: str) -> Any:
+    """[sandbox] uid or gid: one host id for every sandbox; not 0 (root), nor 2**32 - 1
+    (-1 to the kernel: "leave it unchanged")."""
+    return Field(
+        None,
+        ge=1,
+        le=2**32 - 2,
+        description=f"Host {kind} every sandbox runs as when codecage runs as root (never 0); "
+        "unset: each sandbox gets its own from id_base/id_count.",
+    )
+
+
 class SandboxFile(_FileModel):
-    uid: int | None = Field(
-        None,
-        ge=1,
-        le=2**32 - 2,
-        description="Host uid every sandbox runs as when codecage runs as root (never 0); "
-        "unset: each sandbox gets its own from id_base/id_count.",
-    )
-    gid: int | None = Field(
-        None,
-        ge=1,
-        le=2**32 - 2,
-        description="Host gid every sandbox runs as when codecage runs as root (never 0); "
-        "unset: each sandbox gets its own from id_base/id_count.",
-    )
+    uid: int | None = _host_id("uid")
+    gid: int | None = _host_id("gid")
     id_base: int = Field(
         2_000_000_000,
         ge=1,

@@ -94,11 +94,10 @@ class ServerMetrics:
         self._servers = frozenset(servers)
         self._tool_names = BoundedLabels(MAX_TOOL_LABELS)
         r = self.registry
-        self._runs = Counter(
+        self._runs = self._counter(
             "codecage_runs",
             "Runs finished, by status, backend and import profile.",
-            ["status", "backend", "profile"],
-            registry=r,
+            ("status", "backend", "profile"),
         )
         self._wall = Histogram(
             "codecage_run_wall_seconds",
@@ -119,35 +118,38 @@ class ServerMetrics:
         self._in_flight = Gauge(
             "codecage_runs_in_flight", "execute_code calls holding a slot now.", registry=r
         )
-        self._denials = Counter(
+        self._denials = self._by_kind(
             "codecage_denials",
             "Refusals during runs the host observed (its proxy, broker, judge), by kind.",
-            ["kind"],
-            registry=r,
+            DENIAL_KINDS,
         )
-        for kind in DENIAL_KINDS:  # a dashboard sees zeros, not missing series
-            self._denials.labels(kind=kind)
-        self._claims = Counter(
+        self._claims = self._by_kind(
             "codecage_guest_claims",
             "Events the guest reported, by kind: its claims, which the code can forge or "
             "suppress (an import refused by the in-sandbox policy is one).",
-            ["kind"],
-            registry=r,
+            CLAIM_KINDS,
         )
-        for kind in CLAIM_KINDS:
-            self._claims.labels(kind=kind)
-        self._tool_calls = Counter(
+        self._tool_calls = self._counter(
             "codecage_tool_calls",
             "Upstream MCP tool calls made by runs' code, by server, tool and status.",
-            ["server", "tool", "status"],
-            registry=r,
+            ("server", "tool", "status"),
         )
-        self._egress_out = Counter(
-            "codecage_egress_sent_bytes",
-            "Bytes sent through the egress proxy to allowed hosts.",
-            registry=r,
+        self._egress_out = self._counter(
+            "codecage_egress_sent_bytes", "Bytes sent through the egress proxy to allowed hosts."
         )
         self.watch_host(pool, audit)
+
+    def _counter(self, name: str, documentation: str, labels: tuple[str, ...] = ()) -> Counter:
+        """A counter in this registry."""
+        return Counter(name, documentation, labels, registry=self.registry)
+
+    def _by_kind(self, name: str, documentation: str, kinds: Iterable[str]) -> Counter:
+        """A counter by `kind`, each of `kinds` there from the start: a dashboard sees
+        zeros, not missing series."""
+        counter = self._counter(name, documentation, ("kind",))
+        for kind in kinds:
+            counter.labels(kind=kind)
+        return counter
 
     # --- feeding ------------------------------------------------------------------------------
 
@@ -261,6 +263,21 @@ class AuditCollector(Collector):
         )
 
 
+_POOL_FAMILIES: tuple[tuple[str, type[GaugeMetricFamily | CounterMetricFamily], str], ...] = (
+    ("idle", GaugeMetricFamily, "Warm sandboxes ready now."),
+    ("starting", GaugeMetricFamily, "Warm sandboxes starting now."),
+    ("target", GaugeMetricFamily, "Warm sandboxes the pool keeps ready now (min_idle..max_idle)."),
+    ("hits", CounterMetricFamily, "Runs that got a warm sandbox."),
+    (
+        "misses",
+        CounterMetricFamily,
+        "Runs of a kept profile that found no warm sandbox and started cold.",
+    ),
+)
+"""The pool's metrics by profile: (the `PoolKeyState` field, its kind, its help); each is
+codecage_pool_<field>."""
+
+
 class PoolCollector(Collector):
     """The warm pool's sandboxes and counters, read from `Pool.state()` at each scrape and
     summed per profile (a profile has a second key when its runs may have egress)."""
@@ -270,26 +287,9 @@ class PoolCollector(Collector):
         self._label = label
 
     def collect(self) -> Iterator[Metric]:
-        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
-            "idle": GaugeMetricFamily(
-                "codecage_pool_idle", "Warm sandboxes ready now.", labels=["profile"]
-            ),
-            "starting": GaugeMetricFamily(
-                "codecage_pool_starting", "Warm sandboxes starting now.", labels=["profile"]
-            ),
-            "target": GaugeMetricFamily(
-                "codecage_pool_target",
-                "Warm sandboxes the pool keeps ready now (min_idle..max_idle).",
-                labels=["profile"],
-            ),
-            "hits": CounterMetricFamily(
-                "codecage_pool_hits", "Runs that got a warm sandbox.", labels=["profile"]
-            ),
-            "misses": CounterMetricFamily(
-                "codecage_pool_misses",
-                "Runs of a kept profile that found no warm sandbox and started cold.",
-                labels=["profile"],
-            ),
+        families = {
+            name: family(f"codecage_pool_{name}", documentation, labels=["profile"])
+            for name, family, documentation in _POOL_FAMILIES
         }
         sums: dict[tuple[str, str], int] = {}
         for key in self._state().keys:

@@ -61,9 +61,7 @@ def _question(asked: ApprovalRequest) -> str:
         f"This run needs your approval before it starts ([approval] require = "
         f"'{asked.require}'). It is granted:"
     ]
-    shown += [f"  {neutralise_line(str(grant))}" for grant in asked.grants] or ["  nothing"]
-    if asked.findings:
-        shown.append("Advice from static checks of the code's text (they can be evaded):")
+    shown += approvals.granted_lines(asked, "  ")
     for finding in asked.findings:
         shown.append(
             f"  line {finding.line}: {finding.rule_id} ({finding.severity}) "

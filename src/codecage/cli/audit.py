@@ -21,7 +21,7 @@ from codecage.audit.record import AuditRecord
 from codecage.audit.store import default_location
 from codecage.cli.logs import configure_logging
 from codecage.cli.options import ConfigOpt, JsonOpt, VerboseOpt
-from codecage.cli.render import fail, print_json, stderr
+from codecage.cli.render import fail, print_json, show, stderr
 from codecage.cli.setup import load_config
 from codecage.errors import CodecageError, ConfigError
 from codecage.output import neutralise_line
@@ -113,10 +113,7 @@ def audit_show(
         record = trail.get(views.resolve_id(trail, execution))
         if record is None:  # erased between the two reads
             raise ConfigError(f"no execution {execution!r} in the audit store")
-        if as_json:
-            print_json(record.model_dump(mode="json"))
-            return
-        _print_record(record)
+        show(record, _print_record, as_json=as_json)
 
 
 @app.command("export")
@@ -181,10 +178,7 @@ def audit_stats(
     """
     with _reading(store, config_file, as_json, verbose) as trail:
         report = views.stats(trail, views.parse_when(since) if since else None)
-        if as_json:
-            print_json(report.model_dump(mode="json"))
-            return
-        _print_stats(report)
+        show(report, _print_stats, as_json=as_json)
 
 
 @app.command("erase")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from codecage.cli.logs import configure_logging
-from codecage.cli.options import ConfigOpt, JsonOpt, McpHostOpt, VerboseOpt
+from codecage.cli.options import ConfigOpt, JsonOpt, McpHostOpt, VerboseOpt, mcp_config_option
 from codecage.cli.render import fail, print_json, progress, stderr
 from codecage.cli.setup import load_config, servers_of_hosts
 from codecage.config import Settings
@@ -21,13 +21,9 @@ if TYPE_CHECKING:
 
 GenMcpConfigOpt = Annotated[
     Path | None,
-    typer.Option(
-        "--mcp-config",
-        help="Upstream MCP servers: a JSON file with mcpServers, as MCP hosts write them "
-        "(default: the config file's \\[mcpServers.*] tables).",
-        dir_okay=False,
-        exists=True,
-        show_default=False,
+    mcp_config_option(
+        "Upstream MCP servers: a JSON file with mcpServers, as MCP hosts write them "
+        "(default: the config file's \\[mcpServers.*] tables)."
     ),
 ]
 GenServerOpt = Annotated[

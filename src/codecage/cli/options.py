@@ -115,15 +115,21 @@ AuditOpt = Annotated[
 VerboseOpt = Annotated[
     bool, typer.Option("--verbose", "-v", help="Log what codecage does, with tracebacks.")
 ]
+
+
+def mcp_config_option(help_text: str) -> Any:
+    """--mcp-config, a JSON file that must exist; its help the command's (`gen` reads the
+    config file's servers without it, `run` and `serve` have none then)."""
+    return typer.Option(
+        "--mcp-config", help=help_text, dir_okay=False, exists=True, show_default=False
+    )
+
+
 McpConfigOpt = Annotated[
     Path | None,
-    typer.Option(
-        "--mcp-config",
-        help="Upstream MCP servers whose tools the code may call, through codecage, without "
-        "network or credentials: a JSON file with mcpServers, as MCP hosts write them.",
-        dir_okay=False,
-        exists=True,
-        show_default=False,
+    mcp_config_option(
+        "Upstream MCP servers whose tools the code may call, through codecage, without "
+        "network or credentials: a JSON file with mcpServers, as MCP hosts write them."
     ),
 ]
 McpHostOpt = Annotated[
@@ -310,7 +316,10 @@ class OutputFlags(FlagGroup):
 
 @dataclass(frozen=True, slots=True)
 class ServerFlags(FlagGroup):
-    """The server a `codecage session` command talks to (None: the user's local one)."""
+    """The server a `codecage session` command talks to (None: the user's local one), and
+    how the command shows what it answers."""
 
     server: ServerOpt = None
     token: ServerTokenOpt = None
+    as_json: JsonOpt = False
+    verbose: VerboseOpt = False

@@ -4,12 +4,14 @@ sandboxes."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from codecage import packages as added
+from codecage.cli.groups import FlagGroup, takes_groups
 from codecage.cli.logs import configure_logging
 from codecage.cli.options import ConfigOpt, JsonOpt, VerboseOpt
 from codecage.cli.render import (
@@ -60,7 +62,21 @@ IgnoreHostVersionsOpt = Annotated[
 ]
 
 
+@dataclass(frozen=True, slots=True)
+class ChangeFlags(FlagGroup):
+    """The flags of `packages add` and `remove`: where the packages are, what pip may do,
+    and how the change is shown."""
+
+    packages_dir: PackagesDirOpt = None
+    allow_source: AllowSourceOpt = False
+    ignore_host_versions: IgnoreHostVersionsOpt = False
+    config_file: ConfigOpt = None
+    as_json: JsonOpt = False
+    verbose: VerboseOpt = False
+
+
 @app.command("add")
+@takes_groups
 def packages_add(
     names: Annotated[
         list[str],
@@ -70,12 +86,7 @@ def packages_add(
             show_default=False,
         ),
     ],
-    packages_dir: PackagesDirOpt = None,
-    allow_source: AllowSourceOpt = False,
-    ignore_host_versions: IgnoreHostVersionsOpt = False,
-    config_file: ConfigOpt = None,
-    as_json: JsonOpt = False,
-    verbose: VerboseOpt = False,
+    flags: ChangeFlags,
 ) -> None:
     """Install packages (and what they need) for the sandboxes; a package already added is
     replaced by the version given.
@@ -86,31 +97,17 @@ def packages_add(
 
         codecage packages add tabulate==0.9.0
     """
-    _change_packages(
-        added.add,
-        "installing with pip",
-        names,
-        packages_dir,
-        config_file,
-        allow_source=allow_source,
-        host_versions=not ignore_host_versions,
-        as_json=as_json,
-        verbose=verbose,
-    )
+    _change_packages(added.add, "installing with pip", names, flags)
 
 
 @app.command("remove")
+@takes_groups
 def packages_remove(
     names: Annotated[
         list[str],
         typer.Argument(help="Names of added packages.", metavar="NAME", show_default=False),
     ],
-    packages_dir: PackagesDirOpt = None,
-    allow_source: AllowSourceOpt = False,
-    ignore_host_versions: IgnoreHostVersionsOpt = False,
-    config_file: ConfigOpt = None,
-    as_json: JsonOpt = False,
-    verbose: VerboseOpt = False,
+    flags: ChangeFlags,
 ) -> None:
     """Remove added packages and what only they needed (the rest is installed again at the
     recorded versions).
@@ -119,42 +116,26 @@ def packages_remove(
 
         codecage packages remove seaborn
     """
-    _change_packages(
-        added.remove,
-        "reinstalling the rest with pip",
-        names,
-        packages_dir,
-        config_file,
-        allow_source=allow_source,
-        host_versions=not ignore_host_versions,
-        as_json=as_json,
-        verbose=verbose,
-    )
+    _change_packages(added.remove, "reinstalling the rest with pip", names, flags)
 
 
 def _change_packages(
-    change_with: Callable[..., added.Change],
-    doing: str,
-    names: list[str],
-    packages_dir: Path | None,
-    config_file: Path | None,
-    *,
-    allow_source: bool,
-    host_versions: bool,
-    as_json: bool,
-    verbose: bool,
+    change_with: Callable[..., added.Change], doing: str, names: list[str], flags: ChangeFlags
 ) -> None:
     """`packages add` and `remove`: one change of the operator's packages, shown as done."""
-    configure_logging(verbose)
+    configure_logging(flags.verbose)
     try:
-        directory = _packages_dir(packages_dir, config_file, for_writing=True)
-        with progress(doing, enabled=not as_json):
+        directory = _packages_dir(flags.packages_dir, flags.config_file, for_writing=True)
+        with progress(doing, enabled=not flags.as_json):
             change = change_with(
-                directory, names, allow_source=allow_source, host_versions=host_versions
+                directory,
+                names,
+                allow_source=flags.allow_source,
+                host_versions=not flags.ignore_host_versions,
             )
     except CodecageError as exc:
-        fail(exc, as_json=as_json, verbose=verbose)
-    render_package_change(change, as_json=as_json)
+        fail(exc, as_json=flags.as_json, verbose=flags.verbose)
+    render_package_change(change, as_json=flags.as_json)
 
 
 @app.command("list")

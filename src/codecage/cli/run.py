@@ -52,6 +52,7 @@ from codecage.cli.setup import (
     sandbox_of,
     servers_of_hosts,
     tool_setup,
+    tool_setup_of,
 )
 from codecage.config import Settings
 from codecage.errors import CodecageError, ConfigError
@@ -242,16 +243,7 @@ def _connect(
     """The upstream tools, connected under a spinner when there are any (none with --json)."""
     upstream = bool(tools.mcp_config or host_servers or settings.mcp_servers)
     with progress("connecting to the upstream MCP servers", enabled=upstream and not quiet):
-        return tool_setup(
-            tools.mcp_config,
-            tools.servers_dir,
-            tools.skills_dir,
-            tools.allow_tool,
-            tools.tokenize,
-            settings,
-            max_tool_calls=tools.max_tool_calls,
-            host_servers=host_servers,
-        )
+        return tool_setup_of(tools, settings, host_servers)
 
 
 def _single_run_sandbox(

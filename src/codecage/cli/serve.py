@@ -29,7 +29,7 @@ from codecage.cli.setup import (
     load_config,
     scrub_option,
     servers_of_hosts,
-    tool_setup,
+    tool_setup_of,
 )
 from codecage.config import Settings
 from codecage.errors import CodecageError
@@ -246,16 +246,7 @@ def _check_tokens(listen: ListenFlags, settings: Settings) -> None:
 def _tools(settings: Settings, tools: ToolFlags) -> ToolSetup:
     """The upstream tools of every call (closed at exit)."""
     host_servers, _ = servers_of_hosts(tools.mcp_host, tools.mcp_config)
-    toolset = tool_setup(
-        tools.mcp_config,
-        tools.servers_dir,
-        tools.skills_dir,
-        tools.allow_tool,
-        tools.tokenize,
-        settings,
-        max_tool_calls=tools.max_tool_calls,
-        host_servers=host_servers,
-    )
+    toolset = tool_setup_of(tools, settings, host_servers)
     atexit.register(toolset.close)
     return toolset
 

@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from codecage.cli.groups import FlagGroup, takes_groups
 from codecage.cli.logs import configure_logging
-from codecage.cli.options import AllowImportOpt, CodeFlags, JsonOpt, ServerFlags, VerboseOpt
+from codecage.cli.options import AllowImportOpt, CodeFlags, ServerFlags, VerboseOpt
 from codecage.cli.render import fail, print_json, stderr
 from codecage.cli.setup import allowed_hosts, read_code, read_inputs
 from codecage.errors import CodecageError
@@ -141,8 +141,6 @@ def session_open(
     *,
     session: SessionFlags,
     server: ServerFlags,
-    as_json: JsonOpt = False,
-    verbose: VerboseOpt = False,
 ) -> None:
     """Open a session and print its id (alone on stdout, for `ID=$(...)`).
 
@@ -154,11 +152,10 @@ def session_open(
 
         codecage session open --allow-host api.github.com   # its runs may reach it
     """
-    configure_logging(verbose)
-    arguments = session.arguments()
-    reply = _call(server, "open_session", arguments, as_json=as_json, verbose=verbose)
+    configure_logging(server.verbose)
+    reply = _call(server, "open_session", session.arguments())
     data = reply.data
-    if as_json:
+    if server.as_json:
         print_json(data)
         return
     sys.stdout.write(f"{data['session_id']}\n")
@@ -179,8 +176,6 @@ def session_run(
     timeout: RunTimeoutOpt = None,
     inputs: SessionInOpt = None,
     server: ServerFlags,
-    as_json: JsonOpt = False,
-    verbose: VerboseOpt = False,
 ) -> None:
     """Run Python code in a session: what earlier runs in it defined is there.
 
@@ -200,22 +195,20 @@ def session_run(
 
         echo 'print(x)' | codecage session run $ID -
     """
-    configure_logging(verbose)
+    configure_logging(server.verbose)
     try:
         text, _ = read_code(program.source, program.code, program.file)
         uploads = read_inputs(inputs, _MAX_UPLOAD_BYTES)
     except CodecageError as exc:
-        fail(exc, as_json=as_json, verbose=verbose)
+        fail(exc, as_json=server.as_json, verbose=server.verbose)
     arguments: dict[str, Any] = {
         "code": text,
         "session_id": session_id,
         "timeout": timeout,
         "files": _encoded(uploads) if uploads else None,
     }
-    reply = _call(
-        server, "execute_code", arguments, as_json=as_json, verbose=verbose, wait_s=timeout
-    )
-    if as_json:
+    reply = _call(server, "execute_code", arguments, wait_s=timeout)
+    if server.as_json:
         print_json({**reply.data, "text": reply.text})
     else:
         _render_run(reply)
@@ -227,8 +220,6 @@ def session_run(
 def session_list(
     *,
     server: ServerFlags,
-    as_json: JsonOpt = False,
-    verbose: VerboseOpt = False,
 ) -> None:
     """List your open sessions (those opened with the same --token): id, runs, seconds
     until each closes unless used, memory and profile.
@@ -237,9 +228,9 @@ def session_list(
 
         codecage session list --json
     """
-    configure_logging(verbose)
-    reply = _call(server, "list_sessions", {}, as_json=as_json, verbose=verbose)
-    if as_json:
+    configure_logging(server.verbose)
+    reply = _call(server, "list_sessions", {})
+    if server.as_json:
         print_json(reply.data)
         return
     sessions = reply.data.get("sessions", [])
@@ -262,8 +253,6 @@ def session_close(
     *,
     session_id: SessionIdArg,
     server: ServerFlags,
-    as_json: JsonOpt = False,
-    verbose: VerboseOpt = False,
 ) -> None:
     """Close a session, freeing its sandbox; its state is gone.
 
@@ -271,10 +260,9 @@ def session_close(
 
         codecage session close $ID
     """
-    configure_logging(verbose)
-    arguments = {"session_id": session_id}
-    reply = _call(server, "close_session", arguments, as_json=as_json, verbose=verbose)
-    if as_json:
+    configure_logging(server.verbose)
+    reply = _call(server, "close_session", {"session_id": session_id})
+    if server.as_json:
         print_json(reply.data)
     else:
         stderr.print(f"session {neutralise_line(session_id)} is closed", markup=False)
@@ -308,8 +296,6 @@ def _call(
     tool: str,
     arguments: dict[str, Any],
     *,
-    as_json: bool,
-    verbose: bool,
     wait_s: float | None = None,
 ) -> Reply:
     """One tool call, its arguments given (None: left out), to --server or (none given)
@@ -335,7 +321,7 @@ def _call(
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
     except CodecageError as exc:
-        fail(exc, as_json=as_json, verbose=verbose)
+        fail(exc, as_json=server.as_json, verbose=server.verbose)
 
 
 def _within(

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from codecage import config
-from codecage.cli.options import AuditFlags, NetworkFlags, OutputFlags, SandboxFlags
+from codecage.cli.options import AuditFlags, NetworkFlags, OutputFlags, SandboxFlags, ToolFlags
 from codecage.cli.render import stderr
 from codecage.egress import grants
 from codecage.errors import ConfigError, Face
@@ -164,6 +164,25 @@ def tool_setup(
     limits = setup.tool_limits or tooling.bridge_limits(settings.tools)
     return dataclasses.replace(
         setup, tool_limits=dataclasses.replace(limits, max_calls=max_tool_calls)
+    )
+
+
+def tool_setup_of(
+    flags: ToolFlags,
+    settings: config.Settings,
+    host_servers: Mapping[str, Upstream] | None,
+) -> ToolSetup:
+    """`tool_setup` of a command's tool flags (`run`, `serve`), with the servers of its
+    --mcp-host hosts."""
+    return tool_setup(
+        flags.mcp_config,
+        flags.servers_dir,
+        flags.skills_dir,
+        flags.allow_tool,
+        flags.tokenize,
+        settings,
+        max_tool_calls=flags.max_tool_calls,
+        host_servers=host_servers,
     )
 
 

@@ -198,15 +198,7 @@ def _take_fds(argv: list[str]) -> _socket.socket:
         bridge = int(argv[argv.index("--bridge-fd") + 1]) if "--bridge-fd" in argv else -1
     moves = [(control, contract.CONTROL_FD)]
     moves += [(bridge, contract.BRIDGE_FD)] if bridge >= 0 else []
-    parked = []
-    for index, (fd, target) in enumerate(moves):
-        high = 200 + index
-        os.dup2(fd, high, inheritable=False)
-        os.close(fd)
-        parked.append((high, target))
-    for high, target in parked:
-        os.dup2(high, target, inheritable=False)  # user subprocesses never get them
-        os.close(high)
+    contract.place_fds(moves, park_at=200)  # not inheritable: user subprocesses never get them
     # _socket, not socket: the wrapper module (enums, selectors) costs ~1 MB in every idle
     # warm sandbox, and the control channel needs none of it.
     return _socket.socket(fileno=contract.CONTROL_FD)

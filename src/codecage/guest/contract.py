@@ -60,6 +60,26 @@ BRIDGE_MAX_CLOSED_REASON: Final = 2000
 
 CONTROL_FD: Final = 3
 BRIDGE_FD: Final = 4
+
+
+def place_fds(moves: list[tuple[int, int]], *, park_at: int) -> None:
+    """dup2 each (fd, target) of `moves` to its target number: the sources may be any, even
+    each other's targets, hence the detour through `park_at` and the numbers above it.
+    Stdio (0-2) is inheritable, the channels are not: user subprocesses never get them.
+    The bootstrap and the fork server's guest both place their fds so."""
+    import os  # here, not above: loading the contract imports nothing (every cold start)
+
+    parked = []
+    for index, (fd, target) in enumerate(moves):
+        high = park_at + index
+        os.dup2(fd, high, inheritable=False)
+        os.close(fd)
+        parked.append((high, target))
+    for high, target in parked:
+        os.dup2(high, target, inheritable=target <= 2)
+        os.close(high)
+
+
 GUEST_ROOT_ENV: Final = "CODECAGE_GUEST_ROOT"
 """Set by the Landlock backend only (backends/landlock.py): no namespaces there, so the
 guest's paths below live under this host directory, a tree of links to what bwrap would

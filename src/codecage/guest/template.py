@@ -364,14 +364,15 @@ def _become_guest(fds: dict[str, int], run_filter: bytes) -> _socket.socket:
     install the run's filter: from here it is a sandbox like any other."""
     _prctl(_PR_SET_PDEATHSIG, _SIGKILL)
     devnull = os.open("/dev/null", os.O_RDONLY)
-    _place_fds(
+    contract.place_fds(
         [
             (devnull, 0),
             (fds["stdout"], 1),
             (fds["stderr"], 2),
             (fds["control"], 3),
             (fds["bridge"], 4),
-        ]
+        ],
+        park_at=300,
     )
     _close_fds_but({0, 1, 2, 3, 4})
     _drop_capabilities()
@@ -380,20 +381,6 @@ def _become_guest(fds: dict[str, int], run_filter: bytes) -> _socket.socket:
     os.setsid()
     os.chdir("/workspace")
     return _socket.socket(fileno=3)
-
-
-def _place_fds(moves: list[tuple[int, int]]) -> None:
-    """dup2 each fd to its number (the sources may be any, even each other's targets:
-    hence the detour through high numbers); stdio inheritable, the channels not."""
-    parked = []
-    for index, (fd, target) in enumerate(moves):
-        high = 300 + index
-        os.dup2(fd, high, inheritable=False)
-        os.close(fd)
-        parked.append((high, target))
-    for high, target in parked:
-        os.dup2(high, target, inheritable=target <= 2)
-        os.close(high)
 
 
 def _close_fds_but(keep: set[int]) -> None:

@@ -196,9 +196,7 @@ def _message(asked: ApprovalRequest, deadline: datetime.datetime | None) -> str:
         f"Approve running this code in the sandbox? The server requires a person's approval "
         f"([approval] require = '{asked.require}'). It is granted:"
     ]
-    lines += [f"- {neutralise_line(str(g))}" for g in asked.grants] or ["- nothing"]
-    if asked.findings:
-        lines.append("Advice from static checks of the code's text (they can be evaded):")
+    lines += approvals.granted_lines(asked, "- ")
     lines += [
         f"- line {f.line}: {f.rule_id} ({f.severity}) {neutralise_line(f.message)}"
         for f in asked.findings

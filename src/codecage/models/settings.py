@@ -27,14 +27,16 @@ from codecage.models.hosts import Credential, HostRule, parse_rules
 from codecage.models.status import STATUSES
 
 
+def _seconds(default: float | None, most: float, description: str) -> Any:
+    """A duration setting, in seconds: more than zero, at most `most`."""
+    return Field(default, gt=0, le=most, description=description)
+
+
 class Limits(Model):
     """Resource limits of one run. Every field has a default; any can be overridden per call."""
 
-    timeout: float = Field(
-        30.0,
-        gt=0,
-        le=3600,
-        description="Wall-clock limit in seconds; the whole sandbox is killed when it passes.",
+    timeout: float = _seconds(
+        30.0, 3600, "Wall-clock limit in seconds; the whole sandbox is killed when it passes."
     )
     cpu_seconds: int = Field(
         30,
@@ -176,24 +178,16 @@ DEFAULT_MAX_IDLE_TTL = 1800.0
 class SessionSettings(Model):
     """Sessions: one long-lived sandbox whose runs share an interpreter (`[sessions]`)."""
 
-    idle_ttl: float = Field(
+    idle_ttl: float = _seconds(
         600.0,
-        gt=0,
-        le=86_400,
-        description="Seconds a session may sit unused before it is closed (each run "
-        "starts the count again).",
+        86_400,
+        "Seconds a session may sit unused before it is closed (each run starts the count again).",
     )
-    lifetime: float = Field(
-        3600.0,
-        gt=0,
-        le=7 * 86_400,
-        description="Seconds a session lives at most, used or not.",
-    )
-    max_idle_ttl: float | None = Field(
+    lifetime: float = _seconds(3600.0, 7 * 86_400, "Seconds a session lives at most, used or not.")
+    max_idle_ttl: float | None = _seconds(
         None,
-        gt=0,
-        le=86_400,
-        description="The longest idle TTL an MCP client may ask for (open_session's "
+        86_400,
+        "The longest idle TTL an MCP client may ask for (open_session's "
         "idle_ttl_seconds); more is refused. None: 1800, or idle_ttl when that is longer. "
         "At least idle_ttl.",
     )
@@ -210,11 +204,10 @@ class SessionSettings(Model):
     max_total: int = Field(
         16, ge=0, le=1024, description="Open sessions this process holds at once."
     )
-    local_idle_exit: float = Field(
+    local_idle_exit: float = _seconds(
         600.0,
-        gt=0,
-        le=86_400,
-        description="Seconds the per-user local server of `codecage session` (started on "
+        86_400,
+        "Seconds the per-user local server of `codecage session` (started on "
         "demand when no --server is given) waits with no open session and no request "
         "before it exits.",
     )
@@ -260,9 +253,7 @@ class PoolConfig(Model):
         {}, description="Sizes by profile name, e.g. fewer of the heavy data_science."
     )
     max_starting: int = Field(4, ge=1, le=64, description="Sandboxes starting at once.")
-    ready_timeout: float = Field(
-        60.0, gt=0, le=600, description="Seconds a sandbox may take to start and preload."
-    )
+    ready_timeout: float = _seconds(60.0, 600, "Seconds a sandbox may take to start and preload.")
     fork_server: bool = Field(
         True,
         description="Fork sandboxes from a warm template (bwrap, as root: namespaces, "
@@ -277,11 +268,10 @@ class PoolConfig(Model):
         "forks share its memory layout and hash seed); the replacement starts in the "
         "background.",
     )
-    template_max_age: float = Field(
+    template_max_age: float = _seconds(
         300.0,
-        gt=0,
-        le=86_400,
-        description="Seconds a fork-server template serves before it is replaced, in the "
+        86_400,
+        "Seconds a fork-server template serves before it is replaced, in the "
         "background, as after template_max_runs.",
     )
     wait: float = Field(
@@ -358,27 +348,15 @@ class NetworkLimits(Model):
     max_bytes_in: int = Field(
         256 * 1024 * 1024, ge=0, description="Bytes one run may receive, all connections together."
     )
-    requests_per_second: float = Field(
-        100.0,
-        gt=0,
-        le=100_000,
-        description="New connections and HTTP requests a run may make per second.",
+    requests_per_second: float = _seconds(
+        100.0, 100_000, "New connections and HTTP requests a run may make per second."
     )
-    connect_timeout: float = Field(
-        10.0, gt=0, le=300, description="Seconds to connect to a server."
+    connect_timeout: float = _seconds(10.0, 300, "Seconds to connect to a server.")
+    header_timeout: float = _seconds(
+        10.0, 300, "Seconds a client has to send a whole request head (a slow client is cut off)."
     )
-    header_timeout: float = Field(
-        10.0,
-        gt=0,
-        le=300,
-        description="Seconds a client has to send a whole request head (a slow client is cut off).",
-    )
-    idle_timeout: float = Field(
-        60.0, gt=0, le=3600, description="Seconds a connection may pass no byte either way."
-    )
-    total_timeout: float = Field(
-        600.0, gt=0, le=86_400, description="Seconds one connection may last at most."
-    )
+    idle_timeout: float = _seconds(60.0, 3600, "Seconds a connection may pass no byte either way.")
+    total_timeout: float = _seconds(600.0, 86_400, "Seconds one connection may last at most.")
 
 
 class NetworkProfile(Model):
@@ -491,11 +469,8 @@ class ApprovalSettings(Model):
         "operator's added packages its profile imports), 'profile' (a profile wider than "
         "the default one), 'limits' (a limit above the default). Empty: no run waits.",
     )
-    timeout: float = Field(
-        300.0,
-        gt=0,
-        le=86_400,
-        description="Seconds a person has to answer; no answer in time is a denial.",
+    timeout: float = _seconds(
+        300.0, 86_400, "Seconds a person has to answer; no answer in time is a denial."
     )
 
     @field_validator("require", mode="before")
@@ -590,20 +565,15 @@ class AlertSettings(Model):
         description="Alerts one trigger may send per hour; past it they are suppressed "
         "(recorded, counted, and the next one sent says how many).",
     )
-    timeout: float = Field(
-        10.0, gt=0, le=300, description="Seconds one webhook call or command may take."
-    )
+    timeout: float = _seconds(10.0, 300, "Seconds one webhook call or command may take.")
     repeat_count: int = Field(
         5,
         ge=1,
         le=100_000,
         description="network_denied and import_blocked: events from one caller that make an alert.",
     )
-    repeat_window: float = Field(
-        600.0,
-        gt=0,
-        le=86_400,
-        description="network_denied and import_blocked: the seconds repeat_count is counted in.",
+    repeat_window: float = _seconds(
+        600.0, 86_400, "network_denied and import_blocked: the seconds repeat_count is counted in."
     )
 
     @property

@@ -49,6 +49,7 @@ from codecage.models import (
     Limits,
     ValidationReport,
 )
+from codecage.output import neutralise_line
 
 if TYPE_CHECKING:
     import asyncio
@@ -214,6 +215,18 @@ class Unavailable(Exception):
         super().__init__(verdict.reason)
         self.result = result
         self.verdict = verdict
+
+
+def granted_lines(asked: ApprovalRequest, bullet: str) -> list[str]:
+    """What a person asked to approve is shown of the run's grants, one a line after
+    `bullet` (neutralised: a grant names hosts and modules the caller chose), then the
+    heading of the advice when there is any: the terminal's prompt and the MCP
+    elicitation say the same."""
+    shown = [f"{bullet}{neutralise_line(str(grant))}" for grant in asked.grants]
+    shown = shown or [f"{bullet}nothing"]
+    if asked.findings:
+        shown.append("Advice from static checks of the code's text (they can be evaded):")
+    return shown
 
 
 def code_sha256(code: str) -> str:
