@@ -119,6 +119,13 @@ LONG: frozenset[str] = frozenset(
         "tests/test_cli_session.py::test_no_code_or_two_ways_of_giving_it_is_a_usage_error",
         "tests/test_cli_session.py::test_no_server_listening_is_a_clear_error_naming_how_to_start_one",
         "tests/test_cli_session.py::test_sessions_belong_to_the_token_not_to_one_command",
+        # A Ray cluster of two nodes (~20 s to start, a node removed mid-batch).
+        "tests/test_ray.py::test_a_batch_on_two_nodes_gives_what_run_many_gives_on_one_host_in_input_order",
+        "tests/test_ray.py::test_a_node_removed_mid_batch_has_its_items_run_elsewhere_when_that_is_safe",
+        "tests/test_ray.py::test_a_node_removed_mid_batch_whose_runs_reach_out_gives_node_lost_not_a_second_run",
+        "tests/test_ray.py::test_a_node_that_does_not_answer_in_time_gives_timed_out_and_the_batch_goes_on",
+        "tests/test_ray.py::test_run_batch_with_ray_writes_the_results_in_input_order",
+        "tests/test_ray.py::test_the_example_reward_function_scores_passed_failed_and_looping_completions",
         "tests/test_codegen.py::test_generated_tree_passes_mypy_strict_and_types_its_callers",
         "tests/test_codegen.py::test_random_schemas_and_hostile_text_give_deterministic_checked_trees",
         "tests/test_config.py::test_gen_and_run_take_the_servers_and_tools_from_the_config_file",
