@@ -125,6 +125,8 @@ LONG: frozenset[str] = frozenset(
         "tests/test_ray.py::test_a_node_removed_mid_batch_whose_runs_reach_out_gives_node_lost_not_a_second_run",
         "tests/test_ray.py::test_a_node_that_does_not_answer_in_time_gives_timed_out_and_the_batch_goes_on",
         "tests/test_ray.py::test_run_batch_with_ray_writes_the_results_in_input_order",
+        "tests/test_ray.py::test_a_cluster_of_ray_start_head_and_worker_runs_a_cli_batch",
+        "tests/test_ray.py::test_batches_from_two_ray_tasks_of_one_job_each_get_their_own_results",
         "tests/test_ray.py::test_the_example_reward_function_scores_passed_failed_and_looping_completions",
         "tests/test_codegen.py::test_generated_tree_passes_mypy_strict_and_types_its_callers",
         "tests/test_codegen.py::test_random_schemas_and_hostile_text_give_deterministic_checked_trees",

@@ -13,6 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
+import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -264,3 +267,76 @@ def test_the_example_reward_function_scores_passed_failed_and_looping_completion
         "def add(a, b):\n    while True:\n        pass",
     ]
     assert example.reward(completions, [test] * 3) == [1.0, 0.0, 0.0]
+
+
+def _ray_start(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    """`ray start ARGS --block`: in the foreground, so that SIGTERM stops this node's
+    processes and nothing else on the machine (`ray stop` would stop every node here)."""
+    command = [str(Path(sys.executable).with_name("ray")), "start", "--block", *args]
+    return subprocess.Popen(
+        [*command, "--num-cpus=1", f"--object-store-memory={NODE['object_store_memory']}"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_a_cluster_of_ray_start_head_and_worker_runs_a_cli_batch() -> None:
+    """Ray 2.60 turns on token authentication by default; this private two-node cluster
+    turns it off (RAY_AUTH_MODE=disabled) as a test fixture, not as advice."""
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    head = _ray_start("--head", f"--port={port}", "--include-dashboard=false", env=env)
+    nodes = [head]
+    try:
+        assert head.stdout is not None
+        address = next(
+            line.split("--address=")[1].split()[0].strip("'\"")
+            for line in head.stdout
+            if "ray start --address=" in line
+        )
+        nodes.append(_ray_start(f"--address={address}", env=env))
+        lines = [json.dumps({"id": f"p{n}", "code": f"{n} + 1"}) for n in range(4)]
+        done = codecage(
+            "run-batch",
+            "--jsonl",
+            "-",
+            "--ray",
+            address,
+            stdin="\n".join(lines) + "\n",
+            env=env,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        written = [json.loads(line) for line in done.stdout.splitlines()]
+        assert [(w["id"], w["result"]["return_value"]) for w in written] == [
+            (f"p{n}", n + 1) for n in range(4)
+        ]
+    finally:
+        for node in reversed(nodes):
+            node.send_signal(signal.SIGTERM)
+            try:
+                node.wait(60)
+            except subprocess.TimeoutExpired:
+                node.kill()
+                node.wait()
+            if node.stdout is not None:
+                node.stdout.close()
+
+
+def test_batches_from_two_ray_tasks_of_one_job_each_get_their_own_results(cluster: Any) -> None:
+    """A pipeline's reward workers are Ray tasks or actors of one job, each a driver of its
+    own batches: their actors must not collide (named per process, not per job)."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def score(n: int) -> list[Any]:
+        from codecage import ray as on_ray
+
+        results = on_ray.run_many([f"{n} * {i}" for i in range(3)], concurrency=1)
+        return [r.result.return_value if r.result else r.error for r in results]
+
+    assert ray.get([score.remote(2), score.remote(3)], timeout=400) == [[0, 2, 4], [0, 3, 6]]

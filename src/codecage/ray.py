@@ -11,8 +11,9 @@ The decisions, in one place:
 - The batch is checked on the driver before anything runs, as `Sandbox.run_many` checks
   it (`batch.prepare`): a bad item refuses the batch with a `ConfigError`.
 - One actor per alive node (`NodeAffinitySchedulingStrategy`, no CPU reserved: the
-  sandboxes' own cgroups bound what runs), kept for the driver's lifetime and shared by
-  its batches with the same options. The driver hands each actor at most `concurrency`
+  sandboxes' own cgroups bound what runs), kept for the driver process's lifetime and
+  shared by its batches with the same options (another process, e.g. another reward
+  worker of the same job, has actors of its own). The driver hands each actor at most `concurrency`
   items at a time (backpressure: the rest wait on the driver, never in the object store).
 - Every item ends with exactly one `BatchResult`, at its index. When an actor's node goes
   away (or the actor dies or stops answering), the items the driver had not handed it are
@@ -294,7 +295,10 @@ class _Fleet:
             self.workers[node_id] = _Worker(name, node_id, handle, report)
 
     def _start(self, node_id: str, node: Mapping[str, Any]) -> tuple[str, Any]:
-        name = f"codecage-{ray.get_runtime_context().get_job_id()}-{node_id[:16]}-{self._key}"
+        # Named after this driver process (a pipeline's reward workers are drivers of one
+        # job each with actors of their own), the node and the options.
+        driver = ray.get_runtime_context().get_worker_id()[:12]
+        name = f"codecage-{driver}-{node_id[:16]}-{self._key}"
         if name in _ACTORS:
             return name, _ACTORS[name]
         cpus = max(1, int(node.get("Resources", {}).get("CPU", 1)))
