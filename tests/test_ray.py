@@ -329,14 +329,42 @@ def test_a_cluster_of_ray_start_head_and_worker_runs_a_cli_batch() -> None:
 
 def test_batches_from_two_ray_tasks_of_one_job_each_get_their_own_results(cluster: Any) -> None:
     """A pipeline's reward workers are Ray tasks or actors of one job, each a driver of its
-    own batches: their actors must not collide (named per process, not per job)."""
+    own batches at the same time: their actors must not collide (named per process, not
+    per job). A gate holds each task until both are running, so two processes do."""
     import ray
 
     @ray.remote(num_cpus=0)
-    def score(n: int) -> list[Any]:
+    class Gate:
+        def __init__(self) -> None:
+            self.arrived = 0
+
+        def arrive(self) -> None:
+            self.arrived += 1
+
+        def count(self) -> int:
+            return self.arrived
+
+    @ray.remote(num_cpus=0)
+    def score(gate: Any, n: int) -> tuple[int, list[Any], list[str]]:
         from codecage import ray as on_ray
 
+        # What went wrong on the way (a node that failed to start, one lost) is logged.
+        troubles: list[str] = []
+        handler = logging.Handler(logging.WARNING)
+        handler.emit = lambda record: troubles.append(record.getMessage())  # type: ignore[method-assign]
+        logging.getLogger("codecage.ray").addHandler(handler)
+        ray.get(gate.arrive.remote())
+        deadline = time.monotonic() + 120
+        while ray.get(gate.count.remote()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
         results = on_ray.run_many([f"{n} * {i}" for i in range(3)], concurrency=1)
-        return [r.result.return_value if r.result else r.error for r in results]
+        values = [r.result.return_value if r.result else r.error for r in results]
+        return os.getpid(), values, troubles
 
-    assert ray.get([score.remote(2), score.remote(3)], timeout=400) == [[0, 2, 4], [0, 3, 6]]
+    gate = Gate.remote()  # type: ignore[attr-defined]
+    (pid_a, a, trouble_a), (pid_b, b, trouble_b) = ray.get(
+        [score.remote(gate, 2), score.remote(gate, 3)], timeout=400
+    )
+    assert pid_a != pid_b  # two drivers at once, as two reward workers are
+    assert (a, b) == ([0, 2, 4], [0, 3, 6])
+    assert trouble_a == trouble_b == []  # neither took nor lost the other's actors

@@ -351,7 +351,7 @@ class _Dispatch:
         if not self._fleet.workers:
             raise SandboxError(
                 "no node of the Ray cluster could start a sandbox; nothing was run: "
-                f"{self._fleet.first_error or 'the cluster has no alive node'}",
+                f"{self._fleet.first_error or 'no alive node of the cluster offers Ray a CPU'}",
                 hint="run `codecage doctor` on a node: each needs codecage, bwrap and root "
                 "or user namespaces (docs/scale-out.md)",
             )
