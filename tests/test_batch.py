@@ -105,6 +105,7 @@ def test_a_run_refused_at_run_time_is_that_items_error_and_the_others_run(
     assert [r.status for r in results] == ["ok", "failed", "ok"]
     error = results[1].error
     assert error is not None and error.type == "ConfigError" and "a/b" in error.message
+    assert error.code == "refused"  # the item's fault: a pipeline fixes it, not retries it
     assert results[1].id == "clash" and results[1].result is None
     assert sorted(progress) == [0, 1, 2]
     assert sorted(code for code, _ in runs_recorded(db)) == ["'after'", "'before'"]
@@ -146,6 +147,7 @@ def test_a_sandbox_failure_is_reported_as_the_items_error_and_not_retried() -> N
     assert [r.status for r in results] == ["ok", "failed", "ok"]
     assert results[1].error is not None
     assert results[1].error.type == "SandboxError" and results[1].error.hint == "run doctor"
+    assert results[1].error.code == "sandbox_error"  # not the program's fault: run it again
 
 
 def test_a_batch_over_max_queued_is_refused_before_anything_runs(

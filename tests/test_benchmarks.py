@@ -123,3 +123,9 @@ def test_the_throughput_benchmark_runs_quick_and_its_batch_agrees_with_the_peer(
     assert "left behind: nothing; own run dirs none" in p.stdout
     assert p.stdout.split("== problems ==")[1].splitlines()[1] == "none"
     assert set(results.iterdir()) == kept
+
+
+def test_the_ray_benchmark_runs_local_one_and_two_nodes_and_the_memory_batch() -> None:
+    p = run_bench("bench_ray.py", "-n", "8", "--big", "20", "--no-write", timeout=400)
+    for section in ("local", "ray_1node", "ray_2nodes", "memory", "driver_heap_peak_mb"):
+        assert section in p.stdout

@@ -45,13 +45,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engine", ("engine",)),
     ("host", ("host", "toolsetup")),
     ("library", ("", "sandbox", "session", "batch")),
-    ("faces", ("mcp", "cli")),
+    ("faces", ("mcp", "cli", "ray")),
 )
 """Bottom first: (the layer's name, the modules and packages in it, relative to
 `codecage`; "" is the package's own `__init__`, the public API)."""
 
 CONCRETE_BACKENDS = ("backends.bwrap", "backends.gvisor", "backends.landlock")
-FACES = ("", "sandbox", "session", "batch", "mcp", "cli")
+FACES = ("", "sandbox", "session", "batch", "mcp", "cli", "ray")
 
 KNOWN: frozenset[str] = frozenset()
 """Violations left to other work, as the checks word them."""

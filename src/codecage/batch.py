@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final, Literal, Protocol
 
 from pydantic import Field, ValidationError
 
@@ -59,12 +59,25 @@ class Program(Model):
     filename: str = Field("main.py", description="The name the code runs under.")
 
 
+ErrorCode = Literal["refused", "sandbox_error", "cancelled", "timed_out", "node_lost"]
+"""What a pipeline can act on when codecage could not run an item (`BatchError.code`)."""
+
+
 class BatchError(Model):
     """Why codecage could not run one item (not the code's own failure: that is a result)."""
 
     type: str = Field(description="The error's class, e.g. 'SandboxError'.")
     message: str = Field(description="What happened.")
     hint: str | None = Field(None, description="What to do about it.")
+    code: ErrorCode | None = Field(
+        None,
+        description="What kind of failure, for a pipeline to act on: 'refused' (the item "
+        "was refused before it ran: fix it), 'sandbox_error' (the sandbox failed: the "
+        "program is not to blame), 'cancelled' (the batch stopped first), 'timed_out' "
+        "(its node did not answer in time; codecage.ray) or 'node_lost' (its node went "
+        "away while it may have been running, and running it again was not safe; "
+        "codecage.ray). Run the item again for all but 'refused'.",
+    )
 
 
 class BatchResult(Model):
@@ -163,7 +176,7 @@ def run_items(
     Raises:
         ConfigError: a bad concurrency (nothing ran).
     """
-    workers = _check_concurrency(
+    workers = check_concurrency(
         default_concurrency(sandbox) if concurrency is None else concurrency
     )
     return _Batch(sandbox, items, on_progress, cancel or threading.Event()).run(workers)
@@ -264,7 +277,7 @@ def describe(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def _check_concurrency(value: int) -> int:
+def check_concurrency(value: int) -> int:
     """Raises: ConfigError: not a whole number from 1 to MAX_CONCURRENCY."""
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONCURRENCY:
         raise ConfigError(
@@ -357,7 +370,12 @@ class _Batch:
             log.log(
                 level, "batch.item_failed", extra={"index": item.index, "error": type(exc).__name__}
             )
-            error = BatchError(type=type(exc).__name__, message=str(exc), hint=exc.hint or None)
+            error = BatchError(
+                type=type(exc).__name__,
+                message=str(exc),
+                hint=exc.hint or None,
+                code="refused" if isinstance(exc, ConfigError) else "sandbox_error",
+            )
             return BatchResult(index=item.index, id=program.id, result=None, error=error)
         return BatchResult(index=item.index, id=program.id, result=result, error=None)
 
@@ -378,6 +396,7 @@ class _Batch:
             type="Cancelled",
             message="the batch was cancelled before this program ran",
             hint="run it again in a new batch",
+            code="cancelled",
         )
         item = self._items[index]
         return BatchResult(index=index, id=item.program.id, result=None, error=error)

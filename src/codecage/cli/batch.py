@@ -4,12 +4,13 @@ order (`codecage.batch` runs them), a progress bar and a summary on stderr."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Annotated, Any, Final
 
@@ -29,8 +30,10 @@ from codecage.cli.options import (
     VerboseOpt,
 )
 from codecage.cli.render import fail, stderr
-from codecage.cli.setup import load_config, sandbox_of
+from codecage.cli.setup import load_config, options_of
 from codecage.errors import CodecageError, ConfigError
+from codecage.options import Options
+from codecage.sandbox import Sandbox
 
 MAX_LINE_BYTES: Final = 16 * 2**20
 """Longest input line: a program (10 MiB at most) with its files and limits."""
@@ -63,7 +66,20 @@ ConcurrencyOpt = Annotated[
         "--concurrency",
         "-j",
         help=f"Programs run at once, 1 to {batch.MAX_CONCURRENCY} (default: the pool's "
-        "size, 4 unless the config's \\[pool] says otherwise).",
+        "size, 4 unless the config's \\[pool] says otherwise; with --ray: on each node, "
+        "default its CPUs).",
+        show_default=False,
+    ),
+]
+RayOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ray",
+        metavar="ADDRESS",
+        help="Run the programs on a Ray cluster, one Sandbox per node ('auto': the cluster "
+        "of this node; host:port of its head; needs pip install 'codecage[ray]'). A "
+        "program that was running on a node that went away is run again elsewhere when "
+        "that is safe, else its line holds a node_lost error (docs/scale-out.md).",
         show_default=False,
     ),
 ]
@@ -79,6 +95,7 @@ def run_batch(
     jsonl: JsonlOpt,
     out: ResultsOpt = None,
     concurrency: ConcurrencyOpt = None,
+    ray: RayOpt = None,
     limits: LimitFlags,
     policy: SandboxFlags,
     config_file: ConfigOpt = None,
@@ -109,6 +126,8 @@ def run_batch(
 
         codecage run-batch --jsonl tasks.jsonl --timeout 5 --json > results.jsonl
 
+        codecage run-batch --jsonl tasks.jsonl --out results.jsonl --ray auto
+
     where tasks.jsonl holds lines such as
 
         {"id": "t1", "code": "assert 1 + 1 == 2", "limits": {"timeout": 2}}
@@ -118,15 +137,13 @@ def run_batch(
         settings = load_config(config_file)
         programs, lines = read_programs(jsonl, limits.overrides())
         # A batch is what warm sandboxes are for (pool).
-        sandbox = sandbox_of(settings, _no_tools(), policy, network, audit, output, pool=True)
-        with sandbox:
-            items = batch.prepare(
-                programs, sandbox.limits, label=lambda index: f"--jsonl line {lines[index]}"
-            )
-            with _output(out) as target:  # made only once every line is accepted
-                started = time.monotonic()
-                results = _run(sandbox, items, target, concurrency, bar=not (quiet or as_json))
-                wall_s = time.monotonic() - started
+        options = options_of(settings, _no_tools(), policy, network, audit, output, pool=True)
+        bar = not (quiet or as_json)
+        run = _RunSpec(lambda index: f"--jsonl line {lines[index]}", out, concurrency, bar)
+        if ray is None:
+            results, wall_s = _on_host(options, programs, run)
+        else:
+            results, wall_s = _on_ray(ray, options, programs, run)
     except CodecageError as exc:
         fail(exc, as_json=False, verbose=verbose)  # stdout holds result lines, not errors
     if not quiet:
@@ -134,14 +151,64 @@ def run_batch(
     raise typer.Exit(1 if any(r.error is not None for r in results) else 0)
 
 
-def _run(
-    sandbox: batch.Runner,
-    items: list[batch.Item],
-    target: IO[str],
-    concurrency: int | None,
-    *,
-    bar: bool,
-) -> list[batch.BatchResult]:
+@dataclasses.dataclass(frozen=True, slots=True)
+class _RunSpec:
+    """How the batch runs, whichever engine runs it."""
+
+    label: Callable[[int], str]  # an item's name in a refusal: its line
+    out: Path | None
+    concurrency: int | None
+    bar: bool
+
+
+def _on_host(
+    options: Options, programs: list[batch.Program], run: _RunSpec
+) -> tuple[Results, float]:
+    """The batch on this host's Sandbox (warm pool, fork server)."""
+    with Sandbox(options=options) as sandbox:
+        items = batch.prepare(programs, sandbox.limits, label=run.label)
+
+        def runner(items: list[batch.Item], progress: batch.ProgressHandler) -> Results:
+            return batch.run_items(
+                sandbox, items, concurrency=run.concurrency, on_progress=progress
+            )
+
+        return _timed(items, run.out, runner, bar=run.bar)
+
+
+def _on_ray(
+    address: str, options: Options, programs: list[batch.Program], run: _RunSpec
+) -> tuple[Results, float]:
+    """The batch on a Ray cluster, a Sandbox made from `options` on each node."""
+    cluster = _cluster()
+    node_options, defaults = cluster.node_options_of(options)
+    items = batch.prepare(programs, defaults, label=run.label)
+
+    def runner(items: list[batch.Item], progress: batch.ProgressHandler) -> Results:
+        result: Results = cluster.run_items(
+            items, node_options, address=address, concurrency=run.concurrency, on_progress=progress
+        )
+        return result
+
+    return _timed(items, run.out, runner, bar=run.bar)
+
+
+Results = list[batch.BatchResult]
+Runner = Callable[[list[batch.Item], batch.ProgressHandler], Results]
+"""Runs the items, calling the handler once per finished one: on this host or on Ray."""
+
+
+def _timed(
+    items: list[batch.Item], out: Path | None, runner: Runner, *, bar: bool
+) -> tuple[Results, float]:
+    """The results, written to `out` as they come, and the wall time in seconds."""
+    with _output(out) as target:  # made only once every line is accepted
+        started = time.monotonic()
+        results = _run(items, target, runner, bar=bar)
+        return results, time.monotonic() - started
+
+
+def _run(items: list[batch.Item], target: IO[str], runner: Runner, *, bar: bool) -> Results:
     """Run the items, writing each result line in input order as soon as it can be."""
     writer = _OrderedWriter(target)
     with _progress_bar(len(items), enabled=bar) as advance:
@@ -150,9 +217,26 @@ def _run(
             writer.add(last)
             advance(last)
 
-        results = batch.run_items(sandbox, items, concurrency=concurrency, on_progress=on_progress)
+        results = runner(items, on_progress)
     writer.finish(results)
     return results
+
+
+def _cluster() -> Any:
+    """`codecage.ray`, imported only for --ray (Ray is slow to import and an extra).
+
+    Raises:
+        ConfigError: Ray is not installed.
+    """
+    try:
+        from codecage import ray as cluster
+    except ImportError as exc:
+        raise ConfigError(
+            f"--ray needs Ray, which is not installed here ({exc})",
+            hint="pip install 'codecage[ray]' (in the environment codecage runs from), "
+            "or leave out --ray to run the batch on this host",
+        ) from exc
+    return cluster
 
 
 def read_programs(

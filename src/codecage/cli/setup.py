@@ -275,21 +275,53 @@ def sandbox_of(
         HostError: no backend can run on this host.
     """
     return Sandbox(
-        options=host_options(
+        options=options_of(
             settings,
             tools,
-            profile=flags.profile,
-            allow_import=flags.allow_import,
-            backend=flags.backend,
-            allow_degraded=flags.allow_degraded,
-            replace_imports=replace_imports,
-            import_policy=not flags.no_import_policy,
-            scrub=scrub_option(output.no_scrub, output.scrub_categories, settings),
+            flags,
+            network,
+            audit,
+            output,
             pool=pool,
+            replace_imports=replace_imports,
             fork_server=fork_server,
-            allow_host=network.allow_host,
-            audit=audit.audit,
         )
+    )
+
+
+def options_of(
+    settings: config.Settings,
+    tools: ToolSetup,
+    flags: SandboxFlags,
+    network: NetworkFlags,
+    audit: AuditFlags,
+    output: OutputFlags,
+    *,
+    pool: bool,
+    replace_imports: bool = False,
+    fork_server: bool | None = None,
+) -> Options:
+    """`sandbox_of`'s options, for a Sandbox made elsewhere (`run-batch --ray`: on each
+    node of the cluster).
+
+    Raises:
+        ConfigError: an --allow-host rule that is malformed or denied by the config, bad
+            --scrub-categories.
+    """
+    return host_options(
+        settings,
+        tools,
+        profile=flags.profile,
+        allow_import=flags.allow_import,
+        backend=flags.backend,
+        allow_degraded=flags.allow_degraded,
+        replace_imports=replace_imports,
+        import_policy=not flags.no_import_policy,
+        scrub=scrub_option(output.no_scrub, output.scrub_categories, settings),
+        pool=pool,
+        fork_server=fork_server,
+        allow_host=network.allow_host,
+        audit=audit.audit,
     )
 
 
