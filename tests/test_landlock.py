@@ -85,6 +85,48 @@ def test_auto_never_picks_landlock_where_user_namespaces_work() -> None:
     assert load_backend("auto", allow_degraded=True).name == "bwrap"
 
 
+_BWRAP_WITHOUT_PROC = """#!/bin/sh
+# bubblewrap as it behaves in a container that masks /proc: it loads, it makes its
+# namespaces, but a sandbox that mounts a proc (every real one) is refused.
+for arg in "$@"; do
+    if [ "$arg" = "--proc" ]; then
+        echo "bwrap: Can't mount proc on /newroot/proc: Operation not permitted" >&2
+        exit 1
+    fi
+done
+exec {real} "$@"
+"""
+
+
+def test_auto_passes_over_a_backend_whose_self_test_sandbox_cannot_start(
+    tmp_path: Path,
+) -> None:
+    """A bwrap that cannot mount /proc (a container that masks it) failed the self-test
+    with a SandboxError that ended the host's start: no other backend was tried. Now that
+    candidate fails and the next one that holds is chosen. The bwrap here is a real one
+    behind a wrapper that refuses --proc as such a container does (no container runs in
+    the suite); the self-test cache is this test's own."""
+    real = shutil.which("bwrap")
+    assert real is not None
+    fake = tmp_path / "bin" / "bwrap"
+    fake.parent.mkdir()
+    fake.write_text(_BWRAP_WITHOUT_PROC.format(real=real), encoding="utf-8")
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CODECAGE_")}
+    env |= {"PATH": f"{fake.parent}:{env['PATH']}", "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    probe = (
+        "from codecage import Options, Sandbox\n"
+        "with Sandbox(pool=False, options=Options(allow_degraded=True)) as sb:\n"
+        "    print(sb.host.backend.name, sb.run('print(6 * 7)').stdout.strip())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    chosen, printed = done.stdout.split()
+    assert chosen != "bwrap" and printed == "42", done.stdout
+
+
 # --- attacks on the fallback itself ----------------------------------------------------
 
 

@@ -61,7 +61,7 @@ from codecage.engine.pool import Pool
 from codecage.engine.workspace import keep as keep
 from codecage.engine.workspace import private_parent
 from codecage.engine.workspace import read_file as read_file
-from codecage.errors import ConfigError, Face, HostError
+from codecage.errors import ConfigError, Face, HostError, SandboxError
 from codecage.isolation import cgroups, datadir, lending, rootfs, seccomp, staging, tmpfs
 from codecage.isolation import identity as identities
 from codecage.models import (
@@ -1143,9 +1143,18 @@ def choose_backend(options: Resolved, identity: identities.IdentityPlan) -> Back
     if not asked.selftest:
         return candidates[0]
     for candidate in candidates:
-        if not failed_layers(candidate, identity):
+        try:
+            failed = failed_layers(candidate, identity)
+        except SandboxError as exc:
+            # A backend whose self-test sandbox cannot even start (bwrap in a container
+            # that masks /proc: "Can't mount proc") fails it; the next candidate may hold.
+            failed = (f"its self-test sandbox did not start: {exc}",)
+        if not failed:
             return candidate
-        log.warning("sandbox.backend_failed_selftest", extra={"backend": candidate.name})
+        log.warning(
+            "sandbox.backend_failed_selftest",
+            extra={"backend": candidate.name, "failed": list(failed)},
+        )
     return candidates[0]
 
 
