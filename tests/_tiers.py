@@ -1,5 +1,5 @@
-"""Which tests run in which tier (docs/testing.md): `scripts/test` runs on several workers all
-but the `long` tier, then the `serial` tests one at a time; `scripts/test-long` runs the
+"""Which tests run in which tier (docs/testing.md): `scripts/test` runs the `serial` tests one
+at a time, then all but the `long` tier on several workers; `scripts/test-long` runs the
 `long` tier. conftest.py marks the tests named here; tests/test_tiers.py checks that each
 name still names a test. A name is a file, `file::function` (all its cases) or a node id.
 """
@@ -167,7 +167,7 @@ LONG: frozenset[str] = frozenset(
 )
 
 SERIAL: dict[str, tuple[str, ...]] = {
-    # why -> the tests, run one at a time after the workers.
+    # why -> the tests, run one at a time before the workers.
     # The stale-run sweep is host-wide: any codecage that starts on another worker sweeps the
     # killed host's runs first, and the test's own sweep then finds nothing to remove.
     "the host-wide stale-run sweep": (

@@ -84,7 +84,7 @@ COLLECTED: set[str] = set()
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Marks the tests tests/_tiers.py names: `long` (scripts/test-long runs them, not
-    scripts/test) and `serial` (scripts/test runs them alone, after the workers)."""
+    scripts/test) and `serial` (scripts/test runs them alone, before the workers)."""
     for item in items:
         names = tier_names(item)
         COLLECTED.update(names)
