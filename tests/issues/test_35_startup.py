@@ -263,3 +263,41 @@ def test_a_host_that_fails_its_self_test_answers_initialize_and_refuses_the_run(
     assert reply["id"] == 2 and "isolation layers missing" in text, reply
     assert "namespaces" in text, reply
     assert not list(gated.cache.glob("selftest-*.json"))  # a failure is not cached
+
+
+# --- the transport's side of the early answer -----------------------------------------------
+
+
+async def _written(writer: Any, texts: list[str], read_fd: int) -> bytes:
+    for text in texts:
+        await writer.write(text)
+        await writer.flush()
+    return os.read(read_fd, 1 << 16) if texts else b""
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_sdks_answer_is_dropped_when_sent_early_and_kept_when_it_changed(
+    tmp_path: Path, anyio_backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from codecage.mcp import early, stdio
+
+    cache = tmp_path / "serve-initialize-x.json"
+    sent_early = {"protocolVersion": "2025-06-18", "serverInfo": {"name": "old"}}
+    front = early.Front(request_id=1, cache=cache, answered=sent_early)
+    sdk = {"protocolVersion": "2025-06-18", "serverInfo": {"name": "new"}}
+    notification = json.dumps({"jsonrpc": "2.0", "method": "notifications/message"}) + "\n"
+    answer = json.dumps({"jsonrpc": "2.0", "id": 1, "result": sdk}) + "\n"
+    later = json.dumps({"jsonrpc": "2.0", "id": 1, "result": {"tools": []}}) + "\n"
+    read_fd, write_fd = os.pipe()
+    try:
+        writer = stdio._Writer(write_fd, front)
+        # A notification goes out; the SDK's answer does not (the client has one); a later
+        # message with the same id (another request's) goes out.
+        out = await _written(writer, [notification, answer, later], read_fd)
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+    assert out == (notification + later).encode()
+    assert json.loads(cache.read_text()) == sdk  # the next start sends the SDK's new one
+    assert "server.initialize_changed" in caplog.text

@@ -154,6 +154,12 @@ def _initialize_request(line: bytes) -> tuple[Any, str] | None:
     request_id = message.get("id")
     if not isinstance(params, dict) or not isinstance(request_id, str | int):
         return None
+    # What the SDK requires of one (the rest it ignores): a malformed one is left to it.
+    client = params.get("clientInfo")
+    if not isinstance(params.get("capabilities"), dict) or not isinstance(client, dict):
+        return None
+    if not (isinstance(client.get("name"), str) and isinstance(client.get("version"), str)):
+        return None
     version = params.get("protocolVersion")
     return (request_id, version) if isinstance(version, str) else None
 

@@ -205,7 +205,9 @@ class _Writer:
         self._front = None  # one answer only
         result = message.get("result")
         if not isinstance(result, dict):
-            return front.answered is not None  # an error now: the early answer stands
+            if front.answered is not None:  # sent already: it stands; the log says so
+                log.warning("server.initialize_refused_after_answer", extra={"reply": text})
+            return front.answered is not None
         if result != front.answered and front.cache is not None:
             if front.answered is not None:
                 log.warning("server.initialize_changed", extra={"cache": str(front.cache)})
