@@ -137,18 +137,29 @@ def _first_answer(proc: subprocess.Popen[bytes]) -> dict[str, Any]:
     return answer
 
 
-@pytest.fixture(scope="module")
-def seeded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+@dataclass(frozen=True)
+class Seeded:
     """A cache directory (a copy of the user's: library lists and a self-test verdict, so
-    this start is quick) in which one server has answered `initialize` itself, and that
-    answer. The server kept it there for the next start."""
+    its start is quick) in which a server started with `argv` answered `initialize` itself
+    (`answer`) and kept that answer for the next start with the same arguments."""
+
+    cache: Path
+    answer: dict[str, Any]
+    argv: list[str]
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> Seeded:
     base = tmp_path_factory.mktemp("seeded")
     cache = base / "cache" / "codecage"
     if _user_cache().is_dir():
         shutil.copytree(_user_cache(), cache, ignore=shutil.ignore_patterns("serve-init*"))
+    config = base / "codecage.toml"  # bwrap only: a failing self-test has no fallback
+    config.write_text('[sandbox]\nbackends = ["bwrap"]\n')
+    argv = [CODECAGE, "serve", "--config", str(config)]
     env = server_env(XDG_CACHE_HOME=str(cache.parent))
     with subprocess.Popen(
-        [CODECAGE, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=base
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=base
     ) as proc:
         send_lines(proc, [INITIALIZE])
         answer = _first_answer(proc)
@@ -156,7 +167,7 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, An
         proc.stdin.close()
         proc.wait(timeout=120)
     assert list(cache.glob("serve-initialize-*.json")), "the SDK's answer was not kept"
-    return cache, answer
+    return Seeded(cache, answer, argv)
 
 
 @dataclass(frozen=True)
@@ -170,21 +181,21 @@ class Gated:
 
 
 @pytest.fixture
-def gated(tmp_path: Path, seeded: tuple[Path, dict[str, Any]]) -> Iterator[Gated]:
-    """A server started with a copy of the seeded cache without the self-test verdict (it
-    proves the host again), a gated bwrap first on PATH, and a config trying bwrap only.
-    All of it in a directory every user can read: bwrap runs as the sandbox's own ids."""
+def gated(tmp_path: Path, seeded: Seeded) -> Iterator[Gated]:
+    """A server started as the seeded one was, with a copy of its cache without the
+    self-test verdict (it proves the host again) and a gated bwrap first on PATH. All of it
+    in a directory every user can read: bwrap runs as the sandbox's own ids."""
     open_dir = Path(tempfile.mkdtemp(prefix="codecage-test35-"))
     open_dir.chmod(0o755)
     try:
-        yield from _gated(open_dir, seeded[0], tmp_path)
+        yield from _gated(open_dir, seeded, tmp_path)
     finally:
         shutil.rmtree(open_dir, ignore_errors=True)
 
 
-def _gated(open_dir: Path, seeded: Path, tmp_path: Path) -> Iterator[Gated]:
+def _gated(open_dir: Path, seeded: Seeded, tmp_path: Path) -> Iterator[Gated]:
     cache = open_dir / "cache" / "codecage"
-    shutil.copytree(seeded, cache, ignore=shutil.ignore_patterns("selftest-*"))
+    shutil.copytree(seeded.cache, cache, ignore=shutil.ignore_patterns("selftest-*"))
     real = shutil.which("bwrap")
     assert real is not None
     gate, log = open_dir / "gate", open_dir / "bwrap.log"
@@ -196,13 +207,11 @@ def _gated(open_dir: Path, seeded: Path, tmp_path: Path) -> Iterator[Gated]:
     tools = {"date": shutil.which("date"), "sleep": shutil.which("sleep")}
     wrapper.write_text(_GATED_BWRAP.format(real=real, gate=gate, log=log, **tools))
     wrapper.chmod(0o755)
-    config = tmp_path / "codecage.toml"
-    config.write_text('[sandbox]\nbackends = ["bwrap"]\n')
     env = server_env(
         XDG_CACHE_HOME=str(cache.parent), PATH=f"{open_dir / 'bin'}:{os.environ['PATH']}"
     )
     with subprocess.Popen(
-        [CODECAGE, "serve", "--config", str(config)],
+        seeded.argv,  # the same arguments: the kept answer is theirs
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env=env,
@@ -225,14 +234,14 @@ _INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
 
 
 def test_initialize_is_answered_before_the_self_test_and_a_run_waits_for_it(
-    gated: Gated, seeded: tuple[Path, dict[str, Any]]
+    gated: Gated, seeded: Seeded
 ) -> None:
     proc = gated.proc
     send_lines(proc, [INITIALIZE])
     answer = _first_answer(proc)
     # Every sandbox start waits at the gate: the self-test cannot have run yet.
     assert not list(gated.cache.glob("selftest-*.json"))
-    assert answer == seeded[1]  # the SDK's own answer, word for word
+    assert answer == seeded.answer  # the SDK's own answer, word for word
 
     send_lines(proc, [_INITIALIZED, _CALL])  # a run asked for before the host is proven
     (gated.gate / "open").touch()
