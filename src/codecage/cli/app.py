@@ -12,6 +12,7 @@ or the host could not run it; 2 a usage error or a refused request (ConfigError)
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import sys
 from collections.abc import Sequence
@@ -145,9 +146,7 @@ def __getattr__(name: str) -> object:
     """`app`, the typer app of every command, built (and its modules imported) on first
     use: a command run from `main` builds an app of its own (`_app_for`)."""
     if name == "app":
-        built = _build([*_COMMANDS, *_GROUPS])
-        globals()["app"] = built
-        return built
+        return _full_app()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -163,9 +162,10 @@ def _app_for(args: list[str]) -> typer.Typer:
     return _full_app()
 
 
+@functools.cache
 def _full_app() -> typer.Typer:
-    built: typer.Typer = __getattr__("app")  # type: ignore[assignment]
-    return built
+    """The app of every command, built once."""
+    return _build([*_COMMANDS, *_GROUPS])
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
