@@ -2,14 +2,24 @@
 
 Measures in ONE run, interleaved so that machine drift hits every variant alike:
 
-    python_pass     the host interpreter, `python -c pass`, as a whole process
-    import_cli      `python -c "import codecage.cli"`: what imports alone cost
-    codecage_run    `codecage run --code 1` (the installed entry point), as a whole process
-    codecage_json   the same with --json
+    python_pass       the host interpreter, `python -c pass`, as a whole process
+    import_codecage   `python -c "import codecage"`: the library's package
+    stdlib_client     `python -c "import json, socket, http.client"`: the floor of a thin
+                      client that would hand its run to a running server
+    import_cli        `python -c "import codecage.cli"`: the CLI's package
+    codecage_run      `codecage run --code 1` (the installed entry point), as a whole process
+    codecage_json     the same with --json
+    serve_initialize  `codecage serve` (stdio) started, an MCP `initialize` written at once:
+                      the time until its answer is read (then stdin closes and the server's
+                      exit is waited for, outside the timing); its CPU column is the whole
+                      process's, exit included
+
+Each measurement is spaced from the one before (--gap, 0.2 s by default) so that one
+process's teardown does not run into the next one's start.
 
 The code measured is this checkout's (`src/` goes first on PYTHONPATH), run with the
 caller's environment, so as root it is the CLI as it runs by default. Prints a table of
-p50/p95 and the ratio of each p50 to python_pass; writes nothing.
+p50/p90 and the ratio of each p50 to python_pass; writes nothing.
 
 --phases runs `codecage run --code 1` in this process instead, n times each in a fresh
 interpreter, with a timer around each step of the run (config load, self-test verdict,
@@ -19,6 +29,8 @@ guardian, sandbox start, ...), and prints the median of each step.
     .venv/bin/python benchmarks/bench_cli_startup.py --phases # where one run's time goes
     .venv/bin/python benchmarks/bench_cli_startup.py --src OLD/src --src src  # before/after
     .venv/bin/python benchmarks/bench_cli_startup.py -n 2     # smoke (the test suite)
+
+Prints p50 and p90 of the wall time (and p50 of the CPU time) of each variant.
 """
 
 from __future__ import annotations
@@ -42,12 +54,33 @@ def variants() -> dict[str, list[str]]:
     codecage = str(BIN / "codecage")
     return {
         "python_pass": [python, "-c", "pass"],
+        "import_codecage": [python, "-c", "import codecage"],
+        "stdlib_client": [python, "-c", "import json, socket, http.client"],
         "import_cli": [python, "-c", "import codecage.cli"],
         "codecage_run": [codecage, "run", "--code", "1"],
         "codecage_json": [codecage, "run", "--code", "1", "--json"],
+        "serve_initialize": [codecage, "serve"],
     }
 
 
+INITIALIZE = (
+    json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "bench_cli_startup", "version": "0"},
+            },
+        }
+    )
+    + "\n"
+).encode()
+
+
+FLOORS = {"python_pass", "stdlib_client"}  # the same whatever the source tree
 SOURCES = [ROOT / "src"]  # --src sets it: the trees measured, side by side
 
 
@@ -68,22 +101,52 @@ def compile_sources() -> None:
         )
 
 
+GAP_S = [0.2]  # --gap sets it
+
+
 def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     """Wall ms, and CPU ms (user + system) of the process and all it waited for: on a
     shared machine the CPU figure moves less with the load than the wall one."""
+    time.sleep(GAP_S[0])
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    subprocess.run(argv, check=True, capture_output=True, env=env, cwd=ROOT)
-    wall = (time.perf_counter() - start) * 1000
+    if argv[1:] == ["serve"]:
+        wall = _first_answer(argv, env, start)
+    else:
+        subprocess.run(argv, check=True, capture_output=True, env=env, cwd=ROOT)
+        wall = (time.perf_counter() - start) * 1000
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) * 1000
     return wall, cpu
 
 
+def _first_answer(argv: list[str], env: dict[str, str], start: float) -> float:
+    """Start a stdio server, write `initialize` at once and return the ms until its answer
+    is read; then close stdin and wait for the server's exit (not timed)."""
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=ROOT,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(INITIALIZE)
+    proc.stdin.flush()
+    answer = proc.stdout.readline()
+    wall = (time.perf_counter() - start) * 1000
+    proc.stdin.close()
+    proc.wait(timeout=120)
+    if b'"id":1' not in answer.replace(b" ", b"") or b'"result"' not in answer:
+        raise SystemExit(f"serve did not answer initialize: {answer[:200]!r}")
+    return wall
+
+
 def measure(n: int) -> dict[str, list[tuple[float, float]]]:
     """Each variant of each source tree, interleaved round by round."""
     runs = {
-        (f"{name}@{i}" if len(SOURCES) > 1 and name != "python_pass" else name): (argv, env)
+        (f"{name}@{i}" if len(SOURCES) > 1 and name not in FLOORS else name): (argv, env)
         for i, src in enumerate(SOURCES)
         for env in [environment(src)]
         for name, argv in variants().items()
@@ -130,6 +193,7 @@ _CHILD = r"""
 import functools, importlib, json, sys, time
 t0 = time.perf_counter()
 from codecage.cli import main
+import codecage.cli.app, codecage.cli.run  # what `main` imports for `run` (it loads lazily)
 imported = time.perf_counter()
 totals = {}
 for module, path, label in json.loads(sys.argv[1]):
@@ -182,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-n", type=int, default=20, help="rounds (default 20)")
     parser.add_argument("--phases", action="store_true", help="time each step of one run")
     parser.add_argument(
+        "--gap", type=float, default=0.2, help="seconds between measurements (default 0.2)"
+    )
+    parser.add_argument(
         "--src",
         type=Path,
         action="append",
@@ -189,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         "(variants are suffixed @0, @1, ... in that order)",
     )
     args = parser.parse_args(argv)
+    GAP_S[0] = args.gap
     if args.src:
         SOURCES[:] = [p.resolve() for p in args.src]
     if args.phases:
@@ -200,13 +268,13 @@ def main(argv: list[str] | None = None) -> int:
     floor = statistics.median(wall for wall, _ in samples["python_pass"])
     for i, src in enumerate(SOURCES):
         print(f"@{i}: {src}")
-    print(f"{'variant':<18}{'p50 ms':>9}{'p95 ms':>9}{'x pass':>8}{'CPU p50 ms':>12}")
+    print(f"{'variant':<22}{'p50 ms':>9}{'p90 ms':>9}{'x pass':>8}{'CPU p50 ms':>12}")
     for name, pairs in samples.items():
         walls = [wall for wall, _ in pairs]
         p50 = statistics.median(walls)
         cpu = statistics.median(c for _, c in pairs)
-        p95 = percentile(walls, 0.95)
-        print(f"{name:<18}{p50:>9.1f}{p95:>9.1f}{p50 / floor:>8.2f}{cpu:>12.1f}")
+        p90 = percentile(walls, 0.90)
+        print(f"{name:<22}{p50:>9.1f}{p90:>9.1f}{p50 / floor:>8.2f}{cpu:>12.1f}")
     return 0
 
 

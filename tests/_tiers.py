@@ -72,6 +72,9 @@ LONG: frozenset[str] = frozenset(
         "tests/issues/test_33_sweep_across_pid_namespaces.py::test_a_sweep_in_another_pid_namespace_leaves_a_live_run_alone",
         # Starts the codecage CLI once (3-4 s on an idle machine) to parse the chart's flags.
         "tests/issues/test_38_chart.py::test_codecage_reads_the_rendered_config_and_knows_every_rendered_flag",
+        # Each starts two servers and proves the host's isolation again (a self-test).
+        "tests/issues/test_35_startup.py::test_initialize_is_answered_before_the_self_test_and_a_run_waits_for_it",
+        "tests/issues/test_35_startup.py::test_a_host_that_fails_its_self_test_answers_initialize_and_refuses_the_run",
         "tests/issues/test_36_descriptions.py::test_ends",
         "tests/issues/test_36_faces.py::test_a_figure_through_run_says_that_out_saves_it",
         "tests/issues/test_36_faces.py::test_an_unknown_option_suggests_only_close_ones",

@@ -41,6 +41,7 @@ COUNTING_CLI = """
 import collections, json, sys
 from codecage import config
 from codecage.models import Limits
+import codecage.cli.run  # the command's modules first: their constants are not the run's
 
 counts = collections.Counter()
 real_load = config.load

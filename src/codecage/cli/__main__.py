@@ -1,5 +1,5 @@
 """`python -m codecage.cli`: the same as the `codecage` command."""
 
-from codecage.cli.app import main
+from codecage.cli import main
 
 main()

@@ -12,26 +12,16 @@ or the host could not run it; 2 a usage error or a refused request (ConfigError)
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import sys
 from collections.abc import Sequence
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
 from codecage._version import __version__
-
-# Each by its module's own path, never `from codecage.cli import ...`: that names this
-# package, whose __init__ imports this module (a cycle to a reader of the imports).
-from codecage.cli.audit import app as audit_app
-from codecage.cli.batch import run_batch
-from codecage.cli.gen import gen
-from codecage.cli.info import doctor, info
-from codecage.cli.packages import app as packages_app
 from codecage.cli.render import print_json, stderr
-from codecage.cli.run import run, validate
-from codecage.cli.serve import serve
-from codecage.cli.session import app as session_app
 
 try:  # typer 0.2x carries its own copy of click; older ones use click itself
     from typer._click.exceptions import ClickException, NoSuchOption
@@ -90,36 +80,92 @@ def _options(
 
 
 # In this order in --help.
-_COMMANDS = (run, validate, info, doctor, gen, serve)
-_NAMED = {"run-batch": run_batch}  # commands whose name is not their function's
-_GROUPS = {"packages": packages_app, "session": session_app, "audit": audit_app}
+_COMMANDS = ("run", "validate", "info", "doctor", "gen", "serve", "run-batch")
+_GROUPS = ("packages", "session", "audit")
 
 
-def _build(
-    commands: Sequence[Any], named: dict[str, Any], groups: dict[str, typer.Typer]
-) -> typer.Typer:
+def _command(name: str) -> Any:
+    """The function of command `name`, or the typer app of group `name`, its module
+    imported now: a command loads its own module only (`codecage run` none of the audit
+    views, the MCP server's options or the session client). Each by its module's own path,
+    never `from codecage.cli import ...`: that names this package, whose `main` imports
+    this module (a cycle to a reader of the imports)."""
+    if name in ("run", "validate"):
+        from codecage.cli.run import run, validate
+
+        return run if name == "run" else validate
+    if name in ("info", "doctor"):
+        from codecage.cli.info import doctor, info
+
+        return info if name == "info" else doctor
+    if name == "gen":
+        from codecage.cli.gen import gen
+
+        return gen
+    if name == "serve":
+        from codecage.cli.serve import serve
+
+        return serve
+    if name == "run-batch":
+        from codecage.cli.batch import run_batch
+
+        return run_batch
+    return _group(name)
+
+
+def _group(name: str) -> typer.Typer:
+    if name == "packages":
+        from codecage.cli.packages import app as packages_app
+
+        return packages_app
+    if name == "session":
+        from codecage.cli.session import app as session_app
+
+        return session_app
+    from codecage.cli.audit import app as audit_app
+
+    return audit_app
+
+
+def _build(names: Sequence[str]) -> typer.Typer:
     built = _typer()
     built.callback()(_options)
-    for command in commands:
-        built.command()(command)
-    for name, command in named.items():
-        built.command(name=name)(command)
-    for name, group in groups.items():
-        built.add_typer(group, name=name)
+    for name in names:
+        if name in _GROUPS:
+            built.add_typer(_group(name), name=name)
+        else:
+            built.command(name=name)(_command(name))
     return built
 
 
-app = _build(_COMMANDS, _NAMED, _GROUPS)
+if TYPE_CHECKING:
+    app: typer.Typer  # every command: built on first use (`__getattr__`)
+
+
+def __getattr__(name: str) -> object:
+    """`app`, the typer app of every command, built (and its modules imported) on first
+    use: a command run from `main` builds an app of its own (`_app_for`)."""
+    if name == "app":
+        return _full_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _app_for(args: list[str]) -> typer.Typer:
-    """`app`, or for `codecage COMMAND ...` an app of that one command: typer builds the
+    """For `codecage COMMAND ...` an app of that one command, else `app`: typer builds the
     click parser of every command it holds at each start (~25 ms for all of them), and
-    `codecage run` needs one. What it parses and prints is the same: the command's own
-    options and help; the others only show in `codecage --help` and its usage errors."""
-    plain = [c for c in _COMMANDS if args and c.__name__ == args[0]]
-    named = {n: c for n, c in _NAMED.items() if args and n == args[0]}
-    return _build(plain, named, {}) if plain or named else app
+    importing every command's module costs more (the audit views, the MCP server's and the
+    session client's options); `codecage run` needs one. What it parses and prints is the
+    same: the command's own options and help; the others only show in `codecage --help`
+    and its usage errors."""
+    if args and args[0] in _COMMANDS:
+        return _build([args[0]])
+    return _full_app()
+
+
+@functools.cache
+def _full_app() -> typer.Typer:
+    """The app of every command, built once."""
+    return _build([*_COMMANDS, *_GROUPS])
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
@@ -138,12 +184,12 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-def _click_command(app: typer.Typer = app) -> Any:
+def _click_command(app: typer.Typer | None = None) -> Any:
     """The click command typer builds, with its help fitted to an 80-column terminal: each
     command's docstring reflowed (typer keeps the source's line breaks inside a paragraph,
     which leave one word on a line), a flag shown without `<bool>` and a repeatable option
     with its element type. Sub-apps added with `app.add_typer` get the same."""
-    command = typer.main.get_command(app)
+    command = typer.main.get_command(app if app is not None else _full_app())
     pending = [command]
     while pending:
         current = pending.pop()

@@ -14,12 +14,17 @@ from private duplicates.
 
 Only pipes and sockets are served this way (what MCP hosts give a server); a terminal or a
 file on stdin or stdout takes the SDK's own transport.
+
+What mcp/early.py read of stdin before the server was built (the first line, answered
+early when it was an `initialize` whose answer was known) is served first; the SDK's own
+answer to that `initialize` is then dropped, or kept for the next start (early.py says why).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import stat
@@ -27,6 +32,8 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
 import anyio
+
+from codecage.mcp import early
 
 log = logging.getLogger(__name__)
 
@@ -46,22 +53,26 @@ class _LowLevelServer(Protocol):
 def serve(server: Any) -> None:
     """Serve `server` (an `MCPServer`) over stdin and stdout until stdin closes."""
     lowlevel: _LowLevelServer | None = getattr(server, "_lowlevel_server", None)
+    front = early.take()
+    if front is not None and lowlevel is None:
+        # What the front read can be handed on only through this transport.
+        raise RuntimeError("the MCP SDK no longer exposes its low-level server: update codecage")
     if lowlevel is None or not (_is_stream(0) and _is_stream(1)):
         # The SDK no longer exposes its low-level server (or a terminal is attached):
         # its own transport is correct, only slower.
         server.run("stdio")
         return
-    anyio.run(_serve, lowlevel)
+    anyio.run(_serve, lowlevel, front)
 
 
-async def _serve(lowlevel: _LowLevelServer) -> None:
+async def _serve(lowlevel: _LowLevelServer, front: early.Front | None = None) -> None:
     from mcp.server.stdio import stdio_server
 
     with _claimed_stdio() as (stdin_fd, stdout_fd):
         try:
             async with stdio_server(
-                _LineReader(stdin_fd),  # type: ignore[arg-type]
-                _Writer(stdout_fd),  # type: ignore[arg-type]
+                _LineReader(stdin_fd, read=bytes(front.read) if front else b""),  # type: ignore[arg-type]
+                _Writer(stdout_fd, front),  # type: ignore[arg-type]
             ) as (read_stream, write_stream):
                 options = lowlevel.create_initialization_options()
                 await lowlevel.run(read_stream, write_stream, options)
@@ -123,9 +134,10 @@ class _LineReader:
     """Lines of a non-blocking fd as text, read when the event loop says there is data
     (what `stdio_server` iterates: `async for line in stdin`)."""
 
-    def __init__(self, fd: int, max_line_bytes: int = MAX_LINE_BYTES) -> None:
+    def __init__(self, fd: int, max_line_bytes: int = MAX_LINE_BYTES, read: bytes = b"") -> None:
         self._fd = fd
         self._max_line_bytes = max_line_bytes
+        self._read_before = read  # what early.py read of this stream: served first
 
     def __aiter__(self) -> AsyncIterator[str]:
         return self._lines()
@@ -153,6 +165,9 @@ class _LineReader:
             yield b"".join(parts).decode("utf-8", "replace")
 
     async def _read(self) -> bytes:
+        if self._read_before:
+            chunk, self._read_before = self._read_before, b""
+            return chunk
         while True:
             try:
                 return os.read(self._fd, _READ_CHUNK)
@@ -163,13 +178,41 @@ class _LineReader:
 class _Writer:
     """What `stdio_server` writes with: `await write(text)`, then `await flush()`."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, front: early.Front | None = None) -> None:
         self._fd = fd
         self._pending = bytearray()
+        # The `initialize` early.py saw: the SDK's answer to it is kept, or dropped when
+        # the front sent it already.
+        self._front = front if front is not None and front.cache is not None else None
 
     async def write(self, text: str) -> int:
+        if self._front is not None and self._answers_front(text, self._front):
+            return len(text)
         self._pending += text.encode("utf-8")
         return len(text)
+
+    def _answers_front(self, text: str, front: early.Front) -> bool:
+        """Whether `text` is the SDK's answer to the `initialize` the front answered
+        already (then it is not sent again); the SDK's answer is kept for next time."""
+        try:
+            message = json.loads(text)
+        except ValueError:
+            return False
+        if not isinstance(message, dict) or "method" in message:
+            return False  # a notification or request of the server's: not the answer
+        if message.get("id") != front.request_id:
+            return False
+        self._front = None  # one answer only
+        result = message.get("result")
+        if not isinstance(result, dict):
+            if front.answered is not None:  # sent already: it stands; the log says so
+                log.warning("server.initialize_refused_after_answer", extra={"reply": text})
+            return front.answered is not None
+        if result != front.answered and front.cache is not None:
+            if front.answered is not None:
+                log.warning("server.initialize_changed", extra={"cache": str(front.cache)})
+            early.keep(front.cache, result)
+        return front.answered is not None
 
     async def flush(self) -> None:
         while self._pending:
