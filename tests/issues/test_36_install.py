@@ -32,13 +32,21 @@ def _checkout(tmp_path: Path) -> Path:
     return copy
 
 
-def _snapshot(tree: Path) -> dict[str, tuple[int, int]]:
-    """Every path in `tree` with its size and modification time (a directory's changes when
-    an entry is added or removed in it)."""
-    return {
-        str(path.relative_to(tree)): (path.lstat().st_size, path.lstat().st_mtime_ns)
-        for path in [tree, *tree.rglob("*")]
-    }
+def _snapshot(tree: Path) -> dict[str, object]:
+    """Every file in `tree` with its size and modification time, every directory with its
+    entries. Python's own bytecode cache (`__pycache__`, which any import of the in-tree
+    build backend writes unless PYTHONDONTWRITEBYTECODE is set, as for any source a
+    Python imports) is left out: it is not the build's, and git ignores it."""
+    seen: dict[str, object] = {}
+    for path in [tree, *tree.rglob("*")]:
+        if "__pycache__" in path.relative_to(tree).parts:
+            continue
+        name = str(path.relative_to(tree))
+        if path.is_dir() and not path.is_symlink():
+            seen[name] = sorted(e.name for e in path.iterdir() if e.name != "__pycache__")
+        else:
+            seen[name] = (path.lstat().st_size, path.lstat().st_mtime_ns)
+    return seen
 
 
 def test_pip_install_of_a_checkout_leaves_the_tree_as_it_was(tmp_path: Path) -> None:
