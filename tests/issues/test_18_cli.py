@@ -188,9 +188,9 @@ def _runtime_closure() -> set[str]:
     return seen
 
 
-# Modules imported only when their extra is wanted (the store by a postgresql:// URL), each
-# with the extra that installs what it imports; the test below checks that.
-_OPTIONAL_MODULES = {"audit/postgres.py": "postgres", "audit/web.py": "web"}
+# Modules imported only when their extra is wanted (the store by a postgresql:// URL, a batch
+# with --ray), each with the extra that installs what it imports; the test below checks that.
+_OPTIONAL_MODULES = {"audit/postgres.py": "postgres", "audit/web.py": "web", "ray.py": "ray"}
 
 
 def _third_party_imports() -> set[str]:

@@ -67,7 +67,9 @@ def test_a_server_sigkilled_mid_run_is_swept_and_loses_no_finished_record(
     else:
         assert gone_soon(proc.pid) == {}, "the guardian removes what its server left"
     # The next start: sweeps what is left, and the store has every finished run.
+    # `serve` answers initialize before its host is built (the sweep is part of that build):
+    # a run waits for the build, so by its answer the sweep is done.
     with serve(tmp_path, "--audit", str(db)) as again:
-        assert left_behind(proc.pid) == {}, "the next start sweeps the dead server's runs"
         after = answered_runs(again, 1)
+        assert left_behind(proc.pid) == {}, "the next start sweeps the dead server's runs"
     assert set(finished) | set(after) <= recorded_ids(db)
