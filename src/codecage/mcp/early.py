@@ -28,13 +28,13 @@ import hashlib
 import json
 import logging
 import os
-import stat
 import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from codecage import fdio
 from codecage._version import __version__
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def start(args: list[str]) -> None:
         return
     if any(arg in _NOT_EARLY or arg.startswith("--http=") for arg in args[1:]):
         return
-    if not (_is_stream(0) and _is_stream(1)):
+    if not (fdio.is_stream(0) and fdio.is_stream(1)):
         return
     front = Front()
     front.thread = threading.Thread(target=_answer_first, args=(front,), daemon=True)
@@ -136,7 +136,7 @@ def _answer_first(front: Front) -> None:
         if known is None:
             return
         answer = {"jsonrpc": "2.0", "id": front.request_id, "result": known}
-        _write_all(1, (json.dumps(answer, separators=(",", ":")) + "\n").encode())
+        fdio.write_all(1, (json.dumps(answer, separators=(",", ":")) + "\n").encode())
         front.answered = known
     except OSError:  # stdin or stdout gone: the transport meets it and ends the session
         return
@@ -181,17 +181,3 @@ def keep(path: Path, result: dict[str, Any]) -> None:
         temporary.replace(path)
     except OSError as exc:  # a read-only home: the next start answers late, that is all
         log.warning("server.initialize_not_kept", extra={"path": str(path), "error": str(exc)})
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _is_stream(fd: int) -> bool:
-    try:
-        mode = os.fstat(fd).st_mode
-    except OSError:
-        return False
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)

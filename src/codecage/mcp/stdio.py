@@ -27,12 +27,12 @@ import fcntl
 import json
 import logging
 import os
-import stat
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
 import anyio
 
+from codecage import fdio
 from codecage.mcp import early
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def serve(server: Any) -> None:
     if front is not None and lowlevel is None:
         # What the front read can be handed on only through this transport.
         raise RuntimeError("the MCP SDK no longer exposes its low-level server: update codecage")
-    if lowlevel is None or not (_is_stream(0) and _is_stream(1)):
+    if lowlevel is None or not (fdio.is_stream(0) and fdio.is_stream(1)):
         # The SDK no longer exposes its low-level server (or a terminal is attached):
         # its own transport is correct, only slower.
         server.run("stdio")
@@ -79,14 +79,6 @@ async def _serve(lowlevel: _LowLevelServer, front: early.Front | None = None) ->
         except* BrokenPipeError:
             # The client stopped reading (closed its end of stdout): the session is over.
             log.info("server.client_gone")
-
-
-def _is_stream(fd: int) -> bool:
-    try:
-        mode = os.fstat(fd).st_mode
-    except OSError:
-        return False
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
 @contextlib.contextmanager
