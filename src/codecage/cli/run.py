@@ -46,10 +46,10 @@ from codecage.cli.render import (
 from codecage.cli.setup import (
     host_options,
     load_config,
+    options_of,
     read_code,
     read_inputs,
     refuse_mcp_config_in,
-    sandbox_of,
     servers_of_hosts,
     tool_setup,
     tool_setup_of,
@@ -258,7 +258,7 @@ def _single_run_sandbox(
     """`run`'s Sandbox (not started): for one run, so without a warm pool (the config's
     [pool] would start several for nothing and make this process wait to tear them down)
     or a fork server (its template would cost a sandbox's start before the fork)."""
-    return sandbox_of(
+    options = options_of(
         settings,
         tools,
         policy,
@@ -269,6 +269,7 @@ def _single_run_sandbox(
         fork_server=False,
         replace_imports=replace_imports,
     )
+    return Sandbox(options=options)
 
 
 def _execute(

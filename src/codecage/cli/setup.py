@@ -21,7 +21,6 @@ from codecage.kept import check_relpath
 from codecage.models import ScrubSettings
 from codecage.options import Options
 from codecage.output import neutralise_line
-from codecage.sandbox import Sandbox
 
 if TYPE_CHECKING:
     from codecage.bridge.hosts import HostServers
@@ -254,41 +253,6 @@ def host_options(
     )
 
 
-def sandbox_of(
-    settings: config.Settings,
-    tools: ToolSetup,
-    flags: SandboxFlags,
-    network: NetworkFlags,
-    audit: AuditFlags,
-    output: OutputFlags,
-    *,
-    pool: bool,
-    replace_imports: bool = False,
-    fork_server: bool | None = None,
-) -> Sandbox:
-    """The one Sandbox of `run` and `run-batch`, from the flag groups they share.
-
-    Raises:
-        ConfigError: a profile not enabled here, an unknown one, a bad module name, an
-            --allow-host rule that is malformed or denied by the config, bad
-            --scrub-categories.
-        HostError: no backend can run on this host.
-    """
-    return Sandbox(
-        options=options_of(
-            settings,
-            tools,
-            flags,
-            network,
-            audit,
-            output,
-            pool=pool,
-            replace_imports=replace_imports,
-            fork_server=fork_server,
-        )
-    )
-
-
 def options_of(
     settings: config.Settings,
     tools: ToolSetup,
@@ -301,8 +265,8 @@ def options_of(
     replace_imports: bool = False,
     fork_server: bool | None = None,
 ) -> Options:
-    """`sandbox_of`'s options, for a Sandbox made elsewhere (`run-batch --ray`: on each
-    node of the cluster).
+    """The options of `run`'s and `run-batch`'s host, from the flag groups they share (for
+    `run-batch --ray`, of each node's Sandbox).
 
     Raises:
         ConfigError: an --allow-host rule that is malformed or denied by the config, bad
