@@ -180,7 +180,7 @@ def _on_ray(
     address: str, options: Options, programs: list[batch.Program], run: _RunSpec
 ) -> tuple[Results, float]:
     """The batch on a Ray cluster, a Sandbox made from `options` on each node."""
-    cluster = _cluster()
+    cluster = ray_extra()
     node_options, defaults = cluster.node_options_of(options)
     items = batch.prepare(programs, defaults, label=run.label)
 
@@ -222,7 +222,7 @@ def _run(items: list[batch.Item], target: IO[str], runner: Runner, *, bar: bool)
     return results
 
 
-def _cluster() -> Any:
+def ray_extra() -> Any:
     """`codecage.ray`, imported only for --ray (Ray is slow to import and an extra).
 
     Raises:
@@ -234,7 +234,7 @@ def _cluster() -> Any:
         raise ConfigError(
             f"--ray needs Ray, which is not installed here ({exc})",
             hint="pip install 'codecage[ray]' (in the environment codecage runs from), "
-            "or leave out --ray to run the batch on this host",
+            "or leave out --ray to run on this host",
         ) from exc
     return cluster
 

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from codecage import host
 from codecage.audit import Caller
-from codecage.errors import CodecageError
+from codecage.errors import CapacityError, CodecageError
 from codecage.kept import KeptFiles, check_relpath
 from codecage.mcp.callers import SCOPE_CLIENT_KEY
 from codecage.mcp.clients import ClientRefused
@@ -219,6 +219,7 @@ def respond(request: RunCodeRequest, result: ExecutionResult) -> RunCodeResponse
     return RunCodeResponse(
         status="Success" if success else "Failed",
         run_result=run,
+        executor_pod_name=result.node,  # the Ray node that ran it (serve --ray); else null
         files=fetched(request.fetch_files, result),
     )
 
@@ -384,6 +385,9 @@ async def answer(runner: Runner, request: RunCodeRequest, caller: Caller) -> Ans
         )
     except Busy as exc:
         return Answer(503, {"detail": str(exc)}, ((b"retry-after", str(BUSY_RETRY_S).encode()),))
+    except CapacityError as exc:  # every node of the cluster full (serve --ray)
+        retry = (b"retry-after", str(exc.retry_after_s).encode())
+        return Answer(503, {"detail": f"{exc}; {exc.hint}"}, (retry,))
     except CodecageError as exc:
         failed = RunCodeResponse(status="SandboxError", message=f"{exc} ({exc.hint})")
         return Answer(200, _dump(failed))
