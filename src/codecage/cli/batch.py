@@ -26,6 +26,7 @@ from codecage.cli.options import (
     LimitFlags,
     NetworkFlags,
     OutputFlags,
+    RayOpt,
     SandboxFlags,
     VerboseOpt,
 )
@@ -68,18 +69,6 @@ ConcurrencyOpt = Annotated[
         help=f"Programs run at once, 1 to {batch.MAX_CONCURRENCY} (default: the pool's "
         "size, 4 unless the config's \\[pool] says otherwise; with --ray: on each node, "
         "default its CPUs).",
-        show_default=False,
-    ),
-]
-RayOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--ray",
-        metavar="ADDRESS",
-        help="Run the programs on a Ray cluster, one Sandbox per node ('auto': the cluster "
-        "of this node; host:port of its head; needs pip install 'codecage[ray]'). A "
-        "program that was running on a node that went away is run again elsewhere when "
-        "that is safe, else its line holds a node_lost error (docs/scale-out.md).",
         show_default=False,
     ),
 ]

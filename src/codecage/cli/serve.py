@@ -21,6 +21,7 @@ from codecage.cli.options import (
     ConfigOpt,
     NetworkFlags,
     OutputFlags,
+    RayOpt,
     ToolFlags,
     VerboseOpt,
 )
@@ -162,18 +163,6 @@ MetricsPublicOpt = Annotated[
         "never need it.",
     ),
 ]
-RayOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--ray",
-        metavar="ADDRESS",
-        help="Run execute_code's and POST /run_code's runs on a Ray cluster, one Sandbox "
-        "per node ('auto': the cluster of this node; host:port of its head; needs pip "
-        "install 'codecage[ray]'). Sessions run on this host; upstream tools are refused. "
-        "A full cluster answers 503 with Retry-After (docs/scale-out.md).",
-        show_default=False,
-    ),
-]
 DataOpt = Annotated[
     Path | None,
     typer.Option(
@@ -233,28 +222,10 @@ def serve(
         # a refusal then has nothing to stop.
         _check_tokens(listen, settings)
         toolset = _tools(settings, tools)
-        # With --ray the one-off runs go to the cluster: no warm pool here (sessions start cold).
-        options = _options(
-            settings,
-            toolset,
-            network,
-            audit,
-            output,
-            no_pool=no_pool or ray is not None,
-            data=data,
-        )
-        placement = _placement(ray, options) if ray is not None else None
-        limits = calls.server_limits(
-            reply_max_tokens, placement.capacity if placement is not None else None
-        )
-        try:
-            runtime, metrics = _host(
-                options, settings, toolset, http=listen.http, placement=placement
-            )
-        except CodecageError:
-            if placement is not None:  # its actors, stopped now rather than at exit
-                placement.close()
-            raise
+        pool = not no_pool and ray is None  # --ray: one-off runs go to the cluster, not here
+        options = _options(settings, toolset, network, audit, output, pool=pool, data=data)
+        runtime, metrics, cluster = _host(options, settings, toolset, http=listen.http, ray=ray)
+        limits = calls.server_limits(reply_max_tokens, cluster)
         try:
             asgi = _serve_stdio_or_app(runtime, listen, limits, settings, metrics, metrics_public)
         except CodecageError:
@@ -308,7 +279,7 @@ def _options(
     audit: AuditFlags,
     output: OutputFlags,
     *,
-    no_pool: bool,
+    pool: bool,
     data: Path | None,
 ) -> Resolved:
     """The options of the one host every call of the server runs in."""
@@ -318,7 +289,7 @@ def _options(
         settings,
         tools,
         scrub=scrub_option(output.no_scrub, output.scrub_categories, settings),
-        pool=not no_pool,
+        pool=pool,
         face="mcp",
         data_dir=_data_dir(data, settings),
         allow_host=network.allow_host,
@@ -356,24 +327,25 @@ def _placement(address: str, options: Resolved) -> ClusterRuns:
 
 
 def _host(
-    options: Resolved,
-    settings: Settings,
-    tools: ToolSetup,
-    *,
-    http: bool,
-    placement: ClusterRuns | None,
-) -> tuple[Host, ServerMetrics | None]:
-    """The server's host (its runs sent to `placement` when there is one), and over HTTP
-    the metrics that observe it."""
+    options: Resolved, settings: Settings, tools: ToolSetup, *, http: bool, ray: str | None
+) -> tuple[Host, ServerMetrics | None, int | None]:
+    """The server's host (its runs sent to the Ray cluster at `ray`, if given), over HTTP
+    the metrics that observe it, and the runs the cluster takes at once (None: no cluster)."""
     from codecage.mcp import health
 
+    placement = _placement(ray, options) if ray is not None else None
     metrics = health.server_metrics(settings, tools.broker) if http else None
-    runtime = hosts.build(
-        options, observers=(metrics.observe,) if metrics else (), placement=placement
-    )
+    try:
+        runtime = hosts.build(
+            options, observers=(metrics.observe,) if metrics else (), placement=placement
+        )
+    except CodecageError:
+        if placement is not None:  # its actors, stopped now rather than at exit
+            placement.close()
+        raise
     if runtime.alerter is not None:  # sends what is queued at exit
         atexit.register(runtime.alerter.close)
-    return runtime, metrics
+    return runtime, metrics, placement.capacity if placement is not None else None
 
 
 def _serve_stdio_or_app(

@@ -13,7 +13,9 @@ the same queue (`max_concurrent` at once, `max_queued` waiting; past that: 503 w
 Retry-After), and, for a named client of `[serve.clients.NAME]` (the token the gate
 verified), the same bounds and the same counts: its largest memory and timeout (asked
 above: refused; not asked: lowered to them), its runs per minute and at once (over them:
-429 with Retry-After), and its name on the audit record (`http:NAME/run_code`).
+429 with Retry-After), and its name on the audit record (`http:NAME/run_code`). When the
+host sends its runs to a Ray cluster (`serve --ray`), `executor_pod_name` names the node
+that ran one, and a full cluster (`CapacityError`) is a 503 with Retry-After as well.
 `stdin`: codecage runs a program with /dev/null on fd 0, so a given stdin is written to a
 workspace file and a short launcher puts it on fd 0 (unlinked, so it is not listed among
 the run's files) and runs the program, written as /workspace/main.py, with `runpy`: so
