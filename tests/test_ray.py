@@ -559,3 +559,25 @@ def test_serve_with_ray_at_an_address_where_nothing_listens_says_so_at_start(
     assert done.returncode == 2, done.stderr
     assert f"cannot join the Ray cluster at '127.0.0.1:{port}'" in done.stderr
     assert "ray start --head" in done.stderr
+
+
+def test_serve_with_ray_and_upstream_tools_is_refused_at_start_with_the_way_out(
+    tmp_path: Path,
+) -> None:
+    """Refused before the cluster is asked (its address here has nothing behind it): a
+    node has no way back to this host's tool bridge."""
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"memory": {"command": "/nonexistent"}}}))
+    (tmp_path / "servers").mkdir()
+    done = codecage(
+        "serve",
+        "--http",
+        "--insecure-no-token",
+        *("--mcp-config", str(config), "--servers-dir", str(tmp_path / "servers")),
+        *("--ray", "127.0.0.1:1"),
+        env=server_env(RAY_USAGE_STATS_ENABLED="0"),
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "cannot call this host's upstream MCP tools" in done.stderr
+    assert "serve without --ray to give the code tools" in done.stderr
