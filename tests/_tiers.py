@@ -137,6 +137,7 @@ LONG: frozenset[str] = frozenset(
         "tests/test_ray.py::test_serve_with_ray_answers_run_code_and_execute_code_from_the_clusters_nodes",
         "tests/test_ray.py::test_serve_with_ray_refuses_a_run_over_the_clusters_capacity_with_503_and_retry_after",
         "tests/test_ray.py::test_serve_with_ray_reports_node_lost_for_a_run_with_network_whose_node_went_away",
+        "tests/test_ray.py::test_serve_with_ray_runs_a_run_without_network_again_when_its_node_went_away",
         "tests/test_codegen.py::test_generated_tree_passes_mypy_strict_and_types_its_callers",
         "tests/test_codegen.py::test_random_schemas_and_hostile_text_give_deterministic_checked_trees",
         "tests/test_config.py::test_gen_and_run_take_the_servers_and_tools_from_the_config_file",

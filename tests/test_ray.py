@@ -581,3 +581,22 @@ def test_serve_with_ray_and_upstream_tools_is_refused_at_start_with_the_way_out(
     assert done.returncode == 2, done.stderr
     assert "cannot call this host's upstream MCP tools" in done.stderr
     assert "serve without --ray to give the code tools" in done.stderr
+
+
+def test_serve_with_ray_runs_a_run_without_network_again_when_its_node_went_away(
+    cluster: Any, worker: Any, tmp_path: Path
+) -> None:
+    # No network: the run held by the removed node could not reach outside its sandbox,
+    # so it runs again on the node left, once that node has room (it was admitted).
+    with _serving_on_ray(tmp_path, cluster.address, "--max-concurrent", "3") as server:
+        answers, threads = _slow_posts(server, 3)
+        refused = _first_refusal(answers)  # the two others are on their nodes, one on each
+        cluster.remove_node(worker)
+        for thread in threads:
+            thread.join(180)
+        log = server.stderr_path
+    assert refused.status_code == 503, refused.text
+    ran = [a.json() for a in answers if a.status_code == 200]
+    assert [(f["status"], f["run_result"]["stdout"]) for f in ran] == [("Success", "slow\n")] * 2
+    assert {f["executor_pod_name"] for f in ran} == {cluster.head_node.node_id}
+    assert "ray.node_lost" in log.read_text(encoding="utf-8")

@@ -611,7 +611,8 @@ class ClusterRuns:
     - Runs go round-robin to the least loaded actors; the result names its node.
     - A run whose node is lost before it answered (removed, died, its actor killed) runs
       again on another node when that is safe (no network: it could not reach outside its
-      sandbox), else it fails with `RemoteRunError("node_lost")`. A node that does not
+      sandbox; admitted already, it waits for room there within its wall time and
+      ANSWER_MARGIN_S), else it fails with `RemoteRunError("node_lost")`. A node that does not
       answer within the run's wall time and ANSWER_MARGIN_S fails it `timed_out`, and its
       actor is replaced. No node left: `node_lost` at once. Nothing waits for ever.
     - A thread looks for nodes without an actor every REFILL_S seconds and right after a
@@ -676,7 +677,9 @@ class ClusterRuns:
         )
         lost: list[str] = []
         while True:
-            worker, key = self._take(lost)
+            worker, key = (
+                self._take_again(lost, shipped.limits.timeout) if lost else self._take(lost)
+            )
             try:
                 answer = self._answer(worker, key, shipped, keep_bytes, request.hooks.cancel)
             except _NodeLost as exc:
@@ -733,6 +736,28 @@ class ClusterRuns:
             key = next(self._keys)
             worker.held[key] = key
             return worker, key
+
+    def _take_again(self, lost: list[str], timeout_s: float) -> tuple[_Worker, int]:
+        """`_take` for a run whose node was lost: it was admitted already, so it waits for
+        room (within its wall time and ANSWER_MARGIN_S) rather than be refused as busy.
+
+        Raises:
+            RemoteRunError: no node left, or none had room in time (node_lost).
+        """
+        waited = timeout_s + ANSWER_MARGIN_S
+        deadline = time.monotonic() + waited
+        while True:
+            try:
+                return self._take(lost)
+            except CapacityError:
+                if time.monotonic() > deadline:
+                    raise RemoteRunError(
+                        "node_lost",
+                        "its node was lost while it ran, and no other node had room to run "
+                        f"it again within {waited:.0f} s",
+                        hint="send it again; a node of the Ray cluster was removed or died",
+                    ) from None
+                time.sleep(TICK_S / 4)
 
     def _answer(
         self,
