@@ -429,6 +429,19 @@ async def _over_mcp(url: str) -> tuple[Any, Any]:
         return one, again
 
 
+def _audit_record(execution_id: str) -> dict[str, Any]:
+    """The server's audit record of a run (its store is this test session's: server_env),
+    once its writer has put it there."""
+    deadline = time.monotonic() + 30
+    while True:
+        shown = codecage("audit", "show", execution_id, "--json", env=server_env())
+        if shown.returncode == 0 or time.monotonic() > deadline:
+            assert shown.returncode == 0, shown.stderr
+            found: dict[str, Any] = json.loads(shown.stdout)
+            return found
+        time.sleep(0.5)
+
+
 def test_serve_with_ray_answers_run_code_and_execute_code_from_the_clusters_nodes(
     cluster: Any, worker: Any, tmp_path: Path
 ) -> None:
@@ -458,6 +471,9 @@ def test_serve_with_ray_answers_run_code_and_execute_code_from_the_clusters_node
         assert not one.is_error, one
         assert one.structured_content["return_value"] == 42
         assert one.structured_content["node"] in nodes
+        # On the server's audit trail, in the caller's name, as a local run would be.
+        record = _audit_record(one.structured_content["execution_id"])
+        assert (record["caller_kind"], record["status"]) == ("http", "ok"), record
         assert "--- a.txt ---\nfrom a node" in [getattr(b, "text", "") for b in one.content]
         # A session's state lives in one interpreter: it runs on the server's own host.
         assert not in_session.is_error, in_session
