@@ -125,7 +125,9 @@ def test_the_throughput_benchmark_runs_quick_and_its_batch_agrees_with_the_peer(
     assert set(results.iterdir()) == kept
 
 
-def test_the_ray_benchmark_runs_local_one_and_two_nodes_and_the_memory_batch() -> None:
+def test_the_ray_benchmark_runs_local_one_and_two_nodes_the_servers_and_the_memory_batch() -> None:
     p = run_bench("bench_ray.py", "-n", "8", "--big", "20", "--no-write", timeout=400)
-    for section in ("local", "ray_1node", "ray_2nodes", "memory", "driver_heap_peak_mb"):
+    sections = ("local", "ray_1node", "ray_2nodes", "serve_local", "serve_ray", "memory")
+    for section in (*sections, "driver_heap_peak_mb", "loadavg_1m"):
         assert section in p.stdout
+    assert "'not_success': 0" in p.stdout

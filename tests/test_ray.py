@@ -10,6 +10,8 @@ start. The test of a missing extra runs in the quick tier and starts no cluster.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import logging
 import os
@@ -22,6 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
+import httpx2
 import pytest
 from tests._cli import codecage
 from tests.conftest import leak_snapshot
@@ -30,6 +34,8 @@ from codecage import Options, Sandbox
 from codecage.batch import BatchResult
 from codecage.bridge import channel as bridge_channel
 from codecage.engine import forkserver, guardian
+from reliability._load import HttpServer, http_serve
+from test_server import TOKEN, server_env
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no internet here; never phone home
 
@@ -368,3 +374,245 @@ def test_batches_from_two_ray_tasks_of_one_job_each_get_their_own_results(cluste
     assert pid_a != pid_b  # two drivers at once, as two reward workers are
     assert (a, b) == ([0, 2, 4], [0, 3, 6])
     assert trouble_a == trouble_b == []  # neither took nor lost the other's actors
+
+
+# --- codecage serve --http --ray: POST /run_code and execute_code on the cluster ----------
+
+
+def _alive_nodes() -> set[str]:
+    import ray
+
+    return {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+
+
+@contextlib.contextmanager
+def _serving_on_ray(workdir: Path, address: str, *args: str) -> Iterator[HttpServer]:
+    """`codecage serve --http --ray ADDRESS ARGS` with a token, until the block ends (then
+    Ctrl-C, before the test's node is removed). Its start joins the cluster and starts an
+    actor on each node: bounded generously, the machine is shared."""
+    argv = ("--host", "127.0.0.1", "--token", TOKEN, "--no-scrub", "--ray", address, *args)
+    env = server_env(RAY_USAGE_STATS_ENABLED="0")
+    with http_serve(workdir, argv, env, log="serve-ray", bound_s=300) as server:
+        yield server
+
+
+def _post(server: HttpServer, body: dict[str, Any]) -> httpx2.Response:
+    return httpx2.post(
+        server.url.removesuffix("/mcp") + "/run_code",
+        json={"language": "python", **body},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=120,
+    )
+
+
+async def _over_mcp(url: str) -> tuple[Any, Any]:
+    """A real MCP client over streamable HTTP: a one-off run that returns a file, and a run
+    in a session."""
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=120)) as http,
+        Client(streamable_http_client(url, http_client=http)) as client,
+    ):
+        one = await client.call_tool(
+            "execute_code",
+            {"code": "open('a.txt', 'w').write('from a node'); 6 * 7", "return_files": ["a.txt"]},
+        )
+        opened = await client.call_tool("open_session", {})
+        session_id = opened.structured_content["session_id"]
+        kept = await client.call_tool("execute_code", {"code": "x = 5", "session_id": session_id})
+        again = await client.call_tool("execute_code", {"code": "x * 2", "session_id": session_id})
+        await client.call_tool("close_session", {"session_id": session_id})
+        assert not kept.is_error, kept
+        return one, again
+
+
+def _audit_record(execution_id: str) -> dict[str, Any]:
+    """The server's audit record of a run (its store is this test session's: server_env),
+    once its writer has put it there."""
+    deadline = time.monotonic() + 30
+    while True:
+        shown = codecage("audit", "show", execution_id, "--json", env=server_env())
+        if shown.returncode == 0 or time.monotonic() > deadline:
+            assert shown.returncode == 0, shown.stderr
+            found: dict[str, Any] = json.loads(shown.stdout)
+            return found
+        time.sleep(0.5)
+
+
+def test_serve_with_ray_answers_run_code_and_execute_code_from_the_clusters_nodes(
+    cluster: Any, worker: Any, tmp_path: Path
+) -> None:
+    nodes = _alive_nodes()
+    assert len(nodes) == 2
+    with _serving_on_ray(tmp_path, cluster.address) as server:
+        answers = [_post(server, {"code": f"print({n} * 2)"}) for n in range(4)]
+        for n, answer in enumerate(answers):
+            assert answer.status_code == 200, answer.text
+            found = answer.json()
+            assert (found["status"], found["run_result"]["stdout"]) == ("Success", f"{n * 2}\n")
+        # Where each ran: round-robin over the nodes, named in SandboxFusion's own field.
+        assert {a.json()["executor_pod_name"] for a in answers} == nodes
+        # stdin fed to the program, and a file it wrote fetched back from the node.
+        fetched = _post(
+            server,
+            {
+                "code": "open('out.txt', 'w').write(input().upper())",
+                "stdin": "from stdin\n",
+                "fetch_files": ["out.txt"],
+            },
+        ).json()
+        assert fetched["status"] == "Success", fetched
+        assert base64.b64decode(fetched["files"]["out.txt"]) == b"FROM STDIN"
+
+        one, in_session = anyio.run(_over_mcp, server.url)
+        assert not one.is_error, one
+        assert one.structured_content["return_value"] == 42
+        assert one.structured_content["node"] in nodes
+        # On the server's audit trail, in the caller's name, as a local run would be.
+        record = _audit_record(one.structured_content["execution_id"])
+        assert (record["caller_kind"], record["status"]) == ("http", "ok"), record
+        assert "--- a.txt ---\nfrom a node" in [getattr(b, "text", "") for b in one.content]
+        # A session's state lives in one interpreter: it runs on the server's own host.
+        assert not in_session.is_error, in_session
+        assert in_session.structured_content["return_value"] == 10
+        assert in_session.structured_content["node"] is None
+        log = server.stderr_path.read_text(encoding="utf-8")
+    assert "runs go to the Ray cluster" in log and "2 node(s), 2 at once" in log
+
+
+def _slow_posts(server: HttpServer, count: int) -> tuple[list[httpx2.Response], list[Any]]:
+    """`count` slow programs posted at once, each on a thread of its own (joined by the
+    caller); and the threads."""
+    import threading
+
+    answers: list[httpx2.Response] = []
+    threads = [
+        threading.Thread(
+            target=lambda: answers.append(_post(server, {"code": SLOW_PRINT, "run_timeout": 60}))
+        )
+        for _ in range(count)
+    ]
+    for thread in threads:
+        thread.start()
+    return answers, threads
+
+
+SLOW_PRINT = "import time; time.sleep(15); print('slow')"
+
+
+def _first_refusal(answers: list[httpx2.Response]) -> httpx2.Response:
+    """The first answer that is not a 200, once one comes (three slow programs posted at
+    once to a cluster that runs two: one is refused while the two run)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        refused = [a for a in list(answers) if a.status_code != 200]
+        if refused:
+            return refused[0]
+        time.sleep(0.1)
+    raise AssertionError(f"no run was refused: {[a.text for a in answers]}")
+
+
+def test_serve_with_ray_refuses_a_run_over_the_clusters_capacity_with_503_and_retry_after(
+    cluster: Any, worker: Any, tmp_path: Path
+) -> None:
+    # Two nodes of one CPU: the cluster runs 2 at once. --max-concurrent 3 lets a third
+    # past the server's own queue to the cluster, which refuses it rather than queue it.
+    args = ("--max-concurrent", "3")
+    with _serving_on_ray(tmp_path, cluster.address, *args) as server:
+        answers, threads = _slow_posts(server, 3)
+        refused = _first_refusal(answers)
+        busy = _post(server, {"code": "print('fourth')"})  # refused too while the two run
+        for thread in threads:
+            thread.join(120)
+    assert refused.status_code == 503, refused.text
+    assert refused.headers["retry-after"] == "1"
+    assert "every node of the Ray cluster is running as many runs as it may" in refused.text
+    assert (busy.status_code, busy.headers["retry-after"]) == (503, "1"), busy.text
+    ran = [a.json()["run_result"]["stdout"] for a in answers if a.status_code == 200]
+    assert ran == ["slow\n", "slow\n"]
+
+
+def test_serve_with_ray_reports_node_lost_for_a_run_with_network_whose_node_went_away(
+    cluster: Any, worker: Any, tmp_path: Path
+) -> None:
+    # With a host every run may reach, a run that may have started is never run twice.
+    # --max-concurrent 3: a quick program reaches the full cluster (and is refused).
+    args = ("--allow-host", "example.com", "--max-concurrent", "3")
+    with _serving_on_ray(tmp_path, cluster.address, *args) as server:
+        answers, threads = _slow_posts(server, 3)
+        _first_refusal(answers)  # the two others are on their nodes now, one on each
+        cluster.remove_node(worker)
+        for thread in threads:
+            thread.join(180)
+        after = _post(server, {"code": "print('after')"})
+    found = sorted((a.json() for a in answers if a.status_code == 200), key=lambda f: f["status"])
+    assert [f["status"] for f in found] == ["SandboxError", "Success"], found
+    assert found[0]["message"].startswith("node_lost: its node"), found[0]
+    assert "network" in found[0]["message"]
+    assert after.json()["run_result"]["stdout"] == "after\n"  # the node left goes on
+
+
+def test_serve_with_ray_at_an_address_where_nothing_listens_says_so_at_start(
+    tmp_path: Path,
+) -> None:
+    """No cluster is started: the refusal comes before Ray is asked (which would retry
+    for minutes)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: nothing listens there
+    done = codecage(
+        "serve",
+        "--http",
+        "--insecure-no-token",
+        "--ray",
+        f"127.0.0.1:{port}",
+        env=server_env(RAY_USAGE_STATS_ENABLED="0"),
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"cannot join the Ray cluster at '127.0.0.1:{port}'" in done.stderr
+    assert "ray start --head" in done.stderr
+
+
+def test_serve_with_ray_and_upstream_tools_is_refused_at_start_with_the_way_out(
+    tmp_path: Path,
+) -> None:
+    """Refused before the cluster is asked (its address here has nothing behind it): a
+    node has no way back to this host's tool bridge."""
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"memory": {"command": "/nonexistent"}}}))
+    (tmp_path / "servers").mkdir()
+    done = codecage(
+        "serve",
+        "--http",
+        "--insecure-no-token",
+        *("--mcp-config", str(config), "--servers-dir", str(tmp_path / "servers")),
+        *("--ray", "127.0.0.1:1"),
+        env=server_env(RAY_USAGE_STATS_ENABLED="0"),
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "cannot call this host's upstream MCP tools" in done.stderr
+    assert "serve without --ray to give the code tools" in done.stderr
+
+
+def test_serve_with_ray_runs_a_run_without_network_again_when_its_node_went_away(
+    cluster: Any, worker: Any, tmp_path: Path
+) -> None:
+    # No network: the run held by the removed node could not reach outside its sandbox,
+    # so it runs again on the node left, once that node has room (it was admitted).
+    with _serving_on_ray(tmp_path, cluster.address, "--max-concurrent", "3") as server:
+        answers, threads = _slow_posts(server, 3)
+        refused = _first_refusal(answers)  # the two others are on their nodes, one on each
+        cluster.remove_node(worker)
+        for thread in threads:
+            thread.join(180)
+        log = server.stderr_path
+    assert refused.status_code == 503, refused.text
+    ran = [a.json() for a in answers if a.status_code == 200]
+    assert [(f["status"], f["run_result"]["stdout"]) for f in ran] == [("Success", "slow\n")] * 2
+    assert {f["executor_pod_name"] for f in ran} == {cluster.head_node.node_id}
+    assert "ray.node_lost" in log.read_text(encoding="utf-8")

@@ -5,6 +5,8 @@ CodecageError            anything codecage could not do; `.hint` says what to do
 ├── ConfigError          refused before anything ran (bad limits, bad arguments)
 ├── HostError            this host cannot give the isolation asked for
 ├── SandboxError         the sandbox itself failed, not the user's code
+│   └── RemoteRunError   a run sent to a node of a cluster ended without a result (`code`)
+├── CapacityError        no room to run it now (every node full): retry after `retry_after_s`
 ├── SessionError         no such session, or it ended (expired, closed, its interpreter died)
 └── BridgeError          the tool bridge failed (e.g. writing the generated tool tree)
 ```
@@ -185,6 +187,31 @@ class HostError(CodecageError):
 
 class SandboxError(CodecageError):
     """The sandbox failed to start or to report, through no fault of the user's code."""
+
+
+RemoteErrorCode = Literal["node_lost", "timed_out", "sandbox_error"]
+"""How a run sent to another node ended without a result (`codecage.ray`'s batch error codes)."""
+
+
+class RemoteRunError(SandboxError):
+    """A run sent to a node of a cluster (`serve --ray`) ended without a result: its node
+    went away while it may have been running (`node_lost`), did not answer within the
+    run's wall time and a margin (`timed_out`), or failed outside the code
+    (`sandbox_error`). The message starts with the code, for a pipeline to act on."""
+
+    def __init__(self, code: RemoteErrorCode, message: str, hint: str) -> None:
+        super().__init__(f"{code}: {message}", hint=hint)
+        self.code: RemoteErrorCode = code
+
+
+class CapacityError(CodecageError):
+    """No room to run it now (every node of the cluster holds as many runs as it may):
+    busy, not wrong; retry after `retry_after_s` (an HTTP face answers 503)."""
+
+    def __init__(self, message: str, hint: str, retry_after_s: int = 1) -> None:
+        super().__init__(message, hint=hint)
+        self.retry_after_s = retry_after_s
+        """Seconds after which the same call may find room (at least 1)."""
 
 
 class SessionError(CodecageError):

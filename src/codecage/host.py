@@ -25,13 +25,14 @@ import dataclasses
 import json
 import logging
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from codecage import config as configuration
 from codecage import engine, forks, offline, packages
@@ -64,6 +65,7 @@ from codecage.engine.workspace import read_file as read_file
 from codecage.errors import ConfigError, Face, HostError, SandboxError
 from codecage.isolation import cgroups, datadir, lending, rootfs, seccomp, staging, tmpfs
 from codecage.isolation import identity as identities
+from codecage.kept import KeptFiles
 from codecage.models import (
     ApprovalRequest,
     AuditState,
@@ -171,6 +173,43 @@ class SessionRequest:
     egress: EgressPolicy | None = None  # the hosts of every run in it (Host.network_for)
 
 
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """What a `Placement` gives back for one run: its result as the sandbox produced it
+    (not yet scrubbed, `node` naming where it ran) and the files it left, up to the bytes
+    asked for (None: none asked for, or none left)."""
+
+    result: ExecutionResult
+    kept: KeptFiles | None = None
+
+
+class Placement(Protocol):
+    """Where a Host runs the runs that need nothing of this machine, instead of in its own
+    sandboxes: the nodes of a Ray cluster (`codecage.ray.ClusterRuns`, `serve --ray`).
+
+    The Host keeps every other step of `run`: the checks, strict validation, approval,
+    scrubbing, the audit record and its observers. It sends the sandbox step only, for a
+    run with no lent directory that is not in a session (those run here); a Host with
+    upstream tools takes no placement (a node cannot reach this host's broker).
+    """
+
+    def run(self, request: Request, keep_bytes: int) -> Placed:
+        """Run `request` elsewhere (its hooks' `cancel` followed; `on_output` and
+        `on_files` stay here: the Host calls `on_files` with the files it gets back, up
+        to `keep_bytes`).
+
+        Raises:
+            CapacityError: every node holds as many runs as it may: retry later.
+            RemoteRunError: its node was lost, did not answer in time, or failed.
+            CodecageError: the node refused it, as this host would have.
+        """
+        ...
+
+    def close(self) -> None:
+        """Stop what the placement started (its actors)."""
+        ...
+
+
 _MAX_RECORDED_IMPORTS = 500
 """Modules of a run's import policy kept in its audit record."""
 
@@ -237,6 +276,7 @@ class Host:
         places: tuple[Path, Path | None],
         sessions: sessions_engine.Sessions,
         egress: EgressCell,
+        placement: Placement | None = None,
     ) -> None:
         settings = options.settings
         self.options = options
@@ -269,6 +309,7 @@ class Host:
         self._other_backends_lock = threading.Lock()
         self.sessions = sessions
         self._egress = egress  # the host proxy, made at the first egress run
+        self.placement = placement  # where runs go instead of this host's sandboxes
         # What every run's engine request shares, made once here (not copied per run).
         self._context = engine.HostContext(
             tool_limits=self.tool_limits,
@@ -609,7 +650,29 @@ class Host:
             judged=judged,
         )
 
-    def _execute(self, request: Request, judged: approvals.JudgedTools | None) -> ExecutionResult:
+    def execute(self, request: Request) -> ExecutionResult:
+        """The sandbox step of `run` alone, on this host: no approval, no scrubbing, no
+        audit record. For a node of a cluster running what another Host admitted, which
+        does those (`codecage.ray`'s actors under `serve --ray`); never with tools.
+
+        Raises:
+            ConfigError: the request was refused before anything ran.
+            HostError: the host cannot provide the isolation.
+            SandboxError: the sandbox itself failed.
+        """
+        if self.tools is not None:
+            raise ConfigError(
+                "Host.execute runs what another Host admitted, which has no tools here",
+                hint="use Host.run",
+            )
+        return self._execute(request, None, here=True)
+
+    def _execute(
+        self, request: Request, judged: approvals.JudgedTools | None, *, here: bool = False
+    ) -> ExecutionResult:
+        placement = self.placement
+        if placement is not None and not here and request.program.workspace is None:
+            return self._execute_elsewhere(placement, request)
         backend = self.backend_for(request.backend)
         tools = self._tools_for(request, judged)
         run = self._engine_request(request, backend, tools)
@@ -628,6 +691,20 @@ class Host:
         finally:
             if tools is not None:
                 tools.close()  # the run's token vault goes with it
+
+    def _execute_elsewhere(self, placement: Placement, request: Request) -> ExecutionResult:
+        """The run on the placement's nodes; its files, when the request reads them, put in
+        a private directory of this host's for its `on_files` hook while it reads them
+        (the hook reads them as it reads a workspace: no link followed, bounded)."""
+        on_files = request.hooks.on_files
+        keep_bytes = self.options.keep_files_mb * 2**20 if on_files is not None else 0
+        placed = placement.run(request, keep_bytes)
+        if on_files is not None and placed.result.files:
+            with tempfile.TemporaryDirectory(prefix="codecage-placed-") as landed:
+                if placed.kept is not None:
+                    placed.kept.save(Path(landed), overwrite=False, partial=True)
+                on_files(Path(landed), placed.result.files)
+        return placed.result
 
     def _engine_request(
         self, request: Request, backend: Backend, tools: RunTools | None
@@ -960,6 +1037,8 @@ class Host:
         """Close every session, then stop this Host's own pool, killing its idle sandboxes
         (a shared one stays), its egress proxy, its alerter and its audit trail."""
         self.sessions.close_all()
+        if self.placement is not None:
+            self.placement.close()
         if self.pool is not None and self._owns_pool:
             self.pool.close()
         if self.templates is not None:
@@ -1035,6 +1114,7 @@ def build(
     *,
     observers: Iterable[Callable[[Finished], None]] = (),
     sessions: sessions_engine.Sessions | None = None,
+    placement: Placement | None = None,
 ) -> Host:
     """The complete Host of `options`: its grants and identity, its backend (proven by the
     self-test), its scrubbers, audit trail and alerter, its fork server and pool, keeping
@@ -1045,14 +1125,18 @@ def build(
         observers: told of every finished run after the audit trail and the alerter (the
             MCP server's metrics).
         sessions: the session registry (None: one of the settings' [sessions]).
+        placement: where the runs that need nothing of this host run instead (a Ray
+            cluster: `codecage.ray.ClusterRuns`); None: here. Closed with the Host.
 
     Raises:
         ConfigError: a malformed tool pattern or network rule, no backend of that name, a
-            bad data directory or alert command.
+            bad data directory or alert command; a placement with upstream tools.
         HostError: no backend can run on this host.
         AuditError: the audit store cannot be opened.
     """
     settings, asked = options.settings, options.options
+    if placement is not None:
+        check_placeable(options)
     tooling.allow_patterns(options.allowed_tools)  # a malformed one fails here, not in a run
     grants = egress_grants.Grants.of(settings.network, asked.allow_hosts, face="library")
     identity = identities.plan(
@@ -1094,6 +1178,7 @@ def build(
             places=(packages_dir, data_dir),
             sessions=sessions or sessions_engine.Sessions(settings.sessions),
             egress=EgressCell(),
+            placement=placement,
         )
         undo.callback(built.close)
         # Runs with egress import the network modules too and need sandboxes made for
@@ -1102,6 +1187,22 @@ def build(
         built.keep_warm(warm_policy, egress=egress is not None)
         undo.pop_all()
     return built
+
+
+def check_placeable(options: Resolved) -> None:
+    """Refuse to send the runs of `options` to a placement (a Ray cluster) when they need
+    this host: upstream tools (a node has no way back to the tool bridge).
+
+    Raises:
+        ConfigError: the options give the code upstream tools.
+    """
+    if options.options.tools is not None:
+        raise ConfigError(
+            "runs sent to a Ray cluster cannot call this host's upstream MCP tools: a node "
+            "has no way back to the tool bridge",
+            hint="serve without --ray to give the code tools, or without --mcp-config / "
+            "--mcp-host (and the config's [mcp_servers]) to run it on the cluster",
+        )
 
 
 def _resolved_dir(path: str | Path | None) -> Path | None:

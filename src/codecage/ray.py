@@ -35,12 +35,15 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import itertools
 import logging
 import os
 import pickle
+import socket
 import threading
 import time
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any, Final
 
 try:
@@ -53,9 +56,18 @@ except ImportError as exc:  # the extra is not installed: say how to get it
         name=exc.name,
     ) from exc
 
-from codecage import batch
-from codecage.errors import ConfigError, SandboxError
-from codecage.models import Limits
+from codecage import batch, host
+from codecage.errors import (
+    CapacityError,
+    CodecageError,
+    ConfigError,
+    HostError,
+    RemoteRunError,
+    SandboxError,
+    SessionError,
+)
+from codecage.kept import KeptFiles
+from codecage.models import FileInfo, Limits
 from codecage.options import Options
 from codecage.sandbox import Sandbox
 
@@ -71,6 +83,9 @@ TICK_S: Final = 1.0
 """How often the driver looks at deadlines and at nodes that joined while it waits."""
 MAX_STARTS_PER_NODE: Final = 3
 """Actors one batch starts on one node at most (the first and two replacements)."""
+REFILL_S: Final = 30.0
+"""How often a server's placement looks for nodes with no actor of its own (nodes that
+joined, or whose actor was replaced), besides right after it lost one."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -119,11 +134,53 @@ class NodeRunner:
             with self._lock:
                 self._cancels.pop(index, None)
 
+    def execute(self, key: int, request: host.Request, keep_bytes: int) -> host.Placed | _Refused:
+        """One run a server admitted (`ClusterRuns`): the sandbox step only (that server
+        checks, scrubs and records it), the files it left kept up to `keep_bytes`. A
+        refusal comes back as data, so that its class and hint survive the trip."""
+        cancel = threading.Event()
+        with self._lock:
+            self._cancels[key] = cancel
+        kept: list[KeptFiles] = []
+
+        def read_back(workspace: Path, written: list[FileInfo]) -> None:
+            if written and keep_bytes:
+                kept.append(host.keep(workspace, written, keep_bytes))
+
+        try:
+            result = self._sandbox.host.execute(
+                dataclasses.replace(request, hooks=host.Hooks(cancel=cancel, on_files=read_back))
+            )
+        except CodecageError as exc:
+            return _Refused(type(exc).__name__, exc.message, exc.hint_template)
+        finally:
+            with self._lock:
+                self._cancels.pop(key, None)
+        return host.Placed(result, kept[0] if kept else None)
+
     def cancel(self, indices: list[int]) -> None:
         with self._lock:
             for index in indices:
                 if index in self._cancels:
                     self._cancels[index].set()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Refused:
+    """A CodecageError raised on a node, as data (an exception with a hint does not
+    survive pickling whole)."""
+
+    kind: str
+    message: str
+    hint: str
+
+    def error(self) -> CodecageError:
+        kinds: dict[str, type[CodecageError]] = {
+            "ConfigError": ConfigError,
+            "HostError": HostError,
+            "SessionError": SessionError,
+        }
+        return kinds.get(self.kind, SandboxError)(self.message, hint=self.hint)
 
 
 def run_many(
@@ -223,6 +280,7 @@ def connect(address: str | None) -> None:
     """
     if ray.is_initialized():
         return
+    _check_reachable(address)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # never phone home by default
     try:
         ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
@@ -231,6 +289,35 @@ def connect(address: str | None) -> None:
             f"cannot join the Ray cluster at {address!r}: {exc}",
             hint="pass the address `ray start --head` printed (e.g. 10.0.0.1:6379, or "
             "auto on a node of the cluster)",
+        ) from exc
+
+
+CONNECT_TIMEOUT_S: Final = 5.0
+"""How long a HOST:PORT address may take to accept a connection before it is refused
+(Ray itself keeps trying to reach a missing head for minutes)."""
+
+
+def _check_reachable(address: str | None) -> None:
+    """Refuse a HOST:PORT (or ray://HOST:PORT) address where nothing accepts a connection,
+    at once: `ray.init` would retry for minutes before it gave up.
+
+    Raises:
+        ConfigError: nothing listens there.
+    """
+    if address is None or address == "auto" or address.startswith("local"):
+        return
+    where = address.removeprefix("ray://")
+    host_part, _, port_part = where.rpartition(":")
+    if not host_part or not port_part.isdigit():
+        return  # not HOST:PORT: Ray judges it
+    try:
+        socket.create_connection((host_part.strip("[]"), int(port_part)), CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot join the Ray cluster at {address!r}: nothing accepts a connection "
+            f"there ({exc.strerror or exc})",
+            hint="pass the address `ray start --head` printed (e.g. 10.0.0.1:6379, or "
+            "auto on a node of the cluster), and check that the head is running",
         ) from exc
 
 
@@ -258,7 +345,9 @@ class _Worker:
 
 
 class _Fleet:
-    """The actors of the batch: one per alive node, started (or found) and replaced."""
+    """The actors of the batch: one per alive node, started (or found) and replaced.
+    `workers` changes under `guard` (a server's placement fills it on a thread of its
+    own while its runs read it)."""
 
     def __init__(self, options: Options, concurrency: int | None) -> None:
         self._options = options
@@ -267,6 +356,7 @@ class _Fleet:
         self._starts: collections.Counter[str] = collections.Counter()
         self.workers: dict[str, _Worker] = {}  # by node id
         self.first_error: str | None = None
+        self.guard = threading.RLock()
 
     def fill(self) -> None:
         """An actor on each alive node that has none, within MAX_STARTS_PER_NODE (a
@@ -292,7 +382,8 @@ class _Fleet:
                 log.warning("ray.node_failed", extra={"node": node_id, "error": _reason(exc)})
                 self._drop(name, handle)
                 continue
-            self.workers[node_id] = _Worker(name, node_id, handle, report)
+            with self.guard:
+                self.workers[node_id] = _Worker(name, node_id, handle, report)
 
     def _start(self, node_id: str, node: Mapping[str, Any]) -> tuple[str, Any]:
         # Named after this driver process (a pipeline's reward workers are drivers of one
@@ -316,7 +407,9 @@ class _Fleet:
 
     def lose(self, worker: _Worker) -> None:
         """Forget `worker` and make sure it runs nothing more of ours."""
-        self.workers.pop(worker.node_id, None)
+        with self.guard:
+            if self.workers.get(worker.node_id) is worker:
+                del self.workers[worker.node_id]
         self._drop(worker.name, worker.handle)
 
     def _drop(self, name: str, handle: Any) -> None:
@@ -506,6 +599,241 @@ class _Dispatch:
                     worker.handle.cancel.remote(list(worker.held.values()))
                 except Exception as exc:  # its node is gone: nothing runs there
                     log.debug("ray.cancel_failed", extra={"error": type(exc).__name__})
+
+
+class ClusterRuns:
+    """`codecage serve --ray`'s placement (`host.Placement`): each run a server admitted is
+    sent to one of this process's actors (one per node, as `run_many`'s: a Sandbox with
+    its warm pool and fork server), at most `concurrency` in flight on each.
+
+    - Admission stays explicit: a run that finds every actor full is refused at once
+      (`CapacityError`: the server answers 503 with Retry-After), never queued here.
+    - Runs go round-robin to the least loaded actors; the result names its node.
+    - A run whose node is lost before it answered (removed, died, its actor killed) runs
+      again on another node when that is safe (no network: it could not reach outside its
+      sandbox; admitted already, it waits for room there within its wall time and
+      ANSWER_MARGIN_S), else it fails with `RemoteRunError("node_lost")`. A node that does not
+      answer within the run's wall time and ANSWER_MARGIN_S fails it `timed_out`, and its
+      actor is replaced. No node left: `node_lost` at once. Nothing waits for ever.
+    - A thread looks for nodes without an actor every REFILL_S seconds and right after a
+      loss (nodes that joined, nodes whose actor was replaced).
+    """
+
+    def __init__(self, options: Options, *, address: str | None, concurrency: int | None) -> None:
+        """Join the cluster and start an actor on each node now, so that a bad address or
+        a cluster where no node can run a sandbox is refused before the server listens.
+
+        Args:
+            options: each node's Sandbox (`node_options_of`; no tools, no approver).
+            address: as `ray.init` takes it.
+            concurrency: runs at once on each node, 1 to 256; None: each node's CPUs.
+
+        Raises:
+            ConfigError: no cluster at `address`, or a bad concurrency.
+            SandboxError: no node of the cluster could start a Sandbox.
+        """
+        if concurrency is not None:
+            batch.check_concurrency(concurrency)
+        connect(address)
+        self._fleet = _Fleet(options, concurrency)
+        self._keys = itertools.count()
+        self._turn = 0
+        self._wake = threading.Event()
+        self._closed = threading.Event()
+        self._fleet.fill()
+        if not self._fleet.workers:
+            raise SandboxError(
+                "no node of the Ray cluster could start a sandbox: "
+                f"{self._fleet.first_error or 'no alive node of the cluster offers Ray a CPU'}",
+                hint="run `codecage doctor` on a node: each needs codecage, bwrap and root "
+                "or user namespaces (docs/scale-out.md)",
+            )
+        self._refiller = threading.Thread(target=self._refill, name="codecage-ray", daemon=True)
+        self._refiller.start()
+
+    @property
+    def capacity(self) -> int:
+        """Runs the cluster's actors may hold at once now, all nodes together."""
+        with self._fleet.guard:
+            return sum(w.report.concurrency for w in self._fleet.workers.values())
+
+    @property
+    def nodes(self) -> list[str]:
+        """The ids of the nodes with an actor of this placement now."""
+        with self._fleet.guard:
+            return sorted(self._fleet.workers)
+
+    def run(self, request: host.Request, keep_bytes: int) -> host.Placed:
+        """`host.Placement.run` (see the class).
+
+        Raises:
+            CapacityError: every actor holds as many runs as it may.
+            RemoteRunError: node_lost, timed_out or sandbox_error.
+            CodecageError: the node refused the run, as this host would have.
+        """
+        # What goes to the node: no callables of this process (hooks, the approver).
+        shipped = dataclasses.replace(
+            request, hooks=host.Hooks(), asker=dataclasses.replace(request.asker, approve=None)
+        )
+        lost: list[str] = []
+        while True:
+            worker, key = (
+                self._take_again(lost, shipped.limits.timeout) if lost else self._take(lost)
+            )
+            try:
+                answer = self._answer(worker, key, shipped, keep_bytes, request.hooks.cancel)
+            except _NodeLost as exc:
+                lost.append(worker.node_id)
+                if request.egress is not None:
+                    raise RemoteRunError(
+                        "node_lost",
+                        f"its node ({worker.node_id[:12]}) was lost while the run may have "
+                        f"been running ({exc}); it was not run again because it could reach "
+                        "the network",
+                        hint="send it again if its side effects allow; a node of the Ray "
+                        "cluster was removed or died",
+                    ) from None
+                log.info("ray.item_rerun", extra={"key": key, "node": worker.node_id})
+                continue
+            finally:
+                with self._fleet.guard:
+                    worker.held.pop(key, None)
+            if isinstance(answer, _Refused):
+                raise answer.error()
+            result = answer.result.model_copy(update={"node": worker.node_id})
+            return host.Placed(result, answer.kept)
+
+    def _take(self, lost: list[str]) -> tuple[_Worker, int]:
+        """The actor the next run goes to, with its place held (`lost`: nodes this run was
+        lost on already: never again).
+
+        Raises:
+            RemoteRunError: no node is left (node_lost).
+            CapacityError: every actor is full.
+        """
+        with self._fleet.guard:
+            workers = [w for w in self._fleet.workers.values() if w.node_id not in lost]
+            if not workers:
+                self._wake.set()
+                raise RemoteRunError(
+                    "node_lost",
+                    "no node of the Ray cluster is left to run it"
+                    + (" (the node it was running on was lost)" if lost else ""),
+                    hint="send it again once the cluster has nodes; `ray status` lists them",
+                )
+            room = [w for w in workers if len(w.held) < w.report.concurrency]
+            if not room:
+                total = sum(w.report.concurrency for w in workers)
+                raise CapacityError(
+                    f"every node of the Ray cluster is running as many runs as it may "
+                    f"({total} in all)",
+                    hint=f"send it again after Retry-After; to have the server queue runs "
+                    f"instead, serve with --max-concurrent {total} or less, or add nodes",
+                )
+            self._turn += 1
+            start = self._turn % len(room)
+            worker = min(room[start:] + room[:start], key=lambda w: len(w.held))
+            key = next(self._keys)
+            worker.held[key] = key
+            return worker, key
+
+    def _take_again(self, lost: list[str], timeout_s: float) -> tuple[_Worker, int]:
+        """`_take` for a run whose node was lost: it was admitted already, so it waits for
+        room (within its wall time and ANSWER_MARGIN_S) rather than be refused as busy.
+
+        Raises:
+            RemoteRunError: no node left, or none had room in time (node_lost).
+        """
+        waited = timeout_s + ANSWER_MARGIN_S
+        deadline = time.monotonic() + waited
+        while True:
+            try:
+                return self._take(lost)
+            except CapacityError:
+                if time.monotonic() > deadline:
+                    raise RemoteRunError(
+                        "node_lost",
+                        "its node was lost while it ran, and no other node had room to run "
+                        f"it again within {waited:.0f} s",
+                        hint="send it again; a node of the Ray cluster was removed or died",
+                    ) from None
+                time.sleep(TICK_S / 4)
+
+    def _answer(
+        self,
+        worker: _Worker,
+        key: int,
+        shipped: host.Request,
+        keep_bytes: int,
+        cancel: threading.Event | None,
+    ) -> host.Placed | _Refused:
+        """The node's answer, waited for within the run's wall time and a margin.
+
+        Raises:
+            _NodeLost: the actor or its node went away before it answered.
+            RemoteRunError: timed_out, or sandbox_error (the actor's own code failed).
+        """
+        ref = worker.handle.execute.remote(key, shipped, keep_bytes)
+        waited = shipped.limits.timeout + ANSWER_MARGIN_S
+        deadline = time.monotonic() + waited
+        stopping = False
+        while not ray.wait([ref], timeout=TICK_S)[0]:
+            if cancel is not None and cancel.is_set() and not stopping:
+                stopping = True  # its caller went away: the node kills its sandbox
+                worker.handle.cancel.remote([key])
+            if time.monotonic() > deadline:
+                self._lose(worker, "it stopped answering")
+                raise RemoteRunError(
+                    "timed_out",
+                    f"its node ({worker.node_id[:12]}) did not answer within {waited:.0f} s "
+                    "(the run's wall timeout and a margin); that node's actor was replaced",
+                    hint="send it again; if it recurs, check the node's load and "
+                    "`codecage doctor` on it",
+                )
+        try:
+            answer: host.Placed | _Refused = ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            self._lose(worker, _reason(exc))
+            raise _NodeLost(_reason(exc)) from None
+        except ray.exceptions.RayTaskError as exc:
+            raise RemoteRunError(
+                "sandbox_error",
+                f"its node ({worker.node_id[:12]}) failed to run it: {_reason(exc)}",
+                hint="send it again; if it recurs, report it with the message",
+            ) from None
+        except ray.exceptions.RayError as exc:  # its node is gone (object or owner lost)
+            self._lose(worker, _reason(exc))
+            raise _NodeLost(_reason(exc)) from None
+        return answer
+
+    def _lose(self, worker: _Worker, why: str) -> None:
+        log.warning("ray.node_lost", extra={"node": worker.node_id, "error": why})
+        self._fleet.lose(worker)
+        self._wake.set()  # a new actor there if the node is still alive; others meanwhile
+
+    def _refill(self) -> None:
+        while not self._closed.is_set():
+            self._wake.wait(REFILL_S)
+            self._wake.clear()
+            if self._closed.is_set():
+                return
+            try:
+                self._fleet.fill()
+            except Exception as exc:  # the cluster is unreachable now: try again later
+                log.warning("ray.refill_failed", extra={"error": type(exc).__name__})
+
+    def close(self) -> None:
+        """Stop the refilling thread and this placement's actors."""
+        self._closed.set()
+        self._wake.set()
+        with self._fleet.guard:
+            workers = list(self._fleet.workers.values())
+        for worker in workers:
+            self._fleet.lose(worker)
+
+
+class _NodeLost(Exception):
+    """A run's actor or node went away before it answered (why: the text)."""
 
 
 def _nodes() -> list[dict[str, Any]]:

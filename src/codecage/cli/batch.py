@@ -26,6 +26,7 @@ from codecage.cli.options import (
     LimitFlags,
     NetworkFlags,
     OutputFlags,
+    RayOpt,
     SandboxFlags,
     VerboseOpt,
 )
@@ -68,18 +69,6 @@ ConcurrencyOpt = Annotated[
         help=f"Programs run at once, 1 to {batch.MAX_CONCURRENCY} (default: the pool's "
         "size, 4 unless the config's \\[pool] says otherwise; with --ray: on each node, "
         "default its CPUs).",
-        show_default=False,
-    ),
-]
-RayOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--ray",
-        metavar="ADDRESS",
-        help="Run the programs on a Ray cluster, one Sandbox per node ('auto': the cluster "
-        "of this node; host:port of its head; needs pip install 'codecage[ray]'). A "
-        "program that was running on a node that went away is run again elsewhere when "
-        "that is safe, else its line holds a node_lost error (docs/scale-out.md).",
         show_default=False,
     ),
 ]
@@ -180,7 +169,7 @@ def _on_ray(
     address: str, options: Options, programs: list[batch.Program], run: _RunSpec
 ) -> tuple[Results, float]:
     """The batch on a Ray cluster, a Sandbox made from `options` on each node."""
-    cluster = _cluster()
+    cluster = ray_extra()
     node_options, defaults = cluster.node_options_of(options)
     items = batch.prepare(programs, defaults, label=run.label)
 
@@ -222,7 +211,7 @@ def _run(items: list[batch.Item], target: IO[str], runner: Runner, *, bar: bool)
     return results
 
 
-def _cluster() -> Any:
+def ray_extra() -> Any:
     """`codecage.ray`, imported only for --ray (Ray is slow to import and an extra).
 
     Raises:
@@ -234,7 +223,7 @@ def _cluster() -> Any:
         raise ConfigError(
             f"--ray needs Ray, which is not installed here ({exc})",
             hint="pip install 'codecage[ray]' (in the environment codecage runs from), "
-            "or leave out --ray to run the batch on this host",
+            "or leave out --ray to run on this host",
         ) from exc
     return cluster
 

@@ -42,6 +42,20 @@ OutputOpt = Annotated[int | None, _limit_option("max_output_bytes")]
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print exactly one JSON object on stdout, nothing else.")
 ]
+RayOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ray",
+        metavar="ADDRESS",
+        help="Run on a Ray cluster, one Sandbox per node ('auto': the cluster of this node; "
+        "host:port of its head; needs pip install 'codecage[ray]'): run-batch's programs, "
+        "serve's execute_code and POST /run_code runs (sessions stay on this host; a full "
+        "cluster is a 503 with Retry-After). A run that was on a node that went away runs "
+        "again elsewhere when that is safe, else it gets a node_lost error "
+        "(docs/scale-out.md).",
+        show_default=False,
+    ),
+]
 DegradedOpt = Annotated[
     bool,
     typer.Option(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import signal
 import sys
@@ -20,6 +21,7 @@ from codecage.cli.options import (
     ConfigOpt,
     NetworkFlags,
     OutputFlags,
+    RayOpt,
     ToolFlags,
     VerboseOpt,
 )
@@ -39,6 +41,7 @@ from codecage.options import Resolved
 if TYPE_CHECKING:
     from codecage.audit.metrics import ServerMetrics
     from codecage.mcp.server import ServerLimits
+    from codecage.ray import ClusterRuns
     from codecage.toolsetup import ToolSetup
 
 
@@ -94,6 +97,10 @@ class ListenFlags(FlagGroup):
     ] = False
 
 
+DEFAULT_MAX_CONCURRENT = 4
+"""Executions a server runs at once on its own host when --max-concurrent is not given."""
+
+
 @dataclass(frozen=True, slots=True)
 class CallLimitFlags(FlagGroup):
     """What one call may ask for at most, and how many run at once (`ServerLimits`)."""
@@ -105,20 +112,30 @@ class CallLimitFlags(FlagGroup):
         int, typer.Option("--max-memory-mb", help="Largest memory_limit_mb a call may ask for.")
     ] = 2048
     max_concurrent: Annotated[
-        int, typer.Option("--max-concurrent", help="Executions running at once.", min=1)
-    ] = 4
+        int | None,
+        typer.Option(
+            "--max-concurrent",
+            help="Executions running at once (default 4; with --ray, what the cluster's "
+            "nodes may run at once when the server starts: each node's CPUs, summed).",
+            min=1,
+            show_default=False,
+        ),
+    ] = None
     max_queued: Annotated[
         int,
         typer.Option("--max-queued", help="Executions that may wait; past that, 'busy'.", min=0),
     ] = 32
 
-    def server_limits(self, reply_max_tokens: int | None) -> ServerLimits:
+    def server_limits(self, reply_max_tokens: int | None, cluster: int | None) -> ServerLimits:
+        """The limits of every call (`cluster`: the runs a Ray cluster takes at once, the
+        default of --max-concurrent with --ray)."""
         from codecage.mcp.server import ServerLimits  # the MCP SDK: only when serving
 
+        default = cluster if cluster is not None else DEFAULT_MAX_CONCURRENT
         return ServerLimits(
             max_timeout=self.max_timeout,
             max_memory_mb=self.max_memory_mb,
-            max_concurrent=self.max_concurrent,
+            max_concurrent=self.max_concurrent or default,
             max_queued=self.max_queued,
             reply_max_tokens=reply_max_tokens,  # None: env, then the config file, then 20000
         )
@@ -167,6 +184,7 @@ def serve(
     reply_max_tokens: ReplyMaxTokensOpt = None,
     metrics_public: MetricsPublicOpt = False,
     data: DataOpt = None,
+    ray: RayOpt = None,
     tools: ToolFlags,
     network: NetworkFlags,
     audit: AuditFlags,
@@ -193,18 +211,21 @@ def serve(
         codecage serve --mcp-host cursor   # code may call Cursor's MCP servers
 
         codecage serve --allow-host '*.example.com'   # every call may reach them
+
+        codecage serve --http --token "$TOKEN" --ray auto   # runs on this Ray cluster
     """
     _log_calls(verbose)
     _exit_on_sigterm()
-    limits = calls.server_limits(reply_max_tokens)
     try:
         settings = load_config(config_file)
         # The HTTP tokens ([serve.clients.NAME]'s variables) checked before the pool starts:
         # a refusal then has nothing to stop.
         _check_tokens(listen, settings)
         toolset = _tools(settings, tools)
-        options = _options(settings, toolset, network, audit, output, no_pool=no_pool, data=data)
-        runtime, metrics = _host(options, settings, toolset, http=listen.http)
+        pool = not no_pool and ray is None  # --ray: one-off runs go to the cluster, not here
+        options = _options(settings, toolset, network, audit, output, pool=pool, data=data)
+        runtime, metrics, cluster = _host(options, settings, toolset, http=listen.http, ray=ray)
+        limits = calls.server_limits(reply_max_tokens, cluster)
         try:
             asgi = _serve_stdio_or_app(runtime, listen, limits, settings, metrics, metrics_public)
         except CodecageError:
@@ -258,7 +279,7 @@ def _options(
     audit: AuditFlags,
     output: OutputFlags,
     *,
-    no_pool: bool,
+    pool: bool,
     data: Path | None,
 ) -> Resolved:
     """The options of the one host every call of the server runs in."""
@@ -268,7 +289,7 @@ def _options(
         settings,
         tools,
         scrub=scrub_option(output.no_scrub, output.scrub_categories, settings),
-        pool=not no_pool,
+        pool=pool,
         face="mcp",
         data_dir=_data_dir(data, settings),
         allow_host=network.allow_host,
@@ -277,17 +298,54 @@ def _options(
     ).resolve(settings)
 
 
+def _placement(address: str, options: Resolved) -> ClusterRuns:
+    """The Ray cluster the server's runs go to: joined, an actor started on each node.
+
+    Raises:
+        ConfigError: Ray is not installed, no cluster at `address`, or the options give the
+            code upstream tools (a node cannot reach them).
+        SandboxError: no node of the cluster could start a sandbox.
+    """
+    from codecage.cli.batch import ray_extra
+
+    hosts.check_placeable(options)  # before joining: a refusal then costs nothing
+    cluster = ray_extra()
+    # Each node's Sandbox: the server's settings and options, and a pool; no audit trail
+    # or alerts there, since this server records and observes every run itself.
+    node_options, _ = cluster.node_options_of(
+        dataclasses.replace(options.options, config=options.settings, audit=False, alerts=False)
+    )
+    placement: ClusterRuns = cluster.ClusterRuns(node_options, address=address, concurrency=None)
+    where = {"address": address, "nodes": placement.nodes, "capacity": placement.capacity}
+    logging.getLogger(__name__).info("serve.ray", extra=where)
+    stderr.print(
+        f"codecage: runs go to the Ray cluster at {address}: {len(placement.nodes)} node(s), "
+        f"{placement.capacity} at once",
+        markup=False,
+    )
+    return placement
+
+
 def _host(
-    options: Resolved, settings: Settings, tools: ToolSetup, *, http: bool
-) -> tuple[Host, ServerMetrics | None]:
-    """The server's host, and over HTTP the metrics that observe it."""
+    options: Resolved, settings: Settings, tools: ToolSetup, *, http: bool, ray: str | None
+) -> tuple[Host, ServerMetrics | None, int | None]:
+    """The server's host (its runs sent to the Ray cluster at `ray`, if given), over HTTP
+    the metrics that observe it, and the runs the cluster takes at once (None: no cluster)."""
     from codecage.mcp import health
 
+    placement = _placement(ray, options) if ray is not None else None
     metrics = health.server_metrics(settings, tools.broker) if http else None
-    runtime = hosts.build(options, observers=(metrics.observe,) if metrics else ())
+    try:
+        runtime = hosts.build(
+            options, observers=(metrics.observe,) if metrics else (), placement=placement
+        )
+    except CodecageError:
+        if placement is not None:  # its actors, stopped now rather than at exit
+            placement.close()
+        raise
     if runtime.alerter is not None:  # sends what is queued at exit
         atexit.register(runtime.alerter.close)
-    return runtime, metrics
+    return runtime, metrics, placement.capacity if placement is not None else None
 
 
 def _serve_stdio_or_app(

@@ -183,6 +183,9 @@ class ExecutionReply(BaseModel):
         description="The run's rich outputs (figures, tables, display(obj)), in order.",
     )
     session_id: str | None = Field(None, description="The session it ran in; null if none.")
+    node: str | None = Field(
+        None, description="The Ray node that ran it (serve --ray); null: this server's host."
+    )
 
 
 # --- estimating -----------------------------------------------------------------------------
@@ -333,6 +336,7 @@ class _Execution:
             redactions=result.redactions,
             displays=[_reply_display(d, self.pieces) for d in result.displays],
             session_id=result.session_id,
+            node=result.node,
         )
         text = _text(result, self.pieces, events)
         attachments = [

@@ -13,7 +13,9 @@ the same queue (`max_concurrent` at once, `max_queued` waiting; past that: 503 w
 Retry-After), and, for a named client of `[serve.clients.NAME]` (the token the gate
 verified), the same bounds and the same counts: its largest memory and timeout (asked
 above: refused; not asked: lowered to them), its runs per minute and at once (over them:
-429 with Retry-After), and its name on the audit record (`http:NAME/run_code`).
+429 with Retry-After), and its name on the audit record (`http:NAME/run_code`). When the
+host sends its runs to a Ray cluster (`serve --ray`), `executor_pod_name` names the node
+that ran one, and a full cluster (`CapacityError`) is a 503 with Retry-After as well.
 `stdin`: codecage runs a program with /dev/null on fd 0, so a given stdin is written to a
 workspace file and a short launcher puts it on fd 0 (unlinked, so it is not listed among
 the run's files) and runs the program, written as /workspace/main.py, with `runpy`: so
@@ -37,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from codecage import host
 from codecage.audit import Caller
-from codecage.errors import CodecageError
+from codecage.errors import CapacityError, CodecageError
 from codecage.kept import KeptFiles, check_relpath
 from codecage.mcp.callers import SCOPE_CLIENT_KEY
 from codecage.mcp.clients import ClientRefused
@@ -219,6 +221,7 @@ def respond(request: RunCodeRequest, result: ExecutionResult) -> RunCodeResponse
     return RunCodeResponse(
         status="Success" if success else "Failed",
         run_result=run,
+        executor_pod_name=result.node,  # the Ray node that ran it (serve --ray); else null
         files=fetched(request.fetch_files, result),
     )
 
@@ -384,6 +387,9 @@ async def answer(runner: Runner, request: RunCodeRequest, caller: Caller) -> Ans
         )
     except Busy as exc:
         return Answer(503, {"detail": str(exc)}, ((b"retry-after", str(BUSY_RETRY_S).encode()),))
+    except CapacityError as exc:  # every node of the cluster full (serve --ray)
+        retry = (b"retry-after", str(exc.retry_after_s).encode())
+        return Answer(503, {"detail": f"{exc}; {exc.hint}"}, (retry,))
     except CodecageError as exc:
         failed = RunCodeResponse(status="SandboxError", message=f"{exc} ({exc.hint})")
         return Answer(200, _dump(failed))

@@ -23,7 +23,7 @@ from codecage.audit import Caller, tracing
 from codecage.audit.metrics import ServerMetrics
 from codecage.audit.record import RecordedEvent
 from codecage.egress.rules import EgressPolicy
-from codecage.errors import CodecageError, ConfigError
+from codecage.errors import CapacityError, CodecageError, ConfigError
 from codecage.host import Host, Request
 from codecage.mcp import files as run_files
 from codecage.mcp.arguments import current_call, refusal
@@ -280,6 +280,8 @@ class Runner:
             with tracing.run_span(profile, call.queue_ms if call else None) as span:
                 result = self.host.run(request)
                 span.ended(result)
+        except CapacityError as exc:  # every node of the cluster full: busy, as the queue is
+            raise Busy(f"{exc}; retry in {exc.retry_after_s} s") from exc
         except CodecageError as exc:
             raise ToolError(refusal(exc)) from exc
         if not any(redacted):

@@ -277,6 +277,11 @@ class ExecutionResult(Model):
         "...) in this result, by category (email, phone, ssn, credit_card, iban, ip, secret); "
         "empty when nothing was found or scrubbing is off.",
     )
+    node: str | None = Field(
+        None,
+        description="The Ray node that ran it (its node id), when a server sends runs to a "
+        "cluster (`codecage serve --ray`); null: the host that answered ran it.",
+    )
 
     # The bytes as printed, before neutralising; not part of the JSON contract (`--raw`).
     _raw_stdout: bytes = PrivateAttr(default=b"")
