@@ -27,6 +27,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -188,6 +189,21 @@ class _ProcessWide:
         self.swept = False
         self.verdict_lock = threading.Lock()  # one self-test at a time; the others wait
         self.verdicts: dict[str, DoctorReport] = {}
+        # The verdicts' keys, per backend object (a Host's own) and ids: every run asks
+        # (`missing_layers`), and a key reads boot_id, asks the backend's version and
+        # hashes the probe program (~0.1 ms), none of which changes under a Host.
+        self.keys: weakref.WeakKeyDictionary[Backend, dict[identities.Identity | None, str]]
+        self.keys = weakref.WeakKeyDictionary()
+
+    def verdict_key(self, backend: Backend, identity: identities.Identity | None) -> str:
+        try:
+            known = self.keys.setdefault(backend, {})
+        except TypeError:  # a backend object that takes no weak reference: not kept
+            return selftest.cache_key(backend, identity)
+        key = known.get(identity)
+        if key is None:
+            key = known[identity] = selftest.cache_key(backend, identity)
+        return key
 
     def sweep_once(self) -> None:
         with self.sweep_lock:
@@ -950,6 +966,9 @@ class Host:
         return ForkServerState(
             enabled=True,
             forked=self.templates.forked,
+            prefork=self.templates.prefork,
+            spares=self.templates.spares(),
+            spares_taken=self.templates.spares_taken,
             templates=[
                 TemplateState(profile=profile, rss_mb=rss, pss_mb=pss)
                 for profile, (rss, pss) in self.templates.memory().items()
@@ -1176,7 +1195,7 @@ def verdict_of(backend: Backend, identity: identities.IdentityPlan) -> DoctorRep
         log.info("sandbox.selftest", extra={"backend": backend.name})
         return selftest.run_probes(backend, identity)
 
-    return _PROCESS.verdict(selftest.cache_key(backend, identity.identity), prove)
+    return _PROCESS.verdict(_PROCESS.verdict_key(backend, identity.identity), prove)
 
 
 def _templates(
@@ -1195,6 +1214,10 @@ def _templates(
         options.limits,
         max_runs=pool.template_max_runs,
         max_age_s=pool.template_max_age,
+        # Without a pool (none asked for, none in the config) the default is still warm:
+        # after each run the next sandbox of its kind is forked ahead. `pool=False` (the
+        # CLI's one-shot `run`) means cold starts only.
+        prefork=pool.prefork and options.options.pool is None and not pool.enabled,
     )
     return templates, None
 

@@ -157,6 +157,13 @@ class ForkServerState(Model):
     enabled: bool = Field(description="Sandboxes of fresh-workspace, no-network runs are forked.")
     why_not: str | None = Field(None, description="Why it is off, when it is.")
     forked: int = Field(0, description="Sandboxes this process forked so far.")
+    prefork: bool = Field(
+        False,
+        description="After each run the next sandbox of its kind is forked ahead, so that the "
+        "next run only sends its request ([pool] prefork; with the pool off).",
+    )
+    spares: int = Field(0, description="Sandboxes forked ahead and idle now (one per kind).")
+    spares_taken: int = Field(0, description="Runs so far that found theirs forked ahead.")
     templates: list[TemplateState] = Field(default_factory=list)
 
 
