@@ -285,6 +285,8 @@ class Host:
         self._other_backends_lock = threading.Lock()
         self.sessions = sessions
         self._egress = egress  # the host proxy, made at the first egress run
+        # Each profile's egress when a run asks for no host of its own (`network_for`).
+        self._egress_of: dict[str, EgressPolicy | None] = {}
         # What every run's engine request shares, made once here (not copied per run).
         self._context = engine.HostContext(
             tool_limits=self.tool_limits,
@@ -393,7 +395,12 @@ class Host:
                 worded for `face`.
         """
         profile = policy.profile if policy is not None else self.settings.profile
-        egress = self.grants.policy(profile, requested, face=face)
+        if requested:
+            egress = self.grants.policy(profile, requested, face=face)
+        else:  # what most runs ask: the same answer for a profile every time (grants are fixed)
+            egress = self._egress_of.get(profile)
+            if egress is None and profile not in self._egress_of:
+                egress = self._egress_of[profile] = self.grants.policy(profile, None, face=face)
         return egress, profiles.with_network(policy) if egress is not None else policy
 
     @property

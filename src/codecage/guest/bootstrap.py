@@ -86,6 +86,7 @@ def main(argv: list[str]) -> int:
         _warm_up(pooled=False)
     _start_egress_relay(argv)
     _install_displays(control)  # before the request: a warm sandbox has it ready
+    _keep_output_on_kill()  # the run's own streams already: done before "ready" too
     main_pid = os.getpid()
     _send(control, {"v": contract.WIRE_VERSION, "kind": contract.KIND_READY, "pid": main_pid})
     request = _receive(control)
@@ -746,6 +747,8 @@ def _keep_output_on_kill() -> None:
     reach the host anyway. One write per line, as in a terminal; a line not yet ended when
     the kill comes is still lost."""
     for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "line_buffering", False) is True:
+            continue  # already (a session's earlier run, or a warm sandbox before "ready")
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             try:
