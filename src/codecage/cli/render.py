@@ -381,8 +381,8 @@ def _render_fork_server(out: Console, fork: ForkServerState, config: PoolConfig)
         warm = "the warm pool's sandboxes are forked"
     elif config.prefork:
         warm = (
-            "prefork on: after each run the next sandbox of its kind is forked ahead "
-            "(a library Sandbox() or `serve` without a pool; off: [pool] prefork = false, "
+            "prefork on: a library Sandbox() without a pool forks the next sandbox of a "
+            "run's kind after the run, ahead of the next one (off: [pool] prefork = false, "
             "CODECAGE_PREFORK=0, or Sandbox(pool=False))"
         )
     else:

@@ -159,8 +159,9 @@ class ForkServerState(Model):
     forked: int = Field(0, description="Sandboxes this process forked so far.")
     prefork: bool = Field(
         False,
-        description="After each run the next sandbox of its kind is forked ahead, so that the "
-        "next run only sends its request ([pool] prefork; with the pool off).",
+        description="This host forks the next sandbox of a run's kind after the run, so that "
+        "the next run only sends its request ([pool] prefork, for a host without a pool; "
+        "`codecage info` itself has none: see pool.config.prefork for the setting).",
     )
     spares: int = Field(0, description="Sandboxes forked ahead and idle now (one per kind).")
     spares_taken: int = Field(0, description="Runs so far that found theirs forked ahead.")
