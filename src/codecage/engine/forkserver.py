@@ -196,7 +196,8 @@ class Templates:
         if spare is None:
             return None
         if spare.alive() and _limits_applied(spare, limits):
-            self.spares_taken += 1
+            with self._lock:
+                self.spares_taken += 1
             return spare
         self.release(spare)
         return None
