@@ -107,6 +107,7 @@ def _run(tree: Path, bench: Path, prefix: str, bench_args: list[str]) -> dict[st
         raise SystemExit(f"{bench} wrote no result (was --no-write passed?)")
     data = json.loads(written[-1].read_text(encoding="utf-8"))
     written[-1].unlink()  # the A/B file keeps what is compared
+    written[-1].with_suffix(".txt").unlink(missing_ok=True)  # bench_throughput's printout
     return _figures(data)
 
 
