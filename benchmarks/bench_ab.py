@@ -11,6 +11,8 @@ median of the rounds for each side and their ratio.
 
     .venv/bin/python benchmarks/bench_ab.py --base 9ca428d --bench mcp --rounds 3 -- -n 150
     .venv/bin/python benchmarks/bench_ab.py --base 9ca428d --bench suite -- --only cold,warm
+    .venv/bin/python benchmarks/bench_ab.py --base 48b1aaa --bench throughput \
+        -- --only latency --save
 
 A ratio above 1 means the new code is slower (for latencies) or faster (for runs/s): the
 table says which way each figure goes.
@@ -33,7 +35,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHES = {"mcp": ("bench_mcp.py", "mcp-"), "suite": ("bench_suite.py", "suite-")}
+BENCHES = {
+    "mcp": ("bench_mcp.py", "mcp-"),
+    "suite": ("bench_suite.py", "suite-"),
+    "throughput": ("bench_throughput.py", "throughput-"),
+}
 OWN_SCRIPT = {"suite"}
 """Benches that import codecage's internals run from each tree; the others (bench_mcp talks to
 `codecage serve` over stdio only) run from this checkout on both sides: the same instrument,
@@ -101,6 +107,7 @@ def _run(tree: Path, bench: Path, prefix: str, bench_args: list[str]) -> dict[st
         raise SystemExit(f"{bench} wrote no result (was --no-write passed?)")
     data = json.loads(written[-1].read_text(encoding="utf-8"))
     written[-1].unlink()  # the A/B file keeps what is compared
+    written[-1].with_suffix(".txt").unlink(missing_ok=True)  # bench_throughput's printout
     return _figures(data)
 
 
@@ -114,6 +121,11 @@ def _figures(data: dict[str, Any]) -> dict[str, float]:
                 figures[f"{name} {key}"] = row[key]
     for level in (data.get("throughput") or {}).get("levels", []):
         figures[f"throughput c={level['concurrency']} runs_per_s"] = level["runs_per_s"]
+    for mode, row in (data.get("latency") or {}).items():  # bench_throughput --only latency
+        for load in ("spaced", "caller_cpu_spaced", "back_to_back"):
+            if load in row:
+                figures[f"{mode} {load} p50_ms"] = row[load]["p50_ms"]
+                figures[f"{mode} {load} p99_ms"] = row[load]["p99_ms"]
     return figures
 
 

@@ -17,7 +17,8 @@ Sections (`--only` takes a comma-separated list of these names):
                   it exists, else 4 threads): runs/s, the ratio codecage/peer (target >= 2),
                   and whether both agree on pass/fail for every program
     latency       warm library latency p50/p95 per mode, spaced (the pool ready again and a
-                  pause before each run: an agent's pace) and back to back (one caller)
+                  pause before each run: an agent's pace) and back to back (one caller);
+                  also `defaults` (`Sandbox()`, every default), and the caller's CPU per run
     data_science  `import pandas; pandas.DataFrame({'a':[1]}).a.sum()`, profile data_science,
                   runs/s at c=4 per mode
     cli           `codecage run --code 1` as a whole process (median of N) beside `python3 -c
@@ -708,18 +709,26 @@ def latency_stats(values: list[float]) -> dict[str, Any]:
 
 def measure_latency(sizes: Sizes) -> dict[str, Any]:
     """Per mode: spaced runs (pool ready, a pause, then the run) and back-to-back runs
-    (chunks of one caller's consecutive runs), the modes interleaved."""
+    (chunks of one caller's consecutive runs), the modes interleaved; and `defaults`,
+    a `Sandbox()` with every default (profile `standard`, no pool asked for: whatever the
+    checkout does then). `caller_cpu` is the CPU of the caller's thread during the call
+    (the host's work on the run's path; background threads' not included)."""
     rows: dict[str, Any] = {}
-    with sandboxes("basic") as opened:
+    with sandboxes("basic") as opened, Sandbox() as defaults:
         live = {m: s for m, s in opened.items() if isinstance(s, Sandbox)}
+        live["defaults"] = defaults
         spaced: dict[str, list[float]] = {m: [] for m in live}
         b2b: dict[str, list[float]] = {m: [] for m in live}
+        cpu: dict[str, list[float]] = {m: [] for m in live}
         failures: dict[str, list[str]] = {m: [] for m in live}
+        checked_run(defaults, TINY, 1)  # its template started: not in the first timed run
 
-        def timed(mode: str, into: list[float]) -> None:
-            started = time.perf_counter()
+        def timed(mode: str, into: list[float], cpu_into: list[float] | None = None) -> None:
+            started, cpu_started = time.perf_counter(), time.thread_time()
             failure = checked_run(live[mode], TINY, 1)
             into.append((time.perf_counter() - started) * 1000)
+            if cpu_into is not None:
+                cpu_into.append((time.thread_time() - cpu_started) * 1000)
             if failure:
                 failures[mode].append(failure)
 
@@ -727,7 +736,7 @@ def measure_latency(sizes: Sizes) -> dict[str, Any]:
             for mode, sandbox in live.items():
                 sandbox.warm(WARM_TIMEOUT_S)
                 time.sleep(sizes.pause_ms / 1000)
-                timed(mode, spaced[mode])
+                timed(mode, spaced[mode], cpu[mode])
         per_round = max(1, sizes.latency // sizes.rounds)
         for _ in range(sizes.rounds):
             for mode in live:
@@ -737,6 +746,7 @@ def measure_latency(sizes: Sizes) -> dict[str, Any]:
         for mode in live:
             rows[mode] = {
                 "spaced": latency_stats(spaced[mode]),
+                "caller_cpu_spaced": latency_stats(cpu[mode]),
                 "back_to_back": latency_stats(b2b[mode]),
                 "failures": len(failures[mode]),
                 "failure_samples": sorted(set(failures[mode]))[:5],
@@ -940,7 +950,8 @@ def evaluate(report: dict[str, Any]) -> list[dict[str, Any]]:
     cli = report.get("cli") or {}
     whole = {"cli_p50": cli["codecage_run"]["p50_ms"] if "codecage_run" in cli else None}
     rows = []
-    for mode, measured in [*((m, per_mode(m)) for m in MODES), ("either", whole)]:
+    modes = (*MODES, "defaults")  # defaults: `Sandbox()`, measured by `latency` only
+    for mode, measured in [*((m, per_mode(m)) for m in modes), ("either", whole)]:
         for key, value in measured.items():
             target = TARGETS[key]
             met = None
@@ -1045,7 +1056,7 @@ def render(report: dict[str, Any]) -> str:
             if "n/a" in row:
                 out.append(f"{mode:<14}{row['n/a']}")
                 continue
-            for load in ("spaced", "back_to_back"):
+            for load in ("spaced", "caller_cpu_spaced", "back_to_back"):
                 s = row[load]
                 out.append(
                     f"{mode:<14}{load:<14}{s['n']:>5}{s['p50_ms']:>9.3f}{s['p95_ms']:>9.3f}"

@@ -81,6 +81,7 @@ timeout = 300                         # seconds to answer; no answer is a denial
 Environment variables: `CODECAGE_<LIMIT>` for each limit, `CODECAGE_PROFILE`,
 `CODECAGE_ALLOWED_IMPORTS`, `CODECAGE_ENABLED_PROFILES`, `CODECAGE_POOL` (1/0),
 `CODECAGE_POOL_MIN_IDLE`, `CODECAGE_POOL_MAX_IDLE`, `CODECAGE_FORK_SERVER` (1/0),
+`CODECAGE_PREFORK` (1/0),
 `CODECAGE_SCRUB` (1/0),
 `CODECAGE_SCRUB_CATEGORIES` (comma-separated: the categories to redact),
 `CODECAGE_PACKAGES_DIR` (read by `codecage.packages`), `CODECAGE_REPLY_MAX_TOKENS`,
@@ -753,7 +754,8 @@ def _env_flag(env: Mapping[str, str], key: str, hint: str) -> bool:
 def _pool_settings(
     from_file: PoolConfig, where: str, env: Mapping[str, str]
 ) -> tuple[PoolConfig, str]:
-    """The file's [pool] table, overridden by CODECAGE_POOL, _POOL_MIN_IDLE, _POOL_MAX_IDLE."""
+    """The file's [pool] table, overridden by CODECAGE_POOL, _POOL_MIN_IDLE, _POOL_MAX_IDLE,
+    CODECAGE_FORK_SERVER and CODECAGE_PREFORK."""
     data = from_file.model_dump()
     source = where if from_file != PoolConfig() else "default"
     if "CODECAGE_POOL" in env:
@@ -763,6 +765,10 @@ def _pool_settings(
         hint = "set CODECAGE_FORK_SERVER=1 to fork sandboxes from a template, 0 to start each anew"
         data["fork_server"] = _env_flag(env, "CODECAGE_FORK_SERVER", hint)
         source = "env CODECAGE_FORK_SERVER"
+    if "CODECAGE_PREFORK" in env:
+        hint = "set CODECAGE_PREFORK=1 to fork the next sandbox after each run, 0 not to"
+        data["prefork"] = _env_flag(env, "CODECAGE_PREFORK", hint)
+        source = "env CODECAGE_PREFORK"
     for name in ("min_idle", "max_idle"):
         key = f"CODECAGE_POOL_{name.upper()}"
         if key in env:

@@ -28,6 +28,7 @@ import os
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -227,6 +228,21 @@ class _ProcessWide:
         self.swept = False
         self.verdict_lock = threading.Lock()  # one self-test at a time; the others wait
         self.verdicts: dict[str, DoctorReport] = {}
+        # The verdicts' keys, per backend object (a Host's own) and ids: every run asks
+        # (`missing_layers`), and a key reads boot_id, asks the backend's version and
+        # hashes the probe program (~0.1 ms), none of which changes under a Host.
+        self.keys: weakref.WeakKeyDictionary[Backend, dict[identities.Identity | None, str]]
+        self.keys = weakref.WeakKeyDictionary()
+
+    def verdict_key(self, backend: Backend, identity: identities.Identity | None) -> str:
+        try:
+            known = self.keys.setdefault(backend, {})
+        except TypeError:  # a backend object that takes no weak reference: not kept
+            return selftest.cache_key(backend, identity)
+        key = known.get(identity)
+        if key is None:
+            key = known[identity] = selftest.cache_key(backend, identity)
+        return key
 
     def sweep_once(self) -> None:
         with self.sweep_lock:
@@ -310,6 +326,8 @@ class Host:
         self.sessions = sessions
         self._egress = egress  # the host proxy, made at the first egress run
         self.placement = placement  # where runs go instead of this host's sandboxes
+        # Each profile's egress when a run asks for no host of its own (`network_for`).
+        self._egress_of: dict[str, EgressPolicy | None] = {}
         # What every run's engine request shares, made once here (not copied per run).
         self._context = engine.HostContext(
             tool_limits=self.tool_limits,
@@ -418,7 +436,12 @@ class Host:
                 worded for `face`.
         """
         profile = policy.profile if policy is not None else self.settings.profile
-        egress = self.grants.policy(profile, requested, face=face)
+        if requested:
+            egress = self.grants.policy(profile, requested, face=face)
+        else:  # what most runs ask: the same answer for a profile every time (grants are fixed)
+            egress = self._egress_of.get(profile)
+            if egress is None and profile not in self._egress_of:
+                egress = self._egress_of[profile] = self.grants.policy(profile, None, face=face)
         return egress, profiles.with_network(policy) if egress is not None else policy
 
     @property
@@ -1027,6 +1050,9 @@ class Host:
         return ForkServerState(
             enabled=True,
             forked=self.templates.forked,
+            prefork=self.templates.prefork,
+            spares=self.templates.spares(),
+            spares_taken=self.templates.spares_taken,
             templates=[
                 TemplateState(profile=profile, rss_mb=rss, pss_mb=pss)
                 for profile, (rss, pss) in self.templates.memory().items()
@@ -1277,7 +1303,7 @@ def verdict_of(backend: Backend, identity: identities.IdentityPlan) -> DoctorRep
         log.info("sandbox.selftest", extra={"backend": backend.name})
         return selftest.run_probes(backend, identity)
 
-    return _PROCESS.verdict(selftest.cache_key(backend, identity.identity), prove)
+    return _PROCESS.verdict(_PROCESS.verdict_key(backend, identity.identity), prove)
 
 
 def _templates(
@@ -1296,6 +1322,10 @@ def _templates(
         options.limits,
         max_runs=pool.template_max_runs,
         max_age_s=pool.template_max_age,
+        # Without a pool (none asked for, none in the config) the default is still warm:
+        # after each run the next sandbox of its kind is forked ahead. `pool=False` (the
+        # CLI's one-shot `run`) means cold starts only.
+        prefork=pool.prefork and options.options.pool is None and not pool.enabled,
     )
     return templates, None
 

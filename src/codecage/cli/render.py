@@ -23,8 +23,10 @@ from codecage.models import (
     DisplayOutput,
     DoctorReport,
     ExecutionResult,
+    ForkServerState,
     HostInfo,
     NetworkState,
+    PoolConfig,
     PoolState,
     ScrubState,
     ToolsState,
@@ -366,6 +368,32 @@ def _render_pool(out: Console, pool: PoolState) -> None:
             out.print(f"   last start failure: {key.last_error}", markup=False)
     if pool.host_rss_mb is not None:
         out.print(f"   this process: {pool.host_rss_mb} MB RSS", markup=False)
+    fork = pool.fork_server
+    if fork is not None:
+        _render_fork_server(out, fork, pool.config)
+
+
+def _render_fork_server(out: Console, fork: ForkServerState, config: PoolConfig) -> None:
+    if not fork.enabled:
+        out.print(f"fork server: off ({fork.why_not})", markup=False)
+        return
+    if config.enabled:
+        warm = "the warm pool's sandboxes are forked"
+    elif config.prefork:
+        warm = (
+            "prefork on: a library Sandbox() without a pool forks the next sandbox of a "
+            "run's kind after the run, ahead of the next one (off: [pool] prefork = false, "
+            "CODECAGE_PREFORK=0, or Sandbox(pool=False))"
+        )
+    else:
+        warm = "each run forks its sandbox when it asks ([pool] prefork = false)"
+    out.print(f"fork server: on; {warm}", markup=False)
+    if fork.forked or fork.spares:
+        out.print(
+            f"   forked {fork.forked}, forked ahead and idle {fork.spares}, "
+            f"runs that found theirs ready {fork.spares_taken}",
+            markup=False,
+        )
 
 
 def render_doctor(report: DoctorReport) -> None:

@@ -26,6 +26,7 @@ with it.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import dataclasses
@@ -124,6 +125,7 @@ class Templates:
         *,
         max_runs: int = DEFAULT_TEMPLATE_MAX_RUNS,
         max_age_s: float = DEFAULT_TEMPLATE_MAX_AGE_S,
+        prefork: bool = False,
     ) -> None:
         self.backend = backend
         self._limits = limits
@@ -142,7 +144,15 @@ class Templates:
         # started by a thread of their own, which lives as long as this object (a caller's
         # thread, e.g. a ThreadPoolExecutor's, may end and take the template with it).
         self._starter: _StarterThread | None = None  # made with the first template
+        # Prefork (`[pool] prefork`): one sandbox per spec forked ahead, after a run of that
+        # spec, by the keeper thread, which also destroys the used ones off the caller's path.
+        self.prefork = prefork
+        self._spares: dict[SandboxSpec, StartedSandbox] = {}
+        self._refilling: set[SandboxSpec] = set()  # a spare of it is due on the keeper
+        self._keeper: _Keeper | None = None  # made at the first release
+        self._generation = 0  # bumped by `stop`: a spare forked before it is not kept
         self.forked = 0  # sandboxes made, for `info` and the benchmarks
+        self.spares_taken = 0  # runs that found their sandbox forked ahead
         forks.close_at_exit(self)
         _LIVE.add(self)
 
@@ -155,6 +165,9 @@ class Templates:
         """
         if not eligible(spec) or not self._process.owned_here():
             return None
+        spare = self._take_spare(spec, limits)
+        if spare is not None:
+            return spare
         # A cold run's spec names no modules to preload; its template preloads the
         # profile's all the same (the point of a template), and serves both.
         served = (
@@ -174,6 +187,92 @@ class Templates:
             self.forked += 1
             return sandbox
         return None
+
+    def _take_spare(self, spec: SandboxSpec, limits: Limits) -> StartedSandbox | None:
+        """The sandbox of `spec` forked ahead, its cgroup set to `limits`; None when there
+        is none alive, or its cgroup cannot take them (it is then destroyed)."""
+        with self._lock:
+            spare = self._spares.pop(spec, None)
+        if spare is None:
+            return None
+        if spare.alive() and _limits_applied(spare, limits):
+            with self._lock:
+                self.spares_taken += 1
+            return spare
+        self.release(spare)
+        return None
+
+    def release(self, sandbox: StartedSandbox) -> bool:
+        """Take back a used sandbox forked here: the keeper thread destroys it `HOLD_OFF_S`
+        later (its teardown does not delay the answer of the run that used it) and then,
+        with prefork, forks the next sandbox of its spec. False when it was not forked
+        here (started anew: the caller destroys it)."""
+        if sandbox.plan is not None or not self._process.owned_here():
+            return False
+        spec = sandbox.spec
+        with self._lock:
+            keeper = None
+            if not self._closed:
+                if self._keeper is None:
+                    self._keeper = _Keeper()
+                keeper = self._keeper
+            refill = keeper is not None and self.prefork and eligible(spec)
+            refill = refill and spec not in self._spares and spec not in self._refilling
+            if refill:
+                self._refilling.add(spec)
+        if keeper is None or not keeper.destroy(sandbox):
+            sandbox.destroy()
+        if refill and (keeper is None or not keeper.refill(lambda: self._prepare_spare(spec))):
+            with self._lock:
+                self._refilling.discard(spec)
+        return True
+
+    def _prepare_spare(self, spec: SandboxSpec) -> None:
+        """Fork a sandbox of `spec` now and keep it for the next run of that spec (on the
+        keeper thread); nothing when one is kept already or the templates stopped."""
+        try:
+            self._fork_spare(spec)
+        finally:
+            with self._lock:
+                self._refilling.discard(spec)
+
+    def _fork_spare(self, spec: SandboxSpec) -> None:
+        with self._lock:
+            if self._closed or spec in self._spares:
+                return
+            generation = self._generation
+        served = (
+            spec if spec.preload else dataclasses.replace(spec, preload=preload_for(spec.policy))
+        )
+        template = self._template_for(served)
+        if template is None:
+            return
+        try:
+            sandbox = template.fork(spec, self._limits, on_drained=self._drained)
+        except _Retired:
+            return
+        except SandboxError as exc:
+            self._failed(template)
+            log.info("forkserver.prefork_failed", extra={"error": str(exc)})
+            return
+        try:
+            wait_ready(sandbox, HELLO_TIMEOUT_S)  # its baseline: a run counts its own use
+        except BaseException:
+            sandbox.destroy()
+            raise
+        self.forked += 1
+        with self._lock:
+            kept = not self._closed and self._generation == generation
+            kept = kept and spec not in self._spares
+            if kept:
+                self._spares[spec] = sandbox
+        if not kept:
+            sandbox.destroy()
+
+    def spares(self) -> int:
+        """How many sandboxes are forked ahead now (for `info`)."""
+        with self._lock:
+            return len(self._spares)
 
     def _template_for(self, spec: SandboxSpec) -> _Template | None:
         with self._lock:
@@ -292,6 +391,16 @@ class Templates:
         if not self._process.owned_here():
             return
         with self._lock:
+            keeper, self._keeper = self._keeper, None
+            self._generation += 1
+        if keeper is not None:  # the used sandboxes it holds destroyed now; no refill
+            keeper.close()
+        with self._lock:
+            spares, self._spares = list(self._spares.values()), {}
+            self._refilling.clear()  # the keeper dropped them
+        for spare in spares:
+            spare.destroy()
+        with self._lock:
             templates, self._templates = list(self._templates.values()), {}
             templates += self._retired
             self._retired = []
@@ -346,6 +455,98 @@ class _StarterThread:
         self._calls.put(None)
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=TEMPLATE_READY_TIMEOUT_S + 5)
+
+
+HOLD_OFF_S = 0.005
+"""How long after a run the next sandbox is forked and the used one destroyed: both compete
+for the CPUs (and the GIL) with that run's answer to its caller, which is a few hundred us
+of the host's work from there. (A fork then takes ~20 ms, most of it the kernel's cgroup v1
+attach, with the GIL released.)"""
+_KEEPER_MAX_HELD = 16
+
+
+class _Keeper:
+    """One thread that destroys used forked sandboxes, each `HOLD_OFF_S` after its run,
+    and then forks the spares that prefork asks for. It holds at most `_KEEPER_MAX_HELD`
+    used ones (past that, the releaser destroys its own: runs faster than one thread
+    tears sandboxes down keep what waits bounded); `close` destroys those it holds at
+    once and drops the refills: nothing is forked after it."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._used: collections.deque[tuple[float, StartedSandbox]] = collections.deque()
+        self._refills: collections.deque[tuple[float, Callable[[], None]]] = collections.deque()
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name="codecage-keeper", daemon=True)
+        self._thread.start()
+
+    def destroy(self, sandbox: StartedSandbox) -> bool:
+        """Destroy `sandbox` `HOLD_OFF_S` from now; False when closed or full (the caller
+        destroys it)."""
+        with self._cond:
+            if self._closed or len(self._used) >= _KEEPER_MAX_HELD:
+                return False
+            self._used.append((time.monotonic() + HOLD_OFF_S, sandbox))
+            self._cond.notify()
+        return True
+
+    def refill(self, prepare: Callable[[], None]) -> bool:
+        """Call `prepare` `HOLD_OFF_S` from now, once the used sandboxes due by then are
+        destroyed; False once closed."""
+        with self._cond:
+            if self._closed:
+                return False
+            self._refills.append((time.monotonic() + HOLD_OFF_S, prepare))
+            self._cond.notify()
+        return True
+
+    def _next(self) -> StartedSandbox | Callable[[], None] | None:
+        """The next due work, destroys first; None once closed and every used one is gone."""
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                if self._used and (self._closed or self._used[0][0] <= now):
+                    return self._used.popleft()[1]
+                if self._closed:
+                    return None
+                if self._refills and self._refills[0][0] <= now:
+                    return self._refills.popleft()[1]
+                due = [queue[0][0] for queue in (self._used, self._refills) if queue]
+                self._cond.wait(min(due) - now if due else None)
+
+    def _serve(self) -> None:
+        while (item := self._next()) is not None:
+            try:
+                if isinstance(item, StartedSandbox):
+                    item.destroy()
+                else:
+                    item()
+            except Exception:
+                log.exception("forkserver.keeper_failed")
+
+    def close(self) -> None:
+        """Destroy the used sandboxes held, drop the refills; wait for the thread."""
+        with self._cond:
+            self._closed = True
+            self._refills.clear()
+            self._cond.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+
+def _limits_applied(sandbox: StartedSandbox, limits: Limits) -> bool:
+    """Set a sandbox forked ahead to a run's `limits` (its cgroup was made with the host's
+    defaults); False when its cgroup cannot take them (e.g. a memory limit below what it
+    uses already)."""
+    if limits == sandbox.cgroup_limits or sandbox.cgroup is None:
+        return True
+    try:
+        cgroups.set_limits(sandbox.cgroup, limits, previous=sandbox.cgroup_limits)
+    except OSError as exc:
+        log.info("forkserver.spare_refused_limits", extra={"error": str(exc)})
+        return False
+    sandbox.cgroup_limits = limits
+    return True
 
 
 class _Retired(SandboxError):

@@ -280,7 +280,10 @@ def execute(
     try:
         return run_in(sandbox, request, backend_name=backend.name)
     finally:
-        sandbox.destroy()
+        # A forked one is destroyed by its templates' keeper, after the answer (and the
+        # next one forked ahead, with prefork); one started anew here.
+        if templates is None or not templates.release(sandbox):
+            sandbox.destroy()
 
 
 def start(

@@ -459,8 +459,10 @@ def probe() -> list[LayerStatus]:
 
 
 @functools.cache
+@functools.cache
 def memory_ceiling_mb() -> int:
-    """The most memory a run may ask for: the host's physical memory."""
+    """The most memory a run may ask for: the host's physical memory (read once: every
+    run's check asks)."""
     try:
         for line in Path("/proc/meminfo").read_text(encoding="utf-8").splitlines():
             if line.startswith("MemTotal:"):

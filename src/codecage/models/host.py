@@ -157,6 +157,14 @@ class ForkServerState(Model):
     enabled: bool = Field(description="Sandboxes of fresh-workspace, no-network runs are forked.")
     why_not: str | None = Field(None, description="Why it is off, when it is.")
     forked: int = Field(0, description="Sandboxes this process forked so far.")
+    prefork: bool = Field(
+        False,
+        description="This host forks the next sandbox of a run's kind after the run, so that "
+        "the next run only sends its request ([pool] prefork, for a host without a pool; "
+        "`codecage info` itself has none: see pool.config.prefork for the setting).",
+    )
+    spares: int = Field(0, description="Sandboxes forked ahead and idle now (one per kind).")
+    spares_taken: int = Field(0, description="Runs so far that found theirs forked ahead.")
     templates: list[TemplateState] = Field(default_factory=list)
 
 
