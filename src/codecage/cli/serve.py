@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import signal
 import sys
 from dataclasses import dataclass
@@ -197,6 +198,8 @@ def serve(
     _log_calls(verbose)
     _exit_on_sigterm()
     limits = calls.server_limits(reply_max_tokens)
+    local = _serves_local(listen, tools, network, audit, output, data, config_file)
+    fingerprint = _fingerprint() if local else None
     try:
         settings = load_config(config_file)
         # The HTTP tokens ([serve.clients.NAME]'s variables) checked before the pool starts:
@@ -205,8 +208,12 @@ def serve(
         toolset = _tools(settings, tools)
         options = _options(settings, toolset, network, audit, output, no_pool=no_pool, data=data)
         runtime, metrics = _host(options, settings, toolset, http=listen.http)
+        if fingerprint is not None and _fingerprint() != fingerprint:
+            fingerprint = None  # the config changed while it was read: which one is in force?
         try:
-            asgi = _serve_stdio_or_app(runtime, listen, limits, settings, metrics, metrics_public)
+            asgi = _serve_stdio_or_app(
+                runtime, listen, limits, settings, metrics, metrics_public, fingerprint
+            )
         except CodecageError:
             # Stopped (its pool's threads joined) here, not left to the exit hooks.
             runtime.close()
@@ -229,6 +236,8 @@ def _log_calls(verbose: bool) -> None:
     if not verbose:  # the settings at start and one line per call, even when quiet
         for module in (mcp_server, stdio, http_serving):
             logging.getLogger(module.__name__).setLevel(logging.INFO)
+        # One line per run handed off by `codecage run` (imported only if one comes).
+        logging.getLogger("codecage.cli.handoff_endpoint").setLevel(logging.INFO)
     tracing.configure()
 
 
@@ -297,8 +306,10 @@ def _serve_stdio_or_app(
     settings: Settings,
     metrics: ServerMetrics | None,
     metrics_public: bool,
+    fingerprint: str | None,
 ) -> Any:
-    """Serve stdio until the client hangs up (None), or the HTTP app to serve."""
+    """Serve stdio until the client hangs up (None), or the HTTP app to serve; with a
+    `fingerprint` (the user's local server), `codecage run`'s hand-off endpoint too."""
     from codecage.mcp import health, stdio
     from codecage.mcp import server as mcp_server
 
@@ -318,7 +329,49 @@ def _serve_stdio_or_app(
         metrics=metrics,
         metrics_public=metrics_public,
         clients=settings.serve.clients,
+        wrap=_handoff(fingerprint),
     )
+
+
+def _serves_local(
+    listen: ListenFlags,
+    tools: ToolFlags,
+    network: NetworkFlags,
+    audit: AuditFlags,
+    output: OutputFlags,
+    data: Path | None,
+    config_file: Path | None,
+) -> bool:
+    """Whether this is the user's local server (cli/local.py) with nothing set that makes
+    a run other than `codecage run`'s: its runs may then be handed to it (cli/handoff.py).
+    The queue, the pool and the reply's size change no run's result."""
+    from codecage.cli import handoff
+
+    where = handoff.home_path(os.environ) / handoff.SOCKET
+    return (
+        listen.http
+        and listen.uds is not None
+        and listen.uds.absolute() == where
+        and (tools, network, audit, output)
+        == (ToolFlags(), NetworkFlags(), AuditFlags(), OutputFlags())
+        and data is None
+        and config_file is None
+    )
+
+
+def _fingerprint() -> str:
+    from codecage.cli import handoff_endpoint
+
+    return handoff_endpoint.fingerprint()
+
+
+def _handoff(fingerprint: str | None) -> Any:
+    """The `wrap` of `http_app` that adds the hand-off endpoint (None: not this server)."""
+    if fingerprint is None:
+        return None
+    from codecage.cli.handoff_endpoint import Handoff
+
+    return lambda app, runner: Handoff(app, runner, fingerprint)
 
 
 def _serve_http(asgi: Any, listen: ListenFlags, runtime: Host, *, verbose: bool) -> None:
