@@ -36,9 +36,9 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 
+import codecage.cli.handoff as handoff
 from codecage import host
 from codecage.audit import Caller
-from codecage.cli import handoff
 from codecage.cli.render import LiveOutput, Screen, render_failure
 from codecage.cli.run import exit_code, show_run
 from codecage.errors import CodecageError
@@ -84,11 +84,6 @@ class HandoffRequest(BaseModel):
 
 class Declined(Exception):
     """Not run here: the client runs it in-process (the text says why)."""
-
-
-def fingerprint() -> str:
-    """This server's fingerprint: the client's counterpart (handoff.fingerprint)."""
-    return handoff.fingerprint(os.environ)
 
 
 class Handoff:

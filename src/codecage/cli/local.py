@@ -37,8 +37,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import codecage.cli.handoff as handoff
 from codecage import config
-from codecage.cli import handoff
 from codecage.errors import CodecageError, ConfigError
 from codecage.fdio import locked
 

@@ -198,8 +198,7 @@ def serve(
     _log_calls(verbose)
     _exit_on_sigterm()
     limits = calls.server_limits(reply_max_tokens)
-    local = _serves_local(listen, tools, network, audit, output, data, config_file)
-    fingerprint = _fingerprint() if local else None
+    fingerprint = _local_fingerprint(listen, tools, network, audit, output, data, config_file)
     try:
         settings = load_config(config_file)
         # The HTTP tokens ([serve.clients.NAME]'s variables) checked before the pool starts:
@@ -208,8 +207,7 @@ def serve(
         toolset = _tools(settings, tools)
         options = _options(settings, toolset, network, audit, output, no_pool=no_pool, data=data)
         runtime, metrics = _host(options, settings, toolset, http=listen.http)
-        if fingerprint is not None and _fingerprint() != fingerprint:
-            fingerprint = None  # the config changed while it was read: which one is in force?
+        fingerprint = _unchanged(fingerprint)
         try:
             asgi = _serve_stdio_or_app(
                 runtime, listen, limits, settings, metrics, metrics_public, fingerprint
@@ -333,7 +331,7 @@ def _serve_stdio_or_app(
     )
 
 
-def _serves_local(
+def _local_fingerprint(
     listen: ListenFlags,
     tools: ToolFlags,
     network: NetworkFlags,
@@ -341,14 +339,15 @@ def _serves_local(
     output: OutputFlags,
     data: Path | None,
     config_file: Path | None,
-) -> bool:
-    """Whether this is the user's local server (cli/local.py) with nothing set that makes
-    a run other than `codecage run`'s: its runs may then be handed to it (cli/handoff.py).
-    The queue, the pool and the reply's size change no run's result."""
-    from codecage.cli import handoff
+) -> str | None:
+    """The hand-off fingerprint (cli/handoff.py), computed before the config is read, when
+    this is the user's local server (cli/local.py) with nothing set that makes a run other
+    than `codecage run`'s (the queue, the pool and the reply's size change no result);
+    None: `codecage run` does not hand its runs here."""
+    import codecage.cli.handoff as handoff
 
     where = handoff.home_path(os.environ) / handoff.SOCKET
-    return (
+    local = (
         listen.http
         and listen.uds is not None
         and listen.uds.absolute() == where
@@ -357,12 +356,15 @@ def _serves_local(
         and data is None
         and config_file is None
     )
+    return handoff.fingerprint(os.environ) if local else None
 
 
-def _fingerprint() -> str:
-    from codecage.cli import handoff_endpoint
+def _unchanged(fingerprint: str | None) -> str | None:
+    """`fingerprint` when it still holds once the host is built: else the config file (or
+    the packages) changed while they were read, and which one is in force is unknown."""
+    import codecage.cli.handoff as handoff
 
-    return handoff_endpoint.fingerprint()
+    return fingerprint if fingerprint == handoff.fingerprint(os.environ) else None
 
 
 def _handoff(fingerprint: str | None) -> Any:
