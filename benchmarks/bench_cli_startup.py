@@ -23,8 +23,9 @@ process's teardown does not run into the next one's start.
 The code measured is this checkout's (`src/` goes first on PYTHONPATH), run with the
 caller's environment, so as root it is the CLI as it runs by default. For the hand-off rows
 a local server is started first (`codecage session start-server`, in a runtime directory
-of the bench's own, its audit store there too) and stopped at the end; the in-process rows
-run in the same environment with the hand-off off, and the server's log is checked to hold
+of the bench's own, with an audit store there: CODECAGE_AUDIT) and stopped at the end; the
+in-process rows run in the same environment (so they record their runs too) with the
+hand-off off, and the server's log is checked to hold
 one hand-off per hand-off run. With several --src trees, the hand-off rows are the first
 tree's. Prints the load average before and after, a table of p50/p90 and the ratio of each
 p50 to python_pass; writes nothing.
@@ -201,7 +202,9 @@ def local_server(env: dict[str, str]) -> Iterator[dict[str, str]]:
     """A local server in a runtime directory of its own (its audit store there too), and
     the environment that finds it; stopped, and the directory removed, after."""
     runtime = Path(tempfile.mkdtemp(prefix="cc-bench-", dir="/tmp"))  # a socket path is short
-    served = {**env, "XDG_RUNTIME_DIR": str(runtime), "XDG_STATE_HOME": str(runtime / "state")}
+    # The audit store too, for every run of the comparison (the in-process ones record as
+    # well then): the server keeps one by default, in the user's state directory.
+    served = {**env, "XDG_RUNTIME_DIR": str(runtime), "CODECAGE_AUDIT": str(runtime / "audit.db")}
     served.pop("CODECAGE_HANDOFF", None)
     codecage = str(BIN / "codecage")
     try:

@@ -70,7 +70,8 @@ def _home(runtime: Path) -> Home:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CODECAGE_")}
     env |= {
         "XDG_RUNTIME_DIR": str(runtime),
-        "XDG_STATE_HOME": str(runtime / "state"),  # the server's audit store: not the user's
+        # One audit store for the server and the in-process runs: the module's, not the user's.
+        "CODECAGE_AUDIT": str(runtime / "audit.db"),
         "CODECAGE_CONFIG": str(conf),
     }
     return Home(runtime, env)
@@ -165,6 +166,23 @@ def test_a_file_profile_and_limits_are_handed_off(home: Home) -> None:
     assert result["limits"]["memory_mb"] == 256  # type: ignore[index]
     blocked = _same_json(*home.both("--code", "import subprocess", "--profile", "basic", "--json"))
     assert blocked["status"] == "error"
+    strict = ("--strict", "--json", "--profile", "basic", "--code", "import subprocess")
+    assert _same_json(*home.both(*strict))["status"] == "blocked"
+
+
+def test_a_handed_off_run_is_on_record_as_the_clis(home: Home) -> None:
+    before = home.handed_off()
+    handed = home.run("--code", "print('on record')", "--json")
+    assert handed.returncode == 0, handed.stderr
+    assert home.handed_off() == before + 1
+    execution_id = json.loads(handed.stdout)["execution_id"]
+    listed = codecage("audit", "list", "--json", env=home.env, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    (record,) = [
+        r for r in json.loads(listed.stdout)["executions"] if r["execution_id"] == execution_id
+    ]
+    assert record["face"] == "cli"
+    assert record["caller"].startswith("cli:")
 
 
 def test_another_configuration_runs_in_process(home: Home) -> None:

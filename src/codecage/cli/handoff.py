@@ -481,10 +481,14 @@ def _relay(lines: Iterator[bytes]) -> int:
 def _write(message: Mapping[str, Any]) -> None:
     """One write, as the server's recording streams saw it (text, or bytes for --raw)."""
     stream = sys.stdout if message["o"] == "out" else sys.stderr
-    if "b" in message:
-        stream.flush()
-        stream.buffer.write(base64.b64decode(message["b"]))
-        stream.buffer.flush()
-    else:
-        stream.write(message["t"])
-        stream.flush()
+    data = base64.b64decode(message["b"]) if "b" in message else None
+    try:
+        if data is not None:
+            stream.flush()
+            stream.buffer.write(data)
+            stream.buffer.flush()
+        else:
+            stream.write(message["t"])
+            stream.flush()
+    except OSError:  # our own stdout or stderr is gone (a closed pipe): not the server's fault
+        raise SystemExit(1) from None
