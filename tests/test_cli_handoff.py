@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import re
 import shutil
 import socket
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from tests._cli import codecage
+from tests._cli import CODECAGE, codecage
 
 from codecage.cli import handoff
 from codecage.cli.options import LimitFlags
@@ -91,17 +92,19 @@ def home() -> Iterator[Home]:
         shutil.rmtree(runtime, ignore_errors=True)
 
 
+def _steady(text: str) -> str:
+    """`text` without what differs between any two runs (times, the memory peak)."""
+    for pattern, replacement in _VARYING:
+        text = pattern.sub(replacement, text)
+    return text
+
+
 def _same(
     handed: subprocess.CompletedProcess[str], local: subprocess.CompletedProcess[str]
 ) -> None:
-    def steady(text: str) -> str:
-        for pattern, replacement in _VARYING:
-            text = pattern.sub(replacement, text)
-        return text
-
     assert handed.returncode == local.returncode, (handed.stderr, local.stderr)
-    assert steady(handed.stdout) == steady(local.stdout)
-    assert steady(handed.stderr) == steady(local.stderr)
+    assert _steady(handed.stdout) == _steady(local.stdout)
+    assert _steady(handed.stderr) == _steady(local.stderr)
 
 
 def _same_json(
@@ -151,6 +154,48 @@ def test_json_prints_the_same_object_handed_off(home: Home) -> None:
     assert failed["status"] == "error"
 
 
+def _on_a_terminal(home: Home, *args: str, handoff_env: str = "") -> tuple[int, str]:
+    """`codecage run ARGS` with its stdout and stderr on one pseudo-terminal: its exit code
+    and what the terminal received (CI=true: no spinner, which only a terminal shows while
+    a sandbox starts in-process, and which erases itself)."""
+    env = {**home.env, "CI": "true", **({"CODECAGE_HANDOFF": handoff_env} if handoff_env else {})}
+    env.pop("NO_COLOR", None)
+    env.pop("FORCE_COLOR", None)
+    master, slave = pty.openpty()
+    process = subprocess.Popen(
+        [CODECAGE, "run", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        cwd=home.runtime,
+    )
+    os.close(slave)
+    received = bytearray()
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: every writer has closed the terminal
+            break
+        if not data:
+            break
+        received += data
+    os.close(master)
+    return process.wait(timeout=300), received.decode("utf-8", "replace")
+
+
+def test_a_terminal_sees_the_same_colours_handed_off(home: Home) -> None:
+    for code in ("print('hi')\n7 * 6", "raise KeyError('k')"):
+        before = home.handed_off()
+        handed = _on_a_terminal(home, "--code", code)
+        assert home.handed_off() == before + 1
+        local = _on_a_terminal(home, "--code", code, handoff_env="0")
+        assert handed[0] == local[0]
+        steady = [_steady(text) for _, text in (handed, local)]
+        assert steady[0] == steady[1]
+        assert "\x1b[" in steady[0]  # rich coloured the status: it saw a terminal
+
+
 def test_control_characters_and_raw_output_print_the_same(home: Home) -> None:
     code = "import sys\nprint('\\x1b[31mred\\x07')\nsys.stdout.buffer.write(b'\\xff\\n')"
     _same(*home.both("--code", code))
@@ -192,6 +237,26 @@ def test_another_configuration_runs_in_process(home: Home) -> None:
     assert done.stdout == "1\n"
     assert "run in-process: the local server declined: another configuration" in done.stderr
     assert home.handed_off() == before
+
+
+def test_a_config_file_changed_since_the_server_started_runs_in_process() -> None:
+    runtime = Path(tempfile.mkdtemp(prefix="cc-ho-", dir="/tmp"))
+    served = _home(runtime)
+    try:
+        started = codecage("session", "start-server", env=served.env, timeout=300)
+        assert started.returncode == 0, started.stderr
+        done = served.run("--code", "print(5)", handoff_env="debug")
+        assert "handed off to the local server" in done.stderr, done.stderr
+        with open(runtime / "config.toml", "a", encoding="utf-8") as conf:
+            conf.write("# edited: the server read the file before this\n")
+        done = served.run("--code", "print(6)", handoff_env="debug")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == "6\n"
+        assert "declined: another configuration" in done.stderr
+        assert served.handed_off() == 1
+    finally:
+        codecage("session", "stop-server", env=served.env, timeout=300)
+        shutil.rmtree(runtime, ignore_errors=True)
 
 
 def test_an_unknown_flag_or_a_lent_directory_runs_in_process(home: Home) -> None:

@@ -156,8 +156,8 @@ def run_if_served(args: Sequence[str]) -> None:
         return
     try:
         job = parse(args[1:])
-        body = request_body(job, os.environ)
-        code = exchange(body, os.environ)
+        path, token = _server(os.environ)  # first: without a server nothing else is done
+        code = exchange(path, token, request_body(job, os.environ))
     except Declined as why:
         if switch == "debug":
             sys.stderr.write(f"codecage: run in-process: {why}\n")
@@ -376,14 +376,14 @@ def _server(environ: Mapping[str, str]) -> tuple[Path, str]:
     return home / SOCKET, token
 
 
-def exchange(body: bytes, environ: Mapping[str, str]) -> int:
-    """Send the request and write what the server sends back; the run's exit code.
+def exchange(path: Path, token: str, body: bytes) -> int:
+    """Send the request to the server on `path` and write what it sends back; the run's
+    exit code.
 
     Raises:
-        Declined: the server is not there, or declined, before anything was written.
+        Declined: the server does not answer, or declined, before anything was written.
         Broken: the server stopped after it had started writing.
     """
-    path, token = _server(environ)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(_CONNECT_TIMEOUT_S)
         try:
