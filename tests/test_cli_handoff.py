@@ -196,6 +196,14 @@ def test_a_terminal_sees_the_same_colours_handed_off(home: Home) -> None:
         assert "\x1b[" in steady[0]  # rich coloured the status: it saw a terminal
 
 
+def test_output_cut_at_its_cap_prints_the_same_head_and_tail(home: Home) -> None:
+    code = "import sys\nfor i in range(400):\n    print(i)\n    print(-i, file=sys.stderr)"
+    handed, local = home.both("--max-output-bytes", "1024", "--code", code)
+    _same(handed, local)
+    assert "cut here" in handed.stdout and handed.stdout.rstrip().endswith("399")
+    _same(*home.both("--max-output-bytes", "1024", "--code", code, "--raw"))
+
+
 def test_control_characters_and_raw_output_print_the_same(home: Home) -> None:
     code = "import sys\nprint('\\x1b[31mred\\x07')\nsys.stdout.buffer.write(b'\\xff\\n')"
     _same(*home.both("--code", code))
