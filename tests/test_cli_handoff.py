@@ -286,7 +286,7 @@ def test_a_refused_run_is_refused_in_process_in_its_own_words(home: Home) -> Non
     assert home.handed_off() == before
 
 
-def test_a_stale_socket_or_an_open_directory_runs_in_process() -> None:
+def test_a_stale_or_foreign_socket_or_an_open_directory_runs_in_process() -> None:
     runtime = Path(tempfile.mkdtemp(prefix="cc-ho-", dir="/tmp"))
     try:
         served = _home(runtime)
@@ -300,6 +300,11 @@ def test_a_stale_socket_or_an_open_directory_runs_in_process() -> None:
         assert done.returncode == 0, done.stderr
         assert done.stdout == "3\n"
         assert "run in-process: the local server does not answer" in done.stderr
+        if os.geteuid() == 0:  # only root can give the socket to another user
+            os.chown(directory / "server.sock", 65534, 65534)
+            done = served.run("--code", "print(7)", handoff_env="debug")
+            assert done.stdout == "7\n"
+            assert "is not a socket of yours" in done.stderr
         directory.chmod(0o755)
         done = served.run("--code", "print(4)", handoff_env="debug")
         assert done.stdout == "4\n"
