@@ -7,8 +7,11 @@ Measures in ONE run, interleaved so that machine drift hits every variant alike:
     stdlib_client     `python -c "import json, socket, http.client"`: the floor of a thin
                       client that would hand its run to a running server
     import_cli        `python -c "import codecage.cli"`: the CLI's package
-    codecage_run      `codecage run --code 1` (the installed entry point), as a whole process
+    codecage_run      `codecage run --code 1` (the installed entry point), as a whole process,
+                      in-process (CODECAGE_HANDOFF=0)
     codecage_json     the same with --json
+    codecage_run_handoff   `codecage run --code 1` handed to the local server (cli/handoff.py)
+    codecage_json_handoff  the same with --json
     serve_initialize  `codecage serve` (stdio) started, an MCP `initialize` written at once:
                       the time until its answer is read (then stdin closes and the server's
                       exit is waited for, outside the timing); its CPU column is the whole
@@ -18,8 +21,14 @@ Each measurement is spaced from the one before (--gap, 0.2 s by default) so that
 process's teardown does not run into the next one's start.
 
 The code measured is this checkout's (`src/` goes first on PYTHONPATH), run with the
-caller's environment, so as root it is the CLI as it runs by default. Prints a table of
-p50/p90 and the ratio of each p50 to python_pass; writes nothing.
+caller's environment, so as root it is the CLI as it runs by default. For the hand-off rows
+a local server is started first (`codecage session start-server`, in a runtime directory
+of the bench's own, with an audit store there: CODECAGE_AUDIT) and stopped at the end; the
+in-process rows run in the same environment (so they record their runs too) with the
+hand-off off, and the server's log is checked to hold
+one hand-off per hand-off run. With several --src trees, the hand-off rows are the first
+tree's. Prints the load average before and after, a table of p50/p90 and the ratio of each
+p50 to python_pass; writes nothing.
 
 --phases runs `codecage run --code 1` in this process instead, n times each in a fresh
 interpreter, with a timer around each step of the run (config load, self-test verdict,
@@ -36,13 +45,17 @@ Prints p50 and p90 of the wall time (and p50 of the CPU time) of each variant.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,8 +72,13 @@ def variants() -> dict[str, list[str]]:
         "import_cli": [python, "-c", "import codecage.cli"],
         "codecage_run": [codecage, "run", "--code", "1"],
         "codecage_json": [codecage, "run", "--code", "1", "--json"],
+        "codecage_run_handoff": [codecage, "run", "--code", "1"],
+        "codecage_json_handoff": [codecage, "run", "--code", "1", "--json"],
         "serve_initialize": [codecage, "serve"],
     }
+
+
+HANDOFF = "_handoff"  # the suffix of the rows handed to the local server
 
 
 INITIALIZE = (
@@ -144,21 +162,64 @@ def _first_answer(argv: list[str], env: dict[str, str], start: float) -> float:
 
 
 def measure(n: int) -> dict[str, list[tuple[float, float]]]:
-    """Each variant of each source tree, interleaved round by round."""
-    runs = {
-        (f"{name}@{i}" if len(SOURCES) > 1 and name not in FLOORS else name): (argv, env)
-        for i, src in enumerate(SOURCES)
-        for env in [environment(src)]
-        for name, argv in variants().items()
-    }
+    """Each variant of each source tree, interleaved round by round; the hand-off rows
+    against a local server started for them (and stopped after)."""
     compile_sources()
-    for argv, env in runs.values():  # warm: .pyc files, the self-test cache, page cache
-        timed(argv, env)
-    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
-    for _ in range(n):
-        for name, (argv, env) in runs.items():
-            samples[name].append(timed(argv, env))
+    with local_server(environment()) as served:
+        runs = {}
+        for i, src in enumerate(SOURCES):
+            env = environment(src)
+            for name, argv in variants().items():
+                if name.endswith(HANDOFF) and i:
+                    continue  # one server, of the first tree
+                label = f"{name}@{i}" if len(SOURCES) > 1 and name not in FLOORS else name
+                runs[label] = (argv, _env_of(name, env, served))
+        for argv, env in runs.values():  # warm: .pyc files, the self-test cache, page cache
+            timed(argv, env)
+        samples: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
+        for _ in range(n):
+            for name, (argv, env) in runs.items():
+                samples[name].append(timed(argv, env))
+        handed = sum(1 for name in runs if name.endswith(HANDOFF)) * (n + 1)
+        taken = _handed_off(served)
+        if taken != handed:
+            raise SystemExit(f"the local server took {taken} runs, not {handed}: see its log")
     return samples
+
+
+def _env_of(name: str, env: dict[str, str], served: dict[str, str]) -> dict[str, str]:
+    """A variant's environment: the runs of codecage in the local server's, handed off or
+    (CODECAGE_HANDOFF=0) not; the rest as the caller's."""
+    if name.endswith(HANDOFF):
+        return {**served, "PYTHONPATH": env["PYTHONPATH"]}
+    if name.startswith("codecage_") or name == "serve_initialize":
+        return {**served, "PYTHONPATH": env["PYTHONPATH"], "CODECAGE_HANDOFF": "0"}
+    return env
+
+
+@contextlib.contextmanager
+def local_server(env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """A local server in a runtime directory of its own (its audit store there too), and
+    the environment that finds it; stopped, and the directory removed, after."""
+    runtime = Path(tempfile.mkdtemp(prefix="cc-bench-", dir="/tmp"))  # a socket path is short
+    # The audit store too, for every run of the comparison (the in-process ones record as
+    # well then): the server keeps one by default, in the user's state directory.
+    served = {**env, "XDG_RUNTIME_DIR": str(runtime), "CODECAGE_AUDIT": str(runtime / "audit.db")}
+    served.pop("CODECAGE_HANDOFF", None)
+    codecage = str(BIN / "codecage")
+    try:
+        subprocess.run(
+            [codecage, "session", "start-server"], env=served, check=True, capture_output=True
+        )
+        yield served
+    finally:
+        subprocess.run([codecage, "session", "stop-server"], env=served, capture_output=True)
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def _handed_off(served: dict[str, str]) -> int:
+    log = Path(served["XDG_RUNTIME_DIR"]) / "codecage" / "server.log"
+    return log.read_text(encoding="utf-8", errors="replace").count("handoff.run")
 
 
 # (module, attribute path, label): each is wrapped in a timer by `_phases_child`. Nested
@@ -264,8 +325,12 @@ def main(argv: list[str] | None = None) -> int:
         for label, values in phases(args.n).items():
             print(f"{label:<40}{statistics.median(values):>9.1f}")
         return 0
+    load_before = os.getloadavg()
     samples = measure(args.n)
+    load_after = os.getloadavg()
     floor = statistics.median(wall for wall, _ in samples["python_pass"])
+    cores = os.cpu_count()
+    print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f}; {cores} cores")
     for i, src in enumerate(SOURCES):
         print(f"@{i}: {src}")
     print(f"{'variant':<22}{'p50 ms':>9}{'p90 ms':>9}{'x pass':>8}{'CPU p50 ms':>12}")

@@ -31,7 +31,7 @@ def test_the_cold_start_benchmark_runs_and_prints_every_variant() -> None:
 
 def test_the_cli_startup_benchmark_prints_every_variant_and_every_step() -> None:
     p = run_bench("bench_cli_startup.py", "-n", "1")
-    for variant in ("python_pass", "import_cli", "codecage_run", "codecage_json"):
+    for variant in ("python_pass", "import_cli", "codecage_run", "codecage_run_handoff"):
         assert variant in p.stdout
     p = run_bench("bench_cli_startup.py", "--phases", "-n", "1")
     for step in ("imports (codecage.cli)", "config load", "sandbox start", "teardown"):

@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundations", ("_version", "errors", "output", "forks", "fdio", "kept", "runtime")),
     ("models", ("models",)),
     ("plans", ("policy", "isolation", "offline", "displays")),
-    ("options", ("config", "options", "packages")),
+    ("options", ("config", "configsearch", "options", "packages")),
     ("backends", ("backends",)),
     ("trail, egress", ("audit", "egress")),
     ("bridge", ("bridge",)),

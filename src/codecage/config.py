@@ -102,6 +102,9 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 
+from codecage.configsearch import ENV_CONFIG
+from codecage.configsearch import SYSTEM_CONFIG as SYSTEM_CONFIG  # host.py reads it here
+from codecage.configsearch import candidate_paths as candidate_paths  # tests, host.py
 from codecage.errors import ConfigError
 from codecage.models import (
     SCRUB_CATEGORIES,
@@ -117,8 +120,6 @@ from codecage.models import (
 )
 from codecage.policy.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE
 
-ENV_CONFIG = "CODECAGE_CONFIG"
-SYSTEM_CONFIG = Path("/etc/codecage/config.toml")
 # Where the file in force came from (`Settings.config_origin`, `codecage info`).
 ORIGINS = {
     "argument": "--config / Sandbox(config=...)",
@@ -264,19 +265,6 @@ class Settings:
             return None
         base = self.config_file.parent if self.config_file is not None else Path.cwd()
         return base / Path(path).expanduser()
-
-
-def candidate_paths(environ: Mapping[str, str]) -> list[tuple[str, Path]]:
-    """Where a config file is looked for when none is given, in order, with each place's
-    origin (see the module docstring). Never the current directory."""
-    paths: list[tuple[str, Path]] = []
-    if environ.get(ENV_CONFIG):
-        paths.append(("env", Path(environ[ENV_CONFIG])))
-    xdg = environ.get("XDG_CONFIG_HOME", "")
-    if not Path(xdg).is_absolute():  # the XDG spec: a relative value is invalid, ignore it
-        xdg = str(Path.home() / ".config")
-    paths += [("user", Path(xdg) / "codecage" / "config.toml"), ("system", SYSTEM_CONFIG)]
-    return paths
 
 
 def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:

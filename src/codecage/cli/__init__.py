@@ -1,8 +1,9 @@
 """The command line: `codecage run | validate | info | doctor | serve | gen | packages`.
 
 `main` loads the command line (cli/app.py) only when called: importing this package costs
-nothing, and `codecage serve` over stdio starts answering MCP's `initialize` (mcp/early.py)
-before the imports of the command.
+nothing, `codecage serve` over stdio starts answering MCP's `initialize` (mcp/early.py)
+before the imports of the command, and `codecage run` is handed to the user's local server
+when one is running (cli/handoff.py), before them too.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ __all__ = ["app", "main"]
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """The `codecage` command (cli/app.py `main`)."""
     if argv is None:  # the process's own arguments, so its own stdin and stdout
+        if sys.argv[1:2] == ["run"]:
+            from codecage.cli import handoff
+
+            handoff.run_if_served(sys.argv[1:])  # returns when the run stays in-process
         from codecage.mcp import early
 
         early.start(sys.argv[1:])

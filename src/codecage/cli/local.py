@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import codecage.cli.handoff as handoff
 from codecage import config
 from codecage.errors import CodecageError, ConfigError
 from codecage.fdio import locked
@@ -46,8 +47,8 @@ START_TIMEOUT_S = 120.0
 runtime and its warm pool first; a loaded machine takes a while)."""
 STOP_TIMEOUT_S = 60.0
 """How long `stop-server` waits for the server to end (it closes its sandboxes first)."""
-SOCKET = "server.sock"
-TOKEN = "token"  # noqa: S105 (a file name)
+SOCKET = handoff.SOCKET  # `codecage run` finds the server by them (cli/handoff.py)
+TOKEN = handoff.TOKEN
 LOCK = "lock"
 LOG = "server.log"
 PID = "server.pid"
@@ -69,13 +70,10 @@ def runtime_dir(environ: dict[str, str] | None = None) -> Path:
         ConfigError: it is not a directory owned by this user with no group or other
             access (or cannot be made).
     """
-    env = os.environ if environ is None else environ
-    base = env.get("XDG_RUNTIME_DIR", "")
-    uid = os.geteuid()
     # /tmp is sticky: no one else can rename or replace a directory of ours there, and one
     # that is not ours (made first by someone else) is refused below.
-    fallback = Path(f"/tmp/codecage-{uid}")  # noqa: S108
-    path = Path(base) / "codecage" if Path(base).is_absolute() else fallback
+    path = handoff.home_path(os.environ if environ is None else environ)
+    uid = os.geteuid()
     try:
         path.mkdir(mode=0o700, exist_ok=True)
         info = path.lstat()

@@ -7,8 +7,9 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TextIO, TypeVar
 
 import typer
 from pydantic import BaseModel
@@ -39,9 +40,27 @@ stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 Report = TypeVar("Report", bound=BaseModel)
 
 
-def print_json(data: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(data, ensure_ascii=False) + "\n")
-    sys.stdout.flush()
+@dataclass(frozen=True, slots=True)
+class Screen:
+    """Where a run's output and result are printed: this process's stdout and stderr (the
+    default), or, for a `codecage run` handed to the local server, streams that record
+    what to write into the client's (cli/handoff_endpoint.py). The same functions print to
+    both, so the two outputs cannot drift apart. `console` writes on `err`."""
+
+    out: TextIO
+    err: TextIO
+    console: Console
+
+
+def this_process() -> Screen:
+    """This process's own screen (its streams as they are now: tests replace them)."""
+    return Screen(sys.stdout, sys.stderr, stderr)
+
+
+def print_json(data: dict[str, Any], screen: Screen | None = None) -> None:
+    out = (screen or this_process()).out
+    out.write(json.dumps(data, ensure_ascii=False) + "\n")
+    out.flush()
 
 
 def show(report: Report, render: Callable[[Report], None], *, as_json: bool) -> None:
@@ -58,15 +77,19 @@ class LiveOutput:
     `render_result` shows it (or, `raw`, as the program wrote it). `before_first` runs once,
     before the first text: it stops the spinner, which would garble the lines."""
 
-    def __init__(self, *, raw: bool, before_first: Callable[[], None]) -> None:
+    def __init__(
+        self, *, raw: bool, before_first: Callable[[], None], screen: Screen | None = None
+    ) -> None:
         self._raw = raw
         self._before_first: Callable[[], None] | None = before_first
+        self._screen = screen
 
     def __call__(self, stream: str, text: str) -> None:
         if self._before_first is not None:
             self._before_first()
             self._before_first = None
-        target = sys.stdout if stream == "stdout" else sys.stderr
+        screen = self._screen or this_process()
+        target = screen.out if stream == "stdout" else screen.err
         if self._raw:
             # An invalid byte arrives as its \x escape: the text holds no surrogate.
             target.buffer.write(text.encode("utf-8"))
@@ -77,17 +100,24 @@ class LiveOutput:
 
 
 def render_result(
-    result: ExecutionResult, *, raw: bool, streamed: bool = False, saved: bool = False
+    result: ExecutionResult,
+    *,
+    raw: bool,
+    streamed: bool = False,
+    saved: bool = False,
+    screen: Screen | None = None,
 ) -> None:
     """The person's view of a result; `streamed`: its output was printed live already
     (`LiveOutput`), so it is not printed again; `saved`: its display outputs were written
     to files (--out), so no hint says how to save them."""
+    screen = screen or this_process()
+    stderr = screen.console
     if not streamed:
-        _print_output(result, raw=raw)
+        _print_output(result, raw=raw, screen=screen)
     else:
-        _print_tails(result, raw=raw)
+        _print_tails(result, raw=raw, screen=screen)
     for display in result.displays:
-        _print_display(display)
+        _print_display(display, screen)
     if result.displays and not saved and any(displays.image_bytes(d) for d in result.displays):
         stderr.print(
             "[dim]· figures are not shown in a terminal: `--out DIR` saves them "
@@ -95,9 +125,9 @@ def render_result(
             markup=True,
         )
     if result.error is not None and result.error.traceback:
-        sys.stderr.write(result.error.traceback.rstrip("\n") + "\n")
+        screen.err.write(result.error.traceback.rstrip("\n") + "\n")
     elif result.error is not None:
-        sys.stderr.write(f"{result.error.type}: {result.error.message}\n")
+        screen.err.write(f"{result.error.type}: {result.error.message}\n")
     if result.return_value is not None and not _value_shown(result):
         shown = json.dumps(result.return_value, ensure_ascii=False)
         stderr.print(f"[bold]→[/bold] {neutralise_text(shown)[:2000]}", markup=True)
@@ -120,9 +150,10 @@ def render_result(
 _DISPLAY_LINES = 200  # of a display's text on a terminal (a DataFrame's repr is cut at 60 rows)
 
 
-def _print_display(display: DisplayOutput) -> None:
+def _print_display(display: DisplayOutput, screen: Screen) -> None:
     """A display output as a person reads it: an image as one line (what it is, its size),
     text as its lines (a DataFrame as the table it is), neutralised: the code chose it."""
+    stderr = screen.console
     text = displays.text_form(display)
     if text is None:
         stderr.print(f"[cyan]▣[/cyan] {escape(displays.describe(display))}", markup=True)
@@ -132,8 +163,8 @@ def _print_display(display: DisplayOutput) -> None:
     shown = "\n".join(lines[:_DISPLAY_LINES])
     if len(lines) > _DISPLAY_LINES:
         shown += f"\n… ({len(lines) - _DISPLAY_LINES} more lines: `--out DIR` saves all of it)"
-    sys.stderr.write(shown + "\n")
-    sys.stderr.flush()
+    screen.err.write(shown + "\n")
+    screen.err.flush()
 
 
 def _value_shown(result: ExecutionResult) -> bool:
@@ -144,24 +175,24 @@ def _value_shown(result: ExecutionResult) -> bool:
     )
 
 
-def _print_output(result: ExecutionResult, *, raw: bool) -> None:
+def _print_output(result: ExecutionResult, *, raw: bool, screen: Screen) -> None:
     if raw:
-        sys.stdout.buffer.write(result.raw_stdout())
-        sys.stdout.buffer.flush()
-        sys.stderr.buffer.write(result.raw_stderr())
-        sys.stderr.buffer.flush()
+        screen.out.buffer.write(result.raw_stdout())
+        screen.out.buffer.flush()
+        screen.err.buffer.write(result.raw_stderr())
+        screen.err.buffer.flush()
     else:
-        sys.stdout.write(result.stdout)
-        sys.stdout.flush()
-        sys.stderr.write(result.stderr)
+        screen.out.write(result.stdout)
+        screen.out.flush()
+        screen.err.write(result.stderr)
 
 
-def _print_tails(result: ExecutionResult, *, raw: bool) -> None:
+def _print_tails(result: ExecutionResult, *, raw: bool, screen: Screen) -> None:
     """After live output: what the result kept of a stream past its head (its cut marker
     and tail), which was not streamed."""
     for text, raw_bytes, target in (
-        (result.stdout, result.raw_stdout(), sys.stdout),
-        (result.stderr, result.raw_stderr(), sys.stderr),
+        (result.stdout, result.raw_stdout(), screen.out),
+        (result.stderr, result.raw_stderr(), screen.err),
     ):
         at = text.find("\n[... ")
         if at < 0 or " cut here" not in text[at:]:
@@ -477,18 +508,26 @@ def render_package_change(change: added.Change, *, as_json: bool) -> None:
 
 
 def fail(exc: CodecageError, *, as_json: bool, verbose: bool) -> NoReturn:
-    code = 2 if isinstance(exc, ConfigError) else 1
-    hint = exc.hint_for("cli")  # flags, not keyword arguments (errors.render_hint)
-    if as_json:
-        print_json(
-            {"error": {"type": type(exc).__name__, "message": str(exc), "hint": hint or None}}
-        )
-    stderr.print(f"[red]Error:[/red] {escape(str(exc))}", markup=True)
-    if hint:
-        stderr.print(f"Hint: {hint}", markup=False)  # a hint may name [tables]
+    code = render_failure(exc, as_json=as_json)
     if verbose:
         stderr.print_exception()
     raise typer.Exit(code)
+
+
+def render_failure(exc: CodecageError, *, as_json: bool, screen: Screen | None = None) -> int:
+    """What `fail` prints for `exc` (its JSON with --json, then Error and Hint on stderr);
+    the command's exit code: 2 for a refusal (ConfigError), else 1."""
+    screen = screen or this_process()
+    hint = exc.hint_for("cli")  # flags, not keyword arguments (errors.render_hint)
+    if as_json:
+        print_json(
+            {"error": {"type": type(exc).__name__, "message": str(exc), "hint": hint or None}},
+            screen,
+        )
+    screen.console.print(f"[red]Error:[/red] {escape(str(exc))}", markup=True)
+    if hint:
+        screen.console.print(f"Hint: {hint}", markup=False)  # a hint may name [tables]
+    return 2 if isinstance(exc, ConfigError) else 1
 
 
 class _NullContext:

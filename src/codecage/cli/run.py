@@ -35,6 +35,7 @@ from codecage.cli.options import (
 )
 from codecage.cli.render import (
     LiveOutput,
+    Screen,
     fail,
     print_json,
     progress,
@@ -315,14 +316,40 @@ def _report(
     saved_ok = files.out is None or _save_outputs(
         result, files.out, overwrite=files.overwrite, quiet=as_json
     )
+    extra = {"mcp_hosts": [report.as_json() for report in host_reports]} if host_reports else {}
+    show_run(
+        result,
+        as_json=as_json,
+        raw=raw,
+        streamed=streamed,
+        saved=files.out is not None,
+        extra=extra,
+    )
+    raise typer.Exit(exit_code(result, saved_ok=saved_ok))
+
+
+def show_run(
+    result: ExecutionResult,
+    *,
+    as_json: bool,
+    raw: bool,
+    streamed: bool,
+    saved: bool = False,
+    extra: dict[str, Any] | None = None,
+    screen: Screen | None = None,
+) -> None:
+    """What `run` prints for a result: with --json, its one JSON object (with `extra`
+    beside the result's fields: which servers --mcp-host found); else the person's view.
+    The run handed to the local server prints through this too (cli/handoff_endpoint.py)."""
     if as_json:
-        data = result.model_dump(mode="json")
-        if host_reports:  # which servers --mcp-host found, beside the result
-            data["mcp_hosts"] = [report.as_json() for report in host_reports]
-        print_json(data)
+        print_json({**result.model_dump(mode="json"), **(extra or {})}, screen)
     else:
-        render_result(result, raw=raw, streamed=streamed, saved=files.out is not None)
-    raise typer.Exit(0 if result.ok and saved_ok else 1)
+        render_result(result, raw=raw, streamed=streamed, saved=saved, screen=screen)
+
+
+def exit_code(result: ExecutionResult, *, saved_ok: bool = True) -> int:
+    """`run`'s exit code: 0 when the code succeeded (and --out's files were saved), else 1."""
+    return 0 if result.ok and saved_ok else 1
 
 
 def write_outputs(result: ExecutionResult, directory: Path, *, overwrite: bool) -> list[Path]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import logging
+import os
 import signal
 import sys
 from dataclasses import dataclass
@@ -216,6 +217,9 @@ def serve(
     """
     _log_calls(verbose)
     _exit_on_sigterm()
+    # --ray: a run goes to a cluster, which `codecage run` in-process would not do.
+    local = _local_fingerprint(listen, tools, network, audit, output, data, config_file)
+    fingerprint = local if ray is None else None
     try:
         settings = load_config(config_file)
         # The HTTP tokens ([serve.clients.NAME]'s variables) checked before the pool starts:
@@ -226,8 +230,11 @@ def serve(
         options = _options(settings, toolset, network, audit, output, pool=pool, data=data)
         runtime, metrics, cluster = _host(options, settings, toolset, http=listen.http, ray=ray)
         limits = calls.server_limits(reply_max_tokens, cluster)
+        fingerprint = _unchanged(fingerprint)
         try:
-            asgi = _serve_stdio_or_app(runtime, listen, limits, settings, metrics, metrics_public)
+            asgi = _serve_stdio_or_app(
+                runtime, listen, limits, settings, metrics, metrics_public, fingerprint
+            )
         except CodecageError:
             # Stopped (its pool's threads joined) here, not left to the exit hooks.
             runtime.close()
@@ -250,6 +257,8 @@ def _log_calls(verbose: bool) -> None:
     if not verbose:  # the settings at start and one line per call, even when quiet
         for module in (mcp_server, stdio, http_serving):
             logging.getLogger(module.__name__).setLevel(logging.INFO)
+        # One line per run handed off by `codecage run` (imported only if one comes).
+        logging.getLogger("codecage.cli.handoff_endpoint").setLevel(logging.INFO)
     tracing.configure()
 
 
@@ -355,8 +364,10 @@ def _serve_stdio_or_app(
     settings: Settings,
     metrics: ServerMetrics | None,
     metrics_public: bool,
+    fingerprint: str | None,
 ) -> Any:
-    """Serve stdio until the client hangs up (None), or the HTTP app to serve."""
+    """Serve stdio until the client hangs up (None), or the HTTP app to serve; with a
+    `fingerprint` (the user's local server), `codecage run`'s hand-off endpoint too."""
     from codecage.mcp import health, stdio
     from codecage.mcp import server as mcp_server
 
@@ -376,7 +387,53 @@ def _serve_stdio_or_app(
         metrics=metrics,
         metrics_public=metrics_public,
         clients=settings.serve.clients,
+        wrap=_handoff(fingerprint),
     )
+
+
+def _local_fingerprint(
+    listen: ListenFlags,
+    tools: ToolFlags,
+    network: NetworkFlags,
+    audit: AuditFlags,
+    output: OutputFlags,
+    data: Path | None,
+    config_file: Path | None,
+) -> str | None:
+    """The hand-off fingerprint (cli/handoff.py), computed before the config is read, when
+    this is the user's local server (cli/local.py) with nothing set that makes a run other
+    than `codecage run`'s (the queue, the pool and the reply's size change no result);
+    None: `codecage run` does not hand its runs here."""
+    import codecage.cli.handoff as handoff
+
+    where = handoff.home_path(os.environ) / handoff.SOCKET
+    local = (
+        listen.http
+        and listen.uds is not None
+        and listen.uds.absolute() == where
+        and (tools, network, audit, output)
+        == (ToolFlags(), NetworkFlags(), AuditFlags(), OutputFlags())
+        and data is None
+        and config_file is None
+    )
+    return handoff.fingerprint(os.environ) if local else None
+
+
+def _unchanged(fingerprint: str | None) -> str | None:
+    """`fingerprint` when it still holds once the host is built: else the config file (or
+    the packages) changed while they were read, and which one is in force is unknown."""
+    import codecage.cli.handoff as handoff
+
+    return fingerprint if fingerprint == handoff.fingerprint(os.environ) else None
+
+
+def _handoff(fingerprint: str | None) -> Any:
+    """The `wrap` of `http_app` that adds the hand-off endpoint (None: not this server)."""
+    if fingerprint is None:
+        return None
+    from codecage.cli.handoff_endpoint import Handoff
+
+    return lambda app, runner: Handoff(app, runner, fingerprint)
 
 
 def _serve_http(asgi: Any, listen: ListenFlags, runtime: Host, *, verbose: bool) -> None:

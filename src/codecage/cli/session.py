@@ -268,6 +268,27 @@ def session_close(
         stderr.print(f"session {neutralise_line(session_id)} is closed", markup=False)
 
 
+@app.command("start-server")
+def session_start_server(verbose: VerboseOpt = False) -> None:
+    """Start your local server now, if none runs (the other session commands start it
+    when they need it). While it runs, `codecage run` hands its runs to it and takes a
+    fraction of the time (docs/performance.md). It ends by itself after
+    sessions.local_idle_exit seconds (config key, 600) with no open session and no request.
+
+    Example:
+
+        codecage session start-server
+    """
+    from codecage.cli.local import ensure  # the session commands' own: not at every start
+
+    configure_logging(verbose)
+    try:
+        found = ensure()
+    except CodecageError as exc:
+        fail(exc, as_json=False, verbose=verbose)
+    stderr.print(f"the local codecage server runs on {found.socket}", markup=False)
+
+
 @app.command("stop-server")
 def session_stop_server(verbose: VerboseOpt = False) -> None:
     """End your local server now (its open sessions with it); the next command starts a

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
@@ -155,6 +155,7 @@ def http_app(
     metrics: ServerMetrics | None = None,
     metrics_public: bool = False,
     clients: Mapping[str, ClientSettings] | None = None,
+    wrap: Callable[[Any, Runner], Any] | None = None,
 ) -> Any:
     """The streamable HTTP app at /mcp (DNS-rebinding protection from the SDK), behind
     `http_serving.RequestGate`: the bearer token checked before any body is read, and
@@ -164,6 +165,8 @@ def http_app(
     too: /metrics, behind the token unless `metrics_public` (mcp/health.py); and
     SandboxFusion's POST /run_code behind the token, through the server's own runner (its
     queue, each named client's limits and counts, the audit caller: mcp/run_code.py).
+    `wrap(app, runner)` puts another endpoint behind the token (the local server's
+    `codecage run` hand-off).
 
     A token is required: on loopback too, any local user could otherwise run code, and call
     the upstream tools with the operator's credentials. `insecure_no_token` (the CLI's
@@ -189,6 +192,8 @@ def http_app(
     inner: Any = health.Endpoints(app, private) if private else app
     if runtime is not None:
         inner = run_code.RunCode(inner, _runner_of(server))
+    if wrap is not None:  # another face's endpoint behind the gate (cli/handoff_endpoint.py)
+        inner = wrap(inner, _runner_of(server))
     gated = http_serving.RequestGate(
         inner,
         tokens=tokens,
