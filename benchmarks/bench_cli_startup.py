@@ -226,7 +226,7 @@ def _handed_off(served: dict[str, str]) -> int:
 # steps are included in their parents' time.
 PHASES = [
     ("codecage.cli.run", "load_config", "config load"),
-    ("codecage.cli.setup", "Sandbox", "Sandbox(...): host set-up"),
+    ("codecage.cli.run", "Sandbox", "Sandbox(...): host set-up"),
     ("codecage.host", "choose_backend", "  backend choice + self-test verdict"),
     ("codecage.host", "selftest.cache_key", "    self-test cache key"),
     ("codecage.host", "_read_cached", "    cached verdict read"),

@@ -150,7 +150,7 @@ class Templates:
         self._spares: dict[SandboxSpec, StartedSandbox] = {}
         self._refilling: set[SandboxSpec] = set()  # a spare of it is due on the keeper
         self._keeper: _Keeper | None = None  # made at the first release
-        self._generation = 0  # bumped by `stop`: a spare forked before it is not kept
+        self._generation = 0  # bumped by `stop` and `_retire`: a spare forked before is not kept
         self.forked = 0  # sandboxes made, for `info` and the benchmarks
         self.spares_taken = 0  # runs that found their sandbox forked ahead
         forks.close_at_exit(self)
@@ -341,6 +341,14 @@ class Templates:
         with template.lock:
             template.retired = True
             drained = template.live == 0
+        # A sandbox forked ahead (prefork) would keep a retired template alive until a run
+        # took it, and that run would still share the old seed: every spare goes (destroyed
+        # off the caller's path), one being forked now is not kept (the generation), and
+        # the next run's refill forks from the replacement.
+        self._generation += 1
+        stale, self._spares = list(self._spares.values()), {}
+        for spare in stale:
+            self._stop_later_sandbox(spare)
         if drained:
             self._stop_later(template)
         else:
@@ -352,6 +360,12 @@ class Templates:
             if template in self._retired:
                 self._retired.remove(template)
                 self._stop_later(template)
+
+    def _stop_later_sandbox(self, sandbox: StartedSandbox) -> None:
+        """Destroy `sandbox` on the starter thread, off the caller's path; the lock is held."""
+        if self._starter is None:
+            self._starter = _StarterThread()
+        self._starter.submit(sandbox.destroy)
 
     def _stop_later(self, template: _Template) -> None:
         """Stop `template` on the starter thread, off the caller's path; the lock is held."""
