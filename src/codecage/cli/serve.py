@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import logging
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -217,9 +219,7 @@ def serve(
     """
     _log_calls(verbose)
     _exit_on_sigterm()
-    # --ray: a run goes to a cluster, which `codecage run` in-process would not do.
-    local = _local_fingerprint(listen, tools, network, audit, output, data, config_file)
-    fingerprint = local if ray is None else None
+    fingerprint = _local_fingerprint(listen, tools, network, audit, output, data, config_file, ray)
     try:
         settings = load_config(config_file)
         # The HTTP tokens ([serve.clients.NAME]'s variables) checked before the pool starts:
@@ -230,15 +230,10 @@ def serve(
         options = _options(settings, toolset, network, audit, output, pool=pool, data=data)
         runtime, metrics, cluster = _host(options, settings, toolset, http=listen.http, ray=ray)
         limits = calls.server_limits(reply_max_tokens, cluster)
-        fingerprint = _unchanged(fingerprint)
-        try:
+        with _closed_on_error(runtime):
             asgi = _serve_stdio_or_app(
-                runtime, listen, limits, settings, metrics, metrics_public, fingerprint
+                runtime, listen, limits, settings, metrics, metrics_public, _unchanged(fingerprint)
             )
-        except CodecageError:
-            # Stopped (its pool's threads joined) here, not left to the exit hooks.
-            runtime.close()
-            raise
     except CodecageError as exc:
         fail(exc, as_json=False, verbose=verbose)
     if asgi is not None:
@@ -357,6 +352,17 @@ def _host(
     return runtime, metrics, placement.capacity if placement is not None else None
 
 
+@contextlib.contextmanager
+def _closed_on_error(runtime: Host) -> Iterator[None]:
+    """Close `runtime` when the block fails: stopped (its pool's threads joined) here, not
+    left to the exit hooks."""
+    try:
+        yield
+    except CodecageError:
+        runtime.close()
+        raise
+
+
 def _serve_stdio_or_app(
     runtime: Host,
     listen: ListenFlags,
@@ -399,6 +405,7 @@ def _local_fingerprint(
     output: OutputFlags,
     data: Path | None,
     config_file: Path | None,
+    ray: str | None,
 ) -> str | None:
     """The hand-off fingerprint (cli/handoff.py), computed before the config is read, when
     this is the user's local server (cli/local.py) with nothing set that makes a run other
@@ -415,6 +422,7 @@ def _local_fingerprint(
         == (ToolFlags(), NetworkFlags(), AuditFlags(), OutputFlags())
         and data is None
         and config_file is None
+        and ray is None  # a run goes to a cluster, which `codecage run` in-process would not do
     )
     return handoff.fingerprint(os.environ) if local else None
 
