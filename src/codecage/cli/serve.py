@@ -215,7 +215,7 @@ def serve(
 
         codecage serve --allow-host '*.example.com'   # every call may reach them
 
-        codecage serve --http --token "$TOKEN" --ray auto   # runs on this Ray cluster
+        codecage serve --http --token "$TOKEN" --ray auto   # on a Ray cluster
     """
     _log_calls(verbose)
     _exit_on_sigterm()

@@ -272,7 +272,7 @@ def _network_note(runtime: Host) -> str:
     given = f"Every run may reach {defaults}; " if defaults else "No network by default; "
     return (
         f"{given}a call may ask for hosts within {ceiling} with allow_hosts (urllib, "
-        "requests and httpx then work as usual; other hosts are refused). "
+        "requests and httpx work as usual; others are refused). "
     )
 
 
@@ -285,7 +285,7 @@ def _allow_hosts_help(runtime: Host) -> str:
     by_profile = f" (the profiles {', '.join(extra)} add their own hosts)" if extra else ""
     return (
         "Hosts this run may reach, as HOST[:PORT]: api.example.com, *.example.com (its "
-        "subdomains), api.example.com:8443 (ports 443 and 80 if omitted), within what this "
+        "subdomains), api.example.com:8443 (443 and 80 if omitted), within what this "
         f"server permits: {ceiling}{by_profile}. Asking for more is an error."
     )
 
@@ -310,10 +310,9 @@ def _tools_note(runtime: Host) -> str:
         return ""
     servers = ", ".join(sorted(runtime.tools.servers)) or "none"
     return (
-        f" The code can call the tools of the MCP servers {servers}: `from servers.<server> "
-        "import <tool>`, then `await <tool>.call(arg=...)` (its docstring lists the "
-        "arguments); `from codecage.runtime import search_tools; search_tools('what you "
-        "need')` finds them. Call many in one program and return only what matters; a "
+        f" Code can call the tools of MCP servers {servers}: `from servers.<server> "
+        "import <tool>`, then `await <tool>.call(arg=...)` (see its docstring); `from codecage.runtime import search_tools; search_tools('what you "
+        "need')` finds them. Call many in one program, return only what matters; a "
         "failed call raises codecage.runtime.ToolCallError."
     )
 
