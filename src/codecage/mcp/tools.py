@@ -311,7 +311,8 @@ def _tools_note(runtime: Host) -> str:
     servers = ", ".join(sorted(runtime.tools.servers)) or "none"
     return (
         f" Code can call the tools of MCP servers {servers}: `from servers.<server> "
-        "import <tool>`, then `await <tool>.call(arg=...)` (see its docstring); `from codecage.runtime import search_tools; search_tools('what you "
+        "import <tool>`, then `await <tool>.call(arg=...)` (see its docstring); "
+        "`from codecage.runtime import search_tools; search_tools('what you "
         "need')` finds them. Call many in one program, return only what matters; a "
         "failed call raises codecage.runtime.ToolCallError."
     )
