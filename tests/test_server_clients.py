@@ -175,6 +175,9 @@ def run_inspector(
     returns its JSON result. A stdio server is the Inspector's own child: it must be gone,
     and have left nothing behind, once the Inspector exits."""
     cli = [str(tool_entry(INSPECTOR_PACKAGE, "mcp-inspector")), "--cli", "--format", "json"]
+    # A stdio server's first start in a fresh HOME can pass 15 s on a loaded machine (its start is
+    # measured in benchmarks/, not here).
+    cli += ["--connect-timeout", "60000"]
     cli += ["--protocol-era", ERAS[protocol], *method]
     pid_file = home / "server.pid"
     if transport == "http":
