@@ -443,8 +443,10 @@ from codecage.runtime import call_tool
 tasks = [asyncio.ensure_future(call_tool("py", "slow", {"tag": f"run{i}"})) for i in range(3)]
 await asyncio.sleep(0)
 """
+    # The run ends while its calls are in flight: 10 s gives them time to reach the upstream
+    # on a loaded machine (2 s did not, in CI), and the slow tool never answers before that.
     with Sandbox(tools=broker, pool=False, options=Options(scrub=False)) as sandbox:
-        sandbox.run(code + "\nawait asyncio.wait(tasks, timeout=2)", limits={"timeout": 30})
+        sandbox.run(code + "\nawait asyncio.wait(tasks, timeout=10)", limits={"timeout": 30})
     assert wait_for(lambda: all((marks / f"run{i}.started").exists() for i in range(3)))
     assert wait_for(lambda: all((marks / f"run{i}.cancelled").exists() for i in range(3)))
 
